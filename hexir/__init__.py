@@ -1,0 +1,68 @@
+"""Hexir: a tensor compiler whose schedules are data, searched for speed.
+
+`import hexir` needs numpy only; every other dependency loads where it is used.
+The public API (DESIGN.md §9) resolves lazily from the modules below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from hexir import knobs
+from hexir.errors import (
+    BuildError,
+    HexirError,
+    MeasureError,
+    ParseError,
+    ResourceError,
+    ScheduleError,
+    TargetError,
+    TypeInferenceError,
+)
+
+__version__ = "0.1.0"
+
+_LAZY: dict[str, str] = {
+    "parse": "hexir.ir.parse",
+    "workload_key": "hexir.ir.keys",
+    "candidate_key": "hexir.ir.keys",
+    "verify": "hexir.ir.verify",
+    "GraphBuilder": "hexir.ir.builder",
+    "Graph": "hexir.ir.graph",
+    "TensorType": "hexir.ir.graph",
+    "PrimFunc": "hexir.ir.tir",
+    "Buffer": "hexir.ir.tir",
+    "workload": "hexir.graph.workloads",
+    "reference": "hexir.graph.reference",
+    "lower": "hexir.graph.lower",
+    "Target": "hexir.runtime.target",
+    "build": "hexir.runtime.build",
+    "compile": "hexir.runtime.executor",
+}
+
+__all__ = [
+    "BuildError",
+    "HexirError",
+    "MeasureError",
+    "ParseError",
+    "ResourceError",
+    "ScheduleError",
+    "TargetError",
+    "TypeInferenceError",
+    "knobs",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hexir' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

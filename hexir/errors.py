@@ -1,0 +1,67 @@
+"""Every error Hexir raises is a HexirError; every one pickles (it crosses Ray)."""
+
+from __future__ import annotations
+
+
+class HexirError(Exception):
+    """Base class of every error Hexir raises on purpose."""
+
+    def __reduce__(self):  # noqa: D105 - pickling rebuilds from the message alone
+        return (type(self), (str(self),))
+
+
+class ParseError(HexirError):
+    """Text that does not parse: line, column, the line itself and a caret under the column."""
+
+    def __init__(self, message: str, line: int = 0, column: int = 0, source_line: str = ""):
+        self.message = message
+        self.line = line
+        self.column = column
+        self.source_line = source_line
+        if line:
+            text = f"{message} (line {line}, column {column})\n  {source_line}\n  {' ' * (column - 1)}^"
+        else:
+            text = message
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.line, self.column, self.source_line))
+
+
+class TypeInferenceError(HexirError):
+    """A graph op whose operands or attributes do not fit: names the op and prints it."""
+
+
+class ScheduleError(HexirError):
+    """A schedule primitive that would change the result or cannot apply."""
+
+
+class ResourceError(HexirError):
+    """A kernel over a target's limits (threads per block, shared memory, ...)."""
+
+
+class BuildError(HexirError):
+    """A compiler failure: carries the generated source and the compiler's log."""
+
+    def __init__(self, message: str, source: str = "", log: str = ""):
+        self.message = message
+        self.source = source
+        self.log = log
+        text = message
+        if log:
+            text += f"\n--- compiler log ---\n{log.rstrip()}"
+        if source:
+            numbered = "\n".join(f"{n:4d}  {line}" for n, line in enumerate(source.splitlines(), 1))
+            text += f"\n--- source ---\n{numbered}"
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.source, self.log))
+
+
+class MeasureError(HexirError):
+    """A run that failed: what failed and a command that reproduces it."""
+
+
+class TargetError(HexirError):
+    """A target string that names no known target, or a machine that lacks the target."""

@@ -1,0 +1,65 @@
+"""The element types of both dialects: their names, short text forms and numpy types."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# name -> (short text form, numpy dtype, C type)
+_TABLE: dict[str, tuple[str, type, str]] = {
+    "float32": ("f32", np.float32, "float"),
+    "float64": ("f64", np.float64, "double"),
+    "float16": ("f16", np.float16, "_Float16"),
+    "int32": ("i32", np.int32, "int32_t"),
+    "int64": ("i64", np.int64, "int64_t"),
+    "bool": ("i1", np.bool_, "bool"),
+}
+DTYPES: tuple[str, ...] = tuple(_TABLE)
+_BY_SHORT = {short: name for name, (short, _, _) in _TABLE.items()}
+
+
+def check_dtype(dtype: str) -> str:
+    """Return the canonical dtype name for a name or short form; raise ValueError otherwise."""
+    if dtype in _TABLE:
+        return dtype
+    if dtype in _BY_SHORT:
+        return _BY_SHORT[dtype]
+    name = np.dtype(dtype).name if _is_numpy_dtype(dtype) else None
+    if name in _TABLE:
+        return name
+    raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+
+
+def _is_numpy_dtype(dtype: object) -> bool:
+    try:
+        np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return True
+
+
+def short_name(dtype: str) -> str:
+    return _TABLE[dtype][0]
+
+
+def from_short(short: str) -> str:
+    return _BY_SHORT[short]
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    return np.dtype(_TABLE[dtype][1])
+
+
+def c_type(dtype: str) -> str:
+    return _TABLE[dtype][2]
+
+
+def is_float(dtype: str) -> bool:
+    return dtype.startswith("float")
+
+
+def is_int(dtype: str) -> bool:
+    return dtype.startswith("int")
+
+
+def itemsize(dtype: str) -> int:
+    return numpy_dtype(dtype).itemsize
