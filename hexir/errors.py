@@ -19,7 +19,8 @@ class ParseError(HexirError):
         self.column = column
         self.source_line = source_line
         if line:
-            text = f"{message} (line {line}, column {column})\n  {source_line}\n  {' ' * (column - 1)}^"
+            caret = " " * (column - 1) + "^"
+            text = f"{message} (line {line}, column {column})\n  {source_line}\n  {caret}"
         else:
             text = message
         super().__init__(text)

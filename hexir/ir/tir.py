@@ -92,7 +92,8 @@ class FloatImm(ExprBase):
         # nan == nan structurally, so a function holding a nan constant equals its parse.
         if not isinstance(other, FloatImm):
             return NotImplemented
-        same = self.value == other.value or (self.value != self.value and other.value != other.value)
+        both_nan = self.value != self.value and other.value != other.value
+        same = self.value == other.value or both_nan
         return same and self.dtype == other.dtype
 
     def __hash__(self) -> int:

@@ -1,0 +1,5 @@
+import sys
+
+from hexir.cli import main
+
+sys.exit(main())
