@@ -426,6 +426,6 @@ class PrimFunc:
     __str__ = __repr__
 
 
-def annotations(**items: AnnotationValue) -> Annotations:
+def make_annotations(**items: AnnotationValue) -> Annotations:
     """Canonical (sorted) annotations from keyword arguments."""
     return tuple(sorted(items.items()))
