@@ -1,0 +1,95 @@
+"""Build C source into a shared library with the system C compiler, cached on disk.
+
+    path = compile_c(source, target)     # <cache_dir>/cc/<digest>.so, built once
+
+The cache key is a digest of the source, the full command line's flags, the compiler's
+`--version` output and what `-march=native` means on this machine (so a cache directory
+shared between machines never hands one machine another's instructions). A library is
+written to a temporary name and renamed into place: a failed or concurrent build never
+leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+
+from hexir import knobs
+from hexir.errors import BuildError
+from hexir.runtime.target import Target
+
+BASE_FLAGS = ("-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-fvisibility=hidden")
+# errno is never read by a kernel; without this GCC will not vectorize sqrtf and friends.
+MATH_FLAGS = ("-fno-math-errno",)
+
+
+def compile_flags(target: Target) -> list[str]:
+    """The compiler flags for `target`: the knobs' cflags, the target's, then ours."""
+    return [*shlex.split(knobs.get().cflags), *target.cflags, *MATH_FLAGS, *BASE_FLAGS]
+
+
+def compile_c(source: str, target: Target) -> Path:
+    """The path of a shared library built from `source`, from the cache when it is there."""
+    cc = knobs.get().cc
+    flags = compile_flags(target)
+    digest = cache_key(source, cc, flags)
+    directory = Path(knobs.get().cache_dir).expanduser() / "cc"
+    path = directory / f"{digest}.so"
+    if path.exists():
+        return path
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+        c_file = Path(tmp) / f"{digest}.c"
+        c_file.write_text(source)
+        so_file = Path(tmp) / f"{digest}.so"
+        result = _invoke([cc, *flags, "-o", str(so_file), str(c_file)])
+        if result.returncode != 0 or not so_file.exists():
+            command = shlex.join([cc, *flags, "-o", f"{digest}.so", f"{digest}.c"])
+            raise BuildError(
+                f"the C compiler failed (exit {result.returncode}): {command}",
+                source=source,
+                log=result.stdout + result.stderr,
+            )
+        # The source beside the library, to read and rebuild by hand.
+        os.replace(c_file, directory / f"{digest}.c")
+        os.replace(so_file, path)
+    return path
+
+
+def cache_key(source: str, cc: str, flags: list[str]) -> str:
+    digest = hashlib.sha256()
+    for part in (source, cc, shlex.join(flags), compiler_version(cc), native_signature(cc)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+@functools.cache
+def compiler_version(cc: str) -> str:
+    """`cc --version`, once per process."""
+    result = _invoke([cc, "--version"])
+    if result.returncode != 0:
+        raise BuildError(f"the C compiler {cc!r} does not run", log=result.stdout + result.stderr)
+    return result.stdout
+
+
+@functools.cache
+def native_signature(cc: str) -> str:
+    """What `-march=native` enables here: the compiler's target options, once per process."""
+    result = _invoke([cc, "-march=native", "-Q", "--help=target"])
+    return result.stdout if result.returncode == 0 else ""
+
+
+def _invoke(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run the compiler (tests replace this to count or forbid compiler runs)."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=600)
+    except FileNotFoundError as e:
+        raise BuildError(f"the C compiler {command[0]!r} was not found (set HEXIR_CC)") from e
+    except subprocess.TimeoutExpired as e:
+        raise BuildError(f"the C compiler timed out: {shlex.join(command)}") from e

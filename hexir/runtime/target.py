@@ -1,0 +1,230 @@
+"""Targets: what a kernel is compiled for, the limits a schedule must respect, and the key.
+
+    Target("cpu")                  # this machine's CPU: features, -march, vector width, cores
+    Target("cuda")                 # the visible GPU's arch, or sm_90 where none is visible
+    Target("cuda -arch=sm_80")
+    Target("cpu").key              # "cpu-avx2-avx512f-fma": never a host name
+    Target(str(t)) == t            # str() gives back a parsable string
+
+The key holds only what generated code depends on (DESIGN.md §2, Keys): the CPU's
+instruction-set features that matter to codegen, or the CUDA arch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+from dataclasses import dataclass, field
+
+from hexir import knobs
+from hexir.errors import TargetError
+
+# The instruction-set features that change the code we generate, in key order. Others
+# (avx512vnni, bmi2, ...) do not change our C, so they stay out of the key.
+CPU_FEATURES = ("avx2", "avx512f", "fma", "neon", "sve")
+
+# Per CUDA arch: opt-in shared memory per block in bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+CUDA_ARCHS: dict[str, int] = {
+    "sm_80": 163 * 1024,
+    "sm_86": 99 * 1024,
+    "sm_89": 99 * 1024,
+    "sm_90": 227 * 1024,
+}
+DEFAULT_CUDA_ARCH = "sm_90"
+STATIC_SHARED_BYTES = 48 * 1024
+
+_VALID_FORMS = (
+    'valid targets are "cpu", "cuda" (the visible GPU\'s arch, else sm_90) and '
+    '"cuda -arch=sm_XX" with sm_XX one of ' + ", ".join(CUDA_ARCHS)
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compilation target parsed from its string form; every other field is derived."""
+
+    text: str = "cpu"
+    kind: str = field(init=False)  # "cpu" | "cuda"
+    arch: str = field(init=False)  # CUDA: "sm_90"; CPU: the -march value ("native")
+    features: tuple[str, ...] = field(init=False)  # sorted; CPU only
+    vector_width: int = field(init=False)  # fp32 lanes of one vector
+    num_cores: int = field(init=False)  # CPU cores (CUDA: 0)
+    # GPU limits; None on the CPU, where GPU-bound loops run serially and nothing limits them.
+    max_threads_per_block: int | None = field(init=False)
+    max_shared_memory_per_block: int | None = field(init=False)  # static __shared__ limit
+    max_shared_memory_per_block_optin: int | None = field(init=False)
+    max_registers_per_thread: int | None = field(init=False)
+    warp_size: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TargetError(f"a target is a string, got {self.text!r}; {_VALID_FORMS}")
+        words = self.text.split()
+        if words == ["cpu"]:
+            values = _cpu_fields()
+        elif words and words[0] == "cuda":
+            values = _cuda_fields(self.text, words[1:])
+        else:
+            raise TargetError(f"unknown target {self.text!r}; {_VALID_FORMS}")
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def of(cls, target: Target | str) -> Target:
+        """`target` itself, or the Target its string names."""
+        return target if isinstance(target, Target) else cls(target)
+
+    @property
+    def key(self) -> str:
+        """A stable key of what generated code depends on: `cpu-avx2-avx512f-fma`, `cuda-sm_90`."""
+        if self.kind == "cuda":
+            return f"cuda-{self.arch}"
+        return "-".join(("cpu", *self.features)) if self.features else "cpu-generic"
+
+    @property
+    def cflags(self) -> tuple[str, ...]:
+        """Flags the C compiler needs for this target (CPU only)."""
+        if self.kind != "cpu":
+            return ()
+        flags = [f"-march={self.arch}"]
+        if "avx512f" in self.features:
+            # GCC's default tuning often keeps to 256-bit vectors; 512-bit ones double the FMA
+            # throughput on the machines we run on (PERFORMANCE.md).
+            flags.append("-mprefer-vector-width=512")
+        return tuple(flags)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _cpu_fields() -> dict[str, object]:
+    features = cpu_features()
+    width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
+    return dict(
+        text="cpu",
+        kind="cpu",
+        arch="native",
+        features=features,
+        vector_width=width,
+        num_cores=_num_cores(),
+        max_threads_per_block=None,
+        max_shared_memory_per_block=None,
+        max_shared_memory_per_block_optin=None,
+        max_registers_per_thread=None,
+        warp_size=None,
+    )
+
+
+def _cuda_fields(text: str, options: list[str]) -> dict[str, object]:
+    if not options:
+        arch = visible_cuda_arch() or DEFAULT_CUDA_ARCH
+    elif len(options) == 1 and options[0].startswith("-arch="):
+        arch = options[0].removeprefix("-arch=")
+        if arch not in CUDA_ARCHS:
+            raise TargetError(f"unknown CUDA arch {arch!r} in target {text!r}; {_VALID_FORMS}")
+    else:
+        raise TargetError(f"unknown target options in {text!r}; {_VALID_FORMS}")
+    return dict(
+        text=f"cuda -arch={arch}",
+        kind="cuda",
+        arch=arch,
+        features=(),
+        vector_width=4,
+        num_cores=0,
+        max_threads_per_block=1024,
+        max_shared_memory_per_block=STATIC_SHARED_BYTES,
+        max_shared_memory_per_block_optin=CUDA_ARCHS[arch],
+        max_registers_per_thread=255,
+        warp_size=32,
+    )
+
+
+@functools.cache
+def cpu_features() -> tuple[str, ...]:
+    """This machine's codegen-relevant CPU features, sorted (from /proc/cpuinfo or the compiler)."""
+    flags = _cpuinfo_flags()
+    if flags is None:
+        flags = _compiler_flags(knobs.get().cc)
+    return tuple(sorted(f for f in CPU_FEATURES if f in flags))
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):
+                    flags = set(value.split())
+                    if "asimd" in flags:  # aarch64 spells NEON as asimd
+                        flags.add("neon")
+                    return flags
+    except OSError:
+        pass
+    return None
+
+
+def _compiler_flags(cc: str) -> set[str]:
+    """Features from the macros `cc -march=native` predefines (where /proc/cpuinfo is missing)."""
+    macros = {
+        "__AVX2__": "avx2",
+        "__AVX512F__": "avx512f",
+        "__FMA__": "fma",
+        "__ARM_NEON": "neon",
+        "__ARM_FEATURE_SVE": "sve",
+    }
+    try:
+        out = subprocess.run(
+            [cc, "-march=native", "-dM", "-E", "-"],
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    defined = {line.split()[1] for line in out.splitlines() if line.startswith("#define ")}
+    return {feature for macro, feature in macros.items() if macro in defined}
+
+
+def _num_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def visible_cuda_arch() -> str | None:
+    """The arch of GPU 0 through the CUDA driver, or None without a driver or a GPU."""
+    try:
+        from cuda.bindings import driver
+
+        attr = driver.CUdevice_attribute
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
+        err, count = driver.cuDeviceGetCount()
+        if err != driver.CUresult.CUDA_SUCCESS or count == 0:
+            return None
+        err, dev = driver.cuDeviceGet(0)
+        _, major = driver.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
+        )
+        _, minor = driver.cuDeviceGetAttribute(
+            attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
+        )
+    except Exception:  # noqa: BLE001 - no package, no driver or no device: all mean "none"
+        return None
+    return _supported_arch(f"sm_{major}{minor}")
+
+
+def _supported_arch(arch: str) -> str:
+    if arch in CUDA_ARCHS:
+        return arch
+    number = int(arch.removeprefix("sm_"))
+    known = [a for a in CUDA_ARCHS if int(a.removeprefix("sm_")) <= number]
+    if not known:
+        raise TargetError(f"the visible GPU is {arch}; Hexir supports {', '.join(CUDA_ARCHS)}")
+    # A newer GPU than we know runs the newest arch we know (through PTX).
+    return max(known, key=lambda a: int(a.removeprefix("sm_")))

@@ -1,0 +1,386 @@
+"""The C printer: hand-built PrimFuncs compiled and compared with numpy on random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hexir import knobs
+from hexir.codegen.c import generate_c, kernel_symbol
+from hexir.errors import BuildError
+from hexir.ir.tir import (
+    Allocate,
+    Barrier,
+    Binary,
+    Block,
+    Buffer,
+    BufferStore,
+    Call,
+    Cast,
+    FloatImm,
+    For,
+    IfThenElse,
+    IntImm,
+    IterVar,
+    PrimFunc,
+    Select,
+    Var,
+    seq,
+)
+from hexir.runtime.build import build
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    with knobs.scope(cache_dir=str(tmp_path_factory.mktemp("cache"))):
+        yield
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+def loops(body, *specs):
+    """Loops around `body`, outermost first: specs are (var, extent, kind)."""
+    for var, extent, kind in reversed(specs):
+        body = For(var, extent, kind, body)
+    return body
+
+
+def block(name, iters, body, init=None, predicate=None):
+    """A block from (var, kind, dom, binding) tuples; regions are left out (codegen needs none)."""
+    return Block(name, tuple(IterVar(*it) for it in iters), (), (), body, init, predicate)
+
+
+def run(func, *inputs):
+    """Build `func`, call it on `inputs` and fresh outputs; return the outputs."""
+    outputs = [np.empty(b.shape, np.dtype(b.dtype)) for b in func.outputs]
+    build(func)(*inputs, *outputs)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+i, j, k, l = Var("i"), Var("j"), Var("k"), Var("l")
+vi, vj, vk = Var("vi"), Var("vj"), Var("vk")
+
+
+def matmul(M, N, K, kinds=("parallel", "serial", "vectorized"), dtype="float32"):
+    A, B, C = Buffer("A", (M, K), dtype), Buffer("B", (K, N), dtype), Buffer("C", (M, N), dtype)
+    body = block(
+        "matmul",
+        [(vi, "spatial", M, i), (vj, "spatial", N, j), (vk, "reduce", K, k)],
+        BufferStore(C, (vi, vj), C[vi, vj] + A[vi, vk] * B[vk, vj]),
+        init=BufferStore(C, (vi, vj), FloatImm(0.0, dtype)),
+    )
+    nest = loops(body, (i, M, kinds[0]), (k, K, kinds[1]), (j, N, kinds[2]))
+    return PrimFunc("matmul", (A, B, C), nest)
+
+
+def test_golden_relu():
+    A, B = Buffer("A", (8,)), Buffer("B", (8,))
+    body = block(
+        "relu", [(vi, "spatial", 8, i)], BufferStore(B, (vi,), Binary("max", A[vi], FloatImm(0.0)))
+    )
+    source = generate_c(PrimFunc("relu", (A, B), For(i, 8, "vectorized", body)))
+    assert source == GOLDEN_RELU
+
+
+GOLDEN_RELU = """\
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#define HX_EXPORT __attribute__((visibility("default")))
+static inline float hx_max_f32(float a, float b) { return a > b ? a : b; }
+
+HX_EXPORT void relu(float* restrict A, float* restrict B) {
+  #pragma omp simd
+  for (int32_t i = 0; i < 8; ++i) {
+    {  // block relu
+      const int32_t vi = i;
+      B[vi] = hx_max_f32(A[vi], 0.0f);
+    }
+  }
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "kinds", [("parallel", "serial", "vectorized"), ("serial", "unrolled", "serial")]
+)
+def test_matmul_with_init(rng, kinds):
+    a = rng.standard_normal((13, 7), dtype=np.float32)
+    b = rng.standard_normal((7, 19), dtype=np.float32)
+    np.testing.assert_allclose(run(matmul(13, 19, 7, kinds), a, b), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_float64(rng):
+    a, b = rng.standard_normal((5, 6)), rng.standard_normal((6, 4))
+    np.testing.assert_allclose(run(matmul(5, 4, 6, dtype="float64"), a, b), a @ b, rtol=1e-12)
+
+
+def test_split_loop_with_predicate(rng):
+    n = 10
+    A, B = Buffer("A", (n,)), Buffer("B", (n,))
+    index = i * 4 + j
+    body = block(
+        "scale",
+        [(vi, "spatial", n, index)],
+        BufferStore(B, (vi,), A[vi] * 2.0 + 1.0),
+        predicate=Binary("<", index, IntImm(n)),
+    )
+    func = PrimFunc("scale", (A, B), loops(body, (i, 3, "parallel"), (j, 4, "vectorized")))
+    a = rng.standard_normal(n, dtype=np.float32)
+    np.testing.assert_allclose(run(func, a), a * 2 + 1, rtol=1e-6)
+
+
+def test_nested_parallel_loops_run_serially_inside(rng):
+    A, B = Buffer("A", (6, 5)), Buffer("B", (6, 5))
+    body = block(
+        "neg", [(vi, "spatial", 6, i), (vj, "spatial", 5, j)], BufferStore(B, (vi, vj), -A[vi, vj])
+    )
+    func = PrimFunc("neg", (A, B), loops(body, (i, 6, "parallel"), (j, 5, "parallel")))
+    assert generate_c(func).count("#pragma omp parallel") == 1
+    a = rng.standard_normal((6, 5), dtype=np.float32)
+    np.testing.assert_array_equal(run(func, a), -a)
+    with knobs.scope(num_threads=1):
+        np.testing.assert_array_equal(run(func, a), -a)
+
+
+def test_gpu_kinds_run_serially(rng):
+    # A transpose bound to blocks, virtual threads and threads; a barrier between stages.
+    A, B = Buffer("A", (8, 12)), Buffer("B", (12, 8))
+    row, col = (i * 2 + l) * 4 + j, k
+    body = block(
+        "transpose",
+        [(vi, "spatial", 8, row), (vj, "spatial", 12, col)],
+        BufferStore(B, (vj, vi), A[vi, vj]),
+    )
+    nest = loops(
+        seq(body, Barrier()),
+        (i, 1, "blockIdx.x"),
+        (l, 2, "vthread"),
+        (j, 4, "threadIdx.x"),
+        (k, 12, "threadIdx.y"),
+    )
+    a = rng.standard_normal((8, 12), dtype=np.float32)
+    np.testing.assert_array_equal(run(PrimFunc("transpose", (A, B), nest), a), a.T)
+
+
+def test_global_allocate_between_blocks(rng):
+    # T = exp(A) in a heap buffer, then S = T.sum(axis=1).
+    M, N = 6, 9
+    A, S = Buffer("A", (M, N)), Buffer("S", (M,))
+    T = Buffer("T", (M, N))
+    exp = block(
+        "softmax_exp",
+        [(vi, "spatial", M, i), (vj, "spatial", N, j)],
+        BufferStore(T, (vi, vj), Call("exp", (A[vi, vj],))),
+    )
+    total = block(
+        "softmax_sum",
+        [(vi, "spatial", M, i), (vk, "reduce", N, k)],
+        BufferStore(S, (vi,), S[vi] + T[vi, vk]),
+        init=BufferStore(S, (vi,), FloatImm(0.0)),
+    )
+    body = seq(
+        Allocate(T),
+        loops(exp, (i, M, "parallel"), (j, N, "serial")),
+        loops(total, (i, M, "serial"), (k, N, "serial")),
+    )
+    func = PrimFunc("exp_sum", (A, S), body)
+    assert "aligned_alloc(64, 256)" in generate_c(func) and "free(T);" in generate_c(func)
+    a = rng.standard_normal((M, N), dtype=np.float32)
+    np.testing.assert_allclose(run(func, a), np.exp(a).sum(axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("scope,size", [("local", 4), ("shared", 4), ("local", 40000)])
+def test_stack_and_large_allocations(rng, scope, size):
+    # A row sum through a local accumulator buffer; a large one moves to the heap.
+    M, N = 5, 7
+    A, S = Buffer("A", (M, N)), Buffer("S", (M,))
+    acc = Buffer("acc", (size,), scope=scope)
+    zero = BufferStore(acc, (IntImm(0),), FloatImm(0.0))
+    add = BufferStore(acc, (IntImm(0),), acc[0] + A[i, j])
+    body = seq(Allocate(acc), zero, For(j, N, "serial", add), BufferStore(S, (i,), acc[0]))
+    func = PrimFunc("rowsum", (A, S), For(i, M, "parallel", body))
+    source = generate_c(func)
+    assert ("aligned_alloc" in source) == (size * 4 > 64 * 1024)
+    a = rng.standard_normal((M, N), dtype=np.float32)
+    np.testing.assert_allclose(run(func, a), a.sum(axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_floordiv_floormod_negative(rng, dtype):
+    n = 64
+    A, B = Buffer("A", (n,), dtype), Buffer("B", (n,), dtype)
+    Q, R = Buffer("Q", (n,), dtype), Buffer("R", (n,), dtype)
+    body = seq(
+        BufferStore(Q, (i,), Binary("floordiv", A[i], B[i])),
+        BufferStore(R, (i,), Binary("floormod", A[i], B[i])),
+    )
+    func = PrimFunc("divmod", (A, B, Q, R), For(i, n, "serial", body), num_outputs=2)
+    a = rng.integers(-50, 50, n).astype(dtype)
+    b = rng.choice([-7, -3, -1, 1, 2, 5], n).astype(dtype)
+    q, r = run(func, a, b)
+    np.testing.assert_array_equal(q, np.floor_divide(a, b))
+    np.testing.assert_array_equal(r, np.mod(a, b))
+
+
+def test_float_floormod_and_floordiv(rng):
+    n = 32
+    A, Q, R = Buffer("A", (n,)), Buffer("Q", (n,)), Buffer("R", (n,))
+    body = seq(
+        BufferStore(Q, (i,), Binary("floordiv", A[i], FloatImm(-0.75))),
+        BufferStore(R, (i,), Binary("floormod", A[i], FloatImm(0.75))),
+    )
+    func = PrimFunc("fdivmod", (A, Q, R), For(i, n, "serial", body), num_outputs=2)
+    a = rng.uniform(-5, 5, n).astype(np.float32)
+    q, r = run(func, a)
+    np.testing.assert_allclose(q, np.floor(a / np.float32(-0.75)))
+    np.testing.assert_allclose(r, np.mod(a, np.float32(0.75)), atol=1e-6)
+
+
+def test_select_and_if_then_else(rng):
+    n = 50
+    A, B, C = Buffer("A", (n,)), Buffer("B", (n,)), Buffer("C", (n,))
+    leaky = Select(Binary(">", A[i], FloatImm(0.0)), A[i], A[i] * 0.1)
+    branch = IfThenElse(
+        Binary("<", A[i], FloatImm(-0.5)),
+        BufferStore(C, (i,), FloatImm(-1.0)),
+        BufferStore(C, (i,), A[i] + 3.0),
+    )
+    body = For(i, n, "serial", seq(BufferStore(B, (i,), leaky), branch))
+    a = rng.standard_normal(n, dtype=np.float32)
+    b, c = run(PrimFunc("sel", (A, B, C), body, num_outputs=2), a)
+    np.testing.assert_allclose(b, np.where(a > 0, a, a * np.float32(0.1)), rtol=1e-6)
+    np.testing.assert_allclose(c, np.where(a < -0.5, -1.0, a + 3), rtol=1e-6)
+
+
+def test_casts_bool_and_int64(rng):
+    n = 40
+    A, X = Buffer("A", (n,)), Buffer("X", (n,), "int32")
+    I, F = Buffer("I", (n,), "int32"), Buffer("F", (n,), "float64")
+    P, W = Buffer("P", (n,), "bool"), Buffer("W", (n,), "int64")
+    body = seq(
+        BufferStore(I, (i,), Cast("int32", A[i] * 10.0)),
+        BufferStore(F, (i,), Cast("float64", X[i]) * 0.5 + Cast("float64", Cast("bool", X[i]))),
+        BufferStore(P, (i,), Binary(">", A[i], FloatImm(0.25))),
+        BufferStore(W, (i,), Cast("int64", X[i]) * IntImm(3_000_000_000, "int64")),
+    )
+    func = PrimFunc("casts", (A, X, I, F, P, W), For(i, n, "serial", body), num_outputs=4)
+    a = rng.standard_normal(n, dtype=np.float32)
+    x = rng.integers(-1000, 1000, n, dtype=np.int32)
+    got_i, got_f, got_p, got_w = run(func, a, x)
+    np.testing.assert_array_equal(got_i, (a * np.float32(10)).astype(np.int32))
+    np.testing.assert_array_equal(got_f, x * 0.5 + (x != 0))
+    np.testing.assert_array_equal(got_p, a > 0.25)
+    np.testing.assert_array_equal(got_w, x.astype(np.int64) * 3_000_000_000)
+
+
+_erf = np.vectorize(math.erf)
+MATH = {
+    "exp": np.exp,
+    "log": lambda x: np.log(np.abs(x) + 0.5),
+    "sqrt": lambda x: np.sqrt(np.abs(x)),
+    "rsqrt": lambda x: 1 / np.sqrt(np.abs(x) + 0.5),
+    "tanh": np.tanh,
+    "erf": _erf,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "abs": np.abs,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "sin": np.sin,
+    "cos": np.cos,
+}
+
+
+def _math_arg(name, x):
+    # Keep log, sqrt and rsqrt in their domains, as the numpy references do.
+    if name == "log" or name == "rsqrt":
+        return Call("abs", (x,)) + 0.5
+    return Call("abs", (x,)) if name == "sqrt" else x
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_math_calls(rng, dtype):
+    n = 33
+    A = Buffer("A", (n,), dtype)
+    outs = [Buffer(f"out_{name}", (n,), dtype) for name in MATH]
+    stores = [
+        BufferStore(out, (i,), Call(name, (_math_arg(name, A[i]),)))
+        for name, out in zip(MATH, outs)
+    ]
+    extra = [Buffer(n_, (n,), dtype) for n_ in ("pw", "mn", "mx", "lit")]
+    stores += [
+        BufferStore(extra[0], (i,), Binary("pow", Call("abs", (A[i],)), FloatImm(1.5, dtype))),
+        BufferStore(extra[1], (i,), Binary("min", A[i], FloatImm(0.1, dtype))),
+        BufferStore(extra[2], (i,), Binary("max", A[i], FloatImm(float("-inf"), dtype))),
+        BufferStore(extra[3], (i,), A[i] * FloatImm(-1e-3, dtype) + FloatImm(0.1, dtype)),
+    ]
+    params = (A, *outs, *extra)
+    func = PrimFunc("maths", params, For(i, n, "serial", seq(*stores)), num_outputs=len(params) - 1)
+    a = rng.standard_normal(n).astype(dtype)
+    got = run(func, a)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-14)
+    for name, value in zip(MATH, got):
+        np.testing.assert_allclose(value, MATH[name](a), **tol, err_msg=name)
+    t = np.dtype(dtype).type
+    np.testing.assert_allclose(got[-4], np.abs(a) ** t(1.5), **tol)
+    np.testing.assert_array_equal(got[-3], np.minimum(a, t(0.1)))
+    np.testing.assert_array_equal(got[-2], a)
+    np.testing.assert_allclose(got[-1], a * t(-1e-3) + t(0.1), **tol)
+
+
+def test_literals():
+    A = Buffer("A", (2,), "float64")
+    func = PrimFunc(
+        "lits",
+        (A,),
+        seq(
+            BufferStore(A, (IntImm(0),), FloatImm(float("nan"), "float64")),
+            BufferStore(A, (IntImm(1),), Cast("float64", IntImm(-(2**31)))),
+        ),
+    )
+    source = generate_c(func)
+    assert "A[0] = NAN;" in source and "INT32_MIN" in source
+    out = np.empty(2)
+    build(func)(out)
+    assert np.isnan(out[0]) and out[1] == -(2**31)
+
+
+def test_float16_is_refused():
+    A = Buffer("A", (4,), "float16")
+    with pytest.raises(BuildError, match="float16 is not supported by the C backend yet"):
+        generate_c(PrimFunc("half", (A,), BufferStore(A, (IntImm(0),), FloatImm(1.0, "float16"))))
+
+
+def test_names_that_clash_with_c_are_renamed(rng):
+    # A buffer named like a C keyword, one like a math function, a var like a buffer.
+    A, B = Buffer("int", (3,)), Buffer("exp", (3,))
+    v = Var("exp")
+    body = For(v, 3, "serial", BufferStore(B, (v,), Call("exp", (A[v],))))
+    func = PrimFunc("float", (A, B), body)
+    assert kernel_symbol(func) == "float_kernel"
+    a = rng.standard_normal(3, dtype=np.float32)
+    np.testing.assert_allclose(run(func, a), np.exp(a), rtol=1e-6)
+
+
+def test_fused_loop_divides_plainly_when_bounds_allow(rng):
+    # vi = f // 12 and vj = f % 12 with f in [0, 96): C's / and % are exact, no helper needed.
+    A, B, f = Buffer("A", (8, 12)), Buffer("B", (12, 8)), Var("f")
+    body = block(
+        "transpose",
+        [
+            (vi, "spatial", 8, Binary("floordiv", f, IntImm(12))),
+            (vj, "spatial", 12, Binary("floormod", f, IntImm(12))),
+        ],
+        BufferStore(B, (vj, vi), A[vi, vj]),
+    )
+    func = PrimFunc("transpose", (A, B), For(f, 96, "parallel", body))
+    source = generate_c(func)
+    assert "const int32_t vi = f / 12;" in source and "hx_floordiv" not in source
+    a = rng.standard_normal((8, 12), dtype=np.float32)
+    np.testing.assert_array_equal(run(func, a), a.T)

@@ -1,0 +1,197 @@
+"""Targets, the build cache, argument checks and timing of CPU kernels."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import socket
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir import knobs
+from hexir.errors import BuildError, HexirError, TargetError
+from hexir.ir.tir import Binary, Buffer, BufferStore, FloatImm, For, PrimFunc, Var
+from hexir.runtime import cc
+from hexir.runtime.build import build
+from hexir.runtime.target import Target
+
+# -- targets ------------------------------------------------------------------------------
+
+
+def test_cpu_target():
+    t = Target("cpu")
+    assert t.kind == "cpu" and str(t) == "cpu" and Target(str(t)) == t
+    assert t.features == tuple(sorted(t.features))
+    assert t.vector_width == (16 if "avx512f" in t.features else 8 if "avx2" in t.features else 4)
+    assert t.num_cores >= 1
+    assert t.max_threads_per_block is None and t.warp_size is None  # no GPU limits on a CPU
+    assert f"-march={t.arch}" in t.cflags
+    assert re.fullmatch(r"cpu(-[a-z0-9_]+)+", t.key)
+    assert socket.gethostname() not in t.key
+
+
+def test_target_key_is_stable():
+    assert Target("cpu").key == Target("cpu").key == Target.of("cpu").key
+    assert Target("cuda -arch=sm_90").key == "cuda-sm_90"
+    assert Target("  cuda   -arch=sm_86 ").key == "cuda-sm_86"
+
+
+@pytest.mark.parametrize(
+    "arch,optin", [("sm_80", 163), ("sm_86", 99), ("sm_89", 99), ("sm_90", 227)]
+)
+def test_cuda_targets(arch, optin):
+    t = Target(f"cuda -arch={arch}")
+    assert (t.kind, t.arch, str(t)) == ("cuda", arch, f"cuda -arch={arch}")
+    assert Target(str(t)) == t and hash(Target(str(t))) == hash(t)
+    assert t.max_threads_per_block == 1024 and t.warp_size == 32 and t.vector_width == 4
+    assert t.max_shared_memory_per_block == 48 * 1024
+    assert t.max_shared_memory_per_block_optin == optin * 1024
+    assert t.max_registers_per_thread == 255
+
+
+def test_plain_cuda_names_an_arch():
+    t = Target("cuda")
+    assert re.fullmatch(r"cuda -arch=sm_\d\d", str(t)) and Target(str(t)) == t
+
+
+def test_target_pickles_and_of():
+    t = Target("cuda -arch=sm_80")
+    assert pickle.loads(pickle.dumps(t)) == t
+    assert Target.of(t) is t
+
+
+@pytest.mark.parametrize(
+    "text", ["gpu", "", "cuda -arch=sm_70", "cuda -arch", "cuda sm_90", "cpu -mcpu=x", "CPU"]
+)
+def test_bad_target_strings(text):
+    with pytest.raises(TargetError, match=r'valid targets are "cpu", "cuda"'):
+        Target(text)
+
+
+# -- build, cache ---------------------------------------------------------------------------
+
+i = Var("i")
+
+
+def axpy(n: int = 16, name: str = "axpy") -> PrimFunc:
+    X, Y, Z = Buffer("X", (n,)), Buffer("Y", (n,)), Buffer("Z", (n,))
+    body = BufferStore(Z, (i,), Binary("+", X[i] * FloatImm(2.0), Y[i]))
+    return PrimFunc(name, (X, Y, Z), For(i, n, "parallel", body))
+
+
+@pytest.fixture
+def cache(tmp_path):
+    with knobs.scope(cache_dir=str(tmp_path)):
+        yield tmp_path
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()
+
+
+def test_build_runs_and_exposes_source(cache, rng):
+    kernel = hexir.build(axpy(), target=hexir.Target("cpu"))
+    x, y = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+    z = np.empty(16, np.float32)
+    kernel(x, y, z)
+    np.testing.assert_allclose(z, 2 * x + y, rtol=1e-6)
+    assert "void axpy(float* restrict X" in kernel.source
+    assert kernel.func == axpy() and kernel.target == Target("cpu")
+
+
+def test_second_build_hits_the_cache(cache, monkeypatch):
+    first = build(axpy())
+    libraries = sorted(p.name for p in (cache / "cc").iterdir())
+    assert len(libraries) == 2  # the library and its source
+
+    def no_compiler(command):
+        raise AssertionError(f"the compiler ran again: {command}")
+
+    monkeypatch.setattr(cc, "_invoke", no_compiler)
+    second = build(axpy(), target="cpu")
+    assert second.path == first.path
+    assert sorted(p.name for p in (cache / "cc").iterdir()) == libraries
+
+
+def test_cache_key_covers_flags(cache):
+    first = build(axpy())
+    with knobs.scope(cflags="-O2"):
+        second = build(axpy())
+    assert first.path != second.path and first.source == second.source
+
+
+def test_failing_compile_raises_and_leaves_no_file(cache):
+    source = "void broken(float* A) { A[0] = ; }\n"
+    with pytest.raises(BuildError) as info:
+        cc.compile_c(source, Target("cpu"))
+    error = info.value
+    assert error.source == source and "error" in error.log
+    assert "A[0] = ;" in str(error)
+    assert [p for p in cache.rglob("*") if p.is_file()] == []
+    again = pickle.loads(pickle.dumps(error))
+    assert again.source == source and again.log == error.log
+
+
+def test_cuda_target_is_not_built_yet():
+    with pytest.raises(TargetError, match="CUDA backend is not built yet"):
+        build(axpy(), target="cuda -arch=sm_90")
+
+
+# -- calls ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kernel(cache):
+    return build(axpy())
+
+
+@pytest.fixture
+def arrays(rng):
+    return [rng.standard_normal(16, dtype=np.float32) for _ in range(3)]
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda a: a[:2], r"takes 3 arrays \(X, Y, Z\), got 2"),
+        (lambda a: [a[0], a[1].astype(np.float64), a[2]], r"parameter Y .* got a float64"),
+        (lambda a: [a[0], a[1], np.empty(17, np.float32)], r"parameter Z .*shape \(16,\)"),
+        (lambda a: [list(a[0]), a[1], a[2]], r"parameter X .* got a list"),
+        (lambda a: [np.empty(32, np.float32)[::2], a[1], a[2]], r"parameter X .*non-contiguous"),
+        (lambda a: [a[0], a[1], a[1]], r"output Z shares memory with parameter Y"),
+    ],
+)
+def test_argument_errors_name_the_parameter(kernel, arrays, change, match):
+    with pytest.raises(HexirError, match=match):
+        kernel(*change(arrays))
+
+
+def test_read_only_output(kernel, arrays):
+    arrays[2].flags.writeable = False
+    with pytest.raises(HexirError, match="output Z is read-only"):
+        kernel(*arrays)
+
+
+def test_time_returns_a_positive_median(kernel, arrays):
+    with knobs.scope(timing_warmup=1, timing_repeats=3, timing_min_seconds=0.001):
+        seconds = kernel.time(*arrays)
+    assert 0 < seconds < 1
+    np.testing.assert_allclose(arrays[2], 2 * arrays[0] + arrays[1], rtol=1e-6)
+
+
+def test_thread_count_knob(kernel, arrays):
+    for threads in (1, 2, 0):
+        with knobs.scope(num_threads=threads):
+            arrays[2][:] = 0
+            kernel(*arrays)
+            np.testing.assert_allclose(arrays[2], 2 * arrays[0] + arrays[1], rtol=1e-6)
+
+
+def test_kernel_pickles(kernel, arrays):
+    again = pickle.loads(pickle.dumps(kernel))
+    again(*arrays)
+    np.testing.assert_allclose(arrays[2], 2 * arrays[0] + arrays[1], rtol=1e-6)
+    assert again.source == kernel.source and again.func == kernel.func
