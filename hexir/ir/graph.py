@@ -78,7 +78,8 @@ class ConstantData:
     __slots__ = ("array", "_digest")
 
     def __init__(self, array: np.ndarray):
-        array = np.ascontiguousarray(array)
+        # A private copy (the caller's array stays writable), rank kept even for scalars.
+        array = np.array(array, copy=True, order="C")
         array.setflags(write=False)
         self.array = array
         self._digest = hashlib.sha256(
