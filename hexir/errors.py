@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class HexirError(Exception):
     """Base class of every error Hexir raises on purpose."""
@@ -34,7 +36,37 @@ class TypeInferenceError(HexirError):
 
 
 class ScheduleError(HexirError):
-    """A schedule primitive that would change the result or cannot apply."""
+    """A schedule primitive that would change the result or cannot apply.
+
+    `ScheduleError(reason, primitive, ir)`: `ir` is the printed IR with the offending loop or
+    block marked, or a function that prints it; it is printed only when the message is asked
+    for, so the search's inner loop pays for `brief()` alone.
+    """
+
+    def __init__(self, message: str, primitive: str = "", ir: str | Callable[[], str] = ""):
+        super().__init__(message)
+        self.reason = message
+        self.primitive = primitive
+        self._ir = ir
+
+    @property
+    def ir(self) -> str:
+        if callable(self._ir):
+            self._ir = self._ir()
+        return self._ir
+
+    def brief(self) -> str:
+        """One line: the primitive and the first line of the reason."""
+        first = self.reason.splitlines()[0] if self.reason else ""
+        return f"{self.primitive}: {first}" if self.primitive else first
+
+    def __str__(self) -> str:
+        head = f"{self.primitive}: {self.reason}" if self.primitive else self.reason
+        ir = self.ir
+        return f"{head}\n{ir}" if ir else head
+
+    def __reduce__(self):
+        return (type(self), (self.reason, self.primitive, self.ir))
 
 
 class ResourceError(HexirError):
@@ -66,3 +98,18 @@ class MeasureError(HexirError):
 
 class TargetError(HexirError):
     """A target string that names no known target, or a machine that lacks the target."""
+
+
+class VerifyError(HexirError):
+    """A PrimFunc that breaks the hextir invariants: every problem found, each naming its node."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        self.problems = tuple(problems)
+        text = message
+        if self.problems:
+            text += "".join(f"\n  - {p}" for p in self.problems)
+        super().__init__(text)
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.problems))
