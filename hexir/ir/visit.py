@@ -101,6 +101,7 @@ def walk(node: Node) -> Iterator[Node]:
 
 def map_expr(expr: Expr, fn: ExprFn) -> Expr:
     """Rebuild `expr` bottom-up, applying `fn` to every node after its children."""
+    new: Expr
     match expr:
         case Var() | IntImm() | FloatImm():
             new = expr
