@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hexir import knobs
 from hexir.errors import HexirError
 
 
@@ -87,10 +88,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     kernel(*inputs, *outputs)
     expected = hexir.reference(func, inputs)
     ok = all(np.allclose(o, e, rtol=1e-4, atol=1e-5) for o, e in zip(outputs, expected))
-    seconds = kernel.time(*inputs, *outputs)
+    with knobs.scope(timing_warmup=1, timing_repeats=args.repeats, timing_min_seconds=0.0):
+        seconds = kernel.time(*inputs, *outputs)
     print(f"workload   {args.workload}")
     print(f"key        {hexir.workload_key(func)}")
-    print(f"target     {kernel_target(args.target)}")
+    print(f"target     {args.target} ({hexir.Target(args.target).key})")
     print(f"build      {build_s:.2f} s")
     print(f"check      {'matches numpy' if ok else 'DIFFERS FROM NUMPY'}")
     print(f"time       {seconds * 1e3:.3f} ms (median)")
@@ -98,12 +100,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if flops:
         print(f"speed      {flops / seconds / 1e9:.2f} GFLOP/s")
     return 0 if ok else 1
-
-
-def kernel_target(target: str) -> str:
-    import hexir
-
-    return str(hexir.Target(target))
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -145,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("workload", help="e.g. matmul:M=1024,N=1024,K=1024")
     run.add_argument("--target", default="cpu", help="target (default: cpu)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--repeats", type=int, default=3, help="timed calls (median reported)")
     run.set_defaults(handler=cmd_run)
 
     show = verbs.add_parser("show", help="print a workload's hextir or a .hexir graph")
