@@ -1,0 +1,84 @@
+"""The `hexir` command: run and show, and one-paragraph errors with a non-zero exit."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir.cli import main, parse_workload_spec
+
+
+def test_workload_spec_parses_typed_values():
+    assert parse_workload_spec("conv2d:N=1,C=3,H=8,W=8,K=4,R=3,S=3,padding=1") == (
+        "conv2d",
+        {"N": 1, "C": 3, "H": 8, "W": 8, "K": 4, "R": 3, "S": 3, "padding": 1},
+    )
+    assert parse_workload_spec("dense:M=2,N=3,K=4,bias=false,activation=gelu")[1] == {
+        "M": 2, "N": 3, "K": 4, "bias": False, "activation": "gelu",
+    }  # fmt: skip
+    assert parse_workload_spec("layer_norm:M=4,N=8,eps=0.001")[1]["eps"] == 0.001
+
+
+@pytest.mark.parametrize("bad", ["matmul:M", "matmul:M=1,=2", "1abc:M=1"])
+def test_bad_workload_spec_is_a_clear_error(bad):
+    with pytest.raises(hexir.HexirError, match="KEY=VALUE|not a workload"):
+        parse_workload_spec(bad)
+
+
+def test_run_checks_against_numpy_and_times(capsys):
+    assert main(["run", "matmul:M=48,N=40,K=24", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "matches numpy" in out
+    assert "GFLOP/s" in out and "ms (median)" in out
+    assert hexir.workload_key(hexir.workload("matmul", M=48, N=40, K=24)) in out
+
+
+def test_show_prints_parsable_hextir(capsys):
+    assert main(["show", "softmax:M=4,N=16"]) == 0
+    text = capsys.readouterr().out
+    func = hexir.parse(text.split("// workload key")[0])
+    assert func == hexir.workload("softmax", M=4, N=16)
+
+
+def test_show_reads_a_hexir_file_with_its_constants(tmp_path, capsys):
+    g = hexir.GraphBuilder("tiny")
+    x = g.input("x", (4, 32))
+    w = g.constant(np.random.default_rng().standard_normal((8, 32)).astype("float32"), name="w")
+    graph = g.build([g.relu(g.dense(x, w))])
+    (tmp_path / "tiny.hexir").write_text(str(graph))
+    np.savez(tmp_path / "tiny.npz", w=graph.constant("w"))
+    assert main(["show", str(tmp_path / "tiny.hexir")]) == 0
+    out = capsys.readouterr().out
+    assert "hexir.graph @tiny" in out and "hextir.func @dense" in out and "block @relu" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "nosuch:M=1"], "unknown workload 'nosuch'"),
+        (["run", "matmul:M=4"], "missing keyword"),
+        (["show", "missing.hexir"], "no such file"),
+        (["run", "matmul:M=4,N=4,K=4", "--target", "tpu"], "tpu"),
+    ],
+)
+def test_errors_are_one_paragraph_and_exit_nonzero(argv, message, capsys):
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hexir: error:") and message in err
+    assert "Traceback" not in err
+
+
+def test_console_script_and_module_entry_point():
+    done = subprocess.run(
+        [sys.executable, "-m", "hexir", "show", "reduce_sum:M=2,N=8"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "block @reduce_sum" in done.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "hexir", "run", "matmul:M=oops"], capture_output=True, text=True
+    )
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
