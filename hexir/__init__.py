@@ -36,6 +36,8 @@ _LAZY: dict[str, str] = {
     "workload": "hexir.graph.workloads",
     "reference": "hexir.graph.reference",
     "lower": "hexir.graph.lower",
+    "Schedule": "hexir.schedule",
+    "Trace": "hexir.schedule",
     "Target": "hexir.runtime.target",
     "build": "hexir.runtime.build",
     "compile": "hexir.runtime.executor",

@@ -1,0 +1,215 @@
+"""Loop kinds and annotations: parallel, vectorize, unroll, bind, annotate, unannotate.
+
+A loop's kind is its schedule, visible in the IR (`for %i_0 in 0..32 parallel`). Changing it
+is legal only where the result cannot change: no parallel, vectorized or blockIdx loop feeds
+a reduction (a threadIdx one may: a cross-thread reduction), and a vectorized loop is innermost
+with unit-stride or invariant accesses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hexir.ir import arith
+from hexir.ir.tir import GPU_KINDS, AnnotationValue, Block, For, PrimFunc
+from hexir.schedule.common import (
+    accesses,
+    all_loops,
+    find_path,
+    is_block,
+    is_loop,
+    loop_ranges,
+    loops_of,
+    reduce_fed_by,
+    replace_body,
+    schedule_error,
+)
+from hexir.schedule.state import ScheduleBase, primitive
+from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
+
+THREAD_AXES = GPU_KINDS
+
+
+class AnnotatePrimitives(ScheduleBase):
+    @primitive
+    def parallel(self, loop: LoopRV) -> None:
+        """Run `loop`'s iterations on CPU threads (OpenMP).
+
+        for %i_0 in 0..32 serial {    ->    for %i_0 in 0..32 parallel {
+        """
+        self._set_kind("parallel", loop, "parallel")
+
+    @primitive
+    def vectorize(self, loop: LoopRV) -> None:
+        """Run innermost `loop` as SIMD lanes.
+
+        for %j_1 in 0..16 serial {    ->    for %j_1 in 0..16 vectorized {
+          block @add(vj = spatial(64) %j_0 * 16 + %j_1) ...     (unit stride in %j_1)
+        """
+        self._set_kind("vectorize", loop, "vectorized")
+
+    @primitive
+    def unroll(self, loop: LoopRV) -> None:
+        """Unroll `loop` in the generated source.
+
+        for %k_1 in 0..4 serial {    ->    for %k_1 in 0..4 unrolled {
+        """
+        self._set_kind("unroll", loop, "unrolled")
+
+    @primitive
+    def bind(self, loop: LoopRV, thread_axis: str) -> None:
+        """Bind `loop` to a GPU thread axis: blockIdx.x|y|z, threadIdx.x|y|z or vthread.
+
+            for %i_0 in 0..32 serial {    ->    for %i_0 in 0..32 blockIdx.x {
+              for %i_1 in 0..32 serial {          for %i_1 in 0..32 threadIdx.x {
+
+        With a target, the threadIdx extents' product must fit its `max_threads_per_block`.
+        """
+        if thread_axis not in THREAD_AXES:
+            raise schedule_error(
+                "bind", f"unknown thread axis {thread_axis!r}; one of {THREAD_AXES}", self.func
+            )
+        self._set_kind("bind", loop, thread_axis, (("thread_axis", thread_axis),))
+
+    @primitive
+    def annotate(
+        self, block_or_loop: BlockRV | LoopRV, key: str, value: AnnotationValue | ExprRV
+    ) -> None:
+        """Set annotation `key` (an ExprRV value records its integer).
+
+        for %i in 0..64 serial {  ->  for %i in 0..64 serial attributes {pragma_unroll = 16} {
+        """
+        plain = self._int(value, "annotate") if isinstance(value, ExprRV) else value
+        plain = _annotation_value(self.func, plain)
+        inputs = (("block_or_loop", block_or_loop), ("key", key), ("value", value))
+        self._set_annotations("annotate", block_or_loop, inputs, lambda ann: {**ann, key: plain})
+
+    @primitive
+    def unannotate(self, block_or_loop: BlockRV | LoopRV, key: str) -> None:
+        """Remove annotation `key`, which must be set.
+
+        for %i in 0..64 serial attributes {pragma_unroll = 16} {  ->  for %i in 0..64 serial {
+        """
+
+        def drop(ann: dict) -> dict:
+            if key not in ann:
+                raise self._target_error("unannotate", block_or_loop, f"no annotation {key!r}")
+            return {k: v for k, v in ann.items() if k != key}
+
+        inputs = (("block_or_loop", block_or_loop), ("key", key))
+        self._set_annotations("unannotate", block_or_loop, inputs, drop)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _set_kind(self, name: str, loop: LoopRV, kind: str, attrs: tuple = ()) -> None:
+        node = self._loop(loop, name)
+        func = set_loop_kind(self.func, node, kind, name, self.target)
+        self._commit(name, (("loop", loop),), attrs, func)
+
+    def _set_annotations(self, name: str, rv: object, inputs: tuple, update) -> None:  # noqa: ANN001
+        if isinstance(rv, LoopRV):
+            node: For | Block = self._loop(rv, name)
+        else:
+            node = self._block(rv, name)
+        ann = tuple(sorted(update(dict(node.annotations)).items()))
+        match_ = is_loop(node.var) if isinstance(node, For) else is_block(node.name)
+        func = replace_body(self.func, match_, lambda s: replace(s, annotations=ann))
+        self._commit(name, inputs, (), func)
+
+    def _target_error(self, name: str, rv: object, reason: str) -> Exception:
+        node = self.get(rv)  # type: ignore[arg-type]
+        if isinstance(node, For):
+            return schedule_error(name, reason, self.func, loop=node.var)
+        return schedule_error(name, reason, self.func, block=getattr(node, "name", None))
+
+
+def _annotation_value(func: PrimFunc, value: object) -> AnnotationValue:
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return tuple(value)
+    if isinstance(value, (int, float, str, bool)):
+        return value
+    raise schedule_error(
+        "annotate", f"an annotation is an int, float, str, bool or ints, not {value!r}", func
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loop kinds
+
+
+def set_loop_kind(
+    func: PrimFunc, loop: For, kind: str, primitive: str = "", target: object = None
+) -> PrimFunc:
+    """`func` with `loop`'s kind set to `kind`, after the legality checks."""
+    primitive = primitive or kind
+
+    def fail(reason: str) -> Exception:
+        return schedule_error(primitive, reason, func, loop=loop.var)
+
+    if loop.kind != "serial":
+        raise fail(f"loop %{loop.var.name} is already {loop.kind}")
+    if kind in ("parallel", "vectorized") or kind.startswith("blockIdx"):
+        fed = reduce_fed_by(loop.body, loop.var)
+        if fed is not None:
+            raise fail(
+                f"loop %{loop.var.name} feeds reduce iter var {fed[1].name} of block "
+                f"@{fed[0].name}: a {kind} reduction would race (bind it to threadIdx for a "
+                "cross-thread reduction, or rfactor it)"
+            )
+    if kind == "vectorized":
+        _check_vectorizable(func, loop, fail)
+    if kind in GPU_KINDS:
+        _check_nesting(func, loop, kind, fail)
+    new = replace_body(func, is_loop(loop.var), lambda s: replace(s, kind=kind))
+    if kind.startswith("threadIdx"):
+        _check_threads(new, target, fail)
+    return new
+
+
+def _check_vectorizable(func: PrimFunc, loop: For, fail) -> None:  # noqa: ANN001
+    inner = next(all_loops(loop.body), None)
+    if inner is not None:
+        raise fail(f"loop %{loop.var.name} is not innermost (loop %{inner.var.name} is inside it)")
+    ranges = loop_ranges(func)
+    for access in accesses(loop.body):
+        last = len(access.indices) - 1
+        for axis, index in enumerate(access.indices):
+            coeffs = arith.affine_coefficients(index, [loop.var], ranges)
+            stride = None if coeffs is None else coeffs[loop.var]
+            if stride == 0 or (stride == 1 and axis == last):
+                continue
+            what = "not affine" if stride is None else f"stride {stride}"
+            raise fail(
+                f"access {access} is {what} in %{loop.var.name} along axis {axis}: a vectorized "
+                "loop needs unit stride in the innermost axis and invariance in the others"
+            )
+
+
+def _check_nesting(func: PrimFunc, loop: For, kind: str, fail) -> None:  # noqa: ANN001
+    outer = loops_of(find_path(func.body, is_loop(loop.var)) or [])[:-1]
+    inner = list(all_loops(loop.body))
+    for other in outer + inner:
+        if other.kind == kind and kind != "vthread":
+            raise fail(f"loop %{other.var.name} around or inside it is already bound to {kind}")
+    if kind.startswith("blockIdx") and any(o.kind.startswith("threadIdx") for o in outer):
+        raise fail("a blockIdx loop cannot be inside a threadIdx loop")
+    if kind.startswith("threadIdx") and any(o.kind.startswith("blockIdx") for o in inner):
+        raise fail("a threadIdx loop cannot hold a blockIdx loop")
+
+
+def _check_threads(func: PrimFunc, target: object, fail) -> None:  # noqa: ANN001
+    limit = getattr(target, "max_threads_per_block", None)
+    if limit is None:
+        return
+    # Loops bound to one axis share its threads: the block needs the largest of them.
+    extents: dict[str, int] = {}
+    for loop in all_loops(func.body):
+        if loop.kind.startswith("threadIdx"):
+            extents[loop.kind] = max(extents.get(loop.kind, 1), loop.extent)
+    total = math.prod(extents.values())
+    if total > limit:
+        shape = " x ".join(f"{k}={v}" for k, v in sorted(extents.items()))
+        raise fail(f"{total} threads per block ({shape}) exceed the target's limit of {limit}")
