@@ -56,7 +56,7 @@ _C_KEYWORDS = frozenset(
 # Library names a kernel's identifiers must not shadow.
 _LIBRARY_NAMES = frozenset(
     "exp expf log logf sqrt sqrtf tanh tanhf erf erff fabs fabsf floor floorf ceil ceilf sin sinf "
-    "cos cosf pow powf fmod fmodf abs llabs free aligned_alloc INFINITY NAN "
+    "cos cosf pow powf fmod fmodf abs llabs div ldiv free malloc exit aligned_alloc INFINITY NAN "
     "int32_t int64_t omp_get_num_procs hexir_set_num_threads".split()
 )
 # Math calls by their double-precision C name; the float32 one adds an `f`.

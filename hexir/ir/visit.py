@@ -1,8 +1,8 @@
 """Generic traversals of hextir: walk every node, rebuild with a function, substitute vars.
 
-    substitute(expr_or_stmt, {i: j * 4 + k})
-    map_stmt(func.body, expr_fn=simplify)       # every expression, bindings and regions too
-    [n for n in walk(func.body) if isinstance(n, BufferLoad)]
+substitute(expr_or_stmt, {i: j * 4 + k})
+map_stmt(func.body, expr_fn=simplify)       # every expression, bindings and regions too
+[n for n in walk(func.body) if isinstance(n, BufferLoad)]
 """
 
 from __future__ import annotations
