@@ -13,10 +13,13 @@ from __future__ import annotations
 from hexir.schedule.annotate import AnnotatePrimitives
 from hexir.schedule.cache import CachePrimitives
 from hexir.schedule.loops import LoopPrimitives
+from hexir.schedule.reduction import ReductionPrimitives
 from hexir.schedule.sampling import SamplingPrimitives
 
 
-class Schedule(LoopPrimitives, AnnotatePrimitives, CachePrimitives, SamplingPrimitives):
+class Schedule(
+    LoopPrimitives, AnnotatePrimitives, CachePrimitives, ReductionPrimitives, SamplingPrimitives
+):
     """A PrimFunc, its Trace, and the handles (BlockRV, LoopRV, ExprRV) primitives return.
 
     `Schedule(func, seed=..., rng=..., target=...)`: sampling draws from `rng` (or a
