@@ -110,14 +110,29 @@ def verify_scheduled(f: PrimFunc) -> None:
 
 def assert_same_numerics(before: PrimFunc, after: PrimFunc) -> None:
     rng = np.random.default_rng()
-    inputs = [rng.standard_normal(b.shape).astype(numpy_dtype(b.dtype)) for b in before.inputs]
+    inputs = [_random(rng, b.shape, numpy_dtype(b.dtype)) for b in before.inputs]
     outs = []
     for f in (before, after):
-        out = [np.full(b.shape, np.nan, numpy_dtype(b.dtype)) for b in f.outputs]
+        # Poisoned outputs: anything a kernel forgets to write shows.
+        out = [_poison(b.shape, numpy_dtype(b.dtype)) for b in f.outputs]
         build(f)(*inputs, *out)
         outs.append(out)
     for want, got in zip(*outs):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        return rng.integers(-50, 50, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _poison(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "f":
+        return np.full(shape, np.nan, dtype)
+    return np.full(shape, np.iinfo(dtype).min if dtype.kind in "iu" else True, dtype)
 
 
 def raises_unchanged(sch: Schedule, fn: Callable[[], object], match: str = "") -> ScheduleError:
