@@ -12,13 +12,19 @@ from __future__ import annotations
 
 from hexir.schedule.annotate import AnnotatePrimitives
 from hexir.schedule.cache import CachePrimitives
+from hexir.schedule.compute_location import ComputeLocationPrimitives
 from hexir.schedule.loops import LoopPrimitives
 from hexir.schedule.reduction import ReductionPrimitives
 from hexir.schedule.sampling import SamplingPrimitives
 
 
 class Schedule(
-    LoopPrimitives, AnnotatePrimitives, CachePrimitives, ReductionPrimitives, SamplingPrimitives
+    LoopPrimitives,
+    AnnotatePrimitives,
+    ComputeLocationPrimitives,
+    CachePrimitives,
+    ReductionPrimitives,
+    SamplingPrimitives,
 ):
     """A PrimFunc, its Trace, and the handles (BlockRV, LoopRV, ExprRV) primitives return.
 

@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import schedule_fixtures
 from schedule_fixtures import MATMUL, TWO_STAGE, assert_same_numerics, check, func
 from schedule_fixtures import raises_unchanged as _raises_unchanged
 
 import hexir
-import hexir.schedule.schedule as schedule_module
 from hexir.ir.tir import Allocate
 from hexir.ir.verify import verify
 from hexir.ir.visit import walk
 from hexir.runtime.build import build
 from hexir.schedule import Schedule, Trace
-from hexir.schedule.cache import CachePrimitives
 from hexir.schedule.compact import compact_buffers
-
-# Until the lead adds CachePrimitives to Schedule, compose it here and make replay use it.
-Sch = Schedule if hasattr(Schedule, "cache_read") else type("Sch", (CachePrimitives, Schedule), {})
-
-
-@pytest.fixture(autouse=True)
-def _schedule_with_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schedule_module, "Schedule", Sch)
-    monkeypatch.setattr(schedule_fixtures, "Schedule", Sch)
 
 
 def raises_unchanged(sch: Schedule, fn, match: str = "") -> None:  # noqa: ANN001
@@ -90,7 +78,7 @@ hextir.func @matmul(%A: buffer<64x32xf32>, %B: buffer<32x48xf32>, %C: buffer<64x
 
 def test_cache_read_matmul_shared_exact():
     before = func(MATMUL)
-    sch = Sch(before)
+    sch = Schedule(before)
     copy = sch.cache_read(sch.get_block("matmul"), 0, "shared")
     assert sch.func == func(MATMUL_A_SHARED)
     assert str(copy) == "A_shared"
@@ -103,7 +91,7 @@ def test_cache_read_matmul_shared_exact():
 
 def test_cache_read_both_operands_global_and_shared():
     before = hexir.workload("matmul", M=24, N=20, K=12)
-    sch = Sch(before)
+    sch = Schedule(before)
     mm = sch.get_block("matmul")
     a = sch.cache_read(mm, 0, "global")
     b = sch.cache_read(mm, 1, "shared")
@@ -120,7 +108,7 @@ def test_cache_read_both_operands_global_and_shared():
 
 def test_cache_read_twice_gets_fresh_names():
     before = func(MATMUL)
-    sch = Sch(before)
+    sch = Schedule(before)
     mm = sch.get_block("matmul")
     sch.cache_read(mm, 0, "shared")
     second = sch.cache_read(mm, 0, "local")  # reads A_shared now: caches the cache
@@ -139,7 +127,7 @@ def test_cache_read_twice_gets_fresh_names():
 )
 def test_cache_read_workloads(name, shape, block, index, scope):
     before = hexir.workload(name, **shape)
-    sch = Sch(before)
+    sch = Schedule(before)
     b = sch.get_block(block)
     copy = sch.cache_read(b, index, scope)
     consumer = sch.get(b)
@@ -148,11 +136,11 @@ def test_cache_read_workloads(name, shape, block, index, scope):
 
 
 def test_cache_read_illegal():
-    sch = Sch(func(MATMUL))
+    sch = Schedule(func(MATMUL))
     mm = sch.get_block("matmul")
     raises_unchanged(sch, lambda: sch.cache_read(mm, 2, "shared"), "index 2 out of range")
     raises_unchanged(sch, lambda: sch.cache_read(mm, 0, "texture"), "unknown storage scope")
-    two = Sch(func(TWO_STAGE))
+    two = Schedule(func(TWO_STAGE))
     shift = two.get_block("shift")
     raises_unchanged(two, lambda: two.cache_read(shift, 0, "shared"), "written inside")
 
@@ -162,7 +150,7 @@ def test_cache_read_illegal():
 
 def test_cache_write_matmul_local_exact():
     before = func(MATMUL)
-    sch = Sch(before)
+    sch = Schedule(before)
     wb = sch.cache_write(sch.get_block("matmul"), 0, "local")
     assert sch.func == func(MATMUL_C_LOCAL)
     assert str(wb) == "C_local"
@@ -185,7 +173,7 @@ def test_cache_write_matmul_local_exact():
 )
 def test_cache_write_workloads(name, shape, block, scope):
     before = hexir.workload(name, **shape)
-    sch = Sch(before)
+    sch = Schedule(before)
     b = sch.get_block(block)
     wb = sch.cache_write(b, 0, scope)
     assert sch.get(b).writes[0].buffer.name == str(wb)
@@ -194,7 +182,7 @@ def test_cache_write_workloads(name, shape, block, scope):
 
 def test_cache_read_write_after_split():
     before = func(MATMUL)
-    sch = Sch(before)
+    sch = Schedule(before)
     mm = sch.get_block("matmul")
     i, j, k = sch.get_loops(mm)
     io, ii = sch.split(i, [None, 10])  # 64 = 7 * 10 - 6: a predicated tail
@@ -232,19 +220,19 @@ hextir.func @shift(%A: buffer<8xf32>, %C: buffer<9xf32>) {
 
 
 def test_cache_write_illegal():
-    sch = Sch(func(PARTIAL))
+    sch = Schedule(func(PARTIAL))
     inner, zero = sch.get_block("inner"), sch.get_block("zero")
     raises_unchanged(sch, lambda: sch.cache_write(inner, 0, "local"), "also written by @zero")
     raises_unchanged(sch, lambda: sch.cache_write(zero, 1, "local"), "index 1 out of range")
     raises_unchanged(sch, lambda: sch.cache_write(zero, 0, "smem"), "unknown storage scope")
-    shifted = Sch(func(SHIFTED))
+    shifted = Schedule(func(SHIFTED))
     inner = shifted.get_block("inner")
     raises_unchanged(shifted, lambda: shifted.cache_write(inner, 0, "local"), "each element")
     text = SHIFTED.replace("vj + 1", "vj").replace("<9x", "<8x")
-    in_place = Sch(func(text.replace("= %A[vj]", "= %C[vj] + %A[vj]")))
+    in_place = Schedule(func(text.replace("= %A[vj]", "= %C[vj] + %A[vj]")))
     inner = in_place.get_block("inner")
     raises_unchanged(in_place, lambda: in_place.cache_write(inner, 0, "local"), "no init")
-    two = Sch(func(TWO_STAGE))
+    two = Schedule(func(TWO_STAGE))
     scale = two.get_block("scale")
     raises_unchanged(two, lambda: two.cache_write(scale, 0, "local"), "@shift reads %T")
 
@@ -254,7 +242,7 @@ def test_cache_write_illegal():
 
 def test_storage_align_exact():
     before = func(MATMUL)
-    sch = Sch(before)
+    sch = Schedule(before)
     copy = sch.cache_read(sch.get_block("matmul"), 0, "shared")
     sch.storage_align(copy, 0, 0, 32, 1)
     aligned = (
@@ -274,7 +262,7 @@ def test_storage_align_exact():
 
 def test_storage_align_rank3_repeated_and_inner_axis():
     before = hexir.workload("batch_matmul", B=2, M=8, N=6, K=5)
-    sch = Sch(before)
+    sch = Schedule(before)
     copy = sch.cache_read(sch.get_block("batch_matmul"), 0, "shared")  # A_shared: 2x8x5
 
     def shape() -> tuple[int, ...]:
@@ -291,7 +279,7 @@ def test_storage_align_rank3_repeated_and_inner_axis():
 
 
 def test_storage_align_illegal():
-    sch = Sch(func(MATMUL))
+    sch = Schedule(func(MATMUL))
     mm = sch.get_block("matmul")
     raises_unchanged(sch, lambda: sch.storage_align(mm, 0, 0, 32, 1), "is a parameter")
     copy = sch.cache_read(mm, 0, "shared")
@@ -378,7 +366,7 @@ hextir.func @matmul(%A: buffer<64x32xf32>, %B: buffer<32x48xf32>, %C: buffer<64x
 
 def test_compact_buffers_tiles_and_realigns():
     before = func(TILED)
-    sch = Sch(before)
+    sch = Schedule(before)
     sch.storage_align(sch.get_block("A_shared"), 0, 0, 32, 1)
     compact = compact_buffers(sch.func)
     assert compact == func(TILED_COMPACT)
@@ -388,7 +376,7 @@ def test_compact_buffers_tiles_and_realigns():
 
 
 def test_compact_buffers_keeps_what_it_cannot_shrink():
-    sch = Sch(func(MATMUL))
+    sch = Schedule(func(MATMUL))
     sch.cache_read(sch.get_block("matmul"), 0, "shared")
     sch.cache_write(sch.get_block("matmul"), 0, "local")
     # Both caches are used at the top level in full: nothing moves or shrinks.
@@ -438,16 +426,9 @@ def test_compact_buffers_keeps_a_reduction_carried_accumulator():
 
 
 def test_cache_then_compute_at_then_compact():
-    """The whole story with the real compute_at / reverse_compute_at (skipped until they land)."""
-    location = pytest.importorskip("hexir.schedule.compute_location")
-    mixin = getattr(location, "ComputeLocationPrimitives", None)
-    if mixin is None:
-        pytest.skip("no ComputeLocationPrimitives yet")
-    full = (
-        Sch if hasattr(Sch, "compute_at") else type("Full", (CachePrimitives, mixin, Schedule), {})
-    )
+    """The whole story: cache, compute_at / reverse_compute_at to the tile, then compaction."""
     before = hexir.workload("matmul", M=64, N=48, K=32)
-    sch = full(before)
+    sch = Schedule(before)
     mm = sch.get_block("matmul")
     i, j, _ = sch.get_loops(mm)
     io, ii = sch.split(i, [None, 8])

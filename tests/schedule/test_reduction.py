@@ -4,29 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import schedule_fixtures
 from schedule_fixtures import MATMUL, check, func, raises_unchanged
 
 import hexir
 import hexir.schedule.schedule
 from hexir.ir.parse import parse
 from hexir.ir.tir import Block, FloatImm, PrimFunc
-from hexir.schedule.reduction import ReductionPrimitives, identity
+from hexir.schedule.reduction import identity
 from hexir.schedule.schedule import Schedule
-
-# Until the mixin joins hexir.Schedule, compose it here and let replay (Trace.apply, the
-# printed trace in `check`) build the composed class too.
-if hasattr(Schedule, "rfactor"):
-    Sch = Schedule
-else:
-
-    class Sch(ReductionPrimitives, Schedule):  # type: ignore[no-redef]
-        pass
-
-    @pytest.fixture(autouse=True)
-    def _replay_with_reduction(monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(hexir.schedule.schedule, "Schedule", Sch)
-        monkeypatch.setattr(schedule_fixtures, "Schedule", Sch)
 
 
 def loops(sch: Schedule, block: str) -> list:
@@ -45,7 +30,7 @@ def block_names(f: PrimFunc) -> list[str]:
 
 def test_decompose_matmul_at_k() -> None:
     before = func(MATMUL)
-    sch = Sch(before)
+    sch = Schedule(before)
     block = sch.get_block("matmul")
     _, _, k = sch.get_loops(block)
     init = sch.decompose_reduction(block, k)
@@ -72,7 +57,7 @@ hextir.func @matmul(%A: buffer<64x32xf32>, %B: buffer<32x48xf32>, %C: buffer<64x
 def test_decompose_matmul_at_split_k_outer_of_a_cpu_tiling() -> None:
     # The fast CPU matmul: register tile (i_1, j_1) inside k, accumulator initialized outside k.
     before = hexir.workload("matmul", M=32, N=32, K=24)
-    sch = Sch(before)
+    sch = Schedule(before)
     block = sch.get_block("matmul")
     i, j, k = sch.get_loops(block)
     i0, i1 = sch.split(i, [None, 4])
@@ -91,7 +76,7 @@ def test_decompose_matmul_at_split_k_outer_of_a_cpu_tiling() -> None:
 
 def test_decompose_at_an_outer_loop_copies_the_spatial_loops() -> None:
     before = hexir.workload("conv2d", N=1, C=3, H=6, W=6, K=4, R=3, S=3)
-    sch = Sch(before)
+    sch = Schedule(before)
     block = sch.get_block("conv2d")
     n, c, h, w, *_ = sch.get_loops(block)
     sch.decompose_reduction(block, c)
@@ -105,7 +90,7 @@ def test_decompose_at_an_outer_loop_copies_the_spatial_loops() -> None:
 
 def test_decompose_under_a_non_dividing_split_keeps_the_spatial_guard() -> None:
     before = hexir.workload("matmul", M=10, N=8, K=12)
-    sch = Sch(before)
+    sch = Schedule(before)
     block = sch.get_block("matmul")
     i, _, k = sch.get_loops(block)
     i0, _ = sch.split(i, [None, 4])
@@ -122,7 +107,7 @@ def test_decompose_layer_norm_and_softmax() -> None:
         ("softmax", ["softmax_max", "softmax_sum"]),
     ]:
         before = hexir.workload(name, M=6, N=20)
-        sch = Sch(before)
+        sch = Schedule(before)
         for b in blocks:
             rv = sch.get_block(b)
             sch.decompose_reduction(rv, sch.get_loops(rv)[0])
@@ -130,7 +115,7 @@ def test_decompose_layer_norm_and_softmax() -> None:
 
 
 def test_decompose_illegal() -> None:
-    sch = Sch(hexir.workload("softmax", M=4, N=16))
+    sch = Schedule(hexir.workload("softmax", M=4, N=16))
     exp = sch.get_block("softmax_exp")
     mx = sch.get_block("softmax_max")
     other = sch.get_loops(exp)[0]
@@ -138,7 +123,7 @@ def test_decompose_illegal() -> None:
     err = raises_unchanged(sch, lambda: sch.decompose_reduction(mx, other), "not an ancestor")
     assert "for %i1 in 0..4 serial {  <-- here" in str(err)
 
-    sch = Sch(func(MATMUL))
+    sch = Schedule(func(MATMUL))
     block = sch.get_block("matmul")
     _, _, k = sch.get_loops(block)
     k0, k1 = sch.split(k, [None, 4])
@@ -173,7 +158,7 @@ hextir.func @two(%A: buffer<8x8xf32>, %C: buffer<8xf32>, %D: buffer<8xf32>) {
 def test_decompose_refuses_a_loop_shared_with_another_writer() -> None:
     two = func(SUM_THEN_COPY)
     before = PrimFunc(two.name, two.params, two.body, num_outputs=2)
-    sch = Sch(before)
+    sch = Schedule(before)
     block = sch.get_block("sum")
     i, k = sch.get_loops(block)
     # The init before %i would run before @pre's store, which it used to overwrite.
@@ -185,7 +170,7 @@ def test_decompose_refuses_a_loop_shared_with_another_writer() -> None:
     # A reader alone is fine: it sees only finished elements either way.
     no_pre = func(SUM_THEN_COPY.replace("5.0", "%A[vi1, 0]").replace("%C[vi1]", "%D[vi1]"))
     before = PrimFunc(no_pre.name, no_pre.params, no_pre.body, num_outputs=2)
-    sch = Sch(before)
+    sch = Schedule(before)
     block = sch.get_block("sum")
     i, _ = sch.get_loops(block)
     sch.decompose_reduction(block, i)
@@ -198,7 +183,7 @@ def test_decompose_refuses_a_loop_shared_with_another_writer() -> None:
 
 def test_rfactor_matmul_split_k() -> None:
     before = func(MATMUL)
-    sch = Sch(before)
+    sch = Schedule(before)
     block = sch.get_block("matmul")
     _, _, k = sch.get_loops(block)
     _, k1 = sch.split(k, [None, 4])
@@ -236,7 +221,7 @@ hextir.func @matmul(%A: buffer<64x32xf32>, %B: buffer<32x48xf32>, %C: buffer<64x
 
 def test_rfactor_outer_split_loop_reordered_above_spatial_loops() -> None:
     before = func(MATMUL)
-    sch = Sch(before)
+    sch = Schedule(before)
     block = sch.get_block("matmul")
     i, j, k = sch.get_loops(block)
     k0, _ = sch.split(k, [4, None])
@@ -251,7 +236,7 @@ def test_rfactor_outer_split_loop_reordered_above_spatial_loops() -> None:
 
 def test_rfactor_reduce_sum_then_vectorize_and_parallel() -> None:
     before = hexir.workload("reduce_sum", M=8, N=64)
-    sch = Sch(before)
+    sch = Schedule(before)
     i, k = loops(sch, "reduce_sum")
     _, k1 = sch.split(k, [None, 8])
     sch.rfactor(k1, 1)
@@ -263,7 +248,7 @@ def test_rfactor_reduce_sum_then_vectorize_and_parallel() -> None:
 
 def test_rfactor_gpu_cross_thread_runs_on_the_cpu() -> None:
     before = hexir.workload("reduce_sum", M=8, N=100)
-    sch = Sch(before)
+    sch = Schedule(before)
     i, k = loops(sch, "reduce_sum")
     _, k1 = sch.split(k, [None, 32])
     sch.bind(k1, "threadIdx.x")  # a cross-thread reduction, then factored
@@ -276,7 +261,7 @@ def test_rfactor_gpu_cross_thread_runs_on_the_cpu() -> None:
 
 def test_rfactor_non_dividing_split_guards_the_write_back() -> None:
     before = hexir.workload("reduce_sum", M=4, N=10)
-    sch = Sch(before)
+    sch = Schedule(before)
     _, k = loops(sch, "reduce_sum")
     _, k1 = sch.split(k, [None, 16])
     sch.rfactor(k1, 1)
@@ -287,7 +272,7 @@ def test_rfactor_non_dividing_split_guards_the_write_back() -> None:
 
 def test_rfactor_softmax_max_and_sum() -> None:
     before = hexir.workload("softmax", M=6, N=48)
-    sch = Sch(before)
+    sch = Schedule(before)
     for name in ("softmax_max", "softmax_sum"):
         _, k = loops(sch, name)
         _, k1 = sch.split(k, [None, 16])
@@ -300,7 +285,7 @@ def test_rfactor_softmax_max_and_sum() -> None:
 
 def test_rfactor_layer_norm() -> None:
     before = hexir.workload("layer_norm", M=5, N=24)
-    sch = Sch(before)
+    sch = Schedule(before)
     for name in ("layer_norm_mean", "layer_norm_var"):
         i, k = loops(sch, name)
         k0, _ = sch.split(k, [3, None])
@@ -310,7 +295,7 @@ def test_rfactor_layer_norm() -> None:
 
 def test_rfactor_conv2d_unsplit_channel_loop_keeps_iter_var_names() -> None:
     before = hexir.workload("conv2d", N=1, C=4, H=5, W=5, K=2, R=3, S=3)
-    sch = Sch(before)
+    sch = Schedule(before)
     *_, c, _, _ = loops(sch, "conv2d")
     sch.rfactor(c, 0)
     (rf,) = [b for b in _blocks(sch.func) if b.name == "conv2d_rf"]
@@ -341,7 +326,7 @@ hextir.func @red(%X: buffer<4x24x{dtype}>, %Y: buffer<4x{dtype}>) {{
   }}
 }}""")
     assert isinstance(before, PrimFunc)
-    sch = Sch(before)
+    sch = Schedule(before)
     _, k = loops(sch, "red")
     _, k1 = sch.split(k, [None, 6])
     sch.rfactor(k1, 1)
@@ -363,7 +348,7 @@ def test_identity_elements() -> None:
 
 
 def test_rfactor_illegal() -> None:
-    sch = Sch(func(MATMUL))
+    sch = Schedule(func(MATMUL))
     block = sch.get_block("matmul")
     i, j, k = sch.get_loops(block)
     err = raises_unchanged(sch, lambda: sch.rfactor(i, 0), "feeds no reduce iter var")
@@ -373,7 +358,7 @@ def test_rfactor_illegal() -> None:
     fused = sch.fuse(j, k)
     raises_unchanged(sch, lambda: sch.rfactor(fused, 0), "both spatial and reduce")
 
-    sch = Sch(func(MATMUL))
+    sch = Schedule(func(MATMUL))
     block = sch.get_block("matmul")
     i, _, k = sch.get_loops(block)
     sch.decompose_reduction(block, k)
@@ -383,12 +368,12 @@ def test_rfactor_illegal() -> None:
 
 def test_rfactor_refuses_an_unknown_combiner() -> None:
     text = MATMUL.replace("%C[vi, vj] + %A", "%C[vi, vj] - %A")
-    sch = Sch(func(text))
+    sch = Schedule(func(text))
     *_, k = loops(sch, "matmul")
     raises_unchanged(sch, lambda: sch.rfactor(k, 0), "not `out = out OP expr`")
     # The output on both sides of the combiner is not a reduction either.
     text = MATMUL.replace("%A[vi, vk] * %B[vk, vj]", "%C[vi, vj] * %B[vk, vj]")
-    sch = Sch(func(text))
+    sch = Schedule(func(text))
     *_, k = loops(sch, "matmul")
     raises_unchanged(sch, lambda: sch.rfactor(k, 0), "expr free of out")
 
@@ -410,7 +395,7 @@ hextir.func @sum(%X: buffer<4x16xf32>, %Y: buffer<4xf32>) {
     }
   }
 }""")  # noqa: E501
-    sch = Sch(before)
+    sch = Schedule(before)
     _, k0, k1 = loops(sch, "sum")
     raises_unchanged(sch, lambda: sch.rfactor(k1, 0), "hides which partials")
     sch.rfactor(k0, 0)  # monotone in %k_1, and at %k_1 = 0 every partial passes the guard
