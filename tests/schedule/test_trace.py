@@ -178,3 +178,37 @@ def test_get_child_blocks() -> None:
     assert sch.get_child_blocks(norm) == []
     assert "_ = sch.get_child_blocks(block_or_loop=b" in str(sch.trace)
     check(sch, func, numerics=False)
+
+
+def conv2d_schedule(func: PrimFunc, decision: list[int]) -> Schedule:
+    """A CPU-style conv2d schedule: tiled output channels, a cached input, a local tile."""
+    sch = Schedule(func, seed=0)
+    conv = sch.get_block("conv2d")
+    n, k, h, w, c, r, s = sch.get_loops(conv)
+    k0, k1 = sch.split(
+        k, sch.sample_perfect_tile(k, n=2, max_innermost_factor=8, decision=decision)
+    )
+    sch.reorder(k0, n, h, k1)
+    sch.parallel(k0)
+    sch.unroll(s)
+    acc = sch.cache_write(conv, 0, "local")
+    sch.reverse_compute_at(acc, h)
+    sch.decompose_reduction(conv, c)
+    return sch
+
+
+def test_conv2d_trace_prints_round_trips_replays_and_takes_new_decisions() -> None:
+    before = hexir.workload("conv2d", N=1, C=4, H=10, W=10, K=8, R=3, S=3, padding=1)
+    sch = conv2d_schedule(before, [2, 4])
+    check(sch, before)  # print → exec, JSON, replay equal, numerics against the unscheduled
+    trace = sch.trace
+    assert "decision=[2, 4]" in str(trace)
+    ((index, decision),) = trace.decisions
+    assert decision == (2, 4)
+    changed = trace.with_decision(index, [4, 2])
+    assert changed.decisions == [(index, (4, 2))] and trace.decisions == [(index, (2, 4))]
+    replayed = changed.apply(before).func
+    assert replayed == conv2d_schedule(before, [4, 2]).func != sch.func
+    assert ("i1_0", 4, "parallel") in extents(replayed)  # the output-channel tiles
+    with pytest.raises(ScheduleError, match="product|extent"):
+        trace.with_decision(index, [3, 3]).apply(before)
