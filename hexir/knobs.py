@@ -1,9 +1,9 @@
 """Every setting of Hexir, typed, each with its environment variable, and a scope for tests.
 
-    from hexir import knobs
-    knobs.get().cc                       # the C compiler
-    with knobs.scope(num_threads=1):     # any knob, for one block
-        ...
+from hexir import knobs
+knobs.get().cc                       # the C compiler
+with knobs.scope(num_threads=1):     # any knob, for one block
+    ...
 """
 
 from __future__ import annotations
