@@ -1,23 +1,29 @@
 """C for any hextir PrimFunc: one C-like printer whose per-target data a CUDA printer overrides.
 
-    source = generate_c(func)           # a translation unit exporting `kernel_symbol(func)`
+    source = generate_c(func, target)   # a translation unit exporting `kernel_symbol(func)`
 
 Semantics of the loop kinds on the CPU: `parallel` is an OpenMP `parallel for` (the outermost
-one only; nested ones run serially), `vectorized` an `omp simd` loop, `unrolled` a
-`GCC unroll` loop, and GPU kinds (blockIdx.*, threadIdx.*, vthread) plain serial loops, so
-that any GPU schedule's values can be checked on a CPU (DESIGN.md §3).
+one only; nested ones run serially); `vectorized` is explicit SIMD through GCC vector
+extensions, the target's width (c_vector.py), or an `omp simd` loop where the body has no
+vector form; `unrolled` is unrolled in the source (c_lower.py), or a `GCC unroll` loop when too
+large; GPU kinds (blockIdx.*, threadIdx.*, vthread) are plain serial loops, so that any GPU
+schedule's values can be checked on a CPU (DESIGN.md §3). A `local` buffer read and written
+only at constant indices (after unrolling), its last axis by whole vector chunks, is an array
+of vectors that GCC keeps in registers: the accumulator tile of a matmul schedule.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexir.codegen.c_lower import flat_index, loop_lanes, lower_for_c, register_buffers
+from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
+from hexir.codegen.c_vector import HELPER_NEEDS, VECTOR_HELPERS, BodyPrinter, emit_vector_loop
 from hexir.errors import BuildError
 from hexir.ir.arith import bound, simplify
 from hexir.ir.dtype import c_type, is_float, itemsize, short_name
@@ -48,17 +54,6 @@ from hexir.ir.tir import (
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
 
-_C_KEYWORDS = frozenset(
-    "auto break case char const continue default do double else enum extern float for goto if "
-    "inline int long register restrict return short signed sizeof static struct switch typedef "
-    "union unsigned void volatile while bool true false main".split()
-)
-# Library names a kernel's identifiers must not shadow.
-_LIBRARY_NAMES = frozenset(
-    "exp expf log logf sqrt sqrtf tanh tanhf erf erff fabs fabsf floor floorf ceil ceilf sin sinf "
-    "cos cosf pow powf fmod fmodf abs llabs div ldiv free malloc exit aligned_alloc INFINITY NAN "
-    "int32_t int64_t omp_get_num_procs hexir_set_num_threads".split()
-)
 # Math calls by their double-precision C name; the float32 one adds an `f`.
 _MATH = {
     "exp": "exp",
@@ -95,6 +90,7 @@ _HELPERS = {
     "min": "{q} {t} hx_min_{s}({t} a, {t} b) {{ return a < b ? a : b; }}",
     "max": "{q} {t} hx_max_{s}({t} a, {t} b) {{ return a > b ? a : b; }}",
 }
+TRUE, FALSE = IntImm(1, "bool"), IntImm(0, "bool")
 _INT_LIMITS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
@@ -103,40 +99,11 @@ def generate_c(func: PrimFunc, target: Target | None = None) -> str:
     return CPrinter(target).print_func(func)
 
 
-def kernel_symbol(func: PrimFunc) -> str:
-    """The exported C name of `func`'s kernel."""
-    name = _sanitize(func.name)
-    return f"{name}_kernel" if name in _C_KEYWORDS or name in _LIBRARY_NAMES else name
-
-
-def _sanitize(name: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9_]", "_", name) or "v"
-    # Leading digits and underscores, and our own hx_ prefix, are not the user's to take.
-    return f"v{name}" if name[0].isdigit() or name[0] == "_" or name.startswith("hx_") else name
-
-
-class _Names:
-    """Unique C identifiers for vars and buffers (keyed by value: equal nodes share a name)."""
-
-    def __init__(self, reserved: frozenset[str]):
-        self._taken = set(reserved)
-        self._names: dict[object, str] = {}
-
-    def __call__(self, key: object, hint: str) -> str:
-        if key not in self._names:
-            base = name = _sanitize(hint)
-            n = 1
-            while name in self._taken:
-                name, n = f"{base}_{n}", n + 1
-            self._taken.add(name)
-            self._names[key] = name
-        return self._names[key]
-
-
 class CPrinter:
     """Prints a PrimFunc as C. Target differences live in the class attributes and the
     `ctype`, `func_signature`, `preamble`, `loop`, `loop_pragmas`, `allocate` and `barrier`
-    methods, which a CUDA printer overrides."""
+    methods, which a CUDA printer overrides. The vector width comes from the target (its
+    fp32 lanes; 16, AVX-512, without one, so printing is the same on every machine)."""
 
     includes: tuple[str, ...] = ("math.h", "stdbool.h", "stdint.h", "stdlib.h")
     export = '__attribute__((visibility("default")))'
@@ -148,14 +115,17 @@ class CPrinter:
 
     def __init__(self, target: Target | None = None) -> None:
         self.target = target
+        self.vector_bytes = 4 * (target.vector_width if target is not None else 16)
         self._lines: list[str] = []
         self._depth = 0
         self._helpers: dict[str, str] = {}
         self._uses_omp = False
         self._in_parallel = False
         self._in_simd = False
-        self._ranges: dict[Var, int] = {}  # extents of the vars in scope, for the simplifier
-        self.names = _Names(_C_KEYWORDS | _LIBRARY_NAMES)
+        self.ranges: dict[Var, int] = {}  # extents of the vars in scope, for the simplifier
+        self.registers: dict[Buffer, int] = {}  # local buffers held as vectors -> lanes
+        self.allocated: set[Buffer] = set()  # buffers we allocate (so aligned to `alignment`)
+        self.names = Names(C_KEYWORDS | LIBRARY_NAMES)
 
     # -- output ---------------------------------------------------------------------------
 
@@ -172,13 +142,23 @@ class CPrinter:
             self._depth -= 1
             self.emit(closer)
 
+    def checkpoint(self) -> tuple[int, int, dict[str, str]]:
+        return len(self._lines), self._depth, dict(self._helpers)
+
+    def rollback(self, mark: tuple[int, int, dict[str, str]]) -> None:
+        """Forget what was printed since `mark` (a vectorization attempt that gave up)."""
+        del self._lines[mark[0] :]
+        self._depth, self._helpers = mark[1], mark[2]
+
     def print_func(self, func: PrimFunc) -> str:
         symbol = kernel_symbol(func)
-        self.names = _Names(_C_KEYWORDS | _LIBRARY_NAMES | {symbol})
+        self.names = Names(C_KEYWORDS | LIBRARY_NAMES | {symbol})
+        body = lower_for_c(func.body)
+        self.registers = register_buffers(body, self.vector_bytes)
         with self.scope(self.func_signature(func, symbol) + " {"):
-            self.stmt_list(func.body)
-        body = self._lines
-        return "\n".join([*self.preamble(), "", *body]) + "\n"
+            self.stmt_list(body)
+        body_lines = self._lines
+        return "\n".join([*self.preamble(), "", *body_lines]) + "\n"
 
     def func_signature(self, func: PrimFunc, symbol: str) -> str:
         params = ", ".join(
@@ -226,6 +206,38 @@ class CPrinter:
             )
         return name
 
+    def vector_type(self, dtype: str, lanes: int) -> str:
+        """The GCC vector type of `lanes` elements of `dtype` (declared on first use)."""
+        name = f"hx_{short_name(dtype)}x{lanes}"
+        if name not in self._helpers:
+            size = lanes * itemsize(dtype)
+            self._helpers[name] = (
+                f"typedef {self.ctype(dtype)} {name} __attribute__((vector_size({size})));"
+            )
+        return name
+
+    def vector_helper(self, kind: str, dtype: str, lanes: int) -> str:
+        sv = f"{short_name(dtype)}x{lanes}"
+        name = f"hx_{kind}_{sv}"
+        if name in self._helpers:
+            return name
+        for need in HELPER_NEEDS.get(kind, ()):
+            self.vector_helper(need, dtype, lanes)
+        template = VECTOR_HELPERS[kind]
+        mask = "int32" if itemsize(dtype) == 4 else "int64"
+        fields = dict(
+            q=self.helper_qualifier,
+            v=self.vector_type(dtype, lanes),
+            m=self.vector_type(mask, lanes) if "{m}" in template else "",
+            t=self.ctype(dtype),
+            n=lanes * itemsize(dtype),
+            sv=sv,
+            splat=", ".join(["s"] * lanes),
+            absmask="INT32_MAX" if mask == "int32" else "INT64_MAX",
+        )
+        self._helpers[name] = template.format(**fields)
+        return name
+
     # -- statements -----------------------------------------------------------------------
 
     def stmt_list(self, stmt: Stmt) -> None:
@@ -243,17 +255,14 @@ class CPrinter:
         match stmt:
             case For():
                 self.loop(stmt)
-            case Block():
-                self.block(stmt)
+            case Block(name, body=body):
+                # Lowered: a block is its name around plain statements (c_lower).
+                with self.scope(f"{{  // block {name}" if name else "{"):
+                    self.stmt_list(body)
             case BufferStore(buffer, indices, value):
                 self.emit(f"{self.access(buffer, indices)} = {self.bare(value)};")
-            case IfThenElse(cond, then, else_):
-                with self.scope(f"if ({self.expr(cond)}) {{"):
-                    self.stmt_list(then)
-                if else_ is not None:
-                    self._lines.pop()  # the `}` closing the then-branch
-                    with self.scope("} else {"):
-                        self.stmt_list(else_)
+            case IfThenElse():
+                self.if_then_else(stmt, self.stmt_list)
             case Barrier():
                 self.barrier()
             case Seq() | Allocate():
@@ -262,24 +271,48 @@ class CPrinter:
             case _:
                 raise TypeError(f"not a hextir statement: {type(stmt).__name__}")
 
+    def if_then_else(self, stmt: IfThenElse, body: BodyPrinter) -> None:
+        """An `if`, its branches printed by `body`; a condition the ranges decide prints none."""
+        cond = simplify(stmt.cond, self.ranges)
+        if cond in (TRUE, FALSE):
+            taken = stmt.then if cond == TRUE else stmt.else_
+            if taken is not None:
+                with self.scope("{") if _declares(taken) else nullcontext():
+                    body(taken)
+            return
+        with self.scope(f"if ({self.bare(cond)}) {{"):
+            body(stmt.then)
+        if stmt.else_ is not None:
+            self._lines.pop()  # the `}` closing the then-branch
+            with self.scope("} else {"):
+                body(stmt.else_)
+
     def loop(self, loop: For) -> None:
+        if loop.kind == "vectorized" and not self._in_simd:
+            lanes = loop_lanes(loop, self.vector_bytes)
+            if lanes is not None and emit_vector_loop(self, loop, lanes):
+                return
+        self.scalar_loop(loop)
+
+    def scalar_loop(self, loop: For, start: int = 0) -> None:
+        """`loop` as a C for loop from `start` (a vector loop's scalar tail starts later)."""
         saved = (self._in_parallel, self._in_simd)
-        for line in self.loop_pragmas(loop):
+        for line in self.loop_pragmas(loop) if start == 0 else []:
             self.emit(line)
-        v = self.var(loop.var)
-        header = f"for ({self.ctype(loop.var.dtype)} {v} = 0; {v} < {loop.extent}; ++{v}) {{"
+        v, t = self.var(loop.var), self.ctype(loop.var.dtype)
+        header = f"for ({t} {v} = {start}; {v} < {loop.extent}; ++{v}) {{"
         with self.scope(header), self.bind_ranges({loop.var: loop.extent}):
             self.stmt_list(loop.body)
         self._in_parallel, self._in_simd = saved
 
     @contextmanager
     def bind_ranges(self, extents: dict[Var, int]) -> Iterator[None]:
-        saved = dict(self._ranges)
-        self._ranges.update(extents)
+        saved = dict(self.ranges)
+        self.ranges.update(extents)
         try:
             yield
         finally:
-            self._ranges = saved
+            self.ranges = saved
 
     def loop_pragmas(self, loop: For) -> list[str]:
         """Pragmas before `loop`; they also mark what the loop's body runs inside."""
@@ -290,42 +323,22 @@ class CPrinter:
             # omp simd may not contain another simd or a parallel region.
             self._in_simd = True
             return ["#pragma omp simd"]
-        if loop.kind == "unrolled":
+        if loop.kind == "unrolled":  # too large to unroll in the source (c_lower)
             return [f"#pragma GCC unroll {min(loop.extent, 65534)}"]
         if loop.kind in GPU_KINDS:
             return [f"// {loop.kind}: serial on the CPU"]
         return []
 
-    def block(self, block: Block) -> None:
-        with self.scope(f"{{  // block {block.name}"):
-            for iv in block.iter_vars:
-                t = self.ctype(iv.var.dtype)
-                self.emit(f"const {t} {self.var(iv.var)} = {self.bare(iv.binding)};")
-            guard = (
-                nullcontext()
-                if block.predicate is None
-                else self.scope(f"if ({self.bare(block.predicate)}) {{")
-            )
-            # Inside the predicate every iter var lies in its domain (the block's contract).
-            with guard, self.bind_ranges({iv.var: iv.dom for iv in block.iter_vars}):
-                self.block_body(block)
-
-    def block_body(self, block: Block) -> None:
-        if block.init is not None:
-            reduce_vars = [iv.var for iv in block.iter_vars if iv.kind == "reduce"]
-            if reduce_vars:
-                first = " && ".join(f"{self.var(v)} == 0" for v in reduce_vars)
-                with self.scope(f"if ({first}) {{"):
-                    self.stmt_list(block.init)
-            else:
-                with self.scope("{"):
-                    self.stmt_list(block.init)
-        self.stmt_list(block.body)
-
     def allocate(self, buffer: Buffer) -> list[str]:
         """Declare `buffer`; return the lines that release it at the end of the scope."""
         t, name = self.ctype(buffer.dtype), self.names(buffer, buffer.name)
+        self.allocated.add(buffer)
         nbytes = buffer.size * itemsize(buffer.dtype)
+        if buffer in self.registers:
+            lanes = self.registers[buffer]
+            dims = "".join(f"[{d}]" for d in (*buffer.shape[:-1], buffer.shape[-1] // lanes))
+            self.emit(f"{self.vector_type(buffer.dtype, lanes)} {name}{dims};")
+            return []
         if buffer.scope == "global" or nbytes > self.stack_limit_bytes:
             padded = max(-(-nbytes // self.alignment) * self.alignment, self.alignment)
             alloc = f"({t}*)aligned_alloc({self.alignment}, {padded})"
@@ -340,14 +353,24 @@ class CPrinter:
 
     # -- expressions ----------------------------------------------------------------------
 
-    def access(self, buffer: Buffer, indices: tuple[Expr, ...]) -> str:
+    def flat(self, buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
         if len(indices) != len(buffer.shape):
             raise BuildError(
                 f"buffer {buffer.name} has {len(buffer.shape)} dimensions, "
                 f"indexed with {len(indices)}"
             )
-        flat = flat_index(buffer, indices, self._ranges)
-        return f"{self.names(buffer, buffer.name)}[{self.bare(flat)}]"
+        return flat_index(buffer, indices, self.ranges)
+
+    def access(self, buffer: Buffer, indices: tuple[Expr, ...]) -> str:
+        name = self.names(buffer, buffer.name)
+        if buffer in self.registers:  # one element of an array of vectors
+            self.flat(buffer, indices)  # checks the dimensions
+            *outer, last = indices
+            lanes = IntImm(self.registers[buffer], last.dtype)
+            split = (Binary("floordiv", last, lanes), Binary("floormod", last, lanes))
+            subs = [simplify(i, self.ranges) for i in (*outer, *split)]
+            return name + "".join(f"[{self.bare(i)}]" for i in subs)
+        return f"{name}[{self.bare(self.flat(buffer, indices))}]"
 
     def bare(self, e: Expr) -> str:
         """`e` without the outer parentheses, where its context needs none (`x = a + b;`)."""
@@ -424,7 +447,7 @@ class CPrinter:
         return f"({x} {op} {y})"
 
     def lower_bound(self, e: Expr) -> float:
-        lo = bound(e, self._ranges).lo
+        lo = bound(e, self.ranges).lo
         return -math.inf if lo is None else lo
 
     def call(self, name: str, arg: Expr) -> str:
@@ -455,29 +478,6 @@ class CPrinter:
         return f"(({self.ctype(dtype)}){x})"
 
 
-def flat_index(
-    buffer: Buffer, indices: tuple[Expr, ...], ranges: dict[Var, int] | None = None
-) -> Expr:
-    """The row-major offset of `indices` into `buffer` (int64 where int32 could overflow),
-    simplified knowing each var of `ranges` lies in [0, extent)."""
-    wide = buffer.size > 2**31 - 1
-    index_dtype = "int64" if wide else "int32"
-    flat: Expr | None = None
-    for extent, index in zip(buffer.shape, indices):
-        if wide and index.dtype != "int64":
-            index = Cast("int64", index)
-        if flat is None:
-            flat = index
-        elif extent == 1:
-            flat = _add(flat, index)  # (flat * 1) + index
-        else:
-            flat = _add(Binary("*", flat, IntImm(extent, index_dtype)), index)
-    return simplify(flat if flat is not None else IntImm(0, index_dtype), ranges)
-
-
-def _add(a: Expr, b: Expr) -> Expr:
-    if isinstance(a, IntImm) and a.value == 0:
-        return b
-    if isinstance(b, IntImm) and b.value == 0:
-        return a
-    return Binary("+", a, b)
+def _declares(stmt: Stmt) -> bool:
+    """Whether `stmt` declares a buffer in the scope it is printed in."""
+    return any(isinstance(s, Allocate) for s in (stmt.stmts if isinstance(stmt, Seq) else (stmt,)))

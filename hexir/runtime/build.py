@@ -12,6 +12,7 @@ from hexir.ir.tir import PrimFunc
 from hexir.runtime.cc import compile_c
 from hexir.runtime.kernel import CpuKernel
 from hexir.runtime.target import Target
+from hexir.schedule.compact import compact_buffers
 
 
 def build(func: PrimFunc, target: Target | str = "cpu") -> CpuKernel:
@@ -22,6 +23,7 @@ def build(func: PrimFunc, target: Target | str = "cpu") -> CpuKernel:
             f"the CUDA backend is not built yet: cannot build {func.name!r} for "
             f"{str(target)!r}; build for target 'cpu'"
         )
-    source = generate_c(func, target)
+    # Caches placed by the schedule shrink to the tiles they hold (a lowering step).
+    source = generate_c(compact_buffers(func), target)
     path = compile_c(source, target)
     return CpuKernel(func, source, path, target)
