@@ -143,6 +143,8 @@ def test_handles_print_as_what_they_point_at(before: PrimFunc) -> None:
     raises_unchanged(sch, lambda: sch.split(block, [2, None]), "expected a loop")  # type: ignore
     raises_unchanged(sch, lambda: sch.get_loops(i), "expected a block")  # type: ignore
     raises_unchanged(sch, lambda: sch.get_block("conv2d"), "no block named 'conv2d'")
+    assert [str(b) for b in sch.get_child_blocks(i)] == ["matmul"]
+    raises_unchanged(sch, lambda: sch.get_child_blocks(42), "not a handle")  # type: ignore
     other = Schedule(before)
     raises_unchanged(other, lambda: other.parallel(i), "not a handle of this schedule")
 
