@@ -1,0 +1,262 @@
+"""Fusion: partition a graph's ops into groups, each lowered to one kernel.
+
+    groups = partition(graph)            # every non-constant op in exactly one group
+    func = lower(groups[0].graph())      # params: group.inputs, then group.outputs
+
+Each op has a pattern (`pattern(op)`), and a group grows from its first op (its anchor) by
+taking in consumers, one op at a time in graph order:
+
+- an elementwise or broadcast op starts a chain that takes elementwise and broadcast
+  consumers, and at most one reduction, which ends the group (`exp -> reduce_sum`);
+- an out-fusable op (matmul, batch_matmul, dense, conv2d) takes elementwise and broadcast
+  epilogues (bias_add, batch_norm, activations, the residual add);
+- a cheap injective op (a reshape, pad, concat, a slice with unit inner step, a transpose that
+  keeps the innermost axis) takes elementwise and broadcast consumers; any other injective op,
+  a reduction, or an opaque op stands alone.
+
+A consumer joins the group of one of its operands (out-fusable groups first) only if the
+operands it reads from that group are not broadcast up (for a reduction: only its data
+operand comes from the group), no other op of the group already reads them (each
+intermediate has one consumer inside its group, so inlining never recomputes), the placements
+agree, and no other operand depends on the group (which would make a cycle between groups).
+Softmax and layer_norm are single ops, so each is one kernel, with its elementwise producers.
+
+With the `fusion` knob off, every op is its own group. Groups come out in a topological order:
+running them in order computes the graph.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from dataclasses import dataclass
+
+from hexir import knobs
+from hexir.ir.graph import Graph, Op, Value
+
+__all__ = ["Group", "Pattern", "PATTERNS", "cheap_injective", "pattern", "partition"]
+
+
+class Pattern(enum.IntEnum):
+    """How an op's output elements depend on its operands' elements, for fusion."""
+
+    ELEMENTWISE = 0  # out[i] from operand[i], same shapes
+    BROADCAST = 1  # out[i] from operand[f(i)], some operand smaller (bias_add, batch_norm)
+    INJECTIVE = 2  # out[i] is one element of an operand, moved (transpose, reshape, ...)
+    REDUCTION = 3  # out[i] from many elements of an operand (reduce_*, softmax, pools)
+    OUT_FUSABLE = 4  # a contraction whose output takes elementwise epilogues
+    OPAQUE = 8  # anything else: never fused
+
+
+_E, _B, _I, _R, _O = (
+    Pattern.ELEMENTWISE,
+    Pattern.BROADCAST,
+    Pattern.INJECTIVE,
+    Pattern.REDUCTION,
+    Pattern.OUT_FUSABLE,
+)
+
+# Op kind -> pattern (docs/ops.md). Binary ops are elementwise here; `pattern` makes them
+# broadcast where an operand's shape differs from the result's.
+PATTERNS: dict[str, Pattern] = {
+    **dict.fromkeys(("matmul", "batch_matmul", "dense", "conv2d"), _O),
+    **dict.fromkeys(("bias_add", "batch_norm"), _B),
+    **dict.fromkeys(
+        ("add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "equal"), _E
+    ),
+    **dict.fromkeys(("not_equal", "less", "less_equal", "greater", "greater_equal"), _E),
+    **dict.fromkeys(("relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt"), _E),
+    **dict.fromkeys(("gelu", "cast"), _E),
+    **dict.fromkeys(("softmax", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max"), _R),
+    **dict.fromkeys(("max_pool2d", "avg_pool2d", "global_avg_pool2d"), _R),
+    **dict.fromkeys(("transpose", "reshape", "concat", "slice", "pad"), _I),
+}
+
+# What a group accepts as a consumer, by the pattern of its first op.
+_EPILOGUE = frozenset({_E, _B})
+_CHAIN = frozenset({_E, _B, _R})
+_CLOSED: frozenset[Pattern] = frozenset()
+
+
+def pattern(op: Op) -> Pattern:
+    """The fusion pattern of `op`; kinds not in `PATTERNS` are opaque."""
+    base = PATTERNS.get(op.kind, Pattern.OPAQUE)
+    if base is Pattern.ELEMENTWISE and any(
+        v.type.shape != op.result.type.shape for v in op.operands
+    ):
+        return Pattern.BROADCAST
+    return base
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Ops lowered into one kernel, in graph order.
+
+    `inputs`: the values the ops read that the group does not compute (graph inputs,
+    constants, other groups' results), in order of first use. `outputs`: the results used
+    outside the group, returned by the graph, or used by nobody, in the order computed.
+    """
+
+    ops: tuple[Op, ...]
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+
+    def graph(self) -> Graph:
+        """The group as a graph whose inputs (constants included) are `self.inputs`."""
+        return Graph("group", self.inputs, self.ops, self.outputs)
+
+
+def partition(graph: Graph) -> list[Group]:
+    """Every non-constant op of `graph` in exactly one group; groups in a topological order."""
+    ops = [op for op in graph.ops if op.kind != "constant"]
+    if not knobs.get().fusion:
+        members = [[op] for op in ops]
+    else:
+        state = _Partition()
+        for op in ops:
+            state.place(op)
+        members = state.members
+    return _groups(graph, _topological(members))
+
+
+class _Partition:
+    """The groups being grown: members, what each accepts, and which groups each reads."""
+
+    def __init__(self) -> None:
+        self.members: list[list[Op]] = []
+        self.accepts: list[frozenset[Pattern]] = []
+        self.reads: list[set[int]] = []
+        self.group_of: dict[str, int] = {}  # op result name -> group index
+        self.read_inside: set[str] = set()  # results already read by an op of their group
+
+    def place(self, op: Op) -> None:
+        p = pattern(op)
+        for g in self._candidates(op):
+            if self._can_join(g, op, p):
+                self._add(g, op)
+                if p is Pattern.REDUCTION:
+                    self.accepts[g] = _CLOSED
+                return
+        self.members.append([])
+        self.accepts.append(_opens(op, p))
+        self.reads.append(set())
+        self._add(len(self.members) - 1, op)
+
+    def _candidates(self, op: Op) -> list[int]:
+        found = [self.group_of[v.name] for v in op.operands if v.name in self.group_of]
+        unique = list(dict.fromkeys(found))
+        # An epilogue goes to its contraction first: that saves the most memory traffic.
+        return sorted(unique, key=lambda g: pattern(self.members[g][0]) is not Pattern.OUT_FUSABLE)
+
+    def _can_join(self, g: int, op: Op, p: Pattern) -> bool:
+        if p not in self.accepts[g] or op.placement != self.members[g][0].placement:
+            return False
+        mine = [i for i, v in enumerate(op.operands) if self.group_of.get(v.name) == g]
+        if p is Pattern.REDUCTION:
+            if mine != [0]:
+                return False
+        elif any(op.operands[i].type.shape != op.result.type.shape for i in mine):
+            return False
+        if any(op.operands[i].name in self.read_inside for i in mine):
+            return False
+        others = {self.group_of[v.name] for v in op.operands if v.name in self.group_of} - {g}
+        return not any(self._reaches(h, g) for h in others)
+
+    def _reaches(self, start: int, target: int) -> bool:
+        """Whether group `start` depends, directly or not, on group `target`."""
+        seen, stack = {start}, [start]
+        while stack:
+            for h in self.reads[stack.pop()]:
+                if h == target:
+                    return True
+                if h not in seen:
+                    seen.add(h)
+                    stack.append(h)
+        return False
+
+    def _add(self, g: int, op: Op) -> None:
+        for v in op.operands:
+            h = self.group_of.get(v.name)
+            if h == g:
+                self.read_inside.add(v.name)
+            elif h is not None:
+                self.reads[g].add(h)
+        self.members[g].append(op)
+        self.group_of[op.result.name] = g
+
+
+def _opens(op: Op, p: Pattern) -> frozenset[Pattern]:
+    """What a group that starts with `op` accepts as consumers."""
+    match p:
+        case Pattern.ELEMENTWISE | Pattern.BROADCAST:
+            return _CHAIN
+        case Pattern.OUT_FUSABLE:
+            return _EPILOGUE
+        case Pattern.INJECTIVE if cheap_injective(op):
+            return _EPILOGUE
+        case _:
+            return _CLOSED
+
+
+def cheap_injective(op: Op) -> bool:
+    """Whether an injective op is cheap to compute inside its consumer's kernel.
+
+    Cheap: the consumer still reads its operand row by row (reshape, pad, concat, a slice with
+    a unit step on the innermost axis, a transpose that keeps the innermost axis in place).
+    """
+    ndim = len(op.operands[0].type.shape)
+    match op.kind:
+        case "reshape" | "pad" | "concat":
+            return True
+        case "slice":
+            step = op.attr("step")
+            return isinstance(step, tuple) and (ndim == 0 or step[-1] == 1)
+        case "transpose":
+            perm = op.attr("perm")
+            return isinstance(perm, tuple) and (ndim == 0 or perm[-1] == ndim - 1)
+        case _:
+            return False
+
+
+def _topological(members: list[list[Op]]) -> list[list[Op]]:
+    """The groups ordered so each comes after those it reads; ties by first op in the graph."""
+    where = {op.result.name: g for g, ops in enumerate(members) for op in ops}
+    reads = [{where[v.name] for op in ops for v in op.operands if v.name in where} - {g}
+             for g, ops in enumerate(members)]  # fmt: skip
+    readers: list[list[int]] = [[] for _ in members]
+    for g, rs in enumerate(reads):
+        for h in rs:
+            readers[h].append(g)
+    waiting = [len(rs) for rs in reads]
+    ready = [g for g, n in enumerate(waiting) if n == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        g = heapq.heappop(ready)
+        order.append(g)
+        for r in readers[g]:
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                heapq.heappush(ready, r)
+    assert len(order) == len(members), "fusion made a cycle between groups"
+    return [members[g] for g in order]
+
+
+def _groups(graph: Graph, members: list[list[Op]]) -> list[Group]:
+    where = {op.result.name: g for g, ops in enumerate(members) for op in ops}
+    used_by: dict[str, set[int]] = {}
+    for g, ops in enumerate(members):
+        for op in ops:
+            for v in op.operands:
+                used_by.setdefault(v.name, set()).add(g)
+    returned = {v.name for v in graph.outputs}
+    groups = []
+    for g, ops in enumerate(members):
+        inputs = {v.name: v for op in ops for v in op.operands if where.get(v.name) != g}
+        outputs = [
+            op.result
+            for op in ops
+            if op.result.name in returned or used_by.get(op.result.name, set()) != {g}
+        ]
+        groups.append(Group(tuple(ops), tuple(inputs.values()), tuple(outputs)))
+    return groups

@@ -1,0 +1,318 @@
+"""Compile-time evaluation and exact rewrites: `simplify_graph(graph)`.
+
+    %0 = hexir.conv2d %x, %w ...              %w_1 = hexir.constant @w_1 (w scaled by bn)
+    %1 = hexir.batch_norm %0, %s, %t, %m, %v   %b = hexir.constant @b
+    %2 = hexir.mul %1, %ones                   %0_1 = hexir.conv2d %x, %w_1 ...
+    %3 = hexir.relu %2                  ->     %1 = hexir.bias_add %0_1, %b {axis = 1}
+                                               %3 = hexir.relu %1
+
+Rounds of these passes run until the graph no longer changes:
+
+- constant evaluation: an op whose operands are all constants becomes a constant, computed by
+  the numpy semantics (`hexir.graph.fold.fold_constants`);
+- batch-norm folding (`fold_batch_norms`): conv2d [-> bias_add] -> batch_norm over the
+  channels becomes conv2d with scaled constant weights -> bias_add of a constant bias, when
+  the weights and batch-norm parameters are constants and the conv2d (and bias_add) results
+  have no other use; exact in real numbers, within rounding in floats;
+- exact rewrites: x·1, 1·x, x/1, x+0, 0+x, x-0 become x when the constant is exactly that
+  value everywhere and broadcasting changes neither shape nor dtype (x+0 may turn a -0.0
+  into +0.0, which compares equal); a reshape of a reshape is one reshape; a transpose of a
+  transpose is one transpose of the composed permutation; a reshape or transpose that changes
+  nothing is dropped; a chain of broadcasts is one broadcast (this dialect has no broadcast op:
+  a broadcast is an add of zeros or a mul by ones that makes the shape larger, and two in a row
+  become one with a single constant);
+- dead ops (and constants nobody uses) are removed (`remove_dead_ops`).
+
+Graph inputs, graph outputs and the type of every value stay as they were: a rewrite that
+would replace a graph output by another value is not made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from hexir.errors import HexirError
+from hexir.graph.evaluate import constant_array
+from hexir.graph.fold import fold_constants
+from hexir.ir.dtype import numpy_dtype
+from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
+from hexir.ir.ops import make_op
+
+__all__ = ["simplify_graph", "fold_batch_norms", "remove_dead_ops"]
+
+# Each round removes or shrinks something, so a fixed point comes within about as many rounds
+# as the graph has ops; this bound only stops a bug from looping forever.
+_MAX_ROUNDS = 1000
+
+
+def simplify_graph(graph: Graph) -> Graph:
+    """`graph` with every rewrite of this module applied until none applies."""
+    for _ in range(_MAX_ROUNDS):
+        simpler = _round(graph)
+        if simpler == graph:
+            return graph
+        graph = simpler
+    raise HexirError(
+        f"simplify_graph did not reach a fixed point on @{graph.name} in {_MAX_ROUNDS} rounds; "
+        "two rewrites undo each other: this is a bug in hexir.graph.rewrite"
+    )
+
+
+def _round(graph: Graph) -> Graph:
+    graph = fold_constants(graph)
+    graph = fold_batch_norms(graph)
+    graph = _exact_rewrites(graph)
+    return remove_dead_ops(graph)
+
+
+def remove_dead_ops(graph: Graph) -> Graph:
+    """`graph` without the ops no output depends on, nor the data of unused constants."""
+    live = {v.name for v in graph.outputs}
+    kept: list[Op] = []
+    for op in reversed(graph.ops):
+        if op.result.name in live:
+            kept.append(op)
+            live.update(v.name for v in op.operands)
+    kept.reverse()
+    referenced = {str(op.attr("name")) for op in kept if op.kind == "constant"}
+    blobs = tuple((k, d) for k, d in graph.constants if k in referenced)
+    return Graph(graph.name, graph.inputs, tuple(kept), graph.outputs, blobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# The state of one pass over a graph
+
+
+@dataclass
+class _Pass:
+    """What rewrites of one op need: producers, constants' data, uses, fresh names."""
+
+    graph: Graph
+    producer: dict[str, Op] = field(default_factory=dict)
+    data: dict[str, np.ndarray] = field(default_factory=dict)  # constant value -> its array
+    uses: dict[str, int] = field(default_factory=dict)  # value -> uses (graph outputs count)
+    taken: set[str] = field(default_factory=set)
+    blobs: list[tuple[str, ConstantData]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        g = self.graph
+        self.taken = {v.name for v in g.inputs} | {k for k, _ in g.constants}
+        for op in g.ops:
+            self.producer[op.result.name] = op
+            self.taken.add(op.result.name)
+            if op.kind == "constant":
+                self.data[op.result.name] = constant_array(g, op)
+            for v in op.operands:
+                self.uses[v.name] = self.uses.get(v.name, 0) + 1
+        for v in g.outputs:
+            self.uses[v.name] = self.uses.get(v.name, 0) + 1
+        self.blobs = list(g.constants)
+
+    def is_output(self, v: Value) -> bool:
+        return any(o.name == v.name for o in self.graph.outputs)
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 1
+        while name in self.taken:
+            name, n = f"{base}_{n}", n + 1
+        self.taken.add(name)
+        return name
+
+    def constant(self, base: str, array: np.ndarray, placement: str) -> Op:
+        """A new constant op holding `array`, its value and data named after `base`."""
+        name = self.fresh(base)
+        self.blobs.append((name, ConstantData(array)))
+        result = TensorType(array.shape, array.dtype.name)
+        op = make_op("constant", [], {"name": name}, name, placement, result_type=result)
+        self.data[name] = self.blobs[-1][1].array
+        return op
+
+    def finish(self, ops: list[Op]) -> Graph:
+        g = self.graph
+        return Graph(g.name, g.inputs, tuple(ops), g.outputs, tuple(self.blobs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch-norm folding
+
+
+def fold_batch_norms(graph: Graph) -> Graph:
+    """Every conv2d [-> bias_add] -> batch_norm with constant weights and parameters, and no
+    other use of the intermediate results, as conv2d -> bias_add with constant weights."""
+    p = _Pass(graph)
+    ops: list[Op] = []
+    replaced: set[Op] = set()
+    for op in graph.ops:
+        chain = _conv_chain(op, p) if op.kind == "batch_norm" else None
+        if chain is None:
+            ops.append(op)
+        else:
+            ops.extend(_fold_batch_norm(op, *chain, p))
+            replaced.update(o for o in chain if o is not None)
+    # The folded conv2d keeps its name, so the one it replaces goes.
+    return remove_dead_ops(p.finish([op for op in ops if op not in replaced]))
+
+
+def _conv_chain(bn: Op, p: _Pass) -> tuple[Op, Op | None] | None:
+    """(conv2d, bias_add or None) computing the batch norm's input, when they fold into it."""
+    x, *params = bn.operands
+    if bn.attr("axis") != 1 or len(x.type.shape) != 4 or any(v.name not in p.data for v in params):
+        return None
+    op, bias = p.producer.get(x.name), None
+    if op is not None and op.kind == "bias_add" and op.attr("axis") == 1:
+        if p.uses[x.name] != 1 or op.operands[1].name not in p.data:
+            return None
+        bias, x = op, op.operands[0]
+        op = p.producer.get(x.name)
+    if op is None or op.kind != "conv2d" or p.uses[x.name] != 1:
+        return None
+    return (op, bias) if op.operands[1].name in p.data else None
+
+
+def _fold_batch_norm(bn: Op, conv: Op, bias: Op | None, p: _Pass) -> list[Op]:
+    scale, shift, mean, var = (p.data[v.name].astype(np.float64) for v in bn.operands[1:])
+    inv = scale / np.sqrt(var + _number(bn, "epsilon"))
+    dtype = numpy_dtype(bn.result.type.dtype)
+    x, w = conv.operands
+    weight = p.data[w.name].astype(np.float64) * inv[:, None, None, None]
+    before = 0.0 if bias is None else p.data[bias.operands[1].name].astype(np.float64)
+    shift = (before - mean) * inv + shift
+    new_w = p.constant(f"{w.name}_bn", weight.astype(dtype), conv.placement)
+    new_b = p.constant(f"{bn.result.name}_bias", shift.astype(dtype), bn.placement)
+    new_conv = make_op("conv2d", [x, new_w.result], dict(conv.attrs), conv.result.name,
+                       conv.placement)  # fmt: skip
+    add = make_op("bias_add", [new_conv.result, new_b.result], {"axis": 1}, bn.result.name,
+                  bn.placement)  # fmt: skip
+    return [new_w, new_b, new_conv, add]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact rewrites
+
+# A rewrite of one op (its operands already renamed): None when it does not apply, a Value
+# that replaces the op's result everywhere, or ops whose last computes the op's result.
+Rewrite = Callable[[Op, _Pass], "Value | list[Op] | None"]
+
+
+def _exact_rewrites(graph: Graph) -> Graph:
+    p = _Pass(graph)
+    renamed: dict[str, Value] = {}
+    ops: list[Op] = []
+    for op in graph.ops:
+        if any(v.name in renamed for v in op.operands):
+            op = replace(op, operands=tuple(renamed.get(v.name, v) for v in op.operands))
+        for rewrite in _REWRITES:
+            result = rewrite(op, p)
+            if result is not None:
+                break
+        if isinstance(result, Value):
+            renamed[op.result.name] = result
+        else:
+            new = result or [op]
+            ops.extend(new)
+            p.producer.update((o.result.name, o) for o in new)
+    return p.finish(ops)
+
+
+def _keep(op: Op, x: Value, p: _Pass) -> Value | None:
+    """`x` in place of the result of `op`, when that keeps the graph's outputs and types."""
+    if x.type != op.result.type or p.is_output(op.result):
+        return None
+    return x
+
+
+def _filled(v: Value, value: float, p: _Pass) -> bool:
+    array = p.data.get(v.name)
+    return array is not None and array.size > 0 and bool(np.all(array == value))
+
+
+def _identity(op: Op, p: _Pass) -> Value | None:
+    """x·1, 1·x, x/1, x+0, 0+x, x-0 -> x."""
+    match op.kind, op.operands:
+        case ("mul", (a, b)) | ("add", (a, b)):
+            unit = 1.0 if op.kind == "mul" else 0.0
+            if _filled(b, unit, p):
+                return _keep(op, a, p)
+            if _filled(a, unit, p):
+                return _keep(op, b, p)
+        case ("div", (a, b)) | ("sub", (a, b)):
+            if _filled(b, 1.0 if op.kind == "div" else 0.0, p):
+                return _keep(op, a, p)
+    return None
+
+
+def _reshape(op: Op, p: _Pass) -> Value | list[Op] | None:
+    """reshape(reshape(x)) -> reshape(x); a reshape to x's own shape -> x."""
+    if op.kind != "reshape":
+        return None
+    x = op.operands[0]
+    inner = p.producer.get(x.name)
+    if inner is not None and inner.kind == "reshape":
+        x = inner.operands[0]
+    if x.type == op.result.type and not p.is_output(op.result):
+        return x
+    if x == op.operands[0]:
+        return None
+    return [make_op("reshape", [x], dict(op.attrs), op.result.name, op.placement)]
+
+
+def _transpose(op: Op, p: _Pass) -> Value | list[Op] | None:
+    """transpose(transpose(x, p1), p2) -> transpose(x, p1∘p2); an identity transpose -> x."""
+    if op.kind != "transpose":
+        return None
+    x, perm = op.operands[0], _ints(op, "perm")
+    inner = p.producer.get(x.name)
+    if inner is not None and inner.kind == "transpose":
+        x, first = inner.operands[0], _ints(inner, "perm")
+        perm = tuple(first[i] for i in perm)
+    if perm == tuple(range(len(perm))) and not p.is_output(op.result):
+        return x
+    if x == op.operands[0]:
+        return None
+    return [make_op("transpose", [x], {"perm": perm}, op.result.name, op.placement)]
+
+
+def _broadcasts(op: Op, p: _Pass) -> list[Op] | None:
+    """(x + z1) + z2 -> x + (z1 + z2) and (x·1)·1 -> x·1 for constants z1, z2 of zeros and
+    ones: exact, since adding zeros only broadcasts (and sums the signs of zero the same way)."""
+    if op.kind not in ("add", "mul"):
+        return None
+    outer = _split_broadcast(op, p)
+    inner = None if outer is None else p.producer.get(outer[0].name)
+    inner_split = None if inner is None or inner.kind != op.kind else _split_broadcast(inner, p)
+    if outer is None or inner_split is None:
+        return None
+    (x, c1), c2 = inner_split, outer[1]
+    fn = np.add if op.kind == "add" else np.multiply
+    combined = fn(p.data[c1.name], p.data[c2.name])
+    const = p.constant(f"{op.result.name}_c", combined, op.placement)
+    return [const, make_op(op.kind, [x, const.result], {}, op.result.name, op.placement)]
+
+
+def _split_broadcast(op: Op, p: _Pass) -> tuple[Value, Value] | None:
+    """(x, c) when `op` is x + c or c + x with c all zeros (x·c, c·x with c all ones)."""
+    unit = 0.0 if op.kind == "add" else 1.0
+    a, b = op.operands
+    if _filled(b, unit, p):
+        return a, b
+    if _filled(a, unit, p):
+        return b, a
+    return None
+
+
+def _number(op: Op, key: str) -> float:
+    value = op.attr(key)
+    assert isinstance(value, int | float), f"{op!r}: attribute {key} is not normalized"
+    return float(value)
+
+
+def _ints(op: Op, key: str) -> tuple[int, ...]:
+    value = op.attr(key)
+    assert isinstance(value, tuple), f"{op!r}: attribute {key} is not normalized"
+    return tuple(int(v) for v in value)
+
+
+_REWRITES: tuple[Rewrite, ...] = (_identity, _reshape, _transpose, _broadcasts)

@@ -1,0 +1,222 @@
+"""Compile-time evaluation and exact rewrites: each rewrite, checked by numpy before and after."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hexir.graph.evaluate import evaluate
+from hexir.graph.fusion import partition
+from hexir.graph.rewrite import fold_batch_norms, remove_dead_ops, simplify_graph
+from hexir.ir.builder import GraphBuilder
+from hexir.ir.graph import Graph, Value
+from hexir.ir.graph_text import parse_graph, print_graph
+
+RNG = np.random.default_rng()
+
+
+def rand(*shape: int, dtype: str = "float32") -> np.ndarray:
+    if dtype.startswith("int"):
+        return RNG.integers(-50, 50, size=shape).astype(dtype)
+    return RNG.uniform(-2.0, 2.0, size=shape).astype(dtype)
+
+
+def kinds(graph: Graph) -> list[str]:
+    return [op.kind for op in graph.ops]
+
+
+def simplified(graph: Graph, rtol: float = 0.0) -> Graph:
+    """simplify_graph(graph), checked: same interface, a fixed point, the same values."""
+    after = simplify_graph(graph)
+    assert after.inputs == graph.inputs and after.outputs == graph.outputs
+    assert simplify_graph(after) == after
+    data = {k: d.array for k, d in after.constants}
+    assert parse_graph(print_graph(after), data) == after
+    inputs = [rand(*v.type.shape, dtype=v.type.dtype) for v in graph.inputs]
+    for got, want in zip(evaluate(after, inputs), evaluate(graph, inputs)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        if rtol == 0.0:
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
+    return after
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile-time evaluation and dead ops
+
+
+def test_constant_subgraphs_become_one_constant():
+    b = GraphBuilder("g")
+    x = b.input("x", (3, 4))
+    c = b.exp(b.transpose(b.constant(rand(4, 3)), perm=(1, 0)))
+    y = b.add(x, b.mul(c, b.constant(rand(4))))
+    after = simplified(b.build(y))
+    assert kinds(after) == ["constant", "add"]
+    assert [name for name, _ in after.constants] == [after.ops[0].result.name]
+
+
+def test_dead_ops_and_unused_constants_go_inputs_stay():
+    b = GraphBuilder("g")
+    x, unused = b.input("x", (3, 4)), b.input("unused", (2,))
+    b.exp(b.add(x, b.constant(rand(3, 4), name="dead")))
+    y = b.relu(x)
+    after = simplified(b.build(y))
+    assert kinds(after) == ["relu"] and after.constants == ()
+    assert after.inputs == (x, unused)
+    assert remove_dead_ops(after) == after
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact rewrites
+
+
+@pytest.mark.parametrize(
+    "kind, constant_first, unit",
+    [("mul", False, 1), ("mul", True, 1), ("div", False, 1), ("add", False, 0),
+     ("add", True, 0), ("sub", False, 0), ("add", False, -0.0)],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_identity_ops_go(kind, constant_first, unit, dtype):
+    b = GraphBuilder("g")
+    x = b.input("x", (3, 4), dtype)
+    c = b.constant(np.full((3, 4), unit, dtype))
+    y = b.op(kind, *((c, x) if constant_first else (x, c)))
+    after = simplified(b.build(b.relu(y)))
+    assert kinds(after) == ["relu"] and after.ops[0].operands == (x,)
+
+
+@pytest.mark.parametrize(
+    "kind, value, x_shape, c_shape",
+    [
+        ("mul", 1.0000001, (3, 4), (4,)),  # not exactly one
+        ("add", 1e-30, (3, 4), (3, 4)),  # not exactly zero
+        ("add", 0.0, (4,), (3, 4)),  # broadcasting changes the shape
+        ("mul", 1.0, (1, 4), (3, 1)),
+        ("sub", 0.0, (3, 4), (3, 4)),  # 0 - x is not x
+    ],
+)
+def test_ops_that_are_not_identities_stay(kind, value, x_shape, c_shape):
+    b = GraphBuilder("g")
+    x = b.input("x", x_shape)
+    c = b.constant(np.full(c_shape, value, np.float32))
+    y = b.op(kind, *((c, x) if kind == "sub" else (x, c)))
+    after = simplified(b.build(b.relu(y)))
+    assert kinds(after) == ["constant", kind, "relu"]
+
+
+def test_identity_that_is_a_graph_output_stays():
+    b = GraphBuilder("g")
+    x = b.input("x", (3, 4))
+    y = b.mul(b.relu(x), b.constant(np.ones((3, 4), np.float32)))
+    after = simplified(b.build(y))
+    assert kinds(after) == ["relu", "constant", "mul"]
+
+
+def test_reshape_of_reshape_is_one_reshape():
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 3, 4))
+    r = b.reshape(b.reshape(x, (6, 4)), (4, 6))
+    back = b.reshape(b.reshape(b.relu(x), (24,)), (2, 3, 4))
+    after = simplified(b.build([b.relu(r), b.exp(back)]))
+    assert kinds(after) == ["reshape", "relu", "relu", "exp"]
+    assert after.ops[0].operands == (x,) and after.ops[0].attr("shape") == (4, 6)
+
+
+def test_inner_reshape_with_another_use_stays():
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 3, 4))
+    inner = b.reshape(x, (6, 4))
+    after = simplified(b.build([b.reshape(inner, (24,)), b.relu(inner)]))
+    assert kinds(after) == ["reshape", "reshape", "relu"]
+    assert after.ops[1].operands == (x,)
+
+
+def test_transposes_compose_and_identity_goes():
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 3, 4))
+    t = b.transpose(b.transpose(x, perm=(1, 2, 0)), perm=(0, 2, 1))
+    gone = b.transpose(b.transpose(x, perm=(2, 0, 1)), perm=(1, 2, 0))
+    after = simplified(b.build([b.relu(t), b.exp(gone)]))
+    assert kinds(after) == ["transpose", "relu", "exp"]
+    assert after.ops[0].operands == (x,) and after.ops[0].attr("perm") == (1, 0, 2)
+    assert after.ops[2].operands == (x,)
+
+
+def test_chain_of_broadcasts_is_one_broadcast_and_keeps_signed_zeros():
+    b = GraphBuilder("g")
+    x = b.input("x", (4,))
+    z1 = b.constant(np.array([[0.0], [-0.0], [0.0]], np.float32).repeat(4, axis=1))
+    z2 = b.constant(np.array([-0.0, 0.0], np.float32).reshape(2, 1, 1))
+    y = b.add(b.add(x, z1), z2)
+    ones = b.constant(np.ones((5, 1), np.float32))
+    m = b.mul(ones, b.mul(x, b.constant(np.ones((2, 1, 4), np.float32))))
+    graph = b.build([y, b.relu(m)])
+    after = simplified(graph)
+    assert kinds(after) == ["constant", "add", "constant", "mul", "relu"]
+    assert after.ops[1].operands[0] == x and after.ops[0].result.type.shape == (2, 3, 4)
+    assert after.ops[3].operands[0] == x and after.ops[2].result.type.shape == (2, 5, 4)
+    xs = rand(4)
+    xs[1] = -0.0
+    got, want = evaluate(after, [xs])[0], evaluate(graph, [xs])[0]
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_rewrites_reach_a_fixed_point_through_each_other():
+    # Folding makes the constant all ones, then x·1 goes, then the reshapes meet, then they
+    # turn out to be the identity, and the transposes compose to the identity.
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 6))
+    half = b.constant(np.full((2, 6), 0.5, np.float32))
+    y = b.mul(x, b.add(half, half))
+    y = b.reshape(b.reshape(y, (3, 4)), (2, 6))
+    y = b.transpose(b.transpose(b.relu(y), perm=(1, 0)), perm=(1, 0))
+    after = simplified(b.build(b.exp(y)))
+    assert kinds(after) == ["relu", "exp"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch-norm folding
+
+
+def batch_norm(b: GraphBuilder, x: Value, channels: int) -> Value:
+    params = [rand(channels), rand(channels), rand(channels)]
+    var = RNG.uniform(0.5, 2.0, channels).astype(np.float32)
+    scale, shift, mean = (b.constant(p) for p in params)
+    return b.batch_norm(x, scale, shift, mean, b.constant(var), epsilon=1e-3)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("groups, stride", [(1, 1), (2, 2)])
+def test_batch_norm_folds_into_conv2d(with_bias, groups, stride):
+    b = GraphBuilder("g")
+    x = b.input("x", (2, 4, 7, 7))
+    y = b.conv2d(x, b.constant(rand(6, 4 // groups, 3, 3)), stride, 1, groups=groups)
+    if with_bias:
+        y = b.bias_add(y, b.constant(rand(6)))
+    after = simplified(b.build(b.relu(batch_norm(b, y, 6))), rtol=1e-5)
+    assert kinds(after) == ["constant", "constant", "conv2d", "bias_add", "relu"]
+    conv = after.ops[2]
+    assert conv.operands[0] == x and conv.attr("groups") == groups
+
+
+def test_batch_norm_stays_when_it_cannot_fold():
+    b = GraphBuilder("g")
+    x, w = b.input("x", (1, 3, 5, 5)), b.input("w", (3, 3, 1, 1))
+    weight_is_input = batch_norm(b, b.conv2d(x, w), 3)
+    conv = b.conv2d(x, b.constant(rand(3, 3, 1, 1)))
+    conv_used_twice = b.add(batch_norm(b, conv, 3), conv)
+    not_after_conv = batch_norm(b, b.relu(x), 3)
+    graph = b.build([weight_is_input, conv_used_twice, not_after_conv])
+    assert fold_batch_norms(graph) == remove_dead_ops(graph)
+    assert kinds(simplified(graph)).count("batch_norm") == 3
+
+
+def test_conv_bn_relu_simplifies_to_one_fused_kernel():
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 3, 8, 8))
+    y = b.relu(batch_norm(b, b.conv2d(x, b.constant(rand(4, 3, 3, 3)), padding=1), 4))
+    after = simplified(b.build(y), rtol=1e-5)
+    assert [k for k in kinds(after) if k != "constant"] == ["conv2d", "bias_add", "relu"]
+    (group,) = partition(after)
+    assert [op.kind for op in group.ops] == ["conv2d", "bias_add", "relu"]
