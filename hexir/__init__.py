@@ -12,6 +12,7 @@ from typing import Any
 from hexir import knobs
 from hexir.errors import (
     BuildError,
+    DatabaseError,
     HexirError,
     MeasureError,
     ParseError,
@@ -39,12 +40,14 @@ _LAZY: dict[str, str] = {
     "Schedule": "hexir.schedule",
     "Trace": "hexir.schedule",
     "Target": "hexir.runtime.target",
+    "Database": "hexir.database",
     "build": "hexir.runtime.build",
     "compile": "hexir.runtime.executor",
 }
 
 __all__ = [
     "BuildError",
+    "DatabaseError",
     "HexirError",
     "MeasureError",
     "ParseError",

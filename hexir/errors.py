@@ -113,3 +113,27 @@ class VerifyError(HexirError):
 
     def __reduce__(self):
         return (type(self), (self.message, self.problems))
+
+
+class DatabaseError(HexirError):
+    """A tuning database that cannot be opened, read or written: one line naming the URL."""
+
+
+class ModelError(HexirError):
+    """A model that cannot be loaded: an unknown zoo name, a missing or foreign file, or an
+    ONNX model with unsupported nodes (`problems` lists every one)."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        self.problems = tuple(problems)
+        text = message
+        if self.problems:
+            text += "".join(f"\n  - {p}" for p in self.problems)
+        super().__init__(text)
+        self.message = message
+
+    def __reduce__(self):
+        return (type(self), (self.message, self.problems))
+
+
+class ArtifactError(HexirError):
+    """An artifact file that cannot be loaded: not an artifact, or written by another version."""

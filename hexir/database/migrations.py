@@ -1,0 +1,141 @@
+"""Schema versions of the tuning database, and the migrations between them.
+
+The version lives in the one-row table `hexir_schema`. Opening a database:
+- no tables at all: create the current schema;
+- an older version: migrate it, one step at a time, in one transaction (a process killed during
+  a migration leaves the old version intact);
+- a newer version, or tables that are not Hexir's: refuse with a one-line DatabaseError.
+
+Versions:
+- 0: `workload` and `record` with an integer record id and no codegen version; no version table.
+- 1: record ids are random 32-hex-digit strings (so export/import can merge without duplicates),
+  records carry the codegen version, indexes on (workload, target, candidate | median).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    Connection,
+    DateTime,
+    Double,
+    Engine,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    delete,
+    insert,
+    inspect,
+    select,
+)
+
+from hexir import __version__
+from hexir.database.models import Base, RecordRow, SchemaRow
+from hexir.errors import DatabaseError
+
+SCHEMA_VERSION = 1
+
+# The version-0 layout, kept to read the rows of a version-0 file during its migration.
+_V0 = MetaData()
+V0_WORKLOAD = Table(
+    "workload",
+    _V0,
+    Column("key", String(64), primary_key=True),
+    Column("text", Text),
+    Column("created", DateTime),
+)
+V0_RECORD = Table(
+    "record",
+    _V0,
+    Column("id", Integer, primary_key=True),
+    Column("workload_key", String(64)),
+    Column("target_key", String(128)),
+    Column("candidate_key", String(64)),
+    Column("trace", Text),
+    Column("latencies", JSON),
+    Column("median", Double),
+    Column("error_kind", String(64)),
+    Column("error_message", Text),
+    Column("build_info", JSON),
+    Column("hexir_version", String(32)),
+    Column("created", DateTime),
+)
+
+
+def _v0_to_v1(conn: Connection) -> None:
+    rows = [
+        dict(row) for row in conn.execute(select(V0_RECORD).order_by(V0_RECORD.c.id)).mappings()
+    ]
+    V0_RECORD.drop(conn)
+    Base.metadata.create_all(conn)  # the new record table and hexir_schema; workload is unchanged
+    for row in rows:
+        row["id"] = uuid.uuid4().hex
+        row["codegen_version"] = "0"  # measured before records said which codegen they used
+    if rows:
+        conn.execute(insert(RecordRow), rows)
+
+
+# _MIGRATIONS[n] takes a version-n database to version n + 1.
+_MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v0_to_v1,)
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+
+def prepare(read: Engine, write: Engine, shown: str) -> int | None:
+    """Bring the database at `read`/`write` to SCHEMA_VERSION; the version it had (None: new).
+
+    The common case (already current) takes only a read; creating or migrating happens under a
+    write transaction that looks again, since another process may have done it meanwhile.
+    """
+    with read.connect() as conn:
+        found = schema_version(conn, shown)
+    if found == SCHEMA_VERSION:
+        return found
+    _refuse_newer(found, shown)
+    with write.begin() as conn:
+        found = schema_version(conn, shown)
+        _refuse_newer(found, shown)
+        if found is None:
+            Base.metadata.create_all(conn)
+        else:
+            for step in range(found, SCHEMA_VERSION):
+                _MIGRATIONS[step](conn)
+        if found != SCHEMA_VERSION:
+            conn.execute(delete(SchemaRow))
+            conn.execute(insert(SchemaRow).values(id=1, version=SCHEMA_VERSION))
+    return found
+
+
+def schema_version(conn: Connection, shown: str) -> int | None:
+    """The schema version of the database, None if it holds no tables yet."""
+    inspector = inspect(conn)
+    names = set(inspector.get_table_names())
+    if SchemaRow.__tablename__ in names:
+        version = conn.execute(select(SchemaRow.version)).scalar()
+        if version is None:
+            raise DatabaseError(f"{shown}: the hexir_schema table is empty; the file is damaged")
+        return version
+    if not names:
+        return None
+    if {"workload", "record"} <= names:
+        columns = {c["name"] for c in inspector.get_columns("record")}
+        if {c.name for c in V0_RECORD.columns} <= columns:
+            return 0
+    raise DatabaseError(
+        f"{shown} is not a Hexir tuning database (it holds tables {', '.join(sorted(names))}); "
+        "point Hexir at a Hexir database or at a new file"
+    )
+
+
+def _refuse_newer(found: int | None, shown: str) -> None:
+    if found is not None and not 0 <= found <= SCHEMA_VERSION:
+        raise DatabaseError(
+            f"{shown} was written with tuning-database schema version {found}; hexir "
+            f"{__version__} reads schema version {SCHEMA_VERSION} and older: upgrade hexir, or "
+            "point it at another database"
+        )

@@ -1,0 +1,126 @@
+"""The queries of the tuning database: plain functions over an open Session.
+
+The Database class (database.py) owns sessions and transactions; these only read and add.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from hexir.database.models import RecordRow, WorkloadRow, naive
+from hexir.database.record import Record, Workload
+
+
+def add_workload(session: Session, workload: Workload) -> bool:
+    """Add the workload unless its key is there already; whether it was added.
+
+    Two drivers may add the same new workload at once (on servers that do not serialize
+    writers, like PostgreSQL): the loser's insert fails inside a savepoint and is dropped.
+    """
+    if session.get(WorkloadRow, workload.key) is not None:
+        return False
+    try:
+        with session.begin_nested():
+            session.add(
+                WorkloadRow(key=workload.key, text=workload.text, created=naive(workload.created))
+            )
+    except IntegrityError:
+        return False
+    return True
+
+
+def add_record(session: Session, record: Record) -> None:
+    session.add(RecordRow.of(record))
+
+
+def _for(workload_key: str, target_key: str):  # noqa: ANN202 - a SQL condition
+    return (RecordRow.workload_key == workload_key) & (RecordRow.target_key == target_key)
+
+
+def best(session: Session, workload_key: str, target_key: str, k: int) -> list[Record]:
+    """The k fastest valid records, one per candidate key (its fastest measurement)."""
+    valid = _for(workload_key, target_key) & RecordRow.error_kind.is_(None)
+    query = (
+        select(RecordRow)
+        .where(valid & RecordRow.median.is_not(None))
+        .order_by(RecordRow.median, RecordRow.created, RecordRow.id)
+        .execution_options(yield_per=64)
+    )
+    found: list[Record] = []
+    seen: set[str] = set()
+    if k < 1:
+        return found
+    for row in session.scalars(query):
+        if row.candidate_key not in seen:
+            seen.add(row.candidate_key)
+            found.append(row.to_record())
+            if len(found) == k:
+                break
+    return found
+
+
+def records(session: Session, workload_key: str, target_key: str) -> list[Record]:
+    query = (
+        select(RecordRow)
+        .where(_for(workload_key, target_key))
+        .order_by(RecordRow.created, RecordRow.id)
+    )
+    return [row.to_record() for row in session.scalars(query)]
+
+
+def has_candidate(session: Session, workload_key: str, target_key: str, candidate_key: str) -> bool:
+    query = select(RecordRow.id).where(
+        _for(workload_key, target_key) & (RecordRow.candidate_key == candidate_key)
+    )
+    return session.scalars(query.limit(1)).first() is not None
+
+
+def measured_keys(session: Session, workload_key: str, target_key: str) -> set[str]:
+    query = select(RecordRow.candidate_key).where(_for(workload_key, target_key)).distinct()
+    return set(session.scalars(query))
+
+
+def workloads(session: Session) -> list[Workload]:
+    query = select(WorkloadRow).order_by(WorkloadRow.created, WorkloadRow.key)
+    return [row.to_workload() for row in session.scalars(query)]
+
+
+def all_records(session: Session) -> Iterator[Record]:
+    query = select(RecordRow).order_by(RecordRow.created, RecordRow.id)
+    for row in session.scalars(query.execution_options(yield_per=256)):
+        yield row.to_record()
+
+
+def existing_ids(session: Session, ids: Iterable[str]) -> set[str]:
+    """Those of `ids` that the database holds already."""
+    wanted = list(ids)
+    found: set[str] = set()
+    for start in range(0, len(wanted), 500):  # keep under every backend's bound-parameter limit
+        chunk = wanted[start : start + 500]
+        found.update(session.scalars(select(RecordRow.id).where(RecordRow.id.in_(chunk))))
+    return found
+
+
+def counts(session: Session) -> tuple[int, int, int, dict[str, int], dict[str, int]]:
+    """Workloads, records, valid records, records by error kind, records by target key."""
+    n_workloads = session.scalar(select(func.count()).select_from(WorkloadRow)) or 0
+    by_target = session.execute(
+        select(RecordRow.target_key, func.count()).group_by(RecordRow.target_key)
+    )
+    targets = {key: n for key, n in by_target}
+    by_error = session.execute(
+        select(RecordRow.error_kind, func.count())
+        .where(RecordRow.error_kind.is_not(None))
+        .group_by(RecordRow.error_kind)
+    )
+    errors = {str(kind): n for kind, n in by_error}
+    valid = session.scalar(
+        select(func.count())
+        .select_from(RecordRow)
+        .where(RecordRow.error_kind.is_(None) & RecordRow.median.is_not(None))
+    )
+    return n_workloads, sum(targets.values()), valid or 0, errors, targets

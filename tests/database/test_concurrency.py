@@ -1,0 +1,51 @@
+import multiprocessing
+import os
+import signal
+import sqlite3
+
+from db_fixtures import tiny_func, write_records, write_until_killed
+
+import hexir
+from hexir.database import Database
+
+WRITERS, EACH = 4, 300
+
+
+def test_four_processes_writing_at_once_lose_nothing(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path}/shared.db"
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(WRITERS)
+    procs = [
+        ctx.Process(target=write_records, args=(url, w, EACH, barrier)) for w in range(WRITERS)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    records = Database(url).records(hexir.workload_key(tiny_func()), "cpu")
+    assert len(records) == WRITERS * EACH
+    written = {(r.build_info["writer"], r.build_info["number"]) for r in records}
+    assert written == {(w, n) for w in range(WRITERS) for n in range(EACH)}
+    assert len({r.id for r in records}) == WRITERS * EACH
+
+
+def test_a_killed_writer_keeps_every_record_it_committed(tmp_path) -> None:
+    path = tmp_path / "killed.db"
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=write_until_killed, args=(f"sqlite:///{path}", send))
+    proc.start()
+    send.close()
+    reported = [receive.recv() for _ in range(150)]
+    os.kill(proc.pid, signal.SIGKILL)  # mid-way through a later commit, most likely
+    proc.join()
+    while receive.poll():
+        try:
+            reported.append(receive.recv())
+        except EOFError:
+            break
+    db = Database(f"sqlite:///{path}")
+    stored = {r.id for r in db.records(hexir.workload_key(tiny_func()), "cpu")}
+    assert set(reported) <= stored
+    assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone() == ("ok",)

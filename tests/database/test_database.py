@@ -1,0 +1,207 @@
+import dataclasses
+import json
+import pickle
+import random
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from db_fixtures import Result, timed, tiny_func, traces
+
+import hexir
+from hexir.database import CODEGEN_VERSION, Database, Record
+from hexir.errors import DatabaseError
+from hexir.runtime.target import Target
+
+
+@pytest.fixture
+def db(tmp_path) -> Database:
+    return Database(f"sqlite:///{tmp_path}/tuning.db")
+
+
+def test_a_record_carries_every_key_and_value(db) -> None:
+    func, [trace] = tiny_func(), traces(1)
+    before = datetime.now(UTC)
+    record = db.commit_record(func, "cpu", trace, Result((3e-3, 1e-3, 2e-3), build_info={"cc": 1}))
+    assert record.workload_key == hexir.workload_key(func)
+    assert record.candidate_key == hexir.candidate_key(trace.apply(func).func)
+    assert record.target_key == Target("cpu").key
+    assert record.trace == trace.to_json()
+    assert (record.latencies, record.median) == ((3e-3, 1e-3, 2e-3), 2e-3)
+    assert (record.error_kind, record.error_message, record.build_info) == (None, None, {"cc": 1})
+    assert (record.hexir_version, record.codegen_version) == (hexir.__version__, CODEGEN_VERSION)
+    assert before <= record.created <= datetime.now(UTC)
+    assert len(record.id) == 32 and record.is_valid
+    [stored] = db.records(record.workload_key, "cpu")
+    assert stored == record
+    assert hexir.candidate_key(stored.load_trace().apply(func).func) == record.candidate_key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stored.median = 0.0  # type: ignore[misc]
+
+
+def test_best_is_the_fastest_valid_candidates_of_the_target(db) -> None:
+    func, ts, rng = tiny_func(), traces(6, seed=1), random.Random(0)
+    key = hexir.workload_key(func)
+    medians = [rng.uniform(1e-4, 1e-2) for _ in ts]
+    for trace, median in zip(ts, medians):
+        db.commit_record(func, "cpu", trace, Result((median,)))
+    fastest = min(medians)
+    # Faster than all of them, but failed; and faster, but on another target.
+    db.commit_record(func, "cpu", ts[0], Result((fastest / 10,), "wrong_result", "differs"))
+    db.commit_record(func, "cuda -arch=sm_80", ts[0], Result((fastest / 10,)))
+    # The fastest candidate measured again, slower: best lists each candidate once.
+    db.commit_record(func, "cpu", ts[medians.index(fastest)], Result((1.0,)))
+    best = db.best(key, "cpu", k=3)
+    assert [r.median for r in best] == sorted(medians)[:3]
+    assert len({r.candidate_key for r in best}) == 3
+    assert db.best(key, Target("cpu")) == best[:1] == db.best(key, Target("cpu").key)
+    assert db.best(key, "cuda -arch=sm_80")[0].median == fastest / 10
+    assert db.best(key, "cuda -arch=sm_90") == [] and db.best("0" * 64, "cpu") == []
+    assert len(db.best(key, "cpu", k=100)) == 6 and db.best(key, "cpu", k=0) == []
+
+
+def test_records_keep_errors_and_the_search_never_remeasures(db) -> None:
+    func, ts = tiny_func(), traces(3, seed=2)
+    key, keys = hexir.workload_key(func), [hexir.candidate_key(t.apply(func).func) for t in ts]
+    db.commit_record(func, "cpu", ts[0], Result((1e-3,)))
+    db.commit_record(func, "cpu", ts[1], Result((), "build", "cc: error: no"))
+    records = db.records(key, "cpu")
+    assert [(r.candidate_key, r.error_kind) for r in records] == [
+        (keys[0], None),
+        (keys[1], "build"),
+    ]
+    assert records[1].error_message == "cc: error: no" and records[1].median is None
+    assert db.measured_keys(key, "cpu") == set(keys[:2])
+    assert db.has_candidate(key, "cpu", keys[1]) and not db.has_candidate(key, "cpu", keys[2])
+    assert not db.has_candidate(key, "cuda -arch=sm_80", keys[0])
+
+
+def test_a_workload_is_stored_once_and_rebuilds(db) -> None:
+    func, rng = tiny_func(), random.Random(3)
+    for trace in traces(3, seed=3):
+        db.commit_record(func, "cpu", trace, timed(rng))
+    other = hexir.workload("softmax", M=8, N=16)
+    db.commit_record(other, "cpu", hexir.Schedule(other).trace, timed(rng))
+    workloads = db.workloads()
+    assert [w.key for w in workloads] == [hexir.workload_key(func), hexir.workload_key(other)]
+    assert workloads[0].load_func() == func and workloads[1].load_func() == other
+    stats = db.stats()
+    assert (stats.workloads, stats.records, stats.valid, stats.errors) == (2, 4, 4, {})
+    assert stats.targets == {Target("cpu").key: 4}
+
+
+def test_stats_count_errors_by_kind(db) -> None:
+    func, ts = tiny_func(), traces(4, seed=4)
+    for trace, kind in zip(ts, ["timeout", "crash", "timeout", None]):
+        db.commit_record(func, "cpu", trace, Result(() if kind else (1e-3,), kind, kind and "!"))
+    stats = db.stats()
+    assert (stats.records, stats.valid, stats.errors) == (4, 1, {"timeout": 2, "crash": 1})
+
+
+def test_a_given_candidate_key_is_used_without_replay(db) -> None:
+    func, [trace] = tiny_func(), traces(1)
+    record = db.commit_record(func, "cpu", trace, Result((1e-3,)), candidate_key="c" * 64)
+    assert record.candidate_key == "c" * 64
+
+
+@pytest.mark.parametrize(
+    "result",
+    [Result(()), Result((-1.0,)), Result((float("nan"),)), Result((1e-3,), build_info={"x": {1j}})],
+)
+def test_a_result_that_says_nothing_usable_is_refused(db, result) -> None:
+    with pytest.raises(ValueError):
+        db.commit_record(tiny_func(), "cpu", traces(1)[0], result)
+    assert db.stats().records == 0
+
+
+def test_the_default_url_creates_its_folder(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    db = Database()
+    db.commit_record(tiny_func(), "cpu", traces(1)[0], Result((1e-3,)))
+    assert (tmp_path / "tuning_logs" / "hexir.db").is_file()
+    assert Database().stats().records == 1
+
+
+def test_a_database_pickles_as_its_url(db) -> None:
+    db.commit_record(tiny_func(), "cpu", traces(1)[0], Result((1e-3,)))
+    again = pickle.loads(pickle.dumps(db))
+    assert again.url == db.url and again.stats().records == 1
+
+
+def _fill(db: Database, seed: int) -> None:
+    rng = random.Random(seed)
+    func, other = tiny_func(), hexir.workload("reduce_sum", M=8, N=32)
+    for n, trace in enumerate(traces(12, seed=seed)):
+        kind = "crash" if n % 4 == 0 else None
+        latencies = () if kind else tuple(rng.uniform(1e-4, 1e-2) for _ in range(3))
+        db.commit_record(func, "cpu", trace, Result(latencies, kind, kind, {"n": n}))
+    db.commit_record(other, "cuda -arch=sm_90", hexir.Schedule(other).trace, timed(rng))
+
+
+def test_export_then_import_gives_the_same_answers(db, tmp_path) -> None:
+    _fill(db, seed=5)
+    path = tmp_path / "export.jsonl"
+    assert db.export_jsonl(path) == 13
+    fresh = Database(f"sqlite:///{tmp_path}/fresh.db")
+    assert fresh.import_jsonl(path) == 13
+    for w in db.workloads():
+        for target in ("cpu", "cuda -arch=sm_90"):
+            assert fresh.best(w.key, target, k=5) == db.best(w.key, target, k=5)
+            assert fresh.records(w.key, target) == db.records(w.key, target)
+    assert fresh.workloads() == db.workloads()
+    assert fresh.stats() == dataclasses.replace(db.stats(), url=fresh.stats().url)
+
+
+def test_import_merges_without_duplicates(db, tmp_path) -> None:
+    _fill(db, seed=6)
+    db.export_jsonl(tmp_path / "a.jsonl")
+    other = Database(f"sqlite:///{tmp_path}/other.db")
+    _fill(other, seed=7)
+    assert other.import_jsonl(tmp_path / "a.jsonl") == 13
+    assert other.import_jsonl(tmp_path / "a.jsonl") == 0
+    assert other.stats().records == 26 and other.stats().workloads == 2
+    other.export_jsonl(tmp_path / "b.jsonl")
+    assert db.import_jsonl(tmp_path / "b.jsonl") == 13
+    assert db.stats().records == 26
+
+
+def test_a_bad_export_line_is_named(db, tmp_path) -> None:
+    _fill(db, seed=8)
+    path = tmp_path / "export.jsonl"
+    db.export_jsonl(path)
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[-1])
+    record["trace"] = '{"format": "pickle"}'
+    path.write_text("\n".join([*lines[:-1], json.dumps(record)]) + "\n")
+    with pytest.raises(DatabaseError, match=f"line {len(lines)}: not a hexir trace"):
+        db.import_jsonl(path)
+    workload = json.loads(lines[1])
+    workload["key"] = "f" * 64
+    path.write_text("\n".join([lines[0], json.dumps(workload)]) + "\n")
+    with pytest.raises(DatabaseError, match="line 2: .* has another workload key"):
+        db.import_jsonl(path)
+    assert db.stats().records == 13
+
+
+def test_records_are_ordered_oldest_first(db) -> None:
+    func, rng = tiny_func(), random.Random(9)
+    for trace in traces(5, seed=9):
+        db.commit_record(func, "cpu", trace, timed(rng))
+    created = [r.created for r in db.records(hexir.workload_key(func), "cpu")]
+    assert created == sorted(created) and created[-1] - created[0] < timedelta(minutes=1)
+
+
+def test_import_hexir_does_not_import_sqlalchemy() -> None:
+    code = (
+        "import sys, hexir; hexir.Schedule(hexir.workload('matmul', M=4, N=4, K=4)); "
+        "assert 'sqlalchemy' not in sys.modules, 'imported'; "
+        "import hexir.database; assert 'sqlalchemy' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_records_are_plain_values(db) -> None:
+    record = db.commit_record(tiny_func(), "cpu", traces(1)[0], Result((1e-3,)))
+    assert type(record) is Record and dataclasses.is_dataclass(record)
+    assert pickle.loads(pickle.dumps(record)) == record
