@@ -137,3 +137,7 @@ class ModelError(HexirError):
 
 class ArtifactError(HexirError):
     """An artifact file that cannot be loaded: not an artifact, or written by another version."""
+
+
+class SpaceError(HexirError):
+    """A workload for which the search space yields no valid schedule within its attempts."""

@@ -40,6 +40,27 @@ class Knobs:
     timing_min_seconds: float = field(
         default_factory=lambda: float(_env("HEXIR_TIMING_MIN_SECONDS", "0.05"))
     )
+    # Measurement (hexir/search/measure.py): parallel builds (0 = one per core); seconds one
+    # candidate may run (check and timing) before it is killed; seconds the unscheduled
+    # reference kernel may take; tolerances of the check against it.
+    measure_build_workers: int = field(
+        default_factory=lambda: int(_env("HEXIR_MEASURE_BUILD_WORKERS", "0"))
+    )
+    measure_timeout: float = field(
+        default_factory=lambda: float(_env("HEXIR_MEASURE_TIMEOUT", "30"))
+    )
+    measure_reference_timeout: float = field(
+        default_factory=lambda: float(_env("HEXIR_MEASURE_REFERENCE_TIMEOUT", "600"))
+    )
+    measure_rtol: float = field(default_factory=lambda: float(_env("HEXIR_MEASURE_RTOL", "1e-3")))
+    measure_atol: float = field(default_factory=lambda: float(_env("HEXIR_MEASURE_ATOL", "1e-3")))
+    # CUDA builds: NVRTC's --use_fast_math (approximate exp, division, ...), and keeping the PTX.
+    cuda_fast_math: bool = field(
+        default_factory=lambda: _env("HEXIR_CUDA_FAST_MATH", "0") not in ("0", "false")
+    )
+    cuda_keep_ptx: bool = field(
+        default_factory=lambda: _env("HEXIR_CUDA_KEEP_PTX", "0") not in ("0", "false")
+    )
     # Fuse ops into one kernel per group (the whole-models issue); off means one op per kernel.
     fusion: bool = field(default_factory=lambda: _env("HEXIR_FUSION", "1") not in ("0", "false"))
 

@@ -1,0 +1,183 @@
+"""Measurement: what is measured (`Candidate`), what comes back (`MeasureResult`), and the two
+seams that do it, `Builder` and `Runner` (DESIGN.md §5, §6).
+
+    cands = [Candidate.from_trace(func, trace, "cpu") for trace in traces]
+    with CpuRunner() as runner:
+        results = measure(cands, CpuBuilder(), runner)
+    results[0].median        # seconds, or None when the candidate failed
+    results[0].error_kind    # None, or one of ERROR_KINDS
+
+A result never lies: every candidate's output is checked against the unscheduled kernel's
+before its time counts, and whatever goes wrong with one candidate (a schedule or resource
+check, the compiler, a run that raises, a wrong result, a timeout, a crash) becomes that
+candidate's error record, never a time and never the end of the search.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hexir.errors import BuildError, HexirError, ResourceError, ScheduleError
+from hexir.ir.keys import candidate_key, workload_key
+from hexir.ir.tir import PrimFunc
+from hexir.runtime.target import Target
+from hexir.schedule import Schedule, Trace
+
+# Every error kind a MeasureResult may carry.
+ERROR_KINDS = ("schedule", "resource", "build", "run", "wrong_result", "timeout", "crash")
+
+# Error messages are kept whole up to this many characters (they land in the database).
+MAX_MESSAGE = 4000
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One schedule of one workload for one target: the unit the search measures.
+
+    `workload` is the unscheduled PrimFunc, `func` the scheduled one `trace` makes of it, and
+    `candidate_key` the key of `func` (DESIGN.md §2): two candidates with one key are one.
+    """
+
+    workload: PrimFunc
+    trace: Trace
+    func: PrimFunc
+    target: Target
+    candidate_key: str
+
+    @classmethod
+    def from_trace(cls, func: PrimFunc, trace: Trace, target: Target | str) -> Candidate:
+        """Replay `trace` on the unscheduled `func`; raises ScheduleError when it does not
+        replay (or breaks one of the target's limits)."""
+        target = Target.of(target)
+        return cls.from_schedule(func, trace.apply(func, target=target), target)
+
+    @classmethod
+    def from_schedule(cls, func: PrimFunc, sch: Schedule, target: Target | str) -> Candidate:
+        """The candidate a Schedule of the unscheduled `func` already holds (no replay)."""
+        return cls(func, sch.trace, sch.func, Target.of(target), candidate_key(sch.func))
+
+    @property
+    def workload_key(self) -> str:
+        return workload_key(self.workload)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What a Builder made of one candidate: the shared library (`path`, CPU) or the loaded
+    kernel (`kernel`, for an in-process runner such as the CUDA one), the generated source,
+    or the error that stopped the build. `info` is JSON-able: times, flags, resources."""
+
+    path: str | None = None
+    source: str = ""
+    error_kind: str | None = None
+    error_message: str | None = None
+    info: dict[str, Any] = field(default_factory=dict, hash=False)
+    kernel: object | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_kind(self.error_kind)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    """The measurement of one candidate: `latencies` in seconds (empty on error), or an
+    `error_kind` (one of ERROR_KINDS) and its message; `build_info` is JSON-able (build and run
+    times, compiler flags, the worker that ran it, NVRTC's resource report, ...)."""
+
+    latencies: tuple[float, ...] = ()
+    error_kind: str | None = None
+    error_message: str | None = None
+    build_info: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        _check_kind(self.error_kind)
+        if (self.error_kind is None) == (not self.latencies):
+            raise ValueError("a MeasureResult holds either latencies or an error kind, not both")
+
+    @classmethod
+    def error(cls, kind: str, message: str, build_info: dict[str, Any] | None = None):
+        """An error record; the message is cut to MAX_MESSAGE characters."""
+        return cls((), kind, _cut(message), dict(build_info or {}))
+
+    @classmethod
+    def from_build(cls, build: BuildResult) -> MeasureResult:
+        """The error record of a failed build."""
+        return cls.error(build.error_kind or "build", build.error_message or "", build.info)
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+    @property
+    def median(self) -> float | None:
+        """Median seconds per call, or None for an error record."""
+        return statistics.median(self.latencies) if self.latencies else None
+
+
+class Builder(Protocol):
+    """Builds candidates, several at once: one BuildResult per candidate, in order. A failed
+    build is a BuildResult with an error kind; only a bug raises."""
+
+    def build(self, candidates: Sequence[Candidate]) -> list[BuildResult]: ...
+
+
+class Runner(Protocol):
+    """Checks and times built candidates, one at a time: one MeasureResult per candidate, in
+    order. It must not run while a Builder builds (timings never overlap builds)."""
+
+    def run(
+        self, candidates: Sequence[Candidate], builds: Sequence[BuildResult]
+    ) -> list[MeasureResult]: ...
+
+
+def measure(
+    candidates: Sequence[Candidate], builder: Builder, runner: Runner
+) -> list[MeasureResult]:
+    """Build every candidate (in parallel), then run them (one at a time): one result each."""
+    builds = builder.build(candidates)
+    if len(builds) != len(candidates):
+        raise ValueError(f"the builder returned {len(builds)} results for {len(candidates)}")
+    return runner.run(candidates, builds)
+
+
+def error_kind_of(error: HexirError) -> str:
+    """The error kind of an expected failure before a run: a schedule, a resource or a build."""
+    match error:
+        case ScheduleError():
+            return "schedule"
+        case ResourceError():
+            return "resource"
+        case _:
+            return "build"
+
+
+def error_message(error: HexirError) -> str:
+    """A record's message: a BuildError without its numbered source (the build keeps that)."""
+    match error:
+        case BuildError():
+            text = error.message + (
+                f"\n--- compiler log ---\n{error.log.rstrip()}" if error.log else ""
+            )
+        case ScheduleError():
+            text = error.brief()
+        case _:
+            text = str(error)
+    return _cut(text)
+
+
+def _cut(message: str) -> str:
+    if len(message) <= MAX_MESSAGE:
+        return message
+    return message[: MAX_MESSAGE - 30] + f"\n... ({len(message)} characters in all)"
+
+
+def _check_kind(kind: str | None) -> None:
+    if kind is not None and kind not in ERROR_KINDS:
+        raise ValueError(f"unknown error kind {kind!r}; one of {', '.join(ERROR_KINDS)}")

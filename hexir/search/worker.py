@@ -1,0 +1,281 @@
+"""The CPU measurement worker: a separate process that loads, checks and times one candidate at
+a time, so that a candidate that crashes or hangs takes down the worker, never the search.
+
+Parent side (the CpuRunner):
+
+    worker = WorkerProcess()                       # python -m hexir.search.worker <fd>
+    reply = worker.call(request, timeout=30.0)     # a Reply, or WorkerDied / WorkerTimedOut
+    worker.close()
+
+The two speak pickles over a socket pair. A request carries the parent's knobs, so that
+`knobs.scope(...)` in the parent holds in the worker too. The worker keeps each workload's
+inputs and reference outputs in memory (a few workloads) and in a file the parent names, so a
+replacement worker loads them instead of running the unscheduled kernel again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import hexir
+from hexir import knobs
+from hexir.errors import HexirError
+from hexir.ir.tir import PrimFunc
+from hexir.runtime.kernel import CpuKernel
+from hexir.runtime.target import Target
+from hexir.search.check import Arrays, mismatch, poison, random_inputs, reference, workload_seed
+
+# Workloads whose reference a worker keeps in memory; older ones reload from their file.
+MEMORY_REFERENCES = 8
+# Seconds a new worker may take to import hexir and say it is ready.
+STARTUP_TIMEOUT = 120.0
+_ENTRY = "import sys; from hexir.search.worker import serve; serve(int(sys.argv[1]))"
+
+
+@dataclass(frozen=True)
+class ReferenceRequest:
+    """Compute (or load) the reference of a workload: its unscheduled kernel's outputs."""
+
+    workload_key: str
+    workload: PrimFunc
+    target: Target
+    file: str  # an .npz file keeping the reference outputs across workers
+    knobs: knobs.Knobs
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """Load a built candidate, check its output against the reference, then time it."""
+
+    reference: ReferenceRequest
+    func: PrimFunc
+    source: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Latencies (seconds), or an error kind and message; `bug` is the traceback of an
+    unexpected exception in the worker."""
+
+    latencies: tuple[float, ...] = ()
+    error_kind: str | None = None
+    error_message: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    bug: str | None = None
+
+
+class WorkerDied(Exception):
+    """The worker ended while handling a request: `how` (a signal or an exit status) and the
+    end of what it wrote to stderr (with faulthandler's Python stack after a crash)."""
+
+    def __init__(self, how: str, log: str = "") -> None:
+        super().__init__(how)
+        self.how = how
+        self.log = log
+
+
+class WorkerTimedOut(Exception):
+    """The worker did not answer in time; it has been killed."""
+
+
+class WorkerProcess:
+    """One worker process; `call` it, and make a new one after WorkerDied or WorkerTimedOut."""
+
+    def __init__(self) -> None:
+        parent, child = Pipe()
+        self._stderr = tempfile.TemporaryFile()
+        # The worker imports the hexir this process runs, installed or not.
+        root = str(Path(hexir.__file__).resolve().parent.parent)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        )
+        fd = child.fileno()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _ENTRY, str(fd)],
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr,
+            env=env,
+        )
+        child.close()
+        self._conn = parent
+        self.pid = self._proc.pid
+        self.references: set[str] = set()  # reference files this worker has been given
+        self._receive(STARTUP_TIMEOUT)
+
+    def call(self, request: ReferenceRequest | MeasureRequest, timeout: float) -> Reply:
+        """The worker's reply to `request`; raises WorkerTimedOut after `timeout` seconds
+        (having killed the worker) or WorkerDied when it ends."""
+        try:
+            self._conn.send(request)
+        except OSError:
+            raise self._death() from None
+        reply = self._receive(timeout)
+        if not isinstance(reply, Reply):
+            raise RuntimeError(f"the measurement worker answered {reply!r}")
+        return reply
+
+    def _receive(self, timeout: float) -> object:
+        if not self._conn.poll(timeout):
+            self.kill()
+            raise WorkerTimedOut(f"no answer in {timeout:g} s")
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            raise self._death() from None
+
+    def _death(self) -> WorkerDied:
+        """How the worker ended, with the end of what it wrote to stderr."""
+        code = self._proc.wait()
+        self._conn.close()
+        if code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with status {code}"
+        self._stderr.seek(0)
+        text = self._stderr.read().decode(errors="replace")
+        self._stderr.close()
+        # faulthandler's list of loaded extension modules says nothing about the candidate.
+        lines = [line for line in text.splitlines() if not line.startswith("Extension modules:")]
+        return WorkerDied(how, "\n".join(lines).strip()[-2000:])
+
+    def kill(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self._conn.close()
+        self._stderr.close()
+
+    def close(self) -> None:
+        """Ask the worker to end (it exits when its end of the pipe closes), else kill it."""
+        self._conn.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._stderr.close()
+
+
+def serve(fd: int) -> None:
+    """The worker's loop: answer requests until the parent closes the pipe."""
+    faulthandler.enable()  # a segfault prints the Python stack to stderr, which the parent shows
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    conn = Connection(fd)
+    conn.send("ready")
+    references: OrderedDict[str, tuple[Arrays, Arrays]] = OrderedDict()
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        conn.send(_answer(request, references))
+
+
+def _exit_with_parent(parent: int) -> None:
+    # A parent killed while a candidate hangs leaves no one to kill the worker: it goes itself.
+    # (ctypes lets go of the GIL during the kernel call, so this thread runs.)
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _answer(request: object, references: OrderedDict[str, tuple[Arrays, Arrays]]) -> Reply:
+    try:
+        match request:
+            case ReferenceRequest():
+                with _knobs(request.knobs):
+                    _reference(request, references)
+                    return Reply()
+            case MeasureRequest():
+                with _knobs(request.reference.knobs):
+                    return _measure(request, _reference(request.reference, references))
+        raise TypeError(f"not a measurement request: {request!r}")
+    except HexirError as e:
+        return Reply(error_kind="run", error_message=str(e))
+    except Exception:  # noqa: BLE001 - a bug: the parent raises it with this traceback
+        return Reply(bug=traceback.format_exc())
+
+
+def _knobs(values: knobs.Knobs):
+    return knobs.scope(**{f.name: getattr(values, f.name) for f in dataclasses.fields(values)})
+
+
+def _reference(
+    request: ReferenceRequest, references: OrderedDict[str, tuple[Arrays, Arrays]]
+) -> tuple[Arrays, Arrays]:
+    """The workload's inputs and reference outputs: from memory, its file, or computed."""
+    key = request.workload_key
+    if key in references:
+        references.move_to_end(key)
+        return references[key]
+    file = Path(request.file)
+    if file.exists():
+        inputs = random_inputs(request.workload, workload_seed(key))
+        with np.load(file) as saved:
+            outputs = [saved[f"out{n}"] for n in range(len(saved.files))]
+    else:
+        inputs, outputs = reference(request.workload, key, request.target)
+        _save(file, outputs)
+    references[key] = (inputs, outputs)
+    if len(references) > MEMORY_REFERENCES:
+        references.popitem(last=False)
+    return inputs, outputs
+
+
+def _save(file: Path, outputs: Arrays) -> None:
+    partial = file.with_suffix(".partial.npz")
+    arrays: dict[str, Any] = {f"out{n}": out for n, out in enumerate(outputs)}
+    np.savez(partial, **arrays)
+    os.replace(partial, file)
+
+
+def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
+    inputs, expected = ref
+    target = request.reference.target
+    try:
+        kernel = CpuKernel(request.func, request.source, Path(request.path), target)
+    except OSError as e:
+        return Reply(error_kind="run", error_message=f"cannot load {request.path}: {e}")
+    outputs = [poison(np.empty_like(e)) for e in expected]
+    kernel(*inputs, *outputs)
+    k = knobs.get()
+    problem = mismatch(outputs, expected, k.measure_rtol, k.measure_atol)
+    if problem is not None:
+        return Reply(error_kind="wrong_result", error_message=problem)
+    latencies, number = time_kernel(kernel, [*inputs, *outputs])
+    info = {"worker_pid": os.getpid(), "calls_per_latency": number}
+    return Reply(latencies=tuple(latencies), info=info)
+
+
+def time_kernel(kernel: CpuKernel, arrays: list[np.ndarray]) -> tuple[list[float], int]:
+    """`timing_repeats` latencies, each the median of `number` calls, with `number` chosen so
+    that all of them together take `timing_min_seconds`, after `timing_warmup` calls."""
+    k = knobs.get()
+    with knobs.scope(timing_repeats=1, timing_min_seconds=0.0):
+        once = kernel.time(*arrays)  # after the warm-up calls
+    repeats = max(k.timing_repeats, 1)
+    number = min(10**6, max(1, math.ceil(k.timing_min_seconds / repeats / max(once, 1e-9))))
+    with knobs.scope(timing_warmup=0, timing_repeats=number, timing_min_seconds=0.0):
+        latencies = [kernel.time(*arrays) for _ in range(repeats)]
+    return latencies, number

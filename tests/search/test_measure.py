@@ -1,0 +1,250 @@
+"""Measurement: real matmul schedules built in parallel and timed one at a time, and planted
+candidates that crash, hang or compute the wrong thing, each one error record."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import hexir
+from hexir import knobs
+from hexir.errors import MeasureError, ScheduleError
+from hexir.ir.keys import candidate_key
+from hexir.ir.parse import parse
+from hexir.ir.tir import PrimFunc
+from hexir.runtime.target import Target
+from hexir.schedule import Schedule, Trace
+from hexir.search import (
+    ERROR_KINDS,
+    BuildResult,
+    Candidate,
+    CpuBuilder,
+    CpuRunner,
+    CudaBuilder,
+    CudaRunner,
+    MeasureResult,
+    measure,
+)
+
+REPEATS = 3
+WORKLOAD = hexir.workload("matmul", M=64, N=48, K=32)
+UPDATE = "%C[vi0, vi1] = %C[vi0, vi1] + %A[vi0, vk0] * %B[vk0, vi1]"
+
+
+@pytest.fixture
+def quick(tmp_path):
+    """A fresh build cache (so builds really compile), short timings, a 1 s timeout."""
+    with knobs.scope(
+        cache_dir=str(tmp_path / "cache"),
+        timing_warmup=1,
+        timing_repeats=REPEATS,
+        timing_min_seconds=0.003,
+        measure_timeout=1.0,
+        num_threads=2,
+    ):
+        yield
+
+
+@pytest.fixture
+def runner():
+    with CpuRunner() as r:
+        yield r
+
+
+def schedules() -> list[Candidate]:
+    """Four real schedules of WORKLOAD through the public Schedule API, the first unscheduled."""
+    cands = [Candidate.from_trace(WORKLOAD, Trace(), "cpu")]
+    for factor, parallel in ((16, False), (8, True), (48, True)):
+        sch = Schedule(WORKLOAD, seed=0)
+        i, j, k = sch.get_loops(sch.get_block("matmul"))
+        j0, j1 = sch.split(j, [None, factor])
+        sch.reorder(i, j0, k, j1)
+        sch.vectorize(j1)
+        if parallel:
+            sch.parallel(i)
+        cands.append(Candidate.from_trace(WORKLOAD, sch.trace, "cpu"))
+    return cands
+
+
+def planted(func: PrimFunc) -> Candidate:
+    """A candidate whose 'schedule' is a hand-edited function under WORKLOAD's name."""
+    return Candidate(WORKLOAD, Trace(), func, Target("cpu"), candidate_key(func))
+
+
+def edited(old: str, new: str) -> PrimFunc:
+    text = str(WORKLOAD)
+    assert old in text
+    result = parse(text.replace(old, new))
+    assert isinstance(result, PrimFunc)
+    return result
+
+
+def crashing() -> Candidate:
+    # Writes 7 GiB past the end of C: an unmapped page, a SIGSEGV.
+    return planted(edited(UPDATE, UPDATE.replace("%C[vi0, vi1] =", "%C[vi0 + 30000000, vi1] =")))
+
+
+def hanging() -> Candidate:
+    # The whole matmul, a billion times over.
+    lines = str(WORKLOAD).splitlines()
+    text = "\n".join([lines[0], "for %t in 0..1000000000 serial {", *lines[1:-1], "}", lines[-1]])
+    func = parse(text)
+    assert isinstance(func, PrimFunc)
+    return planted(func)
+
+
+def wrong_init() -> Candidate:
+    return planted(edited("= 0.0", "= 1.0"))
+
+
+def half_written() -> Candidate:
+    # Only the first 32 rows of C: the rest keeps its NaN poison.
+    return planted(edited("for %i0 in 0..64 serial", "for %i0 in 0..32 serial"))
+
+
+def assert_one_at_a_time(results: list[MeasureResult]) -> None:
+    """Every run starts after every build ended, and after the previous run ended."""
+    last_build = max(r.build_info["build_end"] for r in results)
+    spans = [(r.build_info["run_start"], r.build_info["run_end"]) for r in results]
+    assert spans[0][0] >= last_build
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start >= end
+
+
+def test_real_schedules_are_checked_and_timed(quick, runner):
+    cands = schedules()
+    assert len({c.candidate_key for c in cands}) == len(cands)
+    results = measure(cands, CpuBuilder(workers=2), runner)
+    for r in results:
+        assert r.ok and r.error_kind is None and r.error_message is None, r.error_message
+        assert len(r.latencies) == REPEATS and all(t > 0 for t in r.latencies)
+        assert r.median is not None and r.median > 0
+        assert r.build_info["build_workers"] == 2 and r.build_info["calls_per_latency"] >= 1
+        json.dumps(r.build_info)
+    # One worker measured them all; the vectorized schedules beat the naive loop nest.
+    assert len({r.build_info["worker_pid"] for r in results}) == 1
+    assert min(r.median for r in results[1:]) < results[0].median  # type: ignore[operator]
+    assert_one_at_a_time(results)
+
+
+def test_builds_run_in_parallel(quick):
+    builds = CpuBuilder(workers=2).build(schedules())
+    assert all(b.ok and b.path and "matmul" in b.source for b in builds)
+    spans = sorted((b.info["build_start"], b.info["build_end"]) for b in builds)
+    overlapping = [a for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    assert overlapping, f"no two of the builds overlapped: {spans}"
+
+
+def test_planted_failures_cost_one_record_each(quick, runner):
+    good = schedules()
+    cands = [good[1], crashing(), good[2], hanging(), good[3], wrong_init(), half_written()]
+    cands.append(good[0])
+    start = time.perf_counter()
+    results = measure(cands, CpuBuilder(workers=2), runner)
+    assert time.perf_counter() - start < 20
+    kinds = [r.error_kind for r in results]
+    assert kinds == [None, "crash", None, "timeout", None, "wrong_result", "wrong_result", None]
+    for r in results:
+        assert r.ok == (r.median is not None) == bool(r.latencies)
+        json.dumps(r.build_info)
+    crash, timeout, wrong, unwritten = results[1], results[3], results[5], results[6]
+    assert "SIGSEGV" in (crash.error_message or "")
+    assert "1 s timeout" in (timeout.error_message or "")
+    assert timeout.build_info["run_end"] - timeout.build_info["run_start"] < 5
+    assert "3072 of 3072 elements" in (wrong.error_message or "")
+    assert "1536 of 3072 elements" in (unwritten.error_message or "")
+    # The crash and the timeout each cost the worker; a wrong result does not.
+    pids = [r.build_info["worker_pid"] for r in results]
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4] == pids[5] == pids[6] == pids[7]
+    assert_one_at_a_time(results)
+
+
+def test_a_failed_build_is_a_build_record(quick, runner):
+    with knobs.scope(cflags="-O3 -fno-such-flag-for-hexir"):
+        builds = CpuBuilder(workers=1).build(schedules()[:1])
+        (result,) = runner.run(schedules()[:1], builds)
+    assert not builds[0].ok and builds[0].path is None
+    assert result.error_kind == "build" and "fno-such-flag" in (result.error_message or "")
+    assert result.median is None and result.latencies == ()
+
+
+def test_a_reference_that_fails_raises(quick, runner):
+    # The workload itself crashes: nothing can be checked, so the runner refuses.
+    bad = crashing().func
+    cand = Candidate(bad, Trace(), WORKLOAD, Target("cpu"), candidate_key(WORKLOAD))
+    builds = CpuBuilder(workers=1).build([cand])
+    with pytest.raises(MeasureError, match="unscheduled kernel .*SIGSEGV"):
+        runner.run([cand], builds)
+    # The runner goes on with a new worker.
+    (ok,) = measure(schedules()[:1], CpuBuilder(workers=1), runner)
+    assert ok.ok
+
+
+def test_candidate_from_trace_and_schedule():
+    sch = Schedule(WORKLOAD, seed=0)
+    i, _, _ = sch.get_loops(sch.get_block("matmul"))
+    sch.split(i, sch.sample_perfect_tile(i, n=2))
+    cand = Candidate.from_trace(WORKLOAD, Trace.from_json(sch.trace.to_json()), "cpu")
+    assert cand == Candidate.from_schedule(WORKLOAD, sch, Target("cpu"))
+    assert cand.func == sch.func and cand.candidate_key == candidate_key(sch.func)
+    assert cand.workload_key == hexir.workload_key(WORKLOAD) != cand.candidate_key
+    index, _ = sch.trace.decisions[0]
+    with pytest.raises(ScheduleError):
+        Candidate.from_trace(WORKLOAD, sch.trace.with_decision(index, [5, 5]), "cpu")
+
+
+def test_measure_result_invariants():
+    ok = MeasureResult((3.0, 1.0, 2.0), build_info={"build_seconds": 0.5})
+    assert ok.ok and ok.median == 2.0 and ok.error_kind is None
+    err = MeasureResult.error("timeout", "x" * 10_000)
+    assert not err.ok and err.median is None and len(err.error_message or "") <= 4000
+    assert set(ERROR_KINDS) >= {"schedule", "build", "run", "wrong_result", "timeout", "crash"}
+    with pytest.raises(ValueError, match="unknown error kind"):
+        MeasureResult.error("segfault", "no such kind")
+    with pytest.raises(ValueError):
+        MeasureResult()  # neither latencies nor an error
+    with pytest.raises(ValueError):
+        BuildResult(error_kind="oops")
+
+
+def gpu_candidates() -> list[Candidate]:
+    """A thread-bound schedule of WORKLOAD for CUDA, and a wrong one."""
+    sch = Schedule(WORKLOAD, seed=0)
+    i, j, _ = sch.get_loops(sch.get_block("matmul"))
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+    good = Candidate.from_schedule(WORKLOAD, sch, "cuda -arch=sm_90")
+    wrong = edited("= 0.0", "= 1.0")
+    wsch = Schedule(wrong, seed=0)
+    wi, wj, _ = wsch.get_loops(wsch.get_block("matmul"))
+    wsch.bind(wi, "blockIdx.x")
+    wsch.bind(wj, "threadIdx.x")
+    bad = Candidate(WORKLOAD, Trace(), wsch.func, good.target, candidate_key(wsch.func))
+    return [good, bad]
+
+
+def test_cuda_builder_compiles_with_nvrtc_without_a_gpu(tmp_path):
+    pytest.importorskip("hexir.codegen.cuda", reason="the CUDA code generator is not here yet")
+    with knobs.scope(cache_dir=str(tmp_path)):
+        builds = CudaBuilder(workers=2).build(gpu_candidates())
+    for b in builds:
+        assert b.ok, b.error_message
+        assert b.kernel is not None and "__global__" in b.source
+        assert "registers" in b.info["resources"]
+        json.dumps(b.info)
+    assert CudaRunner().run([], []) == []
+
+
+@pytest.mark.gpu
+def test_cuda_candidates_are_checked_and_timed():
+    pytest.importorskip("hexir.codegen.cuda", reason="the CUDA code generator is not here yet")
+    from hexir.runtime.cuda_kernel import gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    results = measure(gpu_candidates(), CudaBuilder(), CudaRunner())
+    assert results[0].ok and results[0].median is not None and results[0].median > 0
+    assert results[1].error_kind == "wrong_result"
