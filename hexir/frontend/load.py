@@ -1,0 +1,85 @@
+"""`load_model`: a zoo name, a `.hexir` text file (constants from the `.npz` beside it) or an
+`.onnx` file, as a Hexir graph; `save_model` writes the `.hexir` + `.npz` pair."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from hexir.errors import ModelError
+from hexir.frontend.zoo import ZOO, zoo_model
+from hexir.ir.graph import Graph
+
+__all__ = ["load_model", "save_model", "load_hexir"]
+
+
+def load_model(name_or_path: str | os.PathLike[str]) -> Graph:
+    """A zoo model by name (`resnet18`, ...; see `hexir.frontend.zoo`), or a `.hexir` or
+    `.onnx` file."""
+    text = os.fspath(name_or_path)
+    name = _zoo_name(text)
+    if name is not None:
+        return zoo_model(name)
+    path = Path(text)
+    suffix = path.suffix.lower()
+    if suffix == ".hexir":
+        return load_hexir(path)
+    if suffix == ".onnx":
+        from hexir.frontend.onnx_import import import_onnx
+
+        return import_onnx(path)
+    if path.exists():
+        raise ModelError(
+            f"{path} is neither a .hexir nor an .onnx file; load_model reads those two kinds "
+            "of file (by their suffix) and the zoo's models by name."
+        )
+    raise ModelError(_unknown(text))
+
+
+def _zoo_name(text: str) -> str | None:
+    """The zoo name `text` means: exact, or up to case and `_` for `-`."""
+    if text in ZOO:
+        return text
+    folded = text.lower().replace("_", "-")
+    return folded if folded in ZOO else None
+
+
+def _unknown(text: str) -> str:
+    folded = text.lower().replace("_", "-")
+    close = difflib.get_close_matches(folded, list(ZOO), n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return (
+        f"no model named {text!r}: it is not in the zoo ({', '.join(ZOO)}) and not an "
+        f"existing .hexir or .onnx file.{hint}"
+    )
+
+
+def load_hexir(path: str | os.PathLike[str]) -> Graph:
+    """A graph from its text, its large constants from the `.npz` with the same stem."""
+    from hexir.ir.parse import parse
+
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"no such .hexir file: {path}")
+    blobs_path = path.with_suffix(".npz")
+    blobs = None
+    if blobs_path.exists():
+        with np.load(blobs_path, allow_pickle=False) as archive:
+            blobs = {key: archive[key] for key in archive.files}
+    graph = parse(path.read_text(), constants=blobs)
+    if not isinstance(graph, Graph):
+        raise ModelError(f"{path} holds a hextir kernel, not a hexir.graph model")
+    return graph
+
+
+def save_model(graph: Graph, path: str | os.PathLike[str]) -> None:
+    """Write `graph` as `path` (text, `.hexir`) and its constants as the `.npz` beside it."""
+    path = Path(path)
+    if path.suffix != ".hexir":
+        raise ModelError(f"save_model writes a .hexir file, got {path}")
+    path.write_text(str(graph) + "\n")
+    arrays = {name: data.array for name, data in graph.constants}
+    np.savez(path.with_suffix(".npz"), **arrays)  # type: ignore[arg-type]

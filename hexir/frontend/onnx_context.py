@@ -1,0 +1,189 @@
+"""What an ONNX node's converter works with: the node, its inputs as Hexir values or constant
+arrays, and a way to add ops. Used by `onnx_import` (the driver) and `onnx_ops*` (converters).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hexir.ir.builder import GraphBuilder
+from hexir.ir.dtype import check_dtype, numpy_dtype
+from hexir.ir.graph import Op, Value
+
+# Constant inputs bigger than this are not evaluated at import time: a shape, axes or pads
+# input is small, and anything bigger is a real tensor for the compiler to fold.
+KNOWN_LIMIT = 1 << 16
+
+_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.$-]")
+
+
+class Unsupported(Exception):
+    """What about one node Hexir cannot import (the message leaves out the node)."""
+
+
+def clean_name(name: str, fallback: str = "t") -> str:
+    """An ONNX name in the graph's identifier alphabet ([A-Za-z0-9_.$-]+)."""
+    cleaned = _BAD_CHARS.sub("_", name).strip("_")
+    return cleaned or fallback
+
+
+def hexir_dtype(elem_type: int, what: str) -> str:
+    """The Hexir dtype of an ONNX element type; Unsupported for the others."""
+    from onnx import TensorProto, helper
+
+    try:
+        return check_dtype(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name)
+    except (ValueError, KeyError, TypeError):
+        name = TensorProto.DataType.Name(elem_type) if elem_type else "undefined"
+        raise Unsupported(f"{what} has element type {name}, Hexir has no such dtype") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One ONNX node, its attributes decoded to Python values."""
+
+    index: int
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"node {self.name!r} ({self.op_type})"
+
+
+class Context:
+    """The import in progress: ONNX tensor names bound to Hexir values, the current node."""
+
+    def __init__(self, builder: GraphBuilder, initializers: Mapping[str, Any], opset: int):
+        self.builder = builder
+        self.initializers = dict(initializers)
+        self.opset = opset
+        self.values: dict[str, Value] = {}
+        self.owner: dict[str, str] = {}  # Hexir value name -> the ONNX tensor it helped make
+        self.node: Node | None = None
+        self._producers: dict[str, Op] = {}
+        self._known: dict[str, np.ndarray] = {}
+
+    # --- the current node's inputs ---------------------------------------------------------
+
+    @property
+    def current(self) -> Node:
+        assert self.node is not None
+        return self.node
+
+    def has(self, i: int) -> bool:
+        inputs = self.current.inputs
+        return i < len(inputs) and inputs[i] != ""
+
+    def input(self, i: int) -> Value:
+        if not self.has(i):
+            raise Unsupported(f"input {i} is missing")
+        return self.value_of(self.current.inputs[i])
+
+    def optional(self, i: int) -> Value | None:
+        return self.input(i) if self.has(i) else None
+
+    def array(self, i: int, what: str) -> np.ndarray:
+        """The value of input `i` where the importer needs it now (a shape, axes, pads)."""
+        name = self.current.inputs[i] if self.has(i) else ""
+        if name in self.initializers:
+            return self.initializer_array(name)
+        known = self.known(self.value_of(name)) if name else None
+        if known is None:
+            raise Unsupported(
+                f"input {i} ({what}, {name!r}) must be a constant (an initializer or computed "
+                "from constants and static shapes)"
+            )
+        return known
+
+    def optional_array(self, i: int, what: str) -> np.ndarray | None:
+        return self.array(i, what) if self.has(i) else None
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.current.attrs.get(key, default)
+
+    def float_attr(self, key: str, default: float) -> float:
+        """A float attribute as the decimal it was written as: ONNX keeps float32, so 1e-5
+        arrives as 9.99999975e-06; its shortest float32 spelling gives 1e-5 back."""
+        value = self.current.attrs.get(key)
+        return default if value is None else float(str(np.float32(value)))
+
+    def initializer_array(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        tensor = self.initializers[name]
+        hexir_dtype(tensor.data_type, f"initializer {name!r}")
+        return np.asarray(numpy_helper.to_array(tensor))
+
+    def value_of(self, name: str) -> Value:
+        """The Hexir value of an ONNX tensor; an initializer becomes a constant on first use."""
+        value = self.values.get(name)
+        if value is None and name in self.initializers:
+            value = self._constant(self.initializer_array(name))
+            self.values[name] = value
+        if value is None:
+            raise Unsupported(f"tensor {name!r} is used before it is defined")
+        return value
+
+    # --- adding ops ------------------------------------------------------------------------
+
+    def op(self, kind: str, *operands: Value, **attrs: Any) -> Value:
+        value = self.builder.op(kind, *operands, **attrs)
+        self._producers[value.name] = self.builder.ops[-1]
+        self._own(value)
+        return value
+
+    def constant(self, array: np.ndarray | float | int | bool, dtype: str | None = None) -> Value:
+        value = self._constant(np.asarray(array, numpy_dtype(dtype) if dtype else None))
+        self._own(value)
+        return value
+
+    def _constant(self, array: np.ndarray) -> Value:
+        value = self.builder.constant(array)
+        if array.size <= KNOWN_LIMIT:
+            self._known[value.name] = np.asarray(array).reshape(value.type.shape)
+        return value
+
+    def scalar(self, value: float | int | bool, like: Value) -> Value:
+        """A rank-0 constant of `like`'s dtype."""
+        return self.constant(np.asarray(value, numpy_dtype(like.type.dtype)))
+
+    def producer(self, value: Value) -> Op | None:
+        """The op that made `value` (None for inputs and constants)."""
+        return self._producers.get(value.name)
+
+    def _own(self, value: Value) -> None:
+        outputs = self.current.outputs if self.node is not None else ()
+        if outputs and outputs[0]:
+            self.owner[value.name] = outputs[0]
+
+    # --- values known at import time ------------------------------------------------------
+
+    def known(self, value: Value) -> np.ndarray | None:
+        """The array of `value` when it follows from constants alone, else None."""
+        from hexir.graph.evaluate import evaluate_op
+
+        if value.name in self._known:
+            return self._known[value.name]
+        op = self._producers.get(value.name)
+        if op is None or value.type.size > KNOWN_LIMIT:
+            return None  # a graph input, a big constant, or too big to evaluate here
+        operands = [self.known(v) for v in op.operands]
+        if any(a is None for a in operands):
+            return None
+        array = evaluate_op(op, operands)  # type: ignore[arg-type]
+        self._known[value.name] = array
+        return array
+
+
+def int_list(values: Sequence[int] | np.ndarray) -> list[int]:
+    return [int(v) for v in np.asarray(values).reshape(-1)]

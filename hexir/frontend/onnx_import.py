@@ -1,0 +1,310 @@
+"""ONNX import: an ONNX model (default domain, opset 13–21, static shapes) as a Hexir graph.
+
+    graph = import_onnx("model.onnx")                       # or an onnx.ModelProto
+    graph = import_onnx("bert.onnx", input_shapes={"input_ids": (1, 128)})
+
+Initializers become constants (created where first used); names are cleaned to the graph's
+identifier alphabet and kept where they name a graph input, an output or a node's result.
+Conversion goes on past an unsupported node (skipping the nodes that need its outputs, whose
+op types and attributes are still checked), so a model with unsupported nodes fails with one
+`ModelError` that lists every one of them (name, op type and what is unsupported).
+The supported op types are the keys of `SUPPORTED`; gelu and rsqrt written as subgraphs
+(`onnx_patterns`) import as one op.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from hexir.errors import HexirError, ModelError
+from hexir.frontend.onnx_context import Context, Node, Unsupported, clean_name, hexir_dtype
+from hexir.frontend.onnx_ops import SPECS, Spec
+from hexir.frontend.onnx_ops_shape import SHAPE_SPECS
+from hexir.frontend.onnx_patterns import Match, find_matches, scalar_constants
+from hexir.ir.builder import GraphBuilder
+from hexir.ir.graph import Graph, Op, Value
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["import_onnx", "SUPPORTED", "OPSETS"]
+
+OPSETS = range(13, 22)
+SUPPORTED: dict[str, Spec] = {**SPECS, **SHAPE_SPECS}
+_DOMAINS = ("", "ai.onnx")
+
+
+def import_onnx(
+    model: str | os.PathLike[str] | onnx.ModelProto,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    name: str | None = None,
+) -> Graph:
+    """The Hexir graph of `model` (a path or an onnx.ModelProto). `input_shapes` fixes the
+    shapes of inputs whose ONNX shapes are symbolic; `name` names the graph."""
+    proto, source = _load(model)
+    opset = _opset(proto, source)
+    onnx_graph = proto.graph
+    nodes = [_node(i, n) for i, n in enumerate(onnx_graph.node)]
+    initializers = {t.name: t for t in onnx_graph.initializer}
+    builder = GraphBuilder(clean_name(name or onnx_graph.name or "model", "model"))
+    ctx = Context(builder, initializers, opset)
+    _inputs(ctx, onnx_graph, input_shapes or {}, source)
+    problems = _convert(ctx, nodes, onnx_graph)
+    outputs = [_output(ctx, o.name) for o in onnx_graph.output]
+    if not problems:
+        problems = _check_outputs(onnx_graph, outputs)
+    if problems:
+        raise ModelError(
+            f"cannot import {source}: {len(problems)} node(s) or output(s) are not supported "
+            f"by Hexir's ONNX import (default domain, opsets {OPSETS.start}-{OPSETS.stop - 1}, "
+            "the op types of hexir.frontend.onnx_import.SUPPORTED); rewrite or remove them, "
+            "or export the model with supported ops:",
+            tuple(problems),
+        )
+    named = [(o.name, v) for o, v in zip(onnx_graph.output, outputs) if v is not None]
+    return _finish(builder, ctx, named)
+
+
+def _output(ctx: Context, name: str) -> Value | None:
+    if name in ctx.initializers and name not in ctx.values:  # an initializer as an output
+        return ctx.value_of(name)
+    return ctx.values.get(name)
+
+
+def _load(model: Any) -> tuple[Any, str]:
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        proto, source = model, f"ONNX model {model.graph.name!r}"
+    else:
+        path = os.fspath(model)
+        if not os.path.exists(path):
+            raise ModelError(f"no such ONNX file: {path}")
+        try:
+            proto = onnx.load(path)
+        except Exception as e:  # protobuf's DecodeError and friends
+            raise ModelError(f"{path} is not a readable ONNX model: {e}") from e
+        source = path
+    if proto.functions:  # model-local functions: expand them into plain nodes
+        from onnx import inliner
+
+        proto = inliner.inline_local_functions(proto)
+    return proto, source
+
+
+def _opset(proto: Any, source: str) -> int:
+    versions = [o.version for o in proto.opset_import if o.domain in _DOMAINS]
+    version = versions[0] if versions else 0
+    if version not in OPSETS:
+        raise ModelError(
+            f"{source} uses ONNX opset {version}; Hexir imports opsets {OPSETS.start}-"
+            f"{OPSETS.stop - 1}. Convert it first, e.g. with "
+            "onnx.version_converter.convert_version(model, 17)."
+        )
+    return version
+
+
+def _node(index: int, proto: Any) -> Node:
+    from onnx import helper
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    name = proto.name or f"#{index} -> {proto.output[0] if proto.output else ''}"
+    return Node(
+        index, name, proto.op_type, proto.domain, tuple(proto.input), tuple(proto.output), attrs
+    )
+
+
+def _inputs(
+    ctx: Context, onnx_graph: Any, shapes: Mapping[str, Sequence[int]], source: str
+) -> None:
+    """Graph inputs (those without an initializer) with static shapes; every problem at once."""
+    real = [v for v in onnx_graph.input if v.name not in ctx.initializers]
+    unknown = set(shapes) - {v.name for v in real}
+    problems = [f"input_shapes names {n!r}, which is no input of the model" for n in unknown]
+    taken: set[str] = set()
+    for v in real:
+        try:
+            dtype, shape = _input_type(v, shapes.get(v.name))
+        except Unsupported as e:
+            problems.append(str(e))
+            continue
+        name = base = clean_name(v.name, "input")
+        while name in taken:
+            name = f"{base}_{len(taken)}"
+        taken.add(name)
+        ctx.values[v.name] = ctx.builder.input(name, shape, dtype)
+    if problems:
+        raise ModelError(
+            f"cannot import {source}: Hexir needs static shapes and its dtypes; pass "
+            "input_shapes={name: shape} to import_onnx for symbolic inputs:",
+            tuple(problems),
+        )
+
+
+def _input_type(info: Any, shape: Sequence[int] | None) -> tuple[str, Sequence[int]]:
+    tensor = info.type.tensor_type
+    dtype = hexir_dtype(tensor.elem_type, f"input {info.name!r}")
+    if shape is not None:
+        return dtype, shape
+    dims = list(tensor.shape.dim)
+    symbolic = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
+    if symbolic or not tensor.HasField("shape"):
+        raise Unsupported(f"input {info.name!r} has symbolic dims {symbolic or 'unknown'}")
+    return dtype, [d.dim_value for d in dims]
+
+
+def _uses(nodes: list[Node], onnx_graph: Any) -> Counter[str]:
+    """How often each tensor is used, graph outputs included."""
+    uses = Counter(t for node in nodes for t in node.inputs if t)
+    uses.update(o.name for o in onnx_graph.output)
+    return uses
+
+
+def _convert(ctx: Context, nodes: list[Node], onnx_graph: Any) -> list[str]:
+    """Convert every node; the problems of every unsupported node, in order."""
+    uses = _uses(nodes, onnx_graph)
+    matches = find_matches(nodes, scalar_constants(ctx.initializers, nodes), uses)
+    interior = set().union(*(m.interior for m in matches.values()))
+    problems: list[str] = []
+    poisoned: set[str] = set()
+    for node in nodes:
+        if node.index in interior:
+            continue
+        found = _static_problems(node, uses)
+        if found or any(t in poisoned for t in node.inputs):
+            problems += [f"{node.label}: {p}" for p in found]
+            poisoned.update(node.outputs)
+            continue
+        ctx.node = node
+        try:
+            values = _convert_node(ctx, node, matches.get(node.index))
+        except Unsupported as e:
+            problems.append(f"{node.label}: {e}")
+            poisoned.update(node.outputs)
+        except (HexirError, ValueError) as e:  # make_op's checks; numpy's broadcasting
+            problems.append(f"{node.label}: Hexir cannot build it: {str(e).splitlines()[0]}")
+            poisoned.update(node.outputs)
+        else:
+            ctx.values.update((t, v) for t, v in zip(node.outputs, values) if t)
+    ctx.node = None
+    return problems
+
+
+def _convert_node(ctx: Context, node: Node, match: Match | None) -> Sequence[Value]:
+    if match is not None:
+        return [ctx.op(match.kind, ctx.value_of(match.x), **match.attrs)]
+    return SUPPORTED[node.op_type].convert(ctx)
+
+
+def _static_problems(node: Node, uses: Mapping[str, int]) -> list[str]:
+    """What makes a node unsupported whatever its inputs: its domain, op type, attributes,
+    and which of its outputs are used."""
+    if node.domain not in _DOMAINS:
+        return [f"domain {node.domain!r} is not supported (only the default domain)"]
+    spec = SUPPORTED.get(node.op_type)
+    if spec is None:
+        return ["op type not supported"]
+    problems = []
+    for key, value in node.attrs.items():
+        allowed = spec.attrs.get(key, ())
+        if key not in spec.attrs:
+            problems.append(f"attribute {key!r} is not supported")
+        elif allowed is not None and value not in allowed:
+            shown = ", ".join(map(repr, allowed))
+            problems.append(f"attribute {key}={value!r} is not supported (only {shown})")
+    if spec.outputs is not None:
+        for k, out in enumerate(node.outputs[spec.outputs :], spec.outputs):
+            if out and uses.get(out):
+                problems.append(f"output {k} ({out!r}) is used, and Hexir does not make it")
+    return problems
+
+
+def _check_outputs(onnx_graph: Any, outputs: list[Value | None]) -> list[str]:
+    """Each graph output exists and agrees with the dtype and static shape ONNX declares."""
+    problems = []
+    for info, value in zip(onnx_graph.output, outputs):
+        if value is None:
+            problems.append(f"output {info.name!r} is made by no node")
+            continue
+        tensor = info.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        declared = tuple(dims) if tensor.HasField("shape") else None
+        if declared is not None and None not in declared and declared != value.type.shape:
+            problems.append(
+                f"output {info.name!r} is declared {declared}, Hexir infers {value.type!r}"
+            )
+    return problems
+
+
+def _finish(builder: GraphBuilder, ctx: Context, outputs: list[tuple[str, Value]]) -> Graph:
+    """The graph without dead ops, its values named after the ONNX tensors they are."""
+    graph = builder.build([v for _, v in outputs])
+    live = _live_ops(graph)
+    names = _names(graph, ctx, outputs, live)
+
+    def rename(v: Value) -> Value:
+        return Value(names[v.name], v.type)
+
+    ops, constants = [], dict(graph.constants)
+    kept: list[tuple[str, Any]] = []
+    for op in live:
+        attrs = op.attrs
+        if op.kind == "constant":
+            attrs = (("name", names[op.result.name]),)
+            kept.append((names[op.result.name], constants[str(op.attr("name"))]))
+        ops.append(
+            replace(
+                op, operands=tuple(map(rename, op.operands)), result=rename(op.result), attrs=attrs
+            )
+        )
+    return Graph(
+        graph.name,
+        tuple(map(rename, graph.inputs)),
+        tuple(ops),
+        tuple(map(rename, graph.outputs)),
+        tuple(kept),
+    )
+
+
+def _live_ops(graph: Graph) -> list[Op]:
+    needed = {v.name for v in graph.outputs}
+    live = []
+    for op in reversed(graph.ops):
+        if op.result.name in needed:
+            live.append(op)
+            needed.update(v.name for v in op.operands)
+    return live[::-1]
+
+
+def _names(
+    graph: Graph, ctx: Context, outputs: list[tuple[str, Value]], live: list[Op]
+) -> dict[str, str]:
+    """Hexir value name -> final name: inputs keep theirs, then outputs, then every value that
+    is an ONNX tensor, then helpers named after the tensor they helped make."""
+    names: dict[str, str] = {v.name: v.name for v in graph.inputs}
+    taken = set(names.values())
+
+    def give(value_name: str, wanted: str) -> None:
+        if value_name in names:
+            return
+        base, n = clean_name(wanted), 1
+        final = base
+        while final in taken:
+            final, n = f"{base}_{n}", n + 1
+        names[value_name] = final
+        taken.add(final)
+
+    for onnx_name, value in outputs:
+        give(value.name, onnx_name)
+    for onnx_name, value in ctx.values.items():
+        give(value.name, onnx_name)
+    for op in live:
+        owner = ctx.owner.get(op.result.name, "")
+        give(op.result.name, f"{owner}.{op.kind}" if owner else op.kind)
+    return names

@@ -1,0 +1,402 @@
+"""Converters of ONNX nodes to Hexir ops: elementwise ops, contractions, normalizations, pools.
+
+Each `Spec` says which attributes its converter understands and which of their values (a
+static check, so the importer lists every unsupported node before converting any), and how
+many outputs it makes. Data movement is in `onnx_ops_shape`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, int_list
+from hexir.ir.graph import Value
+
+Convert = Callable[[Context], Sequence[Value]]
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """How to convert one ONNX op type. `attrs`: each understood attribute and its allowed
+    values (None: any value); `outputs`: how many outputs it makes (None: as many as asked)."""
+
+    convert: Convert
+    attrs: Mapping[str, tuple[Any, ...] | None] = field(default_factory=dict)
+    outputs: int | None = 1
+
+
+# --- helpers shared with onnx_ops_shape -----------------------------------------------------
+
+
+def reshape(ctx: Context, x: Value, shape: Sequence[int]) -> Value:
+    return x if tuple(shape) == x.type.shape else ctx.op("reshape", x, shape=tuple(shape))
+
+
+def broadcast_to(ctx: Context, x: Value, shape: Sequence[int]) -> Value:
+    """`x` broadcast to `shape` (numpy rules): where(true, x, x) against a bool constant that is
+    as big as the broadcast dimensions only."""
+    shape = tuple(shape)
+    if x.type.shape == shape:
+        return x
+    padded = (1,) * (len(shape) - len(x.type.shape)) + x.type.shape
+    grow = tuple(n if d == 1 else 1 for d, n in zip(padded, shape))
+    return ctx.op("where", ctx.constant(np.ones(grow, bool)), x, x)
+
+
+def matmul_nd(ctx: Context, a: Value, b: Value) -> Value:
+    """numpy.matmul semantics on Hexir's matmul and batch_matmul: 1-D operands gain and then
+    lose an axis; batch axes broadcast and flatten into batch_matmul's one batch axis."""
+    sa, sb = a.type.shape, b.type.shape
+    if not sa or not sb:
+        raise Unsupported("MatMul of a scalar")
+    a2 = reshape(ctx, a, (1, sa[0])) if len(sa) == 1 else a
+    b2 = reshape(ctx, b, (sb[0], 1)) if len(sb) == 1 else b
+    (m, k), n = a2.type.shape[-2:], b2.type.shape[-1]
+    batch = tuple(np.broadcast_shapes(a2.type.shape[:-2], b2.type.shape[:-2]))
+    if len(b2.type.shape) == 2:  # one weight for every row: a plain matmul
+        rows = int(np.prod(a2.type.shape[:-1], dtype=np.int64))
+        y = ctx.op("matmul", reshape(ctx, a2, (rows, k)), b2)
+    else:
+        size = int(np.prod(batch, dtype=np.int64))
+        a3 = reshape(ctx, broadcast_to(ctx, a2, batch + (m, k)), (size, m, k))
+        b3 = reshape(ctx, broadcast_to(ctx, b2, batch + (k, n)), (size, k, n))
+        y = ctx.op("batch_matmul", a3, b3)
+    final = batch + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ())
+    return reshape(ctx, y, final)
+
+
+def spatial_pads(
+    ctx: Context, spatial: Sequence[int], kernel: Sequence[int], dilations: Sequence[int]
+) -> list[int]:
+    """ONNX `pads` ([begins..., ends...]) with `auto_pad` worked out for static shapes."""
+    strides = ctx.attr("strides", [1] * len(spatial))
+    auto = ctx.attr("auto_pad", "NOTSET")
+    if auto == "NOTSET":
+        return int_list(ctx.attr("pads", [0] * 2 * len(spatial)))
+    if auto == "VALID":
+        return [0] * 2 * len(spatial)
+    begins, ends = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+        out = -(-size // s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        small = total // 2
+        begins.append(small if auto == "SAME_UPPER" else total - small)
+        ends.append(total - begins[-1])
+    return begins + ends
+
+
+# --- elementwise ----------------------------------------------------------------------------
+
+
+def _binary(kind: str) -> Convert:
+    return lambda ctx: [ctx.op(kind, ctx.input(0), ctx.input(1))]
+
+
+def _variadic(kind: str) -> Convert:
+    def convert(ctx: Context) -> Sequence[Value]:
+        operands = [ctx.input(i) for i in range(len(ctx.current.inputs))]
+        return [functools.reduce(lambda a, b: ctx.op(kind, a, b), operands)]
+
+    return convert
+
+
+def _unary(kind: str) -> Convert:
+    return lambda ctx: [ctx.op(kind, ctx.input(0))]
+
+
+def _add(ctx: Context) -> Sequence[Value]:
+    """Add, or bias_add where one operand is a vector along one axis of the other (a Linear's
+    or a Conv's bias, as exporters write it)."""
+    a, b = ctx.input(0), ctx.input(1)
+    for x, v in ((a, b), (b, a)):  # float addition commutes exactly
+        axis = _bias_axis(x, v)
+        if axis is not None:
+            return [ctx.op("bias_add", x, _vector(ctx, v), axis=axis)]
+    return [ctx.op("add", a, b)]
+
+
+def _bias_axis(x: Value, v: Value) -> int | None:
+    """The one axis along which `v` varies, when x + v is x.shape and v matches x there."""
+    xs, vs = x.type.shape, v.type.shape
+    if x.type.dtype != v.type.dtype or not vs or len(vs) > len(xs):
+        return None
+    if v.type.size == x.type.size and not (len(vs) == 1 and len(xs) > 1):
+        return None  # two tensors of one size: a residual add, say, not a bias
+    padded = (1,) * (len(xs) - len(vs)) + vs
+    varying = [i for i, d in enumerate(padded) if d != 1]
+    if len(varying) == 1 and padded[varying[0]] == xs[varying[0]]:
+        return varying[0]
+    return None
+
+
+def _vector(ctx: Context, v: Value) -> Value:
+    """`v` as a rank-1 vector; a reshape that made it from one is looked through."""
+    source = ctx.producer(v)
+    if source is not None and source.kind == "reshape" and len(source.operands[0].type.shape) == 1:
+        return source.operands[0]
+    return reshape(ctx, v, (v.type.size,))
+
+
+def _pow(ctx: Context) -> Sequence[Value]:
+    base, exponent = ctx.input(0), ctx.input(1)
+    if exponent.type.dtype != base.type.dtype:  # ONNX lets the exponent's type differ
+        exponent = ctx.op("cast", exponent, dtype=base.type.dtype)
+    return [ctx.op("power", base, exponent)]
+
+
+def _neg(ctx: Context, x: Value) -> Value:
+    return ctx.op("mul", x, ctx.scalar(-1, x))
+
+
+def _reciprocal(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    return [ctx.op("div", ctx.scalar(1, x), x)]
+
+
+def _abs(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    return [ctx.op("maximum", x, _neg(ctx, x))]
+
+
+def _not(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    return [ctx.op("equal", x, ctx.scalar(False, x))]
+
+
+def _clip(ctx: Context) -> Sequence[Value]:
+    y = ctx.input(0)
+    if ctx.has(1):
+        y = ctx.op("maximum", y, ctx.input(1))
+    if ctx.has(2):
+        y = ctx.op("minimum", y, ctx.input(2))
+    return [y]
+
+
+def _cast(ctx: Context) -> Sequence[Value]:
+    dtype = hexir_dtype(int(ctx.attr("to")), "the cast's target")
+    return [ctx.op("cast", ctx.input(0), dtype=dtype)]
+
+
+def _gelu(ctx: Context) -> Sequence[Value]:
+    return [ctx.op("gelu", ctx.input(0), approximate=ctx.attr("approximate", "none"))]
+
+
+def _softmax(ctx: Context) -> Sequence[Value]:
+    return [ctx.op("softmax", ctx.input(0), axis=int(ctx.attr("axis", -1)))]
+
+
+def _layer_norm(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    axis = int(ctx.attr("axis", -1)) % len(x.type.shape)
+    tail = x.type.shape[axis:]
+    scale = _as_shape(ctx, ctx.input(1), tail, "Scale")
+    bias = ctx.constant(np.zeros(tail, scale.type.dtype)) if not ctx.has(2) else ctx.input(2)
+    bias = _as_shape(ctx, bias, tail, "B")
+    eps = ctx.float_attr("epsilon", 1e-5)
+    return [ctx.op("layer_norm", x, scale, bias, axis=axis, epsilon=eps)]
+
+
+def _as_shape(ctx: Context, v: Value, shape: tuple[int, ...], what: str) -> Value:
+    """A LayerNormalization parameter in the shape Hexir's layer_norm takes."""
+    if v.type.shape == shape:
+        return v
+    if int(np.prod(v.type.shape, dtype=np.int64)) == int(np.prod(shape, dtype=np.int64)):
+        return reshape(ctx, v, shape)
+    return broadcast_to(ctx, v, shape)
+
+
+def _identity(ctx: Context) -> Sequence[Value]:
+    return [ctx.input(0)]
+
+
+# --- contractions, normalization, pools -----------------------------------------------------
+
+
+def _matmul(ctx: Context) -> Sequence[Value]:
+    return [matmul_nd(ctx, ctx.input(0), ctx.input(1))]
+
+
+def _gemm(ctx: Context) -> Sequence[Value]:
+    a, b = ctx.input(0), ctx.input(1)
+    if len(a.type.shape) != 2 or len(b.type.shape) != 2:
+        raise Unsupported("Gemm needs 2-D A and B")
+    if ctx.attr("transA", 0):
+        a = ctx.op("transpose", a, perm=(1, 0))
+    y = ctx.op("dense" if ctx.attr("transB", 0) else "matmul", a, b)
+    alpha, beta = ctx.float_attr("alpha", 1.0), ctx.float_attr("beta", 1.0)
+    if alpha != 1.0:
+        y = ctx.op("mul", y, ctx.scalar(alpha, y))
+    c = ctx.optional(2)
+    if c is None:
+        return [y]
+    if beta != 1.0:
+        c = ctx.op("mul", c, ctx.scalar(beta, c))
+    if c.type.shape == (y.type.shape[1],):
+        return [ctx.op("bias_add", y, c, axis=1)]
+    return [ctx.op("add", y, c)]
+
+
+def _conv(ctx: Context) -> Sequence[Value]:
+    x, w = ctx.input(0), ctx.input(1)
+    if len(x.type.shape) != 4:
+        raise Unsupported(f"only 2-D convolutions are supported, the input is {x.type!r}")
+    kernel = w.type.shape[2:]
+    if int_list(ctx.attr("kernel_shape", kernel)) != list(kernel):
+        raise Unsupported(f"kernel_shape {ctx.attr('kernel_shape')} differs from W's {kernel}")
+    dilations = int_list(ctx.attr("dilations", [1, 1]))
+    pads = spatial_pads(ctx, x.type.shape[2:], kernel, dilations)
+    x, padding = _symmetric(ctx, x, pads, 0.0)
+    y = ctx.op(
+        "conv2d",
+        x,
+        w,
+        stride=tuple(int_list(ctx.attr("strides", [1, 1]))),
+        padding=padding,
+        dilation=tuple(dilations),
+        groups=int(ctx.attr("group", 1)),
+    )
+    bias = ctx.optional(2)
+    return [y if bias is None else ctx.op("bias_add", y, bias, axis=1)]
+
+
+def _symmetric(
+    ctx: Context, x: Value, pads: list[int], value: float
+) -> tuple[Value, tuple[int, int]]:
+    """Hexir's windows pad the same on both sides; other pads become an explicit pad op."""
+    top, left, bottom, right = pads
+    if (top, left) == (bottom, right):
+        return x, (top, left)
+    padded = ctx.op("pad", x, before=(0, 0, top, left), after=(0, 0, bottom, right), value=value)
+    return padded, (0, 0)
+
+
+def _batch_norm(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    params = [ctx.input(i) for i in range(1, 5)]
+    # opset 15 lets scale/bias and mean/var have their own float types
+    params = [
+        p if p.type.dtype == x.type.dtype else ctx.op("cast", p, dtype=x.type.dtype) for p in params
+    ]
+    eps = ctx.float_attr("epsilon", 1e-5)
+    return [ctx.op("batch_norm", x, *params, axis=1, epsilon=eps)]
+
+
+def _pool(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    if len(x.type.shape) != 4:
+        raise Unsupported(f"only 2-D pools are supported, the input is {x.type!r}")
+    kernel = tuple(int_list(ctx.attr("kernel_shape")))
+    if any(d != 1 for d in int_list(ctx.attr("dilations", [1, 1]))):
+        raise Unsupported("dilated pools are not supported")
+    pads = spatial_pads(ctx, x.type.shape[2:], kernel, [1, 1])
+    stride = tuple(int_list(ctx.attr("strides", [1, 1])))
+    is_max = ctx.current.op_type == "MaxPool"
+    if not is_max and ctx.attr("count_include_pad", 0) and any(pads):
+        # the padding zeros count: pad explicitly, then average whole windows
+        x = ctx.op("pad", x, before=(0, 0, *pads[:2]), after=(0, 0, *pads[2:]), value=0.0)
+        padding = (0, 0)
+    elif pads[:2] == pads[2:] or (is_max and x.type.dtype.startswith("float")):
+        x, padding = _symmetric(ctx, x, pads, -np.inf)  # a -inf pad never wins a max
+    else:
+        raise Unsupported(f"{ctx.current.op_type} with uneven pads {pads} on {x.type!r}")
+    kind = "max_pool2d" if is_max else "avg_pool2d"
+    return [ctx.op(kind, x, kernel=kernel, stride=stride, padding=padding)]
+
+
+def _global_pool(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    ndim = len(x.type.shape)
+    if ctx.current.op_type == "GlobalAveragePool" and ndim == 4:
+        return [ctx.op("global_avg_pool2d", x)]
+    kind = "reduce_mean" if ctx.current.op_type == "GlobalAveragePool" else "reduce_max"
+    return [ctx.op(kind, x, axes=tuple(range(2, ndim)), keepdims=True)]
+
+
+def _reduce(kind: str) -> Convert:
+    def convert(ctx: Context) -> Sequence[Value]:
+        x = ctx.input(0)
+        if ctx.attr("axes") is not None:
+            axes = int_list(ctx.attr("axes"))
+        else:
+            given = ctx.optional_array(1, "axes")
+            axes = [] if given is None else int_list(given)
+        if not axes:
+            if ctx.attr("noop_with_empty_axes", 0):
+                return [x]
+            axes = list(range(len(x.type.shape)))
+        keepdims = bool(ctx.attr("keepdims", 1))
+        return [ctx.op(kind, x, axes=tuple(axes), keepdims=keepdims)]
+
+    return convert
+
+
+_POOL = {
+    "kernel_shape": None,
+    "strides": None,
+    "pads": None,
+    "auto_pad": None,
+    "dilations": None,
+    "ceil_mode": (0,),
+}
+_REDUCE = {"axes": None, "keepdims": None, "noop_with_empty_axes": None}
+
+SPECS: dict[str, Spec] = {
+    "Add": Spec(_add),
+    "Sub": Spec(_binary("sub")),
+    "Mul": Spec(_binary("mul")),
+    "Div": Spec(_binary("div")),
+    "Pow": Spec(_pow),
+    "Max": Spec(_variadic("maximum")),
+    "Min": Spec(_variadic("minimum")),
+    "Sum": Spec(_variadic("add")),
+    "Where": Spec(lambda ctx: [ctx.op("where", ctx.input(0), ctx.input(1), ctx.input(2))]),
+    "Equal": Spec(_binary("equal")),
+    "Less": Spec(_binary("less")),
+    "LessOrEqual": Spec(_binary("less_equal")),
+    "Greater": Spec(_binary("greater")),
+    "GreaterOrEqual": Spec(_binary("greater_equal")),
+    "And": Spec(_binary("minimum")),
+    "Or": Spec(_binary("maximum")),
+    "Xor": Spec(_binary("not_equal")),
+    "Not": Spec(_not),
+    **{k: Spec(_unary(k.lower())) for k in ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Erf")},
+    "Sqrt": Spec(_unary("sqrt")),
+    "Reciprocal": Spec(_reciprocal),
+    "Neg": Spec(lambda ctx: [_neg(ctx, ctx.input(0))]),
+    "Abs": Spec(_abs),
+    "Clip": Spec(_clip),
+    "Cast": Spec(_cast, {"to": None, "saturate": None}),
+    "Gelu": Spec(_gelu, {"approximate": ("none", "tanh")}),
+    "Softmax": Spec(_softmax, {"axis": None}),
+    "LayerNormalization": Spec(_layer_norm, {"axis": None, "epsilon": None, "stash_type": None}),
+    "Identity": Spec(_identity),
+    "Dropout": Spec(_identity, {"seed": None}),
+    "MatMul": Spec(_matmul),
+    "Gemm": Spec(_gemm, {"alpha": None, "beta": None, "transA": None, "transB": None}),
+    "Conv": Spec(
+        _conv,
+        {
+            "kernel_shape": None,
+            "strides": None,
+            "pads": None,
+            "dilations": None,
+            "group": None,
+            "auto_pad": None,
+        },
+    ),
+    "BatchNormalization": Spec(
+        _batch_norm, {"epsilon": None, "momentum": None, "training_mode": (0,)}
+    ),
+    "MaxPool": Spec(_pool, {**_POOL, "storage_order": None}),
+    "AveragePool": Spec(_pool, {**_POOL, "count_include_pad": None}),
+    "GlobalAveragePool": Spec(_global_pool),
+    "GlobalMaxPool": Spec(_global_pool),
+    "ReduceSum": Spec(_reduce("reduce_sum"), _REDUCE),
+    "ReduceMean": Spec(_reduce("reduce_mean"), _REDUCE),
+    "ReduceMax": Spec(_reduce("reduce_max"), _REDUCE),
+}

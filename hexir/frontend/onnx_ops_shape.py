@@ -1,0 +1,226 @@
+"""Converters of ONNX data-movement nodes: shapes, slices, concatenation, padding, gathers.
+
+Shapes, axes, starts and pads must be known at import time: initializers, Constant nodes, or
+computed from them and from static shapes (a Shape node's output is a constant here, so the
+Shape -> Gather -> Concat -> Reshape chains exporters write resolve to constants).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hexir.frontend.onnx_context import Context, Unsupported, int_list
+from hexir.frontend.onnx_ops import Spec, broadcast_to, reshape
+from hexir.ir.graph import Value
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise Unsupported(f"axis {axis} is out of range for rank {ndim}")
+    return axis % ndim
+
+
+def _transpose(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    perm = ctx.attr("perm")
+    perm = tuple(int_list(perm)) if perm is not None else None
+    return [ctx.op("transpose", x, perm=perm)]
+
+
+def _reshape(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    shape = int_list(ctx.array(1, "shape"))
+    if not ctx.attr("allowzero", 0):  # 0 copies the input's extent
+        shape = [x.type.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    return [reshape(ctx, x, shape)]
+
+
+def _flatten(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    ndim = len(x.type.shape)
+    axis = int(ctx.attr("axis", 1))
+    axis = axis + ndim if axis < 0 else axis
+    outer = int(np.prod(x.type.shape[:axis], dtype=np.int64))
+    return [reshape(ctx, x, (outer, -1) if x.type.size else (outer, 0))]
+
+
+def _axes(ctx: Context, ndim: int) -> list[int] | None:
+    """Squeeze/Unsqueeze axes: an attribute before opset 13, an input since."""
+    given = ctx.attr("axes")
+    if given is None and ctx.has(1):
+        given = ctx.array(1, "axes")
+    return None if given is None else [_axis(a, ndim) for a in int_list(given)]
+
+
+def _squeeze(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    shape = x.type.shape
+    axes = _axes(ctx, len(shape))
+    axes = [i for i, d in enumerate(shape) if d == 1] if axes is None else axes
+    if any(shape[a] != 1 for a in axes):
+        raise Unsupported(f"Squeeze of axes {axes} whose extents are not 1 in {x.type!r}")
+    return [reshape(ctx, x, [d for i, d in enumerate(shape) if i not in axes])]
+
+
+def _unsqueeze(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    given = ctx.attr("axes")
+    given = int_list(given if given is not None else ctx.array(1, "axes"))
+    ndim = len(x.type.shape) + len(given)
+    axes = [_axis(a, ndim) for a in given]
+    rest = iter(x.type.shape)
+    return [reshape(ctx, x, [1 if i in axes else next(rest) for i in range(ndim)])]
+
+
+def _concat(ctx: Context) -> Sequence[Value]:
+    xs = [ctx.input(i) for i in range(len(ctx.current.inputs)) if ctx.has(i)]
+    axis = _axis(int(ctx.attr("axis")), len(xs[0].type.shape))
+    return [xs[0] if len(xs) == 1 else ctx.op("concat", *xs, axis=axis)]
+
+
+def _onnx_slice(start: int, end: int, step: int, dim: int) -> tuple[int, int, int]:
+    """ONNX's clamping of one axis's slice, in slice's normal form (docs/ops.md)."""
+    if step == 0:
+        raise Unsupported("a Slice step is 0")
+    start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
+    if step > 0:
+        return min(max(start, 0), dim), min(max(end, 0), dim), step
+    if dim == 0:
+        return -1, -1, step
+    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1), step
+
+
+def _slice(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    shape = x.type.shape
+    starts = int_list(ctx.array(1, "starts"))
+    ends = int_list(ctx.array(2, "ends"))
+    axes_given = ctx.optional_array(3, "axes")
+    axes = [_axis(a, len(shape)) for a in int_list(axes_given)] if axes_given is not None else []
+    axes = axes or list(range(len(starts)))
+    steps_given = ctx.optional_array(4, "steps")
+    steps = int_list(steps_given) if steps_given is not None else [1] * len(starts)
+    triples = [(0, d, 1) for d in shape]
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        triples[a] = _onnx_slice(s, e, st, shape[a])
+    if all(t == (0, d, 1) for t, d in zip(triples, shape)):
+        return [x]
+    start, stop, step = (tuple(t[i] for t in triples) for i in range(3))
+    return [ctx.op("slice", x, start=start, stop=stop, step=step)]
+
+
+def _take(ctx: Context, x: Value, axis: int, begin: int, end: int, step: int = 1) -> Value:
+    shape = x.type.shape
+    start = tuple(begin if i == axis else 0 for i in range(len(shape)))
+    stop = tuple(end if i == axis else d for i, d in enumerate(shape))
+    steps = tuple(step if i == axis else 1 for i in range(len(shape)))
+    return ctx.op("slice", x, start=start, stop=stop, step=steps)
+
+
+def _split(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    axis = _axis(int(ctx.attr("axis", 0)), len(x.type.shape))
+    dim, count = x.type.shape[axis], len(ctx.current.outputs)
+    given = ctx.attr("split")
+    if given is None and ctx.has(1):
+        given = ctx.array(1, "split")
+    if given is not None:
+        sizes = int_list(given)
+    else:  # opset 18's num_outputs: equal parts, the last one smaller
+        chunk = -(-dim // count)
+        sizes = [min(chunk, dim - i * chunk) for i in range(count)]
+    if sum(sizes) != dim or len(sizes) != count:
+        raise Unsupported(f"split sizes {sizes} do not cover extent {dim} in {count} outputs")
+    bounds = np.cumsum([0, *sizes])
+    return [_take(ctx, x, axis, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _pad(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    ndim = len(x.type.shape)
+    pads = int_list(ctx.array(1, "pads"))
+    value = ctx.optional_array(2, "constant_value")
+    axes_given = ctx.optional_array(3, "axes")
+    axes = [_axis(a, ndim) for a in int_list(axes_given)] if axes_given is not None else []
+    axes = axes or list(range(ndim))
+    if len(pads) != 2 * len(axes) or any(p < 0 for p in pads):
+        raise Unsupported(f"pads {pads} (negative pads crop, which Pad import does not do)")
+    before, after = [0] * ndim, [0] * ndim
+    for i, a in enumerate(axes):
+        before[a], after[a] = pads[i], pads[i + len(axes)]
+    fill = 0.0 if value is None or value.size == 0 else float(value.reshape(-1)[0])
+    return [ctx.op("pad", x, before=tuple(before), after=tuple(after), value=fill)]
+
+
+def _shape(ctx: Context) -> Sequence[Value]:
+    shape = ctx.input(0).type.shape
+    start, end = int(ctx.attr("start", 0)), ctx.attr("end")
+    part = shape[start:] if end is None else shape[start : int(end)]
+    return [ctx.constant(np.asarray(part, np.int64))]
+
+
+def _gather(ctx: Context) -> Sequence[Value]:
+    """Gather with constant indices: slices (one when the indices step evenly), concat."""
+    x = ctx.input(0)
+    axis = _axis(int(ctx.attr("axis", 0)), len(x.type.shape))
+    dim = x.type.shape[axis]
+    indices = np.asarray(ctx.array(1, "indices")).astype(np.int64)
+    flat = [int(i) + dim if i < 0 else int(i) for i in indices.reshape(-1)]
+    if not flat or any(not 0 <= i < dim for i in flat):
+        raise Unsupported(f"Gather indices {flat} for extent {dim}")
+    steps = {b - a for a, b in zip(flat, flat[1:])}
+    if len(steps) <= 1 and 0 not in steps:
+        step = steps.pop() if steps else 1
+        end = flat[-1] + (1 if step > 0 else -1)
+        taken = _take(ctx, x, axis, flat[0], end, step)
+    else:
+        taken = ctx.op("concat", *(_take(ctx, x, axis, i, i + 1) for i in flat), axis=axis)
+    shape = x.type.shape[:axis] + indices.shape + x.type.shape[axis + 1 :]
+    return [reshape(ctx, taken, shape)]
+
+
+def _expand(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    target = np.broadcast_shapes(x.type.shape, tuple(int_list(ctx.array(1, "shape"))))
+    return [broadcast_to(ctx, x, target)]
+
+
+def _constant(ctx: Context) -> Sequence[Value]:
+    from onnx import numpy_helper
+
+    attrs = ctx.current.attrs
+    if "value" in attrs:
+        array = np.asarray(numpy_helper.to_array(attrs["value"]))
+    elif "value_float" in attrs or "value_floats" in attrs:
+        array = np.asarray(attrs.get("value_float", attrs.get("value_floats")), np.float32)
+    else:
+        array = np.asarray(attrs.get("value_int", attrs.get("value_ints")), np.int64)
+    return [ctx.constant(array)]
+
+
+SHAPE_SPECS: dict[str, Spec] = {
+    "Transpose": Spec(_transpose, {"perm": None}),
+    "Reshape": Spec(_reshape, {"allowzero": None}),
+    "Flatten": Spec(_flatten, {"axis": None}),
+    "Squeeze": Spec(_squeeze, {"axes": None}),
+    "Unsqueeze": Spec(_unsqueeze, {"axes": None}),
+    "Concat": Spec(_concat, {"axis": None}),
+    "Slice": Spec(_slice),
+    "Split": Spec(_split, {"axis": None, "split": None, "num_outputs": None}, outputs=None),
+    "Pad": Spec(_pad, {"mode": ("constant",)}),
+    "Shape": Spec(_shape, {"start": None, "end": None}),
+    "Gather": Spec(_gather, {"axis": None}),
+    "Expand": Spec(_expand),
+    "Constant": Spec(
+        _constant,
+        {
+            "value": None,
+            "value_float": None,
+            "value_floats": None,
+            "value_int": None,
+            "value_ints": None,
+        },
+    ),
+}

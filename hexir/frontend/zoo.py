@@ -1,0 +1,61 @@
+"""The model zoo: real layer shapes with seeded random weights, built with GraphBuilder.
+
+- `mlp`: `x` [64, 784] -> `probs` [64, 10]; 784→256→256→10, dense+bias+relu, then the
+  classifier's dense+bias and a softmax (probabilities, so the model ends in a reduction).
+- `resnet18`, `resnet50`: `image` [1, 3, 224, 224] -> `logits` [1, 1000].
+- `bert-base`: `hidden` [128, 768] -> `out` [128, 768]; one encoder layer.
+- `gpt2`: `hidden` [128, 768] -> `out` [128, 768], `present_key`, `present_value`
+  [12, 128, 64]; one block over a 128-token prompt.
+- `gpt2-decode`: `hidden` [1, 768], `past_key`, `past_value` [12, 127, 64] -> `out` [1, 768],
+  `present_key`, `present_value` [12, 128, 64]; the same block for one new token.
+
+The builders take keyword arguments for smaller variants with the same structure, for tests:
+`mlp(batch=4, sizes=(32, 16, 8))`, `resnet(18, image=32, width=8, classes=10)`,
+`bert(seq=8, hidden=32, heads=2, ffn=64)`, `gpt2(seq=8, hidden=32, heads=2)`,
+`gpt2_decode(past=7, hidden=32, heads=2)`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+from hexir.frontend.weights import Weights
+from hexir.frontend.zoo_cnn import resnet
+from hexir.frontend.zoo_transformer import bert, gpt2, gpt2_decode
+from hexir.ir.builder import GraphBuilder
+from hexir.ir.graph import Graph
+
+__all__ = ["ZOO", "zoo_model", "mlp", "resnet", "bert", "gpt2", "gpt2_decode"]
+
+
+def mlp(*, batch: int = 64, sizes: Sequence[int] = (784, 256, 256, 10), seed: int = 0) -> Graph:
+    """A multilayer perceptron: dense+bias+relu between `sizes`, then a classifier layer and a
+    softmax, so the output `probs` is a distribution over the classes."""
+    b = GraphBuilder("mlp")
+    w = Weights(b, seed)
+    x = b.input("x", (batch, sizes[0]))
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        weight, bias = w.dense(f"fc{i + 1}", n_in, n_out)
+        x = b.bias_add(b.dense(x, weight), bias)
+        if i < len(sizes) - 2:
+            x = b.relu(x)
+    return b.build(b.softmax(x, axis=1, name="probs"))
+
+
+# The zoo: each name and the model it builds. A table of data, not a registry: the names are
+# what users type (`hexir.load_model("resnet18")`, `hexir show resnet18`).
+ZOO: dict[str, Callable[[], Graph]] = {
+    "mlp": mlp,
+    "resnet18": functools.partial(resnet, 18),
+    "resnet50": functools.partial(resnet, 50),
+    "bert-base": bert,
+    "gpt2": gpt2,
+    "gpt2-decode": gpt2_decode,
+}
+
+
+@functools.lru_cache(maxsize=len(ZOO))
+def zoo_model(name: str) -> Graph:
+    """The zoo model `name` (built once per process; graphs are immutable)."""
+    return ZOO[name]()

@@ -1,0 +1,155 @@
+"""Transformer blocks: a BERT-base encoder layer and a GPT-2 block (prefill and decode).
+
+Batch 1 throughout, kept implicit: activations are [tokens, hidden]; attention splits heads
+with reshape and transpose into [heads, tokens, head_dim] and runs on batch_matmul. Weights
+are Xavier-scaled (std 1/sqrt(fan_in)) so activations stay of order one.
+
+The GPT-2 prefill and decode graphs draw the same weights (same seed), so decoding token t
+with the keys and values of tokens 0..t-1 from the prefill gives the prefill's row t.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hexir.frontend.weights import Weights, normal, uniform
+from hexir.ir.builder import GraphBuilder
+from hexir.ir.graph import Graph, Value
+
+# What the causal mask adds above the diagonal: exp underflows to exactly 0 after the
+# softmax's max subtraction, without the inf arithmetic a -inf would bring into kernels.
+MASKED = -1e9
+
+
+def bert(
+    *, seq: int = 128, hidden: int = 768, heads: int = 12, ffn: int = 3072, seed: int = 0
+) -> Graph:
+    """One BERT-base encoder layer (post-LayerNorm, exact GELU): `hidden` [seq, hidden] in,
+    `out` [seq, hidden] out."""
+    b = GraphBuilder("bert-base")
+    w = Weights(b, seed)
+    x = b.input("hidden", (seq, hidden))
+    q, k, v = (_dense(b, w, f"attention.{n}", x, hidden, hidden) for n in ("query", "key", "value"))
+    context = _attention(
+        b, _heads(b, q, heads), _heads(b, k, heads, keys=True), _heads(b, v, heads)
+    )
+    attn = _dense(b, w, "attention.output", context, hidden, hidden)
+    h = b.layer_norm(b.add(attn, x), *w.norm("attention.layer_norm", hidden), epsilon=1e-12)
+    f = b.gelu(_dense(b, w, "intermediate", h, hidden, ffn))
+    out = b.add(_dense(b, w, "output", f, ffn, hidden), h)
+    gamma, beta = w.norm("output.layer_norm", hidden)
+    return b.build(b.layer_norm(out, gamma, beta, epsilon=1e-12, name="out"))
+
+
+def gpt2(*, seq: int = 128, hidden: int = 768, heads: int = 12, seed: int = 0) -> Graph:
+    """One GPT-2 block over a prompt of `seq` tokens (pre-LayerNorm, causal mask, tanh GELU):
+    `hidden` [seq, hidden] in; `out` [seq, hidden], `present_key` and `present_value`
+    [heads, seq, head_dim] (the KV cache a decode step continues from) out."""
+    b = GraphBuilder("gpt2")
+    p = _GPT2Params(b, hidden, seed)
+    x = b.input("hidden", (seq, hidden))
+    q, k, v = p.qkv(x)
+    key = _heads(b, k, heads, name="present_key")
+    value = _heads(b, v, heads, name="present_value")
+    mask = np.triu(np.full((seq, seq), MASKED, np.float32), k=1)
+    scores_mask = b.constant(mask, name="causal_mask")
+    context = _attention(b, _heads(b, q, heads), _keys_t(b, key), value, mask=scores_mask)
+    return b.build([p.rest(x, context), key, value])
+
+
+def gpt2_decode(*, past: int = 127, hidden: int = 768, heads: int = 12, seed: int = 0) -> Graph:
+    """The `gpt2` block for one new token after `past` cached ones: `hidden` [1, hidden],
+    `past_key` and `past_value` [heads, past, head_dim] in; `out` [1, hidden], `present_key`
+    and `present_value` [heads, past + 1, head_dim] out."""
+    b = GraphBuilder("gpt2-decode")
+    p = _GPT2Params(b, hidden, seed)
+    x = b.input("hidden", (1, hidden))
+    past_key = b.input("past_key", (heads, past, hidden // heads))
+    past_value = b.input("past_value", (heads, past, hidden // heads))
+    q, k, v = p.qkv(x)
+    key = b.concat([past_key, _heads(b, k, heads)], axis=1, name="present_key")
+    value = b.concat([past_value, _heads(b, v, heads)], axis=1, name="present_value")
+    context = _attention(b, _heads(b, q, heads), _keys_t(b, key), value)
+    return b.build([p.rest(x, context), key, value])
+
+
+class _GPT2Params:
+    """GPT-2's weights in its own layout (Conv1D: weight [in, out], used with `matmul`), all
+    drawn up front in one order, so prefill and decode share them."""
+
+    def __init__(self, b: GraphBuilder, hidden: int, seed: int):
+        rng = np.random.default_rng(seed)
+        std_in, std_ffn = 1.0 / math.sqrt(hidden), 1.0 / math.sqrt(4 * hidden)
+        shapes = {
+            "attn.c_attn": ((hidden, 3 * hidden), std_in),
+            "attn.c_proj": ((hidden, hidden), std_in),
+            "mlp.c_fc": ((hidden, 4 * hidden), std_in),
+            "mlp.c_proj": ((4 * hidden, hidden), std_ffn),
+        }
+        self.b, self.hidden = b, hidden
+        self.arrays: dict[str, np.ndarray] = {}
+        for name in ("ln_1", "ln_2"):
+            self.arrays[f"{name}.gamma"] = uniform(rng, (hidden,), 0.9, 1.1)
+            self.arrays[f"{name}.beta"] = normal(rng, (hidden,), 0.02)
+        for name, (shape, std) in shapes.items():
+            self.arrays[f"{name}.weight"] = normal(rng, shape, std)
+            self.arrays[f"{name}.bias"] = normal(rng, shape[1:], 0.02)
+
+    def const(self, name: str) -> Value:
+        return self.b.constant(self.arrays[name], name=name)
+
+    def linear(self, name: str, x: Value) -> Value:
+        y = self.b.matmul(x, self.const(f"{name}.weight"))
+        return self.b.bias_add(y, self.const(f"{name}.bias"))
+
+    def norm(self, name: str, x: Value) -> Value:
+        return self.b.layer_norm(x, self.const(f"{name}.gamma"), self.const(f"{name}.beta"))
+
+    def qkv(self, x: Value) -> tuple[Value, Value, Value]:
+        """q, k, v [tokens, hidden]: one matmul for all three, then slices."""
+        b, h = self.b, self.hidden
+        qkv = self.linear("attn.c_attn", self.norm("ln_1", x))
+        rows = x.type.shape[0]
+        q, k, v = (b.slice(qkv, (0, i * h), (rows, (i + 1) * h)) for i in range(3))
+        return q, k, v
+
+    def rest(self, x: Value, context: Value) -> Value:
+        """The block after attention: projection, residual, MLP (tanh GELU), residual."""
+        b = self.b
+        h = b.add(x, self.linear("attn.c_proj", context))
+        m = b.gelu(self.linear("mlp.c_fc", self.norm("ln_2", h)), approximate="tanh")
+        return b.add(h, self.linear("mlp.c_proj", m), name="out")
+
+
+def _dense(b: GraphBuilder, w: Weights, name: str, x: Value, n_in: int, n_out: int) -> Value:
+    weight, bias = w.dense(name, n_in, n_out)
+    return b.bias_add(b.dense(x, weight), bias)
+
+
+def _heads(
+    b: GraphBuilder, x: Value, heads: int, *, keys: bool = False, name: str | None = None
+) -> Value:
+    """[tokens, hidden] -> [heads, tokens, head_dim], or [heads, head_dim, tokens] for keys."""
+    tokens, hidden = x.type.shape
+    split = b.reshape(x, (tokens, heads, hidden // heads))
+    return b.transpose(split, (1, 2, 0) if keys else (1, 0, 2), name=name)
+
+
+def _keys_t(b: GraphBuilder, key: Value) -> Value:
+    return b.transpose(key, (0, 2, 1))
+
+
+def _attention(
+    b: GraphBuilder, q: Value, keys_t: Value, v: Value, mask: Value | None = None
+) -> Value:
+    """softmax(q·kᵀ/sqrt(d) + mask)·v per head, heads merged back: [tokens, hidden]."""
+    heads, tokens, head_dim = q.type.shape
+    scale = b.constant(np.array(1.0 / math.sqrt(head_dim), np.float32))
+    scores = b.mul(b.batch_matmul(q, keys_t), scale)
+    if mask is not None:
+        scores = b.add(scores, mask)
+    context = b.batch_matmul(b.softmax(scores, axis=2), v)
+    merged = b.transpose(context, (1, 0, 2))
+    return b.reshape(merged, (tokens, heads * head_dim))

@@ -1,0 +1,175 @@
+"""Small graphs that use every op of docs/ops.md, and fresh random inputs for them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from hexir.ir.builder import GraphBuilder
+from hexir.ir.graph import Graph, Value
+
+RNG = np.random.default_rng()
+
+Build = Callable[..., Value | list[Value]]
+
+
+def one_op(name: str, inputs: list[tuple[tuple[int, ...], str]], build: Build) -> Graph:
+    b = GraphBuilder(name)
+    xs = [b.input(f"x{i}", shape, dtype) for i, (shape, dtype) in enumerate(inputs)]
+    return b.build(build(b, *xs))
+
+
+def random_inputs(graph: Graph, positive: bool = False) -> dict[str, np.ndarray]:
+    """Fresh inputs: floats in [-2, 2] ([0.5, 2] where `positive`), small ints, random bools."""
+    arrays = {}
+    for v in graph.inputs:
+        shape, dtype = v.type.shape, v.type.dtype
+        if dtype == "bool":
+            arrays[v.name] = RNG.random(shape) < 0.5
+        elif dtype.startswith("int"):
+            arrays[v.name] = RNG.integers(-5, 6, size=shape).astype(dtype)
+        else:
+            low = 0.5 if positive else -2.0
+            arrays[v.name] = RNG.uniform(low, 2.0, size=shape).astype(dtype)
+    return arrays
+
+
+def _w(*shape: int) -> np.ndarray:
+    return RNG.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+
+
+F = "float32"
+POSITIVE = {"log", "sqrt", "rsqrt", "power"}  # cases whose inputs must be positive
+
+# case id -> (graph, inputs positive?)
+CASES: dict[str, Graph] = {
+    "matmul": one_op("matmul", [((4, 5), F), ((5, 3), F)], lambda b, x, y: b.matmul(x, y)),
+    "batch_matmul": one_op(
+        "batch_matmul", [((2, 4, 5), F), ((2, 5, 3), F)], lambda b, x, y: b.batch_matmul(x, y)
+    ),
+    "dense": one_op("dense", [((4, 5), F), ((3, 5), F)], lambda b, x, w: b.dense(x, w)),
+    "dense_int32": one_op(
+        "dense_int32", [((4, 5), "int32"), ((3, 5), "int32")], lambda b, x, w: b.dense(x, w)
+    ),
+    "bias_add": one_op(
+        "bias_add", [((2, 3, 4, 5), F), ((3,), F)], lambda b, x, c: b.bias_add(x, c, axis=1)
+    ),
+    "bias_add_last": one_op(
+        "bias_add_last", [((4, 5), F), ((5,), F)], lambda b, x, c: b.bias_add(x, c, axis=1)
+    ),
+    "conv2d": one_op(
+        "conv2d",
+        [((1, 4, 9, 9), F)],
+        lambda b, x: b.conv2d(x, b.constant(_w(6, 2, 3, 3)), stride=2, padding=1, groups=2),
+    ),
+    "conv2d_dilated": one_op(
+        "conv2d_dilated",
+        [((1, 3, 10, 8), F), ((5, 3, 3, 2), F)],
+        lambda b, x, w: b.conv2d(x, w, stride=(1, 2), padding=(2, 0), dilation=2),
+    ),
+    "batch_norm": one_op(
+        "batch_norm",
+        [((2, 3, 4, 4), F)],
+        lambda b, x: b.batch_norm(
+            x, *(b.constant(_w(3)) for _ in range(3)), b.constant(_w(3) + 2), epsilon=1e-3
+        ),
+    ),
+    "batch_norm_axis2": one_op(
+        "batch_norm_axis2",
+        [((2, 3, 4), F)],
+        lambda b, x: b.batch_norm(
+            x, *(b.constant(_w(4)) for _ in range(3)), b.constant(_w(4) + 2), axis=2
+        ),
+    ),
+    **{
+        kind: one_op(kind, [((4, 1, 5), F), ((3, 5), F)], lambda b, x, y, k=kind: b.op(k, x, y))
+        for kind in ("add", "sub", "mul", "div", "maximum", "minimum", "power")
+    },
+    "add_int32": one_op(
+        "add_int32", [((3, 4), "int32"), ((4,), "int32")], lambda b, x, y: b.mul(b.add(x, y), x)
+    ),
+    "where": one_op(
+        "where", [((3, 4), "bool"), ((3, 4), F), ((4,), F)], lambda b, c, x, y: b.where(c, x, y)
+    ),
+    **{
+        kind: one_op(kind, [((3, 4), F), ((3, 4), F)], lambda b, x, y, k=kind: b.op(k, x, y))
+        for kind in ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+    },
+    "compare_bool": one_op(
+        "compare_bool",
+        [((3, 4), "bool"), ((3, 4), "bool")],
+        lambda b, x, y: [b.less(x, y), b.greater_equal(x, y), b.maximum(x, y), b.minimum(x, y)],
+    ),
+    **{
+        kind: one_op(kind, [((3, 4), F)], lambda b, x, k=kind: b.op(k, x))
+        for kind in ("relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt")
+    },
+    "relu_int32": one_op("relu_int32", [((3, 4), "int32")], lambda b, x: b.relu(x)),
+    "gelu": one_op("gelu", [((3, 4), F)], lambda b, x: b.gelu(x)),
+    "gelu_tanh": one_op("gelu_tanh", [((3, 4), F)], lambda b, x: b.gelu(x, approximate="tanh")),
+    "cast": one_op("cast", [((3, 4), F)], lambda b, x: [b.cast(x, "int32"), b.cast(x, "float64")]),
+    "softmax": one_op("softmax", [((3, 4, 5), F)], lambda b, x: [b.softmax(x), b.softmax(x, 0)]),
+    "layer_norm": one_op(
+        "layer_norm",
+        [((2, 3, 4), F)],
+        lambda b, x: b.layer_norm(x, b.constant(_w(3, 4)), b.constant(_w(3, 4)), axis=1),
+    ),
+    "reduce": one_op(
+        "reduce",
+        [((2, 3, 4), F)],
+        lambda b, x: [
+            b.reduce_sum(x, axes=1),
+            b.reduce_mean(x, axes=(0, 2), keepdims=True),
+            b.reduce_max(x),
+            b.reduce_sum(x, axes=()),
+        ],
+    ),
+    "transpose_reshape": one_op(
+        "transpose_reshape",
+        [((2, 3, 4), F)],
+        lambda b, x: b.reshape(b.transpose(x, (2, 0, 1)), (4, -1)),
+    ),
+    "concat": one_op(
+        "concat",
+        [((2, 3), F), ((2, 1), F), ((2, 2), F)],
+        lambda b, x, y, z: b.concat([x, y, z], axis=1),
+    ),
+    "slice": one_op(
+        "slice",
+        [((5, 6, 4), F)],
+        lambda b, x: [
+            b.slice(x, (None, 1, None), (None, -1, None), (-1, 2, -2)),
+            b.slice(x, (1,), (4,)),
+        ],
+    ),
+    "pad": one_op(
+        "pad", [((2, 3), F)], lambda b, x: b.pad(x, before=(1, 0), after=(2, 3), value=1.5)
+    ),
+    "pools": one_op(
+        "pools",
+        [((1, 2, 7, 8), F)],
+        lambda b, x: [
+            b.max_pool2d(x, 3, stride=2, padding=1),
+            b.avg_pool2d(x, (3, 2), stride=(2, 1), padding=(1, 1)),
+            b.global_avg_pool2d(x),
+        ],
+    ),
+    "constant_outputs": one_op(
+        "constant_outputs",
+        [((3,), F)],
+        lambda b, x: [x, (c := b.constant(_w(3), name="c")), b.mul(x, c), b.mul(x, c)],
+    ),
+}
+
+# Ops ONNX defines for floats only, on ints (exported through float64).
+CASES["int_windows"] = one_op(
+    "int_windows",
+    [((1, 2, 6, 6), "int32"), ((3, 2, 3, 3), "int32")],
+    lambda b, x, w: [
+        b.conv2d(x, w, padding=1),
+        b.max_pool2d(x, 2),
+        b.avg_pool2d(x, 3, stride=2, padding=1),
+        b.global_avg_pool2d(x),
+    ],
+)

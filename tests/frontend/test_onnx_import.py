@@ -1,0 +1,425 @@
+"""ONNX import of hand-made models: each compared with onnx's reference evaluator on fresh
+random inputs; unsupported nodes all listed in one error; static shapes required."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from hexir.errors import ModelError
+from hexir.frontend.onnx_import import import_onnx
+from hexir.graph.evaluate import evaluate
+from hexir.ir.op_attrs import NAME_RE
+
+RNG = np.random.default_rng()
+F = TensorProto.FLOAT
+
+
+def model(nodes, inputs, outputs, initializers=(), opset=17):
+    """A model from (name, shape) or (name, shape, elem type) inputs (float32 by default),
+    output names and (name, array) initializers."""
+    infos = [helper.make_tensor_value_info(i[0], i[2] if len(i) > 2 else F, i[1]) for i in inputs]
+    graph = helper.make_graph(
+        nodes,
+        "test",
+        infos,
+        [helper.make_tensor_value_info(n, TensorProto.UNDEFINED, None) for n in outputs],
+        initializer=[numpy_helper.from_array(np.asarray(a), n) for n, a in initializers],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def agrees(proto, rtol=1e-5, atol=1e-5):
+    """Import, evaluate on fresh random inputs and compare with the reference evaluator; the
+    imported graph."""
+    graph = import_onnx(proto)
+    arrays = [RNG.uniform(-2, 2, v.type.shape).astype(v.type.dtype) for v in graph.inputs]
+    initialized = {t.name for t in proto.graph.initializer}
+    names = [i.name for i in proto.graph.input if i.name not in initialized]
+    want = ReferenceEvaluator(proto).run(None, dict(zip(names, arrays, strict=True)))
+    got = evaluate(graph, arrays)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    return graph
+
+
+def kinds(graph):
+    return Counter(op.kind for op in graph.ops)
+
+
+def w(*shape):
+    return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+def test_unsupported_nodes_are_all_listed():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("NonMaxSuppression", ["a"], ["b"], name="nms"),
+        helper.make_node("Conv", ["a", "w"], ["c"], name="conv", foo=3),
+        helper.make_node("MaxPool", ["a"], ["d"], name="pool", kernel_shape=[2, 2], ceil_mode=1),
+        helper.make_node("Attention", ["a"], ["e"], name="fused", domain="com.microsoft"),
+        helper.make_node("Reshape", ["a", "s"], ["f"], name="reshape"),
+        helper.make_node("Add", ["b", "c"], ["g"], name="add"),  # fine, after broken inputs
+        helper.make_node("Dropout", ["g"], ["h", "mask"], name="drop"),
+        helper.make_node("TopK", ["h", "k"], ["i", "j"], name="topk"),
+    ]
+    proto = model(
+        nodes,
+        [("x", [1, 2, 4, 4]), ("s", [2], TensorProto.INT64)],
+        ["d", "e", "f", "i", "mask"],
+        [("w", w(2, 2, 1, 1)), ("k", np.array([1], np.int64))],
+    )
+    with pytest.raises(ModelError) as info:
+        import_onnx(proto)
+    problems = info.value.problems
+    assert [p.split(":")[0] for p in problems] == [
+        "node 'nms' (NonMaxSuppression)",
+        "node 'conv' (Conv)",
+        "node 'pool' (MaxPool)",
+        "node 'fused' (Attention)",
+        "node 'reshape' (Reshape)",
+        "node 'drop' (Dropout)",
+        "node 'topk' (TopK)",
+    ]
+    text = str(info.value)
+    for what in (
+        "op type not supported",
+        "'foo'",
+        "ceil_mode=1",
+        "'com.microsoft'",
+        "must be a constant",
+        "output 1 ('mask')",
+    ):
+        assert what in text
+    assert pickle.loads(pickle.dumps(info.value)).problems == problems
+
+
+def test_symbolic_dims_need_input_shapes():
+    proto = model(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Add", ["y", "z"], ["out"])],
+        [("x", ["batch", 4]), ("z", [None, 4])],
+        ["out"],
+    )
+    with pytest.raises(ModelError, match="input_shapes") as info:
+        import_onnx(proto)
+    assert len(info.value.problems) == 2 and "'batch'" in info.value.problems[0]
+    graph = import_onnx(proto, input_shapes={"x": (3, 4), "z": (3, 4)})
+    assert graph.outputs[0].type.shape == (3, 4)
+
+
+def test_opset_outside_the_range_is_refused():
+    proto = model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], ["y"], opset=11)
+    with pytest.raises(ModelError, match="opset 11.*13-21"):
+        import_onnx(proto)
+
+
+def test_names_are_cleaned():
+    nodes = [helper.make_node("Relu", ["input:0"], ["/block/relu/Relu_output_0"], name="/r")]
+    nodes.append(helper.make_node("Neg", ["/block/relu/Relu_output_0"], ["out put"]))
+    graph = agrees(model(nodes, [("input:0", [3])], ["out put"]))
+    names = [graph.inputs[0].name] + [op.result.name for op in graph.ops]
+    assert all(NAME_RE.fullmatch(n) for n in names)
+    assert graph.inputs[0].name == "input_0" and graph.outputs[0].name == "out_put"
+    assert "block_relu_Relu_output_0" in names
+
+
+def test_pytorch_style_gelu_is_one_op():
+    c = {
+        n: numpy_helper.from_array(np.array(v, np.float32), n)
+        for n, v in (("sqrt2", math.sqrt(2)), ("one", 1.0), ("half", 0.5))
+    }
+    nodes = [helper.make_node("Constant", [], [n], value=t) for n, t in c.items()]
+    nodes += [
+        helper.make_node("Div", ["x", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["one", "e"], ["a"]),
+        helper.make_node("Mul", ["x", "half"], ["h"]),
+        helper.make_node("Mul", ["h", "a"], ["y"]),
+    ]
+    graph = agrees(model(nodes, [("x", [4, 6])], ["y"]))
+    assert kinds(graph) == Counter(gelu=1)
+
+
+def test_gelu_pattern_with_a_shared_inside_is_left_alone():
+    nodes = [
+        helper.make_node("Div", ["x", "sqrt2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["a"]),
+        helper.make_node("Mul", ["x", "a"], ["m"]),
+        helper.make_node("Mul", ["m", "half"], ["y"]),
+    ]
+    consts = [
+        (n, np.array(v, np.float32))
+        for n, v in (("sqrt2", math.sqrt(2)), ("one", 1.0), ("half", 0.5))
+    ]
+    graph = agrees(model(nodes, [("x", [5])], ["y", "e"], consts))  # e is also an output
+    assert kinds(graph)["gelu"] == 0 and kinds(graph)["erf"] == 1
+
+
+def test_gelu_op_of_opset_20():
+    nodes = [helper.make_node("Gelu", ["x"], ["y"], approximate="tanh")]
+    graph = import_onnx(model(nodes, [("x", [3, 4])], ["y"], opset=20))
+    assert [(op.kind, op.attr("approximate")) for op in graph.ops] == [("gelu", "tanh")]
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ((4, 5), (5, 3)),
+        ((2, 1, 4, 5), (3, 5, 6)),
+        ((2, 4, 5), (5, 3)),
+        ((5,), (5, 3)),
+        ((2, 4, 5), (5,)),
+        ((4, 5), (2, 5, 3)),
+    ],
+)
+def test_matmul_broadcasts_like_numpy(a, b):
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y"])]
+    graph = agrees(model(nodes, [("a", list(a)), ("b", list(b))], ["y"]))
+    assert graph.outputs[0].type.shape == np.matmul(np.empty(a), np.empty(b)).shape
+
+
+@pytest.mark.parametrize(
+    "trans_a, trans_b, alpha, beta, c_shape",
+    [(0, 1, 1.0, 1.0, (3,)), (1, 0, 0.5, 2.0, (4, 3)), (0, 0, 1.0, 1.0, None)],
+)
+def test_gemm(trans_a, trans_b, alpha, beta, c_shape):
+    a_shape = (5, 4) if trans_a else (4, 5)
+    b_shape = (3, 5) if trans_b else (5, 3)
+    inits = [("b", w(*b_shape))] + ([("c", w(*c_shape))] if c_shape else [])
+    node = helper.make_node(
+        "Gemm",
+        ["a", "b"] + (["c"] if c_shape else []),
+        ["y"],
+        transA=trans_a,
+        transB=trans_b,
+        alpha=alpha,
+        beta=beta,
+    )
+    graph = agrees(model([node], [("a", list(a_shape))], ["y"], inits))
+    if c_shape == (3,) and trans_b:
+        assert kinds(graph) == Counter(constant=2, dense=1, bias_add=1)
+
+
+def test_conv_same_padding_and_bias():
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])
+    graph = agrees(model([node], [("x", [1, 3, 8, 8])], ["y"], [("w", w(4, 3, 3, 3)), ("b", w(4))]))
+    assert graph.outputs[0].type.shape == (1, 4, 4, 4)
+    assert kinds(graph)["pad"] == 1 and kinds(graph)["bias_add"] == 1  # uneven 'same' pads
+
+
+def test_batch_norm_and_pools():
+    nodes = [
+        helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["n"], epsilon=1e-3),
+        helper.make_node(
+            "MaxPool", ["n"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1]
+        ),
+        helper.make_node(
+            "AveragePool", ["n"], ["q"], kernel_shape=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1
+        ),
+        helper.make_node("AveragePool", ["n"], ["r"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["n"], ["g"]),
+        helper.make_node("GlobalMaxPool", ["n"], ["h"]),
+    ]
+    inits = [("s", w(3)), ("b", w(3)), ("m", w(3)), ("v", w(3) + 2)]
+    graph = agrees(model(nodes, [("x", [2, 3, 6, 6])], list("pqrgh"), inits))
+    (norm,) = [op for op in graph.ops if op.kind == "batch_norm"]
+    assert norm.attr("epsilon") == 1e-3  # the float32 attribute read back as written
+
+
+def test_shape_arithmetic_becomes_static():
+    """PyTorch's Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])) chain."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+        helper.make_node("Flatten", ["x"], ["f"], axis=2),
+        helper.make_node("Squeeze", ["u"], ["sq"]),
+        helper.make_node("Unsqueeze", ["x", "axes2"], ["un"]),
+        helper.make_node("Reshape", ["x", "shape0"], ["z"]),
+    ]
+    inits = [
+        ("zero", np.array(0, np.int64)),
+        ("axes", np.array([0], np.int64)),
+        ("minus1", np.array([-1], np.int64)),
+        ("axes2", np.array([0, -1], np.int64)),
+        ("shape0", np.array([0, -1], np.int64)),
+    ]
+    graph = agrees(
+        model(nodes, [("x", [2, 3, 4]), ("u", [1, 5, 1])], ["y", "f", "sq", "un", "z"], inits)
+    )
+    assert [v.type.shape for v in graph.outputs] == [
+        (2, 12),
+        (6, 4),
+        (5,),
+        (1, 2, 3, 4, 1),
+        (2, 12),
+    ]
+    assert set(kinds(graph)) == {"reshape"}  # the shape arithmetic left no op behind
+
+
+def test_slices_splits_gathers():
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    nodes = [
+        helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["a"]),
+        helper.make_node("Slice", ["x", "st2", "en2"], ["b"]),
+        helper.make_node("Split", ["x", "parts"], ["c1", "c2"], axis=1),
+        helper.make_node("Gather", ["x", "idx"], ["g1"], axis=2),
+        helper.make_node("Gather", ["x", "idx2"], ["g2"], axis=0),
+        helper.make_node("Gather", ["x", "scalar"], ["g3"], axis=1),
+    ]
+    inits = [
+        ("st", i64(-1, 0)),
+        ("en", i64(np.iinfo(np.int64).min, 10)),
+        ("ax", i64(2, 1)),
+        ("sp", i64(-2, 3)),
+        ("st2", i64(1)),
+        ("en2", i64(-1)),
+        ("parts", i64(2, 4)),
+        ("idx", i64(0, 2, 3)),
+        ("idx2", i64([-1, 0], [1, 1])),
+        ("scalar", i64(-2)),
+    ]
+    graph = agrees(
+        model(nodes, [("x", [3, 6, 5])], ["a", "b", "c1", "c2", "g1", "g2", "g3"], inits)
+    )
+    assert graph.outputs[5].type.shape == (2, 2, 6, 5)
+
+
+def test_split_by_num_outputs_of_opset_18():
+    node = helper.make_node("Split", ["x"], ["a", "b", "c"], axis=0, num_outputs=3)
+    graph = agrees(model([node], [("x", [8, 2])], ["a", "b", "c"], opset=18))
+    assert [v.type.shape[0] for v in graph.outputs] == [3, 3, 2]
+
+
+def test_reductions_before_and_after_opset_18():
+    for opset in (13, 18):
+        axes = {} if opset >= 18 else {"axes": [1]}
+        inputs = ["x", "axes"] if opset >= 18 else ["x"]
+        nodes = [
+            helper.make_node("ReduceMean", inputs, ["m"], keepdims=0, **axes),
+            helper.make_node("ReduceMax", inputs, ["n"], **axes),
+            helper.make_node("ReduceSum", ["x", "axes"], ["s"]),
+            helper.make_node("ReduceSum", ["x"], ["t"], keepdims=0),
+        ]
+        inits = [("axes", np.array([1], np.int64))]
+        graph = agrees(model(nodes, [("x", [3, 4, 2])], ["m", "n", "s", "t"], inits, opset))
+        assert [v.type.shape for v in graph.outputs] == [(3, 2), (3, 1, 2), (3, 1, 2), ()]
+
+
+def test_elementwise_zoo():
+    nodes = [
+        helper.make_node("Clip", ["x", "lo", "hi"], ["clip"]),
+        helper.make_node("Greater", ["x", "y"], ["gt"]),
+        helper.make_node("Not", ["gt"], ["ngt"]),
+        helper.make_node("Where", ["ngt", "x", "y"], ["wh"]),
+        helper.make_node("Or", ["gt", "ngt"], ["or"]),
+        helper.make_node("Abs", ["x"], ["abs"]),
+        helper.make_node("Reciprocal", ["y"], ["rec"]),
+        helper.make_node("Pow", ["y", "two"], ["pow"]),
+        helper.make_node("Max", ["x", "y", "clip"], ["max"]),
+        helper.make_node("Sum", ["x", "y", "clip"], ["sum"]),
+        helper.make_node("Softmax", ["x"], ["sm"], axis=0),
+        helper.make_node("Cast", ["x"], ["int"], to=TensorProto.INT32),
+        helper.make_node("Expand", ["z", "shape"], ["ex"]),
+        helper.make_node("Pad", ["x", "pads", "val", "pad_axes"], ["pad"]),
+        helper.make_node("Identity", ["x"], ["id"]),
+    ]
+    inits = [
+        ("lo", np.array(-0.5, np.float32)),
+        ("hi", np.array(0.7, np.float32)),
+        ("two", np.array(2, np.int64)),
+        ("shape", np.array([2, 3, 4], np.int64)),
+        ("pads", np.array([1, 2], np.int64)),
+        ("val", np.array(3.0, np.float32)),
+        ("pad_axes", np.array([-1], np.int64)),
+    ]
+    outputs = [
+        "clip",
+        "wh",
+        "or",
+        "abs",
+        "rec",
+        "pow",
+        "max",
+        "sum",
+        "sm",
+        "int",
+        "ex",
+        "pad",
+        "id",
+    ]
+    agrees(model(nodes, [("x", [3, 4]), ("y", [3, 4]), ("z", [3, 1])], outputs, inits, 18))
+
+
+def test_layer_norm_and_softmax_attention():
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
+        helper.make_node("Reshape", ["n", "heads"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["q"], perm=[1, 0, 2]),
+        helper.make_node("Transpose", ["r"], ["k"], perm=[1, 2, 0]),
+        helper.make_node("MatMul", ["q", "k"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"]),
+        helper.make_node("MatMul", ["p", "q"], ["y"]),
+    ]
+    inits = [("g", w(8)), ("b", w(8)), ("heads", np.array([5, 2, 4], np.int64))]
+    graph = agrees(model(nodes, [("x", [5, 8])], ["y"], inits))
+    assert kinds(graph)["batch_matmul"] == 2 and kinds(graph)["layer_norm"] == 1
+
+
+def test_initializers_become_named_constants():
+    nodes = [helper.make_node("MatMul", ["x", "layer.weight"], ["y"])]
+    graph = import_onnx(
+        model(nodes, [("x", [2, 3])], ["y"], [("layer.weight", w(3, 4)), ("unused", w(2))])
+    )
+    assert [name for name, _ in graph.constants] == ["layer.weight"]
+
+
+def test_onnx_file_errors(tmp_path):
+    with pytest.raises(ModelError, match="no such ONNX file"):
+        import_onnx(tmp_path / "missing.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00 definitely not protobuf \xff" * 3)
+    with pytest.raises(ModelError, match="not a readable ONNX model"):
+        import_onnx(bad)
+    good = tmp_path / "good.onnx"
+    onnx.save(model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], ["y"]), good)
+    assert import_onnx(good).ops[0].kind == "relu"
+
+
+def test_odd_outputs_and_clashing_names():
+    nodes = [
+        helper.make_node("Add", ["a:b", "a/b"], ["sum"]),
+        helper.make_node("Neg", ["a:b"], ["unused"]),  # dead: pruned
+    ]
+    proto = model(nodes, [("a:b", [3]), ("a/b", [3])], ["sum", "a:b", "c"], [("c", w(2))])
+    graph = agrees(proto)
+    assert [v.name for v in graph.inputs] == ["a_b", "a_b_1"]
+    assert [v.name for v in graph.outputs] == ["sum", "a_b", "c"]
+    assert kinds(graph) == Counter(add=1, constant=1)
+
+
+def test_model_local_functions_are_inlined():
+    square = helper.make_function(
+        "local",
+        "Square",
+        ["v"],
+        ["r"],
+        [helper.make_node("Mul", ["v", "v"], ["r"])],
+        [helper.make_opsetid("", 17)],
+    )
+    proto = model([helper.make_node("Square", ["x"], ["y"], domain="local")], [("x", [4])], ["y"])
+    proto.functions.append(square)
+    proto.opset_import.append(helper.make_opsetid("local", 1))
+    graph = agrees(proto)
+    assert kinds(graph) == Counter(mul=1)

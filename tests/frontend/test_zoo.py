@@ -1,0 +1,146 @@
+"""The model zoo: real shapes, seeded weights, finite outputs of order one, and a round trip
+through ONNX export and import that computes the same outputs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from hexir.frontend.onnx_export import export_onnx
+from hexir.frontend.onnx_import import import_onnx
+from hexir.frontend.zoo import ZOO, bert, gpt2, gpt2_decode, mlp, resnet, zoo_model
+from hexir.graph.evaluate import evaluate
+from hexir.ir.graph import Graph
+
+RNG = np.random.default_rng()
+
+# name -> (inputs, outputs): (name, shape) each
+SIGNATURES = {
+    "mlp": ([("x", (64, 784))], [("probs", (64, 10))]),
+    "resnet18": ([("image", (1, 3, 224, 224))], [("logits", (1, 1000))]),
+    "resnet50": ([("image", (1, 3, 224, 224))], [("logits", (1, 1000))]),
+    "bert-base": ([("hidden", (128, 768))], [("out", (128, 768))]),
+    "gpt2": (
+        [("hidden", (128, 768))],
+        [("out", (128, 768)), ("present_key", (12, 128, 64)), ("present_value", (12, 128, 64))],
+    ),
+    "gpt2-decode": (
+        [("hidden", (1, 768)), ("past_key", (12, 127, 64)), ("past_value", (12, 127, 64))],
+        [("out", (1, 768)), ("present_key", (12, 128, 64)), ("present_value", (12, 128, 64))],
+    ),
+}
+SLOW = {"resnet18", "resnet50"}
+
+
+def inputs_for(graph: Graph) -> dict[str, np.ndarray]:
+    return {v.name: RNG.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+
+
+def zoo_params():
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in ZOO]
+
+
+def test_the_zoo_is_the_documented_one():
+    assert set(ZOO) == set(SIGNATURES)
+
+
+@pytest.mark.parametrize("name", zoo_params())
+def test_zoo_model_evaluates(name):
+    graph = zoo_model(name)
+    inputs, outputs = SIGNATURES[name]
+    assert [(v.name, v.type.shape) for v in graph.inputs] == inputs
+    assert [(v.name, v.type.shape) for v in graph.outputs] == outputs
+    for out in evaluate(graph, inputs_for(graph)):
+        assert out.dtype == np.float32 and np.isfinite(out).all()
+        assert 0.01 < float(np.std(out)) < 10.0  # weights scaled so activations stay O(1)
+
+
+def test_zoo_weights_are_seeded():
+    assert mlp() == mlp()
+    assert mlp(seed=1) != mlp()
+    assert zoo_model("mlp") is zoo_model("mlp")
+
+
+def test_mlp_probabilities():
+    (probs,) = evaluate(mlp(batch=4, sizes=(32, 16, 8)), [RNG.standard_normal((4, 32), "f4")])
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
+
+
+def test_resnet_structure():
+    kinds = Counter(op.kind for op in zoo_model("resnet18").ops)
+    assert kinds["conv2d"] == kinds["batch_norm"] == 20  # 17 convs + 3 downsamples
+    assert kinds["add"] == 8 and kinds["max_pool2d"] == 1 and kinds["global_avg_pool2d"] == 1
+    kinds50 = Counter(op.kind for op in zoo_model("resnet50").ops)
+    assert kinds50["conv2d"] == 53 and kinds50["add"] == 16
+    weights = sum(d.array.size for name, d in zoo_model("resnet50").constants if "weight" in name)
+    assert 25.0e6 < weights < 26.0e6  # torchvision's ResNet-50: 25.5M parameters
+
+
+def test_transformer_structure():
+    kinds = Counter(op.kind for op in zoo_model("bert-base").ops)
+    assert kinds["dense"] == 6 and kinds["batch_matmul"] == 2 and kinds["softmax"] == 1
+    assert kinds["layer_norm"] == 2 and kinds["gelu"] == 1
+    gpt = Counter(op.kind for op in zoo_model("gpt2").ops)
+    assert gpt["matmul"] == 4 and gpt["layer_norm"] == 2 and gpt["slice"] == 3
+    (g,) = [op for op in zoo_model("gpt2").ops if op.kind == "gelu"]
+    assert g.attr("approximate") == "tanh"
+    assert Counter(op.kind for op in zoo_model("gpt2-decode").ops)["concat"] == 2
+
+
+def test_causal_mask_hides_the_future():
+    graph = gpt2(seq=8, hidden=32, heads=2)
+    x = RNG.standard_normal((8, 32)).astype(np.float32)
+    later = x.copy()
+    later[5:] = RNG.standard_normal((3, 32))
+    out, _, _ = evaluate(graph, [x])
+    out_later, _, _ = evaluate(graph, [later])
+    np.testing.assert_array_equal(out[:5], out_later[:5])
+    assert not np.allclose(out[5:], out_later[5:])
+
+
+@pytest.mark.parametrize("size", ["small", pytest.param("full", marks=pytest.mark.slow)])
+def test_decode_continues_the_prefill(size):
+    """Decoding token t with the prefill's cache of tokens 0..t-1 gives the prefill's row t."""
+    small = dict(hidden=32, heads=2) if size == "small" else {}
+    seq = 8 if size == "small" else 128
+    prefill, decode = gpt2(seq=seq, **small), gpt2_decode(past=seq - 1, **small)
+    x = RNG.standard_normal((seq, prefill.inputs[0].type.shape[1])).astype(np.float32)
+    out, key, value = evaluate(prefill, [x])
+    step, key2, value2 = evaluate(decode, [x[-1:], key[:, :-1], value[:, :-1]])
+    np.testing.assert_allclose(step, out[-1:], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(key2, key, rtol=1e-6)
+    np.testing.assert_allclose(value2, value, rtol=1e-6)
+
+
+def round_trips(graph: Graph) -> None:
+    back = import_onnx(export_onnx(graph))
+    assert [v.name for v in back.inputs] == [v.name for v in graph.inputs]
+    assert [v.name for v in back.outputs] == [v.name for v in graph.outputs]
+    assert Counter(op.kind for op in back.ops) == Counter(op.kind for op in graph.ops)
+    inputs = inputs_for(graph)
+    for got, want in zip(evaluate(back, inputs), evaluate(graph, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "graph",
+    [
+        mlp(),
+        resnet(18, image=32, width=8, classes=10),
+        resnet(50, image=32, width=4, classes=10),
+        bert(seq=8, hidden=32, heads=2, ffn=64),
+        gpt2(seq=8, hidden=32, heads=2),
+        gpt2_decode(past=7, hidden=32, heads=2),
+    ],
+    ids=lambda g: g.name,
+)
+def test_small_models_round_trip_through_onnx(graph):
+    round_trips(graph)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_round_trips_through_onnx(name):
+    round_trips(zoo_model(name))
