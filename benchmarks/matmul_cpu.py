@@ -23,33 +23,14 @@ import numpy as np
 
 import hexir
 from hexir import knobs
+from hexir.schedule.handwritten import cpu_schedule
 
 SIZE = 1024
 FLOP = 2 * SIZE**3
 
 
 def schedule(func: hexir.PrimFunc, mr: int, nr: int) -> hexir.Schedule:
-    sch = hexir.Schedule(func)
-    mm = sch.get_block("matmul")
-    c_local = sch.cache_write(mm, 0, "local")  # the accumulator tile
-    b_panel = sch.cache_read(mm, 1, "global")  # B packed per column panel
-    i, j, k = sch.get_loops(mm)
-    i_tile, i_reg = sch.split(i, [None, mr])
-    j_panel, j_reg = sch.split(j, [None, nr])
-    sch.reorder(j_panel, i_tile, k, i_reg, j_reg)
-    sch.compute_at(b_panel, j_panel)
-    sch.reverse_compute_at(c_local, i_tile)
-    init = sch.decompose_reduction(mm, k)
-    sch.parallel(j_panel)
-    sch.unroll(i_reg)
-    sch.vectorize(j_reg)
-    for block in (init, c_local):  # zeroing and writing back the tile: rows x vectors
-        *_, rows, cols = sch.get_loops(block)
-        sch.unroll(rows)
-        sch.vectorize(cols)
-    *_, pack_cols = sch.get_loops(b_panel)
-    sch.vectorize(pack_cols)
-    return sch
+    return cpu_schedule(func, mr, nr)
 
 
 NUMPY_CHILD = f"""

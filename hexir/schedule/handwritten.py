@@ -1,0 +1,303 @@
+"""Hand-written reference schedules: the proof that the primitives reach fast GPU code, and
+the defaults until the search (a later issue) finds better ones.
+
+    sch = gpu_schedule(hexir.workload("matmul", M=1024, N=1024, K=1024))
+    kernel = hexir.build(sch.func, "cuda")      # or "cpu": GPU loops run serially there
+    print(sch.trace)                            # the schedule, as Python
+
+A schedule is chosen by the kinds of the blocks' iter vars, not their names:
+- a reduction with two or more spatial iter vars (matmul, batch_matmul, dense, conv2d) gets
+  block/thread tiling: the output tile of a thread block in a `local` accumulator
+  (cache_write), each operand's tile for a step of the reduction in `shared` memory
+  (cache_read), fetched cooperatively (the copy's loops fused and bound to the threads,
+  innermost four lanes vectorized where the rows allow float4), elementwise consumers inlined
+  into the write-back;
+- other reductions (softmax, layer_norm, reduce_sum: rows) get one thread block per row, each
+  reduction a cross-thread one over threadIdx.x (rfactor first where the reduction is the
+  whole function), elementwise stages inlined or bound to the same threads;
+- anything else is fused, split and bound to blocks and threads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hexir.ir.tir import Block, PrimFunc
+from hexir.schedule.common import all_blocks
+from hexir.schedule.schedule import Schedule
+from hexir.schedule.trace import BlockRV, LoopRV
+
+ROW_THREADS = 128  # threads per row of a row reduction
+FLAT_THREADS = 256  # threads per block of an elementwise kernel
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """A contraction's tiles: threads per block (ty, tx), outputs per thread (mi, nj) and
+    the reduction step held in shared memory (bk)."""
+
+    ty: int = 16
+    tx: int = 16
+    mi: int = 8
+    nj: int = 8
+    bk: int = 8
+
+
+def gpu_schedule(func: PrimFunc, tiling: Tiling | None = None) -> Schedule:
+    """A hand-written GPU schedule of `func` (see the module docstring)."""
+    blocks = list(all_blocks(func.body))
+    contraction = [b for b in blocks if _reduces(b) and _spatial(b) >= 2]
+    if contraction:
+        return _tiled(func, contraction[0], tiling)
+    if any(_reduces(b) for b in blocks):
+        return _rows(func)
+    return _flat(func)
+
+
+def _reduces(block: Block) -> bool:
+    return any(iv.kind == "reduce" for iv in block.iter_vars)
+
+
+def _spatial(block: Block) -> int:
+    return sum(1 for iv in block.iter_vars if iv.kind == "spatial" and iv.dom > 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Contractions: block and thread tiling, shared operand tiles, a local accumulator
+
+
+def _tiled(func: PrimFunc, block: Block, tiling: Tiling | None) -> Schedule:
+    sch = Schedule(func)
+    _inline_elementwise(sch, func, keep=block.name)
+    mm = sch.get_block(block.name)
+    c_local = sch.cache_write(mm, 0, "local")
+    _inline_consumers(sch, func, block.name)
+    reads = len(sch.get(mm).reads)  # type: ignore[union-attr]
+    fetches = [sch.cache_read(mm, n, "shared") for n in range(reads)]
+    loops = sch.get_loops(mm)
+    ivs = sch.get(mm).iter_vars  # type: ignore[union-attr]
+    spatial = [lp for lp, iv in zip(loops, ivs) if iv.kind == "spatial"]
+    reduce = [lp for lp, iv in zip(loops, ivs) if iv.kind == "reduce"]
+    outer, i, j = _output_axes(sch, spatial)
+    t = tiling or _fit(Tiling(), sch.get(i).extent, sch.get(j).extent)  # type: ignore[union-attr]
+    by, ty, ii = sch.split(i, [None, t.ty, t.mi])
+    bx, tx, ji = sch.split(j, [None, t.tx, t.nj])
+    k = reduce[0] if len(reduce) == 1 else sch.fuse(*reduce)
+    k0, k1 = sch.split(k, [None, t.bk])
+    sch.reorder(*outer, by, bx, k0, ty, tx, k1, ii, ji)
+    if outer:
+        sch.bind(outer[0], "blockIdx.z")
+    sch.bind(by, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    for fetch in fetches:
+        sch.compute_at(fetch, k0)
+        _cooperative_fetch(sch, fetch, k0, t)
+    sch.unroll(ii)
+    sch.unroll(ji)
+    sch.decompose_reduction(mm, k0)  # the zeroing keeps the thread loops' kinds
+    sch.reverse_compute_at(c_local, bx)
+    *_, rows, cols = sch.get_loops(c_local)  # the write-back, thread by thread
+    r0, r1 = sch.split(rows, [t.ty, None])
+    c0, c1 = sch.split(cols, [t.tx, None])
+    sch.reorder(r0, c0, r1, c1)
+    sch.bind(r0, "threadIdx.y")
+    sch.bind(c0, "threadIdx.x")
+    sch.unroll(r1)
+    sch.unroll(c1)
+    return sch
+
+
+def _fit(t: Tiling, rows: int, cols: int) -> Tiling:
+    """`t` shrunk (powers of two) until a block's tile fits the output: small problems
+    still get several threads per row and column."""
+    ty, mi, tx, nj = t.ty, t.mi, t.tx, t.nj
+    while ty * mi > rows and (ty > 1 or mi > 1):
+        ty, mi = (ty // 2, mi) if ty >= mi else (ty, mi // 2)
+    while tx * nj > cols and (tx > 1 or nj > 1):
+        tx, nj = (tx // 2, nj) if tx >= nj else (tx, nj // 2)
+    return Tiling(max(ty, 1), max(tx, 1), max(mi, 1), max(nj, 1), t.bk)
+
+
+def _output_axes(sch: Schedule, spatial: list[LoopRV]) -> tuple[list[LoopRV], LoopRV, LoopRV]:
+    """(loops fused onto blockIdx.z, the row axis, the column axis): the last two spatial
+    loops, except with four or more (a convolution: batch, channel, height, width), where the
+    rows are the channels, the columns the width, and batch and height go to blockIdx.z."""
+    if len(spatial) >= 4:
+        lead, i, j = [spatial[0], *spatial[2:-1]], spatial[1], spatial[-1]
+        sch.reorder(*lead, i, j)
+        return _fused(sch, lead), i, j
+    lead, i, j = spatial[:-2], spatial[-2], spatial[-1]
+    return _fused(sch, lead), i, j
+
+
+def _fused(sch: Schedule, loops: list[LoopRV]) -> list[LoopRV]:
+    if not loops:
+        return []
+    return [loops[0] if len(loops) == 1 else sch.fuse(*loops)]
+
+
+def _cooperative_fetch(sch: Schedule, fetch: BlockRV, at: LoopRV, t: Tiling) -> None:
+    """The copy's loops (under `at`) fused, split over the block's threads (ty, tx), the
+    innermost four lanes vectorized when the copied rows allow float4."""
+    loops = sch.get_loops(fetch)
+    names = [sch.describe(lp) for lp in loops]
+    loops = loops[names.index(sch.describe(at)) + 1 :]
+    row = sch.get(loops[-1]).extent  # type: ignore[union-attr]
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    extent = sch.get(fused).extent  # type: ignore[union-attr]
+    lanes = 4 if row % 4 == 0 and extent % (4 * t.ty * t.tx) == 0 else 1
+    if lanes > 1:
+        _, y, x, v = sch.split(fused, [None, t.ty, t.tx, lanes])
+        sch.vectorize(v)
+    else:
+        _, y, x = sch.split(fused, [None, t.ty, t.tx])
+    sch.bind(y, "threadIdx.y")
+    sch.bind(x, "threadIdx.x")
+
+
+def _inline_elementwise(sch: Schedule, func: PrimFunc, keep: str) -> None:
+    """Inline every elementwise block that feeds another block (bias_add into relu)."""
+    outputs = {b.name for b in func.outputs}
+    for b in all_blocks(func.body):
+        if b.name == keep or _reduces(b):
+            continue
+        if any(w.buffer.name in outputs for w in b.writes):
+            continue
+        sch.compute_inline(sch.get_block(b.name))
+
+
+def _inline_consumers(sch: Schedule, func: PrimFunc, producer: str) -> None:
+    """Fold the elementwise blocks after the contraction into its write-back."""
+    for b in all_blocks(func.body):
+        if b.name != producer and not _reduces(b):
+            try:
+                sch.reverse_compute_inline(sch.get_block(b.name))
+            except Exception:  # noqa: BLE001 - inlined already, or not inlinable: leave it
+                continue
+
+
+# ---------------------------------------------------------------------------------------------
+# Row reductions: a block per row, cross-thread reductions
+
+
+def _rows(func: PrimFunc) -> Schedule:
+    sch = Schedule(func)
+    blocks = list(all_blocks(func.body))
+    last = blocks[-1]
+    if len(blocks) == 1:
+        return _rfactor_rows(sch, last)
+    for b in blocks[:-1]:
+        if not _reduces(b):
+            sch.compute_inline(sch.get_block(b.name))
+    final = sch.get_block(last.name)
+    rows, inner = _split_rows(sch, sch.get_loops(final), last)
+    sch.bind(rows, "blockIdx.x")
+    for b in reversed(blocks[:-1]):  # consumers first: each producer lands before them
+        if _reduces(b):
+            rv = sch.get_block(b.name)
+            sch.compute_at(rv, rows)
+            _thread_reduce(sch, sch.get_loops(rv)[-1])
+    if inner is not None:
+        threads = min(ROW_THREADS, _pow2_at_least(sch.get(inner).extent))  # type: ignore[union-attr]
+        outer, lanes = sch.split(inner, [None, threads])
+        sch.reorder(lanes, outer)
+        sch.bind(lanes, "threadIdx.x")
+    return sch
+
+
+def _split_rows(sch: Schedule, loops: list[LoopRV], block: Block) -> tuple[LoopRV, LoopRV | None]:
+    """(the fused row loops, the last spatial loop) of the final block."""
+    spatial = [lp for lp, iv in zip(loops, block.iter_vars) if iv.kind == "spatial"]
+    if _reduces(block) or len(spatial) == 1:
+        return (spatial[0] if len(spatial) == 1 else sch.fuse(*spatial)), None
+    rows = spatial[:-1]
+    return (rows[0] if len(rows) == 1 else sch.fuse(*rows)), spatial[-1]
+
+
+def _thread_reduce(sch: Schedule, k: LoopRV) -> LoopRV:
+    """`k` split so its inner part runs over threadIdx.x, each thread reducing its share
+    serially first: a cross-thread reduction."""
+    threads = min(ROW_THREADS, _pow2_at_least(sch.get(k).extent))  # type: ignore[union-attr]
+    k0, k1 = sch.split(k, [None, threads])
+    sch.reorder(k1, k0)
+    sch.bind(k1, "threadIdx.x")
+    return k1
+
+
+def _rfactor_rows(sch: Schedule, block: Block) -> Schedule:
+    """A lone reduction: each thread's partial in a per-block buffer (rfactor), combined by
+    a cross-thread reduction over the same threads."""
+    rv = sch.get_block(block.name)
+    rows, _ = _split_rows(sch, sch.get_loops(rv), block)
+    k = sch.get_loops(rv)[-1]
+    threads = min(ROW_THREADS, _pow2_at_least(sch.get(k).extent))  # type: ignore[union-attr]
+    k0, k1 = sch.split(k, [None, threads])
+    sch.reorder(k1, k0)
+    sch.rfactor(k1, -1)
+    sch.bind(rows, "blockIdx.x")
+    sch.bind(k1, "threadIdx.x")
+    (wb,) = [lp for lp in sch.get_loops(rv) if sch.describe(lp).endswith("_wb")]
+    sch.bind(wb, "threadIdx.x")
+    return sch
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything else
+
+
+def _flat(func: PrimFunc) -> Schedule:
+    """Each block's loops fused and split over blocks of FLAT_THREADS threads."""
+    sch = Schedule(func)
+    blocks = list(all_blocks(func.body))
+    for b in blocks[:-1]:
+        sch.compute_inline(sch.get_block(b.name))
+    rv = sch.get_block(blocks[-1].name)
+    loops = sch.get_loops(rv)
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    bx, tx = sch.split(fused, [None, FLAT_THREADS])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+# ---------------------------------------------------------------------------------------------
+# The CPU
+
+
+def cpu_schedule(func: PrimFunc, mr: int = 4, nr: int = 64) -> Schedule:
+    """A CPU schedule of a matmul-like contraction (benchmarks/matmul_cpu.py): B packed per
+    `nr`-column panel (a `global` cache computed at the panel loop), an `mr` x `nr`
+    accumulator tile in vector registers (a `local` cache written back per row tile), the
+    reduction outside the unrolled rows and the vectorized columns, the panel loop parallel."""
+    (block,) = [b for b in all_blocks(func.body) if _reduces(b) and _spatial(b) >= 2][:1]
+    sch = Schedule(func)
+    mm = sch.get_block(block.name)
+    c_local = sch.cache_write(mm, 0, "local")  # the accumulator tile
+    b_panel = sch.cache_read(mm, 1, "global")  # B packed per column panel
+    *_, i, j, k = sch.get_loops(mm)
+    i_tile, i_reg = sch.split(i, [None, mr])
+    j_panel, j_reg = sch.split(j, [None, nr])
+    sch.reorder(j_panel, i_tile, k, i_reg, j_reg)
+    sch.compute_at(b_panel, j_panel)
+    sch.reverse_compute_at(c_local, i_tile)
+    init = sch.decompose_reduction(mm, k)
+    sch.parallel(j_panel)
+    sch.unroll(i_reg)
+    sch.vectorize(j_reg)
+    for stage in (init, c_local):  # zeroing and writing back the tile: rows x vectors
+        *_, rows, cols = sch.get_loops(stage)
+        sch.unroll(rows)
+        sch.vectorize(cols)
+    *_, pack_cols = sch.get_loops(b_panel)
+    sch.vectorize(pack_cols)
+    return sch
+
+
+__all__ = ["Tiling", "cpu_schedule", "gpu_schedule"]
