@@ -135,9 +135,10 @@ def test_failing_compile_raises_and_leaves_no_file(cache):
     assert again.source == source and again.log == error.log
 
 
-def test_cuda_target_is_not_built_yet():
-    with pytest.raises(TargetError, match="CUDA backend is not built yet"):
-        build(axpy(), target="cuda -arch=sm_90")
+def test_cuda_target_builds_a_cuda_kernel(cache):
+    kernel = build(axpy(), target="cuda -arch=sm_90")  # NVRTC: no GPU needed to build
+    assert type(kernel).__name__ == "CudaKernel" and "__global__" in kernel.source
+    assert kernel.target == Target("cuda -arch=sm_90") and kernel.func == axpy()
 
 
 # -- calls ------------------------------------------------------------------------------------

@@ -1,0 +1,239 @@
+"""Build CUDA C into a CUBIN with NVRTC, cached on disk, with ptxas's resource report.
+
+    binary = compile_cuda(source, Target("cuda -arch=sm_90"), "matmul")
+    binary.cubin                  # the device image, for cuModuleLoadData
+    binary.resources              # {"registers": 64, "spill_bytes": 0, "shared_bytes": 8192, ...}
+
+NVRTC comes from the `cuda-bindings` package and the `nvidia-cuda-nvrtc` wheel, so kernels
+compile on any machine, GPU or not. ptxas reports each entry function's registers, spills and
+static shared memory in NVRTC's log (`--ptxas-options=-v`); that report is parsed into
+`resources`. Builds are cached under `<cache_dir>/nvrtc`, keyed by the source, every option
+and NVRTC's version; each file is written to a temporary name and renamed into place, so a
+failed or concurrent build never leaves a half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hexir import knobs
+from hexir.errors import BuildError
+from hexir.runtime.target import Target
+
+# ptxas optimizes at -O3 by default; saying it keeps the intent visible in the options (and the
+# cache key). NVRTC itself has no -O flag: device optimization (-dopt) is on unless -G is given.
+BASE_OPTIONS = ("--std=c++17", "--ptxas-options=-O3", "--ptxas-options=-v")
+FAST_MATH = "--use_fast_math"
+
+_INSTALL = (
+    "NVRTC compiles CUDA kernels and needs no GPU: install the `cuda-bindings` package and the "
+    "NVRTC library wheel that matches its major version, e.g. "
+    "`pip install 'cuda-bindings>=12.6,<14' 'nvidia-cuda-nvrtc>=12.6,<14'` "
+    "(both are dependencies of hexir; a CUDA toolkit on the library path works too)."
+)
+
+
+@dataclass(frozen=True)
+class CudaBinary:
+    """One compiled CUDA translation unit: the CUBIN and what ptxas said about its kernel.
+
+    `resources` holds `registers` (per thread), `spill_bytes` (spill stores per thread),
+    `shared_bytes` (static shared memory per block) and `stack_bytes` (local memory frame).
+    """
+
+    cubin: bytes
+    ptx: str | None
+    log: str
+    resources: dict[str, int] = field(hash=False)
+    arch: str
+    options: tuple[str, ...] = ()
+
+
+def compile_cuda(
+    source: str,
+    target: Target,
+    name: str,
+    options: Sequence[str] = (),
+    keep_ptx: bool | None = None,
+) -> CudaBinary:
+    """Compile `source` for `target`'s arch into a CUBIN whose entry `name` is reported on.
+
+    Options: ours (`-arch=sm_XX`, ptxas at -O3 and verbose), `--use_fast_math` when the
+    `cuda_fast_math` knob is on, then `options`. The PTX is kept when `keep_ptx` (default:
+    the `cuda_keep_ptx` knob). Raises BuildError with the source and NVRTC's log on failure.
+    """
+    if target.kind != "cuda":
+        raise BuildError(f"NVRTC builds for CUDA targets; {str(target)!r} is not one")
+    k = knobs.get()
+    keep = k.cuda_keep_ptx if keep_ptx is None else keep_ptx
+    flags = (f"-arch={target.arch}", *BASE_OPTIONS, *((FAST_MATH,) if k.cuda_fast_math else ()))
+    flags = (*flags, *options)
+    digest = cache_key(source, name, flags)
+    directory = Path(k.cache_dir).expanduser() / "nvrtc"
+    cached = _load(directory, digest)
+    if cached is None:
+        cubin, ptx, log = _invoke(source, name, flags)
+        resources = parse_resources(log, name)
+        if resources is None:
+            raise BuildError(
+                f"NVRTC built no kernel named {name!r} (no ptxas report for it): "
+                f'check the source\'s `extern "C" __global__` name',
+                source=source,
+                log=log,
+            )
+        cached = CudaBinary(cubin, ptx, log, resources, target.arch, flags)
+        _store(directory, digest, source, cached)
+    return cached if keep or cached.ptx is None else _without_ptx(cached)
+
+
+def _without_ptx(binary: CudaBinary) -> CudaBinary:
+    return CudaBinary(binary.cubin, None, binary.log, binary.resources, binary.arch, binary.options)
+
+
+def cache_key(source: str, name: str, options: Sequence[str]) -> str:
+    """The digest a build is cached under: source, entry name, options, NVRTC's version."""
+    digest = hashlib.sha256()
+    for part in (source, name, "\0".join(options), nvrtc_version()):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+@functools.cache
+def nvrtc_version() -> str:
+    """NVRTC's `major.minor`, once per process; BuildError saying what to install without it."""
+    nvrtc = _nvrtc()
+    try:
+        err, major, minor = nvrtc.nvrtcVersion()
+    except Exception as e:  # noqa: BLE001 - the bindings raise several kinds when the .so is absent
+        raise BuildError(f"the NVRTC library could not be loaded ({e}). {_INSTALL}") from e
+    _check(err, "nvrtcVersion")
+    return f"{major}.{minor}"
+
+
+# "ptxas info    : Used 40 registers, used 1 barriers, 8192 bytes smem, 400 bytes cmem[0]"
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_resources(log: str, name: str) -> dict[str, int] | None:
+    """The ptxas report for entry function `name` in an NVRTC log, or None when it is absent."""
+    sections = _ENTRY.split(log)
+    # split gives [preamble, name1, text1, name2, text2, ...]
+    reports = dict(zip(sections[1::2], sections[2::2]))
+    text = reports.get(name)
+    if text is None:
+        return None
+    stack = _STACK.search(text)
+    used = _USED.search(text)
+    smem = _SMEM.search(text)
+    return {
+        "registers": int(used.group(1)) if used else 0,
+        "spill_bytes": int(stack.group(2)) if stack else 0,
+        "shared_bytes": int(smem.group(1)) if smem else 0,
+        "stack_bytes": int(stack.group(1)) if stack else 0,
+    }
+
+
+def _nvrtc():  # -> the cuda.bindings.nvrtc module
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:
+        raise BuildError(f"the cuda-bindings package is not installed ({e}). {_INSTALL}") from e
+    return nvrtc
+
+
+def _check(err: object, call: str, log: str = "", source: str = "") -> None:
+    nvrtc = _nvrtc()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, text = nvrtc.nvrtcGetErrorString(err)
+        raise BuildError(f"NVRTC {call} failed: {text.decode()}", source=source, log=log)
+
+
+def _invoke(source: str, name: str, options: Sequence[str]) -> tuple[bytes, str, str]:
+    """Run NVRTC: (cubin, ptx, log). Tests replace this to count or forbid compiler runs."""
+    nvrtc = _nvrtc()
+    nvrtc_version()  # a missing library fails here, with what to install
+    err, program = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram", source=source)
+    try:
+        encoded = [o.encode() for o in options]
+        (result,) = nvrtc.nvrtcCompileProgram(program, len(encoded), encoded)
+        log = _read(nvrtc, program, "ProgramLog").decode(errors="replace").rstrip("\0")
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _, text = nvrtc.nvrtcGetErrorString(result)
+            raise BuildError(
+                f"NVRTC failed ({text.decode()}) with options {' '.join(options)}",
+                source=source,
+                log=log,
+            )
+        cubin = _read(nvrtc, program, "CUBIN")
+        ptx = _read(nvrtc, program, "PTX").decode(errors="replace").rstrip("\0")
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    return cubin, ptx, log
+
+
+def _read(nvrtc, program, what: str) -> bytes:  # noqa: ANN001 - NVRTC's own handle types
+    """One of the program's outputs (ProgramLog, CUBIN, PTX) through its Size/Get pair."""
+    err, size = getattr(nvrtc, f"nvrtcGet{what}Size")(program)
+    _check(err, f"nvrtcGet{what}Size")
+    buffer = b" " * size
+    (err,) = getattr(nvrtc, f"nvrtcGet{what}")(program, buffer)
+    _check(err, f"nvrtcGet{what}")
+    return buffer
+
+
+def _load(directory: Path, digest: str) -> CudaBinary | None:
+    """The cached build, or None. The .json is written last: without it there is no entry."""
+    meta_path, cubin_path = directory / f"{digest}.json", directory / f"{digest}.cubin"
+    try:
+        meta = json.loads(meta_path.read_text())
+        cubin = cubin_path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    return CudaBinary(
+        cubin,
+        meta["ptx"],
+        meta["log"],
+        dict(meta["resources"]),
+        meta["arch"],
+        tuple(meta["options"]),
+    )
+
+
+def _store(directory: Path, digest: str, source: str, binary: CudaBinary) -> None:
+    meta = {
+        "arch": binary.arch,
+        "options": list(binary.options),
+        "log": binary.log,
+        "resources": binary.resources,
+        "ptx": binary.ptx,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    # The source beside the image, to read and to rebuild by hand; the .json last, as the entry.
+    _write_atomic(directory / f"{digest}.cu", source.encode())
+    _write_atomic(directory / f"{digest}.cubin", binary.cubin)
+    _write_atomic(directory / f"{digest}.json", json.dumps(meta).encode())
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache from others
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# The one command to run on a machine with an NVIDIA GPU, no package registry needed:
+#
+#   scripts/gpu_check.sh WHEELHOUSE          # WHEELHOUSE: made by scripts/make_wheelhouse.sh
+#
+# It installs what is missing (pycuda and its small pure-Python needs; numpy, cuda-bindings,
+# NVRTC or pytest when absent) from WHEELHOUSE into a private folder ($HEXIR_GPU_SITE, default
+# ~/.cache/hexir/gpu-site-cpXY), never into the Python environment; pycuda is built from its
+# source distribution against the machine's CUDA toolkit when no wheel fits, and the wheel it
+# builds is kept (in that folder, and in WHEELHOUSE where writable) for the next run. Then it
+# runs the NVRTC and runner tests, the GPU tests (`pytest -m gpu tests/gpu`) and
+# benchmarks/matmul_gpu.py, and prints a short table last. Exit status 0 only when every step
+# passed. Hexir itself runs from this checkout (PYTHONPATH), with numpy, cuda-bindings and
+# pycuda alone: no Ray, SQLAlchemy, XGBoost or onnx. Environment: PYTHON (default python3),
+# CUDA_HOME (the toolkit pycuda builds against; found from nvcc otherwise),
+# PYCUDA_CONFIGURE_ARGS (more options for pycuda's configure.py).
+set -uo pipefail
+
+if (($# != 1)) || [[ ! -d "$1" ]]; then
+    echo "usage: scripts/gpu_check.sh WHEELHOUSE   (a folder made by scripts/make_wheelhouse.sh)" >&2
+    exit 2
+fi
+root="$(cd "$(dirname "$0")/.." && pwd)"
+wheelhouse="$(cd "$1" && pwd)"
+py="${PYTHON:-python3}"
+started=$SECONDS
+status=0
+rows=()
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+row() { rows+=("$(printf '%-36s %s' "$1" "$2")"); }
+failed() { status=1; row "$1" "FAILED: $2"; }
+table() {
+    echo
+    echo "== hexir GPU check ($((SECONDS - started)) s) =="
+    printf '%s\n' "${rows[@]}"
+    echo "result                               $( ((status)) && echo FAILED || echo passed)"
+}
+
+if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "gpu_check.sh: $py is not Python >= 3.11 (set PYTHON)" >&2
+    exit 2
+fi
+pytag="$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+site="${HEXIR_GPU_SITE:-${XDG_CACHE_HOME:-$HOME/.cache}/hexir/gpu-site-$pytag}"
+built="$site.wheels"  # pycuda wheels built here
+mkdir -p "$site" "$built"
+export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+cd "$root" || exit 2
+
+# -- install what is missing -----------------------------------------------------------------
+
+importable() { "$py" -c "import $1" >/dev/null 2>&1; }
+
+install() {  # distributions, from the wheelhouse (and pycuda wheels built before) into $site
+    "$py" -m pip install --quiet --disable-pip-version-check --no-index --only-binary=:all: \
+        --find-links "$wheelhouse" --find-links "$built" --target "$site" --upgrade "$@"
+}
+
+cuda_root() {  # the CUDA toolkit with cuda.h: CUDA_HOME, CUDA_PATH, nvcc's, /usr/local/cuda
+    local nvcc candidates=("${CUDA_HOME:-}" "${CUDA_PATH:-}")
+    if nvcc="$(command -v nvcc)"; then
+        candidates+=("$(dirname "$(dirname "$(readlink -f "$nvcc")")")" "$(dirname "$(dirname "$nvcc")")")
+    fi
+    for dir in "${candidates[@]}" /usr/local/cuda /opt/cuda; do
+        [[ -n "$dir" && -f "$dir/include/cuda.h" ]] && { echo "$dir"; return 0; }
+    done
+    return 1
+}
+
+libcuda_dir() {  # a folder holding libcuda.so for the linker: the toolkit's stubs or the driver
+    local cuda="$1" dir lib
+    for dir in "$cuda"/lib64/stubs "$cuda"/lib/stubs "$cuda"/targets/*/lib/stubs \
+        /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib/wsl/lib; do
+        [[ -e "$dir/libcuda.so" ]] && { echo "$dir"; return 0; }
+    done
+    for dir in /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib/wsl/lib; do
+        for lib in "$dir"/libcuda.so.1 "$dir"/libcuda.so.[0-9]*; do
+            [[ -e "$lib" ]] || continue
+            mkdir -p "$work/libcuda" && ln -sf "$lib" "$work/libcuda/libcuda.so"
+            echo "$work/libcuda"
+            return 0
+        done
+    done
+    return 1
+}
+
+build_pycuda() {  # pycuda's sdist from the wheelhouse -> a wheel in $built
+    local sdist cuda src libdir jobs args=()
+    sdist="$(find "$wheelhouse" -maxdepth 1 -name 'pycuda-*.tar.gz' | sort -V | tail -n 1)"
+    [[ -n "$sdist" ]] || { echo "no pycuda wheel or sdist in $wheelhouse"; return 1; }
+    cuda="$(cuda_root)" || { echo "no CUDA toolkit (include/cuda.h) to build pycuda; set CUDA_HOME"; return 1; }
+    if libdir="$(libcuda_dir "$cuda")"; then args+=("--cudadrv-lib-dir=$libdir"); fi
+    # An older setuptools builds wheels only with the `wheel` package (in the wheelhouse).
+    if ! "$py" -c 'import setuptools.command.bdist_wheel' 2>/dev/null && ! importable wheel; then
+        install --no-deps wheel || return 1
+    fi
+    tar -xzf "$sdist" -C "$work" && src="$(find "$work" -maxdepth 1 -name 'pycuda-*' -type d)"
+    jobs="$(nproc 2>/dev/null || echo 4)"
+    echo "building pycuda from $(basename "$sdist") against $cuda ($jobs jobs)"
+    # shellcheck disable=SC2086 # PYCUDA_CONFIGURE_ARGS is a list of options
+    (cd "$src" &&
+        "$py" configure.py --cuda-root="$cuda" --no-cuda-enable-curand "${args[@]}" \
+            ${PYCUDA_CONFIGURE_ARGS:-} >/dev/null &&
+        "$py" setup.py --quiet build_ext --parallel "$jobs" bdist_wheel --dist-dir "$built") \
+        >"$work/pycuda-build.log" 2>&1 || { tail -n 30 "$work/pycuda-build.log"; return 1; }
+    cp "$built"/pycuda-*.whl "$wheelhouse"/ 2>/dev/null || true  # for the next machine
+}
+
+# What each check needs, as (module distribution): only the missing ones are installed, with
+# --no-deps, so nothing the environment has is shadowed by another version.
+NEEDS=(numpy:numpy cuda.bindings.nvrtc:cuda-bindings pytest:pytest pycuda:pycuda)
+PYTEST_NEEDS=(iniconfig:iniconfig pluggy:pluggy packaging:packaging)
+PYCUDA_NEEDS=(pytools:pytools platformdirs:platformdirs mako:mako markupsafe:markupsafe
+    siphash24:siphash24 typing_extensions:typing-extensions)
+BINDINGS_NEEDS=(cuda.pathfinder:cuda-pathfinder)
+
+missing_of() {  # module:distribution pairs -> the distributions whose module does not import
+    local pair
+    for pair in "$@"; do importable "${pair%%:*}" || echo "${pair#*:}"; done
+}
+
+setup() {
+    local step=$SECONDS note="nothing to install" missing
+    mapfile -t missing < <(missing_of "${NEEDS[@]}")
+    [[ " ${missing[*]} " == *" pytest "* ]] && mapfile -t -O "${#missing[@]}" missing < <(missing_of "${PYTEST_NEEDS[@]}")
+    [[ " ${missing[*]} " == *" cuda-bindings "* ]] && mapfile -t -O "${#missing[@]}" missing < <(missing_of "${BINDINGS_NEEDS[@]}")
+    mapfile -t -O "${#missing[@]}" missing < <(missing_of "${PYCUDA_NEEDS[@]}")
+    if ((${#missing[@]})); then
+        note="installed ${missing[*]}"
+        if [[ " ${missing[*]} " == *" pycuda "* ]] && ! install --no-deps pycuda 2>/dev/null; then
+            build_pycuda || return 1
+            note="$note (pycuda built from its sdist)"
+        fi
+        install --no-deps "${missing[@]}" || return 1
+    fi
+    if ! "$py" -c 'from hexir.runtime.nvrtc import nvrtc_version; nvrtc_version()' 2>/dev/null; then
+        install --no-deps nvidia-cuda-nvrtc || return 1
+        note="$note, nvidia-cuda-nvrtc"
+    fi
+    "$py" -c 'import numpy, pytest, pycuda, pytools, mako, cuda.bindings.nvrtc' || return 1
+    echo "$note ($((SECONDS - step)) s)"
+}
+
+if note="$(setup 2>&1)"; then
+    row "install" "$(tail -n 1 <<<"$note")"
+else
+    echo "$note"
+    failed "install" "see above; the wheelhouse needs scripts/make_wheelhouse.sh's files"
+    table
+    exit 1
+fi
+
+# -- is there a GPU to run on ------------------------------------------------------------------
+
+gpu="$("$py" - <<'EOF' 2>&1
+import sys
+from hexir.runtime.cuda_kernel import gpu_unavailable_reason
+from hexir.runtime.nvrtc import nvrtc_version
+reason = gpu_unavailable_reason()
+if reason:
+    sys.exit(reason)
+import pycuda.driver as cuda
+d = cuda.Device(0)
+v = cuda.get_driver_version()
+major, minor = d.compute_capability()
+print(f"{d.name()} (sm_{major}{minor}), driver CUDA {v // 1000}.{v % 1000 // 10}, "
+      f"NVRTC {nvrtc_version()}")
+EOF
+)"
+if (($? != 0)); then
+    echo "$gpu"
+    failed "GPU" "$(tail -n 1 <<<"$gpu" | cut -c 1-100)..."
+    table
+    exit 1
+fi
+row "GPU" "$gpu"
+
+# -- tests -------------------------------------------------------------------------------------
+
+summary() {  # a junit XML file -> "N passed, N failed, N skipped"; exit 1 unless all passed
+    "$py" - "$1" <<'EOF'
+import sys, xml.etree.ElementTree as ET
+try:
+    suite = ET.parse(sys.argv[1]).getroot()
+except (OSError, ET.ParseError):
+    sys.exit("no results (pytest did not finish)")
+suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+bad = n["failures"] + n["errors"]
+print(f"{n['tests'] - bad - n['skipped']} passed, {bad} failed, {n['skipped']} skipped")
+sys.exit(1 if bad or n["skipped"] or not n["tests"] else 0)
+EOF
+}
+
+run_tests() {  # label, timeout seconds, pytest arguments...
+    local label="$1" limit="$2" result
+    shift 2
+    echo "== $label: pytest $*"
+    timeout "$limit" "$py" -m pytest -q -p no:cacheprovider --junitxml="$work/junit.xml" "$@"
+    if result="$(summary "$work/junit.xml")"; then row "$label" "$result"; else failed "$label" "$result"; fi
+    rm -f "$work/junit.xml"
+}
+
+# Where no GPU is missing, a skip means something else is (a schedule, a module): it fails too.
+run_tests "NVRTC and runner tests" 120 tests/runtime/test_nvrtc.py tests/runtime/test_cuda_kernel.py \
+    -k "not without_a_gpu and not says_no_gpu"
+run_tests "GPU tests (pytest -m gpu)" 180 -m gpu tests/gpu
+
+# -- benchmark ---------------------------------------------------------------------------------
+
+echo "== benchmarks/matmul_gpu.py"
+if timeout 150 "$py" benchmarks/matmul_gpu.py --summary "$work/bench.json"; then
+    while IFS= read -r line; do rows+=("$line"); done < <("$py" - "$work/bench.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"{'hand matmul ' + s['size']:36} {s['hexir_tflops']:.1f} TFLOP/s ({s['hexir_ms']:.2f} ms)")
+print(f"{s['vendor']:36} {s['vendor_tflops']:.1f} TFLOP/s ({s['vendor_ms']:.2f} ms)")
+print(f"{'ratio (hand / vendor)':36} {s['ratio']:.3f}")
+EOF
+)
+else
+    failed "benchmarks/matmul_gpu.py" "exit status $? (see above)"
+fi
+
+table
+exit "$status"
