@@ -1,122 +1,216 @@
-"""Run a whole graph: fold its constants, lower each op to a kernel, call them in order.
+"""`hexir.compile`: a whole graph to a module that runs it.
 
-    module = hexir.compile(graph, target="cpu")
+    module = hexir.compile(graph, target="cpu", database="sqlite:///tuning_logs/hexir.db")
     outputs = module.run([x])          # or module.run({"x": x})
+    module.kernels, module.commands, module.plan, module.report
 
-The module holds a flat, static command list: (kernel, argument value names), with the
-constants embedded. One op is one kernel (fusion comes with the whole-models work).
+The pipeline (DESIGN.md §1): simplify the graph (compile-time evaluation and exact rewrites),
+partition it into fusion groups (the `fusion` knob turns fusion off), lower each group to one
+PrimFunc, schedule it — the database's best record for its (workload key, target key) where
+there is one, else a default schedule — build it (kernels with the same candidate key are
+built once), and lay the groups out as a flat static command list whose intermediates the
+memory plan places.
+
+The default schedules (hexir/runtime/default_schedule.py) are simple and never fail a compile;
+a database trace that no longer replays falls back to the default too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Protocol
 
 from hexir.errors import HexirError
-from hexir.ir.dtype import numpy_dtype
+from hexir.graph.memory import MemoryPlan, Step, plan_memory
+from hexir.ir.dtype import itemsize
 from hexir.ir.graph import Graph, Value
+from hexir.ir.keys import candidate_key, workload_key
 from hexir.ir.tir import PrimFunc
+from hexir.runtime.default_schedule import default_schedule
+from hexir.runtime.module import Command, Module, TaskReport
 from hexir.runtime.target import Target
+from hexir.schedule import Trace
+
+__all__ = [
+    "Command",
+    "Module",
+    "TaskReport",
+    "TuningDatabase",
+    "compile",
+    "plan_graph",
+    "plan_module",
+    "simplify",
+]
+
+# Ops whose every output element comes from the same element of each full-size operand: a
+# kernel made of these alone may write its output over such an operand.
+_ELEMENTWISE = frozenset(
+    {"add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "cast", "gelu"}
+    | {"relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt", "bias_add", "batch_norm"}
+    | {"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"}
+)
+
+
+class TuningDatabase(Protocol):
+    """What `compile` needs of a tuning database (`hexir.database.Database` is one)."""
+
+    def best(self, workload_key: str, target: Target | str, k: int = 1) -> list: ...
 
 
 @dataclass(frozen=True)
-class Command:
-    """Call `kernel` on the arrays named `args` (inputs first, the result last)."""
+class _Task:
+    """One fusion group, lowered: its func and the graph values bound to its params."""
 
-    kernel: int
+    func: PrimFunc
     args: tuple[str, ...]
+    num_outputs: int
+    inplace: tuple[tuple[str, str], ...]
+    ops: tuple[str, ...]
 
 
-class Module:
-    """A compiled graph: kernels, the command list that calls them, and the constants."""
+def compile(
+    graph: Graph,
+    target: Target | str = "cpu",
+    database: TuningDatabase | str | None = None,
+) -> Module:
+    """Compile `graph` for `target` into a Module (see the module docstring for the steps).
 
-    def __init__(
-        self,
-        graph: Graph,
-        target: Target,
-        kernels: list,
-        commands: list[Command],
-        constants: dict[str, np.ndarray],
-    ):
-        self.graph = graph
-        self.target = target
-        self.kernels = kernels
-        self.commands = commands
-        self.constants = constants
-
-    def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Run the graph on numpy inputs (a list in graph order, or a dict by name)."""
-        env: dict[str, np.ndarray] = dict(self.constants)
-        env.update(_bind_inputs(self.graph, inputs))
-        types = {op.result.name: op.result.type for op in self.graph.ops}
-        for command in self.commands:
-            result = types[command.args[-1]]
-            out = np.empty(result.shape, dtype=numpy_dtype(result.dtype))
-            env[command.args[-1]] = out
-            self.kernels[command.kernel](*(env[name] for name in command.args[:-1]), out)
-        return [env[v.name] for v in self.graph.outputs]
-
-    def __repr__(self) -> str:
-        lines = [f"Module @{self.graph.name} on {self.target}: {len(self.kernels)} kernels"]
-        for c in self.commands:
-            lines.append(f"  {self.kernels[c.kernel].func.name}({', '.join(c.args)})")
-        return "\n".join(lines)
-
-
-def compile(graph: Graph, target: Target | str = "cpu", database: object = None) -> Module:
-    """Compile `graph` for `target`: constants folded, one kernel per remaining op.
-
-    `database` is accepted for the API of DESIGN.md §9; tuned schedules are applied once the
-    tuning database exists. Identical kernels (same lowered function) are built once.
+    `database` is a URL or a database object; each kernel uses the fastest valid record of its
+    workload on this target, or a default schedule where there is none.
     """
-    from hexir.graph.fold import fold_constants
-    from hexir.graph.lower import lower_op
+    from hexir.graph.fusion import partition
     from hexir.runtime.build import build
 
-    target = target if isinstance(target, Target) else Target(target)
-    graph = fold_constants(graph)
+    target = Target.of(target)
+    db = _open_database(database)
+    graph = simplify(graph)
+    tasks = [_lower_group(group.graph()) for group in partition(graph)]
     kernels: list = []
-    index: dict[PrimFunc, int] = {}
+    built: dict[str, int] = {}  # candidate key -> kernel index
+    schedules: dict[str, tuple[PrimFunc, str, Trace]] = {}  # workload key -> its schedule
     commands: list[Command] = []
-    for op in graph.ops:
-        if op.name == "hexir.constant":
-            continue
-        func = lower_op(op)
-        if func not in index:
-            index[func] = len(kernels)
+    report: list[TaskReport] = []
+    for task in tasks:
+        key = workload_key(task.func)
+        if key not in schedules:
+            schedules[key] = _schedule(task.func, key, target, db)
+        func, how, trace = schedules[key]
+        candidate = candidate_key(func)
+        if candidate not in built:
+            built[candidate] = len(kernels)
             kernels.append(build(func, target))
-        args = tuple(v.name for v in op.operands) + (op.result.name,)
-        commands.append(Command(index[func], args))
-    constants = {op.result.name: graph.constant(str(op.attr("name"))) for op in graph.ops
-                 if op.name == "hexir.constant"}  # fmt: skip
-    return Module(graph, target, kernels, commands, constants)
+        commands.append(Command(built[candidate], task.args, task.num_outputs))
+        report.append(TaskReport(func.name, key, how, trace, built[candidate], task.ops))
+    plan = plan_module(graph, commands, [t.inplace for t in tasks])
+    constants = {
+        op.result.name: graph.constant(str(op.attr("name")))
+        for op in graph.ops
+        if op.kind == "constant"
+    }
+    return Module(graph, target, kernels, commands, constants, plan, tuple(report))
 
 
-def _bind_inputs(
-    graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    if isinstance(inputs, Mapping):
-        missing = [v.name for v in graph.inputs if v.name not in inputs]
-        if missing:
-            raise HexirError(f"graph @{graph.name}: missing inputs {', '.join(missing)}")
-        arrays = [inputs[v.name] for v in graph.inputs]
-    else:
-        arrays = list(inputs)
-        if len(arrays) != len(graph.inputs):
-            raise HexirError(
-                f"graph @{graph.name} takes {len(graph.inputs)} inputs, got {len(arrays)}"
-            )
-    return {v.name: _check_input(v, a) for v, a in zip(graph.inputs, arrays)}
+def simplify(graph: Graph) -> Graph:
+    """The graph with constant subgraphs evaluated and exact rewrites applied."""
+    from hexir.graph.rewrite import simplify_graph
+
+    return simplify_graph(graph)
 
 
-def _check_input(value: Value, array: np.ndarray) -> np.ndarray:
-    array = np.asarray(array)
-    want = numpy_dtype(value.type.dtype)
-    if array.shape != value.type.shape or array.dtype != want:
+def plan_graph(graph: Graph) -> MemoryPlan:
+    """The memory plan `compile` makes for `graph`, without lowering or building a kernel
+    (for `hexir show MODEL --memory`)."""
+    from hexir.graph.fusion import partition
+
+    graph = simplify(graph)
+    commands, inplace = [], []
+    for group in partition(graph):
+        args = tuple(v.name for v in (*group.inputs, *group.outputs))
+        commands.append(Command(0, args, len(group.outputs)))
+        inplace.append(_inplace_pairs(group.graph()))
+    return plan_module(graph, commands, inplace)
+
+
+def plan_module(
+    graph: Graph, commands: Sequence[Command], inplace: Sequence[tuple[tuple[str, str], ...]]
+) -> MemoryPlan:
+    """The memory plan of a command list: its intermediates (values some command writes that
+    the graph does not return) placed in a storage pool."""
+    types = {op.result.name: op.result.type for op in graph.ops}
+    returned = {v.name for v in graph.outputs}
+    sizes = {
+        name: types[name].size * itemsize(types[name].dtype)
+        for c in commands
+        for name in c.outputs
+        if name not in returned
+    }
+    steps = [Step(c.inputs, c.outputs, pairs) for c, pairs in zip(commands, inplace)]
+    return plan_memory(steps, sizes)
+
+
+def _open_database(database: TuningDatabase | str | None) -> TuningDatabase | None:
+    if database is None or not isinstance(database, str):
+        return database
+    from hexir.database import Database  # SQLAlchemy loads only when a database is used
+
+    return Database(database)
+
+
+# -- lowering ---------------------------------------------------------------------------------
+
+
+def _lower_group(sub: Graph) -> _Task:
+    """A fusion group's graph lowered to one PrimFunc, with the values bound to its params."""
+    from hexir.graph.lower import lower
+
+    func = lower(sub)
+    # lower() takes the graph's inputs, then the constants it uses in order of first use.
+    constants = [op.result for op in sub.ops if op.kind == "constant"]
+    used = {v.name for op in sub.ops for v in op.operands} | {v.name for v in sub.outputs}
+    params = [*sub.inputs, *(v for v in constants if v.name in used), *sub.outputs]
+    if len(params) != len(func.params):
         raise HexirError(
-            f"input %{value.name} must be {want} of shape {value.type.shape}, "
-            f"got {array.dtype} of shape {array.shape}"
+            f"lowering group {func.name} gave {len(func.params)} params for {len(params)} values"
         )
-    return np.ascontiguousarray(array)
+    ops = tuple(op.kind for op in sub.ops if op.kind != "constant")
+    return _Task(
+        func,
+        tuple(v.name for v in params),
+        len(sub.outputs),
+        _inplace_pairs(sub),
+        ops,
+    )
+
+
+def _inplace_pairs(sub: Graph) -> tuple[tuple[str, str], ...]:
+    """(output, input) pairs the kernel may share: an elementwise kernel with one output may
+    overwrite an input of the output's shape and byte size (each element is read before the
+    same element is written, and by nothing else)."""
+    ops = [op for op in sub.ops if op.kind != "constant"]
+    if len(sub.outputs) != 1 or not ops or any(op.kind not in _ELEMENTWISE for op in ops):
+        return ()
+    (out,) = sub.outputs
+    return tuple((out.name, v.name) for v in sub.inputs if _same_layout(v, out))
+
+
+def _same_layout(a: Value, b: Value) -> bool:
+    return a.type.shape == b.type.shape and itemsize(a.type.dtype) == itemsize(b.type.dtype)
+
+
+# -- scheduling -------------------------------------------------------------------------------
+
+
+def _schedule(
+    func: PrimFunc, key: str, target: Target, db: TuningDatabase | None
+) -> tuple[PrimFunc, str, Trace]:
+    """(the scheduled func, "tuned" | "default", the trace that made it)."""
+    if db is not None:
+        for record in db.best(key, target, k=1):
+            try:
+                sch = record.load_trace().apply(func)
+            except HexirError:
+                continue  # a record that no longer replays: use the default
+            return sch.func, "tuned", sch.trace
+    sch = default_schedule(func, target)
+    return sch.func, "default", sch.trace

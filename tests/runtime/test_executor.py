@@ -1,10 +1,14 @@
-"""Whole graphs through the executor: folded constants, one kernel per op, numpy's answer."""
+"""Whole graphs through the executor: fusion, default and tuned schedules, the memory plan,
+numpy's answer."""
 
 import numpy as np
 import pytest
 
 import hexir
+from hexir.frontend import zoo
 from hexir.graph.evaluate import evaluate
+from hexir.runtime.executor import plan_graph
+from hexir.runtime.module import Module
 
 
 def _weights(rng, *shape, scale=0.1):
@@ -81,7 +85,8 @@ def test_identical_kernels_are_built_once():
     g = hexir.GraphBuilder("twice")
     x = g.input("x", (8, 8))
     graph = g.build([g.relu(g.relu(x))])
-    module = hexir.compile(graph)
+    with hexir.knobs.scope(fusion=False):  # fused, the two relus are one kernel
+        module = hexir.compile(graph)
     assert len(module.commands) == 2 and len(module.kernels) == 1
     xv = np.random.default_rng().standard_normal((8, 8)).astype("float32")
     np.testing.assert_array_equal(module.run([xv])[0], np.maximum(xv, 0))
@@ -97,3 +102,165 @@ def test_bad_inputs_are_named():
         module.run({})
     with pytest.raises(hexir.HexirError, match="takes 1 inputs, got 2"):
         module.run([np.ones((2, 3), "float32")] * 2)
+
+
+# -- whole models -----------------------------------------------------------------------------
+
+
+def _inputs(graph: hexir.Graph, rng: np.random.Generator) -> list[np.ndarray]:
+    return [rng.standard_normal(v.type.shape).astype("float32") for v in graph.inputs]
+
+
+def _check_model(graph: hexir.Graph, fusion: bool) -> Module:
+    """Compile `graph`; planned and unplanned runs give the same bits, close to numpy's."""
+    rng = np.random.default_rng()
+    inputs = _inputs(graph, rng)
+    with hexir.knobs.scope(fusion=fusion):
+        module = hexir.compile(graph, target="cpu")
+    planned = module.run(inputs)
+    unplanned = module.run(inputs, plan=False)
+    expected = evaluate(graph, inputs)
+    for out, same, ref in zip(planned, unplanned, expected):
+        np.testing.assert_array_equal(out, same)
+        scale = max(1.0, float(np.abs(ref).max()))
+        np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * scale)
+    return module
+
+
+SMALL_ZOO = {
+    "mlp": lambda: zoo.mlp(batch=4, sizes=(32, 16, 8)),
+    "resnet18": lambda: zoo.resnet(18, image=32, width=8, classes=10),
+    "resnet50": lambda: zoo.resnet(50, image=32, width=8, classes=10),
+    "bert-base": lambda: zoo.bert(seq=8, hidden=32, heads=2, ffn=64),
+    "gpt2": lambda: zoo.gpt2(seq=8, hidden=32, heads=2),
+    "gpt2-decode": lambda: zoo.gpt2_decode(past=7, hidden=32, heads=2),
+}
+
+
+@pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize(
+    "name",
+    # resnet50's 50-odd distinct kernels take several seconds to build on a cold cache.
+    [pytest.param(n, marks=pytest.mark.slow) if n == "resnet50" else n for n in SMALL_ZOO],
+)
+def test_small_zoo_models_match_numpy_planned_and_unplanned(name, fusion):
+    module = _check_model(SMALL_ZOO[name](), fusion)
+    assert all(task.schedule == "default" for task in module.report)
+
+
+def test_fusion_more_than_halves_the_kernels_of_a_resnet():
+    graph = SMALL_ZOO["resnet18"]()
+    fused = hexir.compile(graph)
+    with hexir.knobs.scope(fusion=False):
+        unfused = hexir.compile(graph)
+    assert 2 * len(fused.commands) < len(unfused.commands)
+    assert fused.plan.peak_bytes <= unfused.plan.peak_bytes
+    assert fused.plan == plan_graph(graph)  # the plan `hexir show --memory` prints
+
+
+# Whole zoo models at their real sizes, default schedules: minutes of CPU in all.
+@pytest.mark.slow
+@pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])
+@pytest.mark.parametrize(
+    "name", ["mlp", "resnet18", "resnet50", "bert-base", "gpt2", "gpt2-decode"]
+)
+def test_zoo_models_match_numpy_planned_and_unplanned(name, fusion):
+    module = _check_model(zoo.zoo_model(name), fusion)
+    assert module.plan.peak_bytes <= 1.25 * module.plan.lower_bound
+
+
+def test_an_unfused_elementwise_chain_runs_in_place():
+    g = hexir.GraphBuilder("chain")
+    x = g.input("x", (32, 48))
+    y = g.input("y", (48,))
+    h = g.exp(g.mul(x, g.constant(np.float32(0.1))))
+    h = g.relu(g.add(g.tanh(h), y))
+    graph = g.build([g.sqrt(g.add(h, g.constant(np.float32(1.0))))])
+    with hexir.knobs.scope(fusion=False):
+        module = _check_model(graph, fusion=False)
+    assert len(module.plan.inplace) == len(module.commands) - 2  # all but the first and output
+    assert module.plan.peak_bytes == 32 * 48 * 4
+
+
+def test_buffers_are_reused_and_outputs_are_fresh_arrays():
+    rng = np.random.default_rng()
+    graph = mlp(rng)
+    module = hexir.compile(graph)
+    x1, x2 = (rng.standard_normal((16, 64)).astype("float32") for _ in range(2))
+    (out1,) = module.run([x1])
+    kept = out1.copy()
+    (out2,) = module.run({"x": x2})
+    np.testing.assert_array_equal(out1, kept)  # the second run did not write into the first's
+    np.testing.assert_allclose(out2, evaluate(graph, [x2])[0], rtol=1e-4, atol=1e-6)
+
+
+def test_default_schedules_parallelize_and_vectorize():
+    g = hexir.GraphBuilder("mm")
+    a = g.input("a", (64, 32))
+    graph = g.build([g.relu(g.matmul(a, g.constant(_weights(np.random.default_rng(), 32, 48))))])
+    module = _check_model(graph, fusion=True)
+    (task,) = module.report
+    text = str(task.trace)
+    assert task.schedule == "default" and "sch.vectorize" in text and "sch.parallel" in text
+    assert "vectorized" in str(module.kernels[0].func) and "parallel" in str(module.kernels[0].func)
+
+
+def test_a_database_record_is_used_for_its_workload(tmp_path):
+    from hexir.database import Database
+    from hexir.graph.fusion import partition
+    from hexir.search.measure import MeasureResult
+
+    rng = np.random.default_rng()
+    g = hexir.GraphBuilder("two")
+    x = g.input("x", (32, 64))
+    h = g.relu(g.dense(x, g.constant(_weights(rng, 64, 64))))
+    graph = g.build([g.softmax(g.dense(h, g.constant(_weights(rng, 16, 64))))])
+    first = hexir.lower(partition(graph)[0].graph())
+    sch = hexir.Schedule(first)
+    i, j, k = sch.get_loops(sch.get_block("dense"))
+    io, ii = sch.split(i, [None, 8])
+    sch.parallel(io)
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    Database(url).commit_record(first, "cpu", sch.trace, MeasureResult(latencies=(1e-4,)))
+
+    module = hexir.compile(graph, database=url)
+    assert [t.schedule for t in module.report] == ["tuned", "default", "default"]
+    assert module.report[0].trace.to_json() == sch.trace.to_json()
+    assert module.report[0].workload_key == hexir.workload_key(first)
+    xv = rng.standard_normal((32, 64)).astype("float32")
+    np.testing.assert_allclose(module.run([xv])[0], evaluate(graph, [xv])[0], rtol=1e-4, atol=1e-6)
+    assert hexir.compile(graph, database=Database(url)).report[0].schedule == "tuned"
+
+
+def test_a_cuda_module_builds_here_and_running_it_says_there_is_no_gpu():
+    from hexir.runtime.cuda_kernel import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is visible: the gpu tests run the module")
+    module = hexir.compile(mlp(np.random.default_rng()), target="cuda -arch=sm_90")
+    assert module.target.kind == "cuda" and len(module.kernels) == len(module.commands)
+    assert all(k.binary.cubin for k in module.kernels)
+    with pytest.raises(hexir.TargetError, match="no GPU to run on"):
+        module.run([np.ones((16, 64), "float32")])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])
+def test_a_cuda_module_runs_on_the_gpu_from_its_plan(fusion):
+    from hexir.runtime.cuda_kernel import gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    graph = SMALL_ZOO["bert-base"]()
+    rng = np.random.default_rng()
+    inputs = _inputs(graph, rng)
+    with hexir.knobs.scope(fusion=fusion):
+        module = hexir.compile(graph, target="cuda")
+    planned = module.run(inputs)
+    again = module.run(inputs)
+    unplanned = module.run(inputs, plan=False)
+    for out, same, other, ref in zip(planned, again, unplanned, evaluate(graph, inputs)):
+        np.testing.assert_array_equal(out, same)
+        np.testing.assert_array_equal(out, other)
+        np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()))

@@ -1,0 +1,170 @@
+"""Default schedules: what a kernel runs with when the tuning database has nothing for it.
+
+    sch = default_schedule(func, Target("cpu"))     # a Schedule: sch.func, sch.trace
+
+They are simple and never fail: a primitive that raises `ScheduleError` leaves the schedule as
+it was, and the default does less.
+
+- CPU, per block: where legal, the innermost spatial loop moves inside the reduction loops and
+  is vectorized (matmul: `i, k, j` with `j` in SIMD lanes; elementwise ops: the last axis);
+  the spatial loops outside it are fused and run in parallel (OpenMP).
+- GPU: the hand-written reference schedule (hexir/schedule/handwritten.py: tiled
+  contractions with shared-memory operands, one thread block per row of a row reduction,
+  flat elementwise kernels) where it applies and passes the GPU verifier; otherwise
+  elementwise blocks that write no output are inlined into their consumers; then, of
+  the leading spatial loops that every remaining stage has with the same extents, the last
+  stage's are fused, split by `GPU_THREADS` and bound to `blockIdx.x` / `threadIdx.x`, and
+  every earlier stage is computed at the thread loop (each thread makes what it reads:
+  softmax's row statistics per row, a matmul's element before its epilogue). A kernel whose
+  stages share no such loops, or that the GPU verifier refuses, runs on one thread: correct,
+  slow, and a task for the search.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from hexir.errors import HexirError, ScheduleError
+from hexir.ir.tir import Block, For, PrimFunc, Var
+from hexir.runtime.target import Target
+from hexir.schedule import LoopRV, Schedule
+from hexir.schedule.common import all_blocks
+
+__all__ = ["GPU_THREADS", "default_schedule"]
+
+GPU_THREADS = 128
+
+
+def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
+    """A simple schedule of `func` for `target` (see the module docstring)."""
+    target = Target.of(target)
+    if target.kind == "cpu":
+        sch = Schedule(func)
+        for name in [b.name for b in all_blocks(func.body)]:
+            sch = _cpu_block(sch, name)
+        return sch
+    return _gpu_schedule(func, target)
+
+
+def _loops(sch: Schedule, name: str) -> tuple[list[LoopRV], list[str], Block]:
+    """The loops around block `name`, the kind of the iter var each binds ("" when a loop is
+    not bound alone to one iter var), and the block."""
+    rv = sch.get_block(name)
+    block = sch.get(rv)
+    assert isinstance(block, Block)
+    loops = sch.get_loops(rv)
+    kinds = {iv.binding: iv.kind for iv in block.iter_vars if isinstance(iv.binding, Var)}
+    return loops, [kinds.get(sch.get(lp).var, "") for lp in loops], block  # type: ignore[union-attr]
+
+
+def _leading_spatial(loops: list[LoopRV], kinds: list[str]) -> list[LoopRV]:
+    outer = []
+    for loop, kind in zip(loops, kinds):
+        if kind != "spatial":
+            break
+        outer.append(loop)
+    return outer
+
+
+def _attempt(action: Callable[[], object]) -> bool:
+    # A primitive that raises leaves the schedule as it was; the default then does less.
+    try:
+        action()
+    except ScheduleError:
+        return False
+    return True
+
+
+# -- CPU --------------------------------------------------------------------------------------
+
+
+def _cpu_block(sch: Schedule, name: str) -> Schedule:
+    loops, kinds, _ = _loops(sch, name)
+    if not loops or "" in kinds or "spatial" not in kinds:
+        return sch
+    spatial = [lp for lp, k in zip(loops, kinds) if k == "spatial"]
+    reduce = [lp for lp, k in zip(loops, kinds) if k == "reduce"]
+    # On a copy, so that a refused vectorize also undoes the reorder made for it.
+    trial = sch.copy()
+
+    def vectorize_innermost() -> None:
+        if kinds[-1] == "reduce":
+            trial.reorder(*spatial[:-1], *reduce, spatial[-1])
+        trial.vectorize(spatial[-1])
+
+    if _attempt(vectorize_innermost):
+        sch, outer = trial, spatial[:-1]
+    else:
+        outer = _leading_spatial(loops, kinds)
+    if outer:
+        _attempt(lambda: sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0]))
+    return sch
+
+
+# -- GPU --------------------------------------------------------------------------------------
+
+
+def _gpu_schedule(func: PrimFunc, target: Target) -> Schedule:
+    from hexir.codegen.gpu_verify import verify_gpu
+    from hexir.schedule.compact import compact_buffers
+    from hexir.schedule.handwritten import gpu_schedule
+
+    try:  # the hand-written reference schedule, where it applies and fits the target
+        reference = gpu_schedule(func)
+        verify_gpu(compact_buffers(reference.func), target)
+        return reference
+    except HexirError:
+        pass
+    sch = Schedule(func)
+    outputs = {b.name for b in func.outputs}
+    for block in list(all_blocks(func.body)):
+        if not any(w.buffer.name in outputs for w in block.writes):
+            _attempt(functools.partial(_inline, sch, block.name))
+    stages = [b.name for b in all_blocks(sch.func.body)]
+    shared = _shared_prefix(sch, stages)
+    if shared == 0:
+        return sch
+    bound = sch.copy()
+    if not _attempt(lambda: _bind_under_last(bound, stages, shared)):
+        return sch
+    try:
+        verify_gpu(compact_buffers(bound.func), target)
+    except HexirError:
+        return sch
+    return bound
+
+
+def _inline(sch: Schedule, name: str) -> None:
+    sch.compute_inline(sch.get_block(name))
+
+
+def _bind_under_last(sch: Schedule, stages: list[str], shared: int) -> None:
+    """Bind the last stage's first `shared` loops to blocks and threads, and compute every
+    earlier stage under its thread loop, so that each thread makes what it reads."""
+    loops, _, _ = _loops(sch, stages[-1])
+    outer = loops[:shared]
+    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    block_loop, thread_loop = sch.split(fused, [None, GPU_THREADS])
+    sch.bind(block_loop, "blockIdx.x")
+    sch.bind(thread_loop, "threadIdx.x")
+    for name in reversed(stages[:-1]):
+        sch.compute_at(sch.get_block(name), thread_loop)
+
+
+def _shared_prefix(sch: Schedule, stages: list[str]) -> int:
+    """How many leading spatial loops all stages have, with the same extents."""
+    extents = []
+    for name in stages:
+        loops, kinds, _ = _loops(sch, name)
+        extents.append([_extent(sch, lp) for lp in _leading_spatial(loops, kinds)])
+    n = min((len(e) for e in extents), default=0)
+    while n and any(e[:n] != extents[0][:n] for e in extents):
+        n -= 1
+    return n
+
+
+def _extent(sch: Schedule, loop: LoopRV) -> int:
+    node = sch.get(loop)
+    assert isinstance(node, For)
+    return node.extent

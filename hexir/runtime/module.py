@@ -1,0 +1,236 @@
+"""A compiled graph: its kernels, the flat command list that calls them, its constants and
+its memory plan; `Module.run` runs it, `Module.save` writes it as one artifact file.
+
+    module = hexir.compile(graph)
+    outputs = module.run([x])                  # buffers from the memory plan, allocated once
+    outputs = module.run([x], plan=False)      # a fresh buffer per value: the same bits
+    module.save("model.hxa"); hexir.runtime.load("model.hxa")
+
+A planned run allocates every buffer once per module — the plan's storages, with each
+intermediate a view into one, the graph's inputs and outputs, the constants — and then only
+copies the inputs in, calls the kernels in command order on precomputed pointers, and copies
+the outputs out. The buffers belong to the module, so one module runs one call at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hexir.errors import HexirError
+from hexir.graph.memory import ALIGN, MemoryPlan, Step, plan_memory
+from hexir.ir.dtype import itemsize, numpy_dtype
+from hexir.ir.graph import Graph, TensorType, Value
+from hexir.runtime.target import Target
+from hexir.schedule.trace import Trace
+
+__all__ = ["Command", "Module", "TaskReport"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """Call kernel number `kernel` on the values named `args`: inputs, then the last
+    `num_outputs`, which it writes."""
+
+    kernel: int
+    args: tuple[str, ...]
+    num_outputs: int = 1
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.args[: len(self.args) - self.num_outputs]
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.args[len(self.args) - self.num_outputs :]
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """How one command's kernel was made: its workload key, whether its schedule came from
+    the tuning database ("tuned") or the default ("default"), and the trace applied."""
+
+    name: str
+    workload_key: str
+    schedule: str
+    trace: Trace
+    kernel: int
+    ops: tuple[str, ...]  # the op kinds the kernel computes, in order
+
+
+class Module:
+    """A compiled graph (see the module docstring). `kernels`: one per distinct scheduled
+    kernel; `commands`: the calls in order; `plan`: where the intermediates live;
+    `report`: one TaskReport per command."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        target: Target,
+        kernels: list,
+        commands: list[Command],
+        constants: dict[str, np.ndarray],
+        plan: MemoryPlan | None = None,
+        report: tuple[TaskReport, ...] = (),
+    ):
+        self.graph = graph
+        self.target = target
+        self.kernels = kernels
+        self.commands = commands
+        self.constants = constants
+        self.plan = plan if plan is not None else _plan_without_inplace(graph, commands)
+        self.report = report
+        self._types = _value_types(graph)
+        self._buffers: _CpuBuffers | None = None
+
+    def run(
+        self,
+        inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+        *,
+        plan: bool = True,
+    ) -> list[np.ndarray]:
+        """Run the graph on numpy inputs (a list in graph order, or a dict by name); fresh
+        output arrays. `plan=False` gives every value its own new buffer and calls each
+        kernel through its checked call (on a GPU: copies in and out per kernel), for checking
+        the plan: the results are the same bits."""
+        bound = _bind_inputs(self.graph, inputs)
+        if self.target.kind == "cpu":
+            self._sync_threads()
+        if not plan:
+            return self._run_unplanned(bound)
+        if self.target.kind != "cpu":
+            from hexir.runtime.cuda_module import run_cuda
+
+            return run_cuda(self, bound)
+        if self._buffers is None:
+            self._buffers = _CpuBuffers(self)
+        return self._buffers.run(bound, self.graph.outputs)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the module as one artifact file (hexir/runtime/artifact.py); its path."""
+        from hexir.runtime.artifact import save
+
+        return save(self, path)
+
+    def value_type(self, name: str) -> TensorType:
+        return self._types[name]
+
+    def _run_unplanned(self, bound: dict[str, np.ndarray]) -> list[np.ndarray]:
+        env: dict[str, np.ndarray] = {**self.constants, **bound}
+        for command in self.commands:
+            for name in command.outputs:
+                env[name] = _empty(self._types[name])
+            self.kernels[command.kernel](*(env[name] for name in command.args))
+        return [np.array(env[v.name]) for v in self.graph.outputs]
+
+    def _sync_threads(self) -> None:
+        for kernel in self.kernels:
+            kernel._sync_threads()  # the thread count is set per library, once per change
+
+    def __repr__(self) -> str:
+        lines = [
+            f"Module @{self.graph.name} on {self.target}: {len(self.kernels)} kernels, "
+            f"{len(self.commands)} commands"
+        ]
+        for c in self.commands:
+            lines.append(f"  {self.kernels[c.kernel].func.name}({', '.join(c.args)})")
+        lines.append(self.plan.summary())
+        return "\n".join(lines)
+
+
+class _CpuBuffers:
+    """Every value's array, allocated once from the plan, and each command's entry point and
+    argument pointers."""
+
+    def __init__(self, module: Module):
+        self.storages = [_aligned(n) for n in module.plan.storage_sizes]
+        placed = module.plan.as_dict()
+        arrays: dict[str, np.ndarray] = {}
+        for v in module.graph.inputs:
+            arrays[v.name] = _empty(v.type)
+        for name, data in module.constants.items():
+            arrays[name] = np.ascontiguousarray(data)
+        for command in module.commands:
+            for name in command.outputs:
+                t = module.value_type(name)
+                p = placed.get(name)
+                if p is None:
+                    arrays[name] = _empty(t)
+                else:
+                    raw = self.storages[p.storage][p.offset : p.offset + p.nbytes]
+                    arrays[name] = raw.view(numpy_dtype(t.dtype)).reshape(t.shape)
+        self.arrays = arrays
+        self.calls = [
+            (module.kernels[c.kernel]._fn, [arrays[n].ctypes.data for n in c.args])
+            for c in module.commands
+        ]
+
+    def run(self, bound: dict[str, np.ndarray], outputs: Sequence[Value]) -> list[np.ndarray]:
+        for name, array in bound.items():
+            np.copyto(self.arrays[name], array)
+        for fn, pointers in self.calls:
+            fn(*pointers)
+        return [self.arrays[v.name].copy() for v in outputs]
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """`nbytes` bytes starting on an `ALIGN`-byte boundary."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + nbytes]
+
+
+def _empty(t: TensorType) -> np.ndarray:
+    return np.empty(t.shape, dtype=numpy_dtype(t.dtype))
+
+
+def _value_types(graph: Graph) -> dict[str, TensorType]:
+    types = {v.name: v.type for v in graph.inputs}
+    types.update((op.result.name, op.result.type) for op in graph.ops)
+    return types
+
+
+def _plan_without_inplace(graph: Graph, commands: Sequence[Command]) -> MemoryPlan:
+    types = _value_types(graph)
+    returned = {v.name for v in graph.outputs}
+    sizes = {
+        n: types[n].size * itemsize(types[n].dtype)
+        for c in commands
+        for n in c.outputs
+        if n not in returned
+    }
+    return plan_memory([Step(c.inputs, c.outputs) for c in commands], sizes)
+
+
+def _bind_inputs(
+    graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    if isinstance(inputs, Mapping):
+        missing = [v.name for v in graph.inputs if v.name not in inputs]
+        if missing:
+            raise HexirError(
+                f"graph @{graph.name}: missing inputs {', '.join(missing)}; pass every input "
+                "by name, or a list in graph order"
+            )
+        arrays = [inputs[v.name] for v in graph.inputs]
+    else:
+        arrays = list(inputs)
+        if len(arrays) != len(graph.inputs):
+            raise HexirError(
+                f"graph @{graph.name} takes {len(graph.inputs)} inputs, got {len(arrays)}"
+            )
+    return {v.name: _check_input(v, a) for v, a in zip(graph.inputs, arrays)}
+
+
+def _check_input(value: Value, array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array)
+    want = numpy_dtype(value.type.dtype)
+    if array.shape != value.type.shape or array.dtype != want:
+        raise HexirError(
+            f"input %{value.name} must be {want} of shape {value.type.shape}, "
+            f"got {array.dtype} of shape {array.shape}"
+        )
+    return np.ascontiguousarray(array)
