@@ -2,7 +2,7 @@
 
     hexir run matmul:M=1024,N=1024,K=1024     # compile on the CPU, check against numpy, time
     hexir show matmul:M=64,N=64,K=64          # print the unscheduled hextir
-    hexir show model.hexir                    # print a graph and the kernel of each op
+    hexir show resnet18 --kernels --memory    # a model's fused kernels and memory plan
 
 Errors print as one paragraph and exit with status 1; `--debug` shows the traceback.
 """
@@ -13,7 +13,6 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -105,31 +104,38 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     import hexir
 
-    path = Path(args.what)
-    if path.suffix == ".hexir":
-        graph = _load_graph_file(path)
-        print(graph)
-        from hexir.graph.lower import lower_op
-
-        for op in graph.ops:
-            if op.name != "hexir.constant":
-                print()
-                print(lower_op(op))
+    if ":" in args.what:
+        func = _load_workload(args.what)
+        print(func)
+        print(f"// workload key {hexir.workload_key(func)}")
         return 0
-    func = _load_workload(args.what)
-    print(func)
-    print(f"// workload key {hexir.workload_key(func)}")
+    graph = hexir.load_model(args.what)
+    if not (args.kernels or args.memory):
+        print(graph)
+    if args.kernels:
+        _print_kernels(graph)
+    if args.memory:
+        from hexir.runtime.executor import plan_graph
+
+        print(plan_graph(graph).summary())
     return 0
 
 
-def _load_graph_file(path: Path):
-    import hexir
+def _print_kernels(graph) -> None:
+    """One line per fused kernel: its ops, output shape and workload key."""
+    from hexir.graph.fusion import partition
+    from hexir.graph.lower import lower
+    from hexir.ir.keys import workload_key
+    from hexir.runtime.executor import simplify
 
-    if not path.exists():
-        raise HexirError(f"no such file: {path}")
-    blobs = path.with_suffix(".npz")
-    constants = dict(np.load(blobs)) if blobs.exists() else None
-    return hexir.parse(path.read_text(), constants=constants)
+    groups = partition(simplify(graph))
+    ops = sum(1 for op in graph.ops if op.kind != "constant")
+    print(f"{len(groups)} kernels for {ops} ops (fusion {'on' if knobs.get().fusion else 'off'})")
+    for n, group in enumerate(groups):
+        kinds = "+".join(op.kind for op in group.ops)
+        shape = "x".join(map(str, group.outputs[0].type.shape)) or "scalar"
+        key = workload_key(lower(group.graph()))[:12]
+        print(f"  {n:3d}  {kinds:<44} {shape:<16} {key}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,8 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeats", type=int, default=3, help="timed calls (median reported)")
     run.set_defaults(handler=cmd_run)
 
-    show = verbs.add_parser("show", help="print a workload's hextir or a .hexir graph")
-    show.add_argument("what", help="a workload (matmul:M=64,N=64,K=64) or a .hexir file")
+    show = verbs.add_parser("show", help="print a workload's hextir, or a model's graph")
+    show.add_argument(
+        "what", help="a workload (matmul:M=64,N=64,K=64), a zoo model, a .hexir or .onnx file"
+    )
+    show.add_argument("--kernels", action="store_true", help="list the fused kernels")
+    show.add_argument("--memory", action="store_true", help="print the memory plan")
     show.set_defaults(handler=cmd_show)
     return parser
 

@@ -50,8 +50,23 @@ def test_show_reads_a_hexir_file_with_its_constants(tmp_path, capsys):
     (tmp_path / "tiny.hexir").write_text(str(graph))
     np.savez(tmp_path / "tiny.npz", w=graph.constant("w"))
     assert main(["show", str(tmp_path / "tiny.hexir")]) == 0
+    assert hexir.parse(capsys.readouterr().out, constants={"w": graph.constant("w")}) == graph
+    assert main(["show", str(tmp_path / "tiny.hexir"), "--kernels"]) == 0
     out = capsys.readouterr().out
-    assert "hexir.graph @tiny" in out and "hextir.func @dense" in out and "block @relu" in out
+    assert "1 kernels for 2 ops (fusion on)" in out and "dense+relu" in out
+
+
+def test_show_lists_a_models_kernels_and_memory_plan(capsys):
+    assert main(["show", "resnet18", "--kernels", "--memory"]) == 0
+    out = capsys.readouterr().out
+    fused = int(out.split(" kernels for ")[0])
+    ops = int(out.split(" kernels for ")[1].split()[0])
+    assert fused < ops / 2  # the whole-models bar: fewer than half as many kernels
+    assert "conv2d+bias_add+add+relu" in out
+    assert "planned peak" in out and "liveness lower bound" in out
+    with hexir.knobs.scope(fusion=False):
+        assert main(["show", "resnet18", "--kernels"]) == 0
+    assert f"{ops} kernels for {ops} ops (fusion off)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -59,7 +74,8 @@ def test_show_reads_a_hexir_file_with_its_constants(tmp_path, capsys):
     [
         (["run", "nosuch:M=1"], "unknown workload 'nosuch'"),
         (["run", "matmul:M=4"], "missing keyword"),
-        (["show", "missing.hexir"], "no such file"),
+        (["show", "missing.hexir"], "missing.hexir"),
+        (["show", "resnet19"], "resnet18"),
         (["run", "matmul:M=4,N=4,K=4", "--target", "tpu"], "tpu"),
     ],
 )
