@@ -19,6 +19,7 @@ from hexir.errors import (
     ParseError,
     ResourceError,
     ScheduleError,
+    SpaceError,
     TargetError,
     TypeInferenceError,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "ParseError",
     "ResourceError",
     "ScheduleError",
+    "SpaceError",
     "TargetError",
     "TypeInferenceError",
     "knobs",

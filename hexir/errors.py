@@ -141,3 +141,8 @@ class ArtifactError(HexirError):
 
 class SpaceError(HexirError):
     """A workload for which the search space yields no valid schedule within its attempts."""
+
+
+class CostModelError(HexirError):
+    """A saved cost model that cannot be loaded: a missing file, another model's format, or a
+    model whose features differ from this version's."""

@@ -2,7 +2,8 @@
 
 Measurement (measure.py): `Candidate`, `BuildResult`, `MeasureResult`, the `Builder` and
 `Runner` protocols and `measure`; CpuBuilder / CudaBuilder (builders.py); CpuRunner /
-CudaRunner (runners.py, the CPU one over a worker process, worker.py).
+CudaRunner (runners.py, the CPU one over a worker process, worker.py). The space
+(space.py): `SearchSpace` and `sample`, from the sketch rules of sketch_cpu.py and sketch_gpu.py.
 """
 
 from hexir.search.builders import CpuBuilder, CudaBuilder
@@ -16,6 +17,7 @@ from hexir.search.measure import (
     measure,
 )
 from hexir.search.runners import CpuRunner, CudaRunner
+from hexir.search.space import SearchSpace, sample
 
 __all__ = [
     "ERROR_KINDS",
@@ -28,5 +30,7 @@ __all__ = [
     "CudaRunner",
     "MeasureResult",
     "Runner",
+    "SearchSpace",
     "measure",
+    "sample",
 ]

@@ -1,0 +1,160 @@
+"""Sketch rules shared by the CPU and GPU spaces: auto-inline, and sampling helpers.
+
+A rule takes a Schedule (whose `rng` draws every decision), finds the blocks it applies to by
+their properties (hexir/search/analysis.py), and applies primitives. A primitive that refuses
+leaves the schedule as it was (DESIGN.md §3), so an optional step is tried and skipped; a step
+the sketch cannot do without lets the ScheduleError through, and the space drops the sketch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+from hexir.errors import ScheduleError
+from hexir.ir.tir import Block, For
+from hexir.schedule import INLINE, ROOT, BlockRV, LoopRV, Schedule
+from hexir.search.analysis import (
+    block_named,
+    is_elementwise,
+    leaf_blocks,
+    producers,
+    writes_intermediate,
+)
+
+UNROLL_KEY = "pragma_auto_unroll_max_step"
+UNROLL_STEPS = (0, 16, 64, 512)
+
+
+def attempt(fn: Callable[..., object], *args: object) -> bool:
+    """Apply one optional primitive; False (and nothing changed) where it is refused."""
+    try:
+        fn(*args)
+    except ScheduleError:
+        return False
+    return True
+
+
+def auto_inline(sch: Schedule) -> None:
+    """Inline every elementwise producer of an intermediate into its consumers, then fold
+    every elementwise consumer into an elementwise producer, until neither applies."""
+    while _inline_one(sch):
+        pass
+
+
+def _inline_one(sch: Schedule) -> bool:
+    """One inline step, if any applies (the block list is stale after it)."""
+    func = sch.func
+    for block in leaf_blocks(func):
+        if is_elementwise(func, block) and writes_intermediate(func, block):
+            if attempt(sch.compute_inline, sch.get_block(block.name)):
+                return True
+    for block in leaf_blocks(func):
+        feeders = producers(func, block)
+        if is_elementwise(func, block) and len(feeders) == 1:
+            if is_elementwise(func, feeders[0]):
+                if attempt(sch.reverse_compute_inline, sch.get_block(block.name)):
+                    return True
+    return False
+
+
+def inline_epilogue(sch: Schedule, writer: BlockRV) -> None:
+    """Fold the elementwise consumers of what `writer` stores into it (bias, activation)."""
+    while True:
+        name = sch.describe(writer)
+        block = block_named(sch.func, name)
+        out = {w.buffer for w in block.writes}
+        folded = False
+        for other in leaf_blocks(sch.func):
+            if other.name != name and is_elementwise(sch.func, other):
+                if out & {r.buffer for r in other.reads}:
+                    folded = attempt(sch.reverse_compute_inline, sch.get_block(other.name))
+                    if folded:
+                        break
+        if not folded:
+            return
+
+
+def sample_location(
+    sch: Schedule, block: BlockRV, within: Collection[LoopRV] | None = None
+) -> None:
+    """Move `block` to a sampled compute location among those where `compute_at` is legal:
+    ROOT, INLINE, or a loop (one of `within`, when given)."""
+    from hexir.schedule import compute_location_candidates
+
+    node = sch.get(block)
+    assert isinstance(node, Block)
+    candidates = compute_location_candidates(sch.func, node)
+    loops = None if within is None else {loop_of(sch, lp).var for lp in within}
+    order = [
+        n
+        for n, where in enumerate(candidates)
+        if loops is None or is_location(where) or where in loops
+    ]
+    sch.rng.shuffle(order)
+    # Trying candidates in random order until one is legal draws uniformly among the legal
+    # ones, at the cost of a trial or two rather than one per candidate.
+    for n in order:
+        if _legal_location(sch, block, n):
+            sch.compute_at(block, sch.sample_compute_location(block, decision=n))
+            return
+    raise ScheduleError(f"no legal compute location for @{node.name}", "sample_location")
+
+
+def _legal_location(sch: Schedule, block: BlockRV, index: int) -> bool:
+    trial = sch.copy()
+    try:
+        trial.compute_at(block, trial.sample_compute_location(block, decision=index))
+    except ScheduleError:
+        return False
+    return True
+
+
+def annotate_unroll(sch: Schedule, loop: LoopRV) -> None:
+    """A sampled `pragma_auto_unroll_max_step` on `loop`: how far code inside may unroll."""
+    step = sch.sample_categorical(list(UNROLL_STEPS), [1.0] * len(UNROLL_STEPS))
+    sch.annotate(loop, UNROLL_KEY, step)
+
+
+def split_all(
+    sch: Schedule, loops: Sequence[LoopRV], levels: int, inner: Sequence[int]
+) -> list[list[LoopRV]]:
+    """Each loop split into `levels` loops by a sampled perfect tile; a loop of extent 1 is
+    left whole (a list of itself)."""
+    out = []
+    for loop, limit in zip(loops, inner):
+        if loop_of(sch, loop).extent == 1:
+            out.append([loop])
+            continue
+        factors = sch.sample_perfect_tile(loop, n=levels, max_innermost_factor=limit)
+        out.append(sch.split(loop, factors))
+    return out
+
+
+def split_inner(sch: Schedule, loop: LoopRV, low: int, high: int) -> tuple[LoopRV, LoopRV] | None:
+    """Split `loop` in two with a sampled inner extent in [low, high] that divides it (the
+    decision is drawn here, so that it is one the rule can use); None if none divides it."""
+    from hexir.schedule.sampling import divisors
+
+    extent = loop_of(sch, loop).extent
+    choices = [d for d in divisors(extent) if low <= d <= high]
+    if not choices:
+        return None
+    inner = sch.rng.choice(choices)
+    factors = sch.sample_perfect_tile(loop, n=2, max_innermost_factor=high,
+                                      decision=[extent // inner, inner])  # fmt: skip
+    outer_loop, inner_loop = sch.split(loop, factors)
+    return outer_loop, inner_loop
+
+
+def fuse_or_one(sch: Schedule, loops: Sequence[LoopRV]) -> LoopRV:
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+def is_location(value: object) -> bool:
+    return value is ROOT or value is INLINE
+
+
+def loop_of(sch: Schedule, rv: LoopRV) -> For:
+    node = sch.get(rv)
+    assert isinstance(node, For)
+    return node

@@ -1,0 +1,210 @@
+"""The CPU sketch: multi-level tiling of reductions with reuse ("SSRSRS"), random compute
+locations and rfactor for the other blocks, then parallel-vectorize-unroll.
+
+A tiled block (matmul, conv2d, dense) comes out as
+
+    for S0 (spatial tiles, fused)  parallel          <- the unroll annotation sits here
+      [pack of a reused operand, at a sampled location: cache_read global + compute_at]
+      for S1 (spatial: cache tiles)
+        init of the local accumulator (decompose_reduction), rows unrolled, columns vectorized
+        for R0 (reduction: outer)
+          for S2 (spatial)
+            for R1 (reduction: inner)
+              for S3 (spatial: the register tile; rows unrolled, columns vectorized)
+        write-back of the accumulator (cache_write local + reverse_compute_at S1), with the
+        elementwise consumers (bias, activation) folded into it
+
+which holds benchmarks/matmul_cpu.py's hand schedule (S2 = R0 = 1, B packed under S0).
+"""
+
+from __future__ import annotations
+
+from hexir.errors import ScheduleError
+from hexir.ir.tir import Block
+from hexir.runtime.target import Target
+from hexir.schedule import BlockRV, LoopRV, Schedule
+from hexir.schedule.common import reduce_fed_by
+from hexir.search.analysis import (
+    block_named,
+    consumers,
+    has_kind,
+    has_reuse,
+    is_tileable,
+    leaf_blocks,
+    loop_roles,
+    loops_around,
+    reused_reads,
+    root_nests,
+)
+from hexir.search.rules import (
+    annotate_unroll,
+    attempt,
+    auto_inline,
+    fuse_or_one,
+    inline_epilogue,
+    loop_of,
+    sample_location,
+    split_all,
+    split_inner,
+)
+
+MAX_UNROLLED_ROWS = 8
+PACK_PROBABILITY = 0.5
+RFACTOR_PROBABILITY = 0.5
+MIN_RFACTOR_EXTENT = 32
+PARALLEL_JOBS_PER_CORE = 16
+
+
+def cpu_sketch(sch: Schedule, target: Target) -> None:
+    """Schedule every block of `sch.func` for the CPU, drawing from `sch.rng`."""
+    auto_inline(sch)
+    tiled = [b.name for b in leaf_blocks(sch.func) if _wants_tiling(sch, b)]
+    done = set(tiled)
+    for name in tiled:
+        before = _names(sch)
+        tile_cpu(sch, sch.get_block(name), target)
+        done |= _names(sch) - before  # the init, write-back and packs it made
+    for block in reversed(leaf_blocks(sch.func)):
+        if block.name not in done:
+            _place_other(sch, block)
+    for nest in list(root_nests(sch.func)):
+        if nest.kind == "serial":
+            parallelize_nest(sch, nest.var.name, target)
+
+
+def _wants_tiling(sch: Schedule, block: Block) -> bool:
+    return has_reuse(block) and is_tileable(sch.func, block)
+
+
+def _names(sch: Schedule) -> set[str]:
+    return {b.name for b in leaf_blocks(sch.func)}
+
+
+def tile_cpu(sch: Schedule, block: BlockRV, target: Target) -> None:
+    """Multi-level tiling of one reduction with reuse (see the module docstring)."""
+    roles = [r.role for r in loop_roles(sch.func, sch.get(block))]  # type: ignore[arg-type]
+    writeback = _try_cache_write(sch, block)
+    loops = sch.get_loops(block)
+    spatial = [lp for lp, role in zip(loops, roles) if role != "reduce"]
+    reduce_ = [lp for lp, role in zip(loops, roles) if role == "reduce"]
+    vector = 4 * target.vector_width
+    limits = [MAX_UNROLLED_ROWS] * (len(spatial) - 1) + [vector]
+    s = split_all(sch, spatial, 4, limits)
+    r = split_all(sch, reduce_, 2, [0] * len(reduce_))
+    sch.reorder(*_level(s, 0), *_level(s, 1), *_level(r, 0), *_level(s, 2), *_level(r, 1),
+                *_level(s, 3))  # fmt: skip
+    outer = fuse_or_one(sch, _level(s, 0))
+    sch.parallel(outer)
+    if writeback is not None:
+        sch.reverse_compute_at(writeback, _level(s, 1)[-1], True)
+        inline_epilogue(sch, writeback)
+    _register_tile(sch, _level(s, 3))
+    sch.decompose_reduction(block, _level(r, 0)[0])
+    if writeback is not None:
+        _register_tile(sch, sch.get_loops(writeback)[-len(spatial) :], limit=16)
+    # A pack goes outside the inner tiles: packing per register tile would copy more than the
+    # tile computes.
+    _pack_operands(sch, block, [outer, *_level(s, 1), *_level(r, 0)])
+    annotate_unroll(sch, outer)
+
+
+def _level(tiles: list[list[LoopRV]], n: int) -> list[LoopRV]:
+    """The loops of tiling level `n` (a loop of extent 1 is not split: it sits at level 0)."""
+    return [t[n] for t in tiles if len(t) > n]
+
+
+def _try_cache_write(sch: Schedule, block: BlockRV) -> BlockRV | None:
+    try:
+        return sch.cache_write(block, 0, "local")
+    except ScheduleError:
+        return None
+
+
+def _register_tile(sch: Schedule, loops: list[LoopRV], limit: int = MAX_UNROLLED_ROWS) -> None:
+    """Columns vectorized, rows unrolled: the tile then lives in vector registers."""
+    if not loops:
+        return
+    attempt(sch.vectorize, loops[-1])
+    for loop in loops[:-1]:
+        if 1 < loop_of(sch, loop).extent <= limit:
+            attempt(sch.unroll, loop)
+
+
+def _pack_operands(sch: Schedule, block: BlockRV, within: list[LoopRV]) -> None:
+    """Copy reused operands into compact buffers at a sampled loop (or not at all: INLINE)."""
+    node = sch.get(block)
+    assert isinstance(node, Block)
+    for index in reused_reads(node):
+        if sch.rng.random() >= PACK_PROBABILITY:
+            continue
+        try:
+            pack = sch.cache_read(block, index, "global")
+        except ScheduleError:
+            continue
+        sample_location(sch, pack, within)
+        if sch.describe(pack) in {b.name for b in leaf_blocks(sch.func)}:
+            pack_loops = sch.get_loops(pack)
+            if pack_loops:
+                attempt(sch.vectorize, pack_loops[-1])
+
+
+def _place_other(sch: Schedule, block: Block) -> None:
+    """A block the tiling rule left: a sampled compute location (if it feeds another block),
+    then, for a long reduction, maybe rfactor so that its partial sums vectorize."""
+    rv = sch.get_block(block.name)
+    if consumers(sch.func, block) and not any(w.buffer in sch.func.params for w in block.writes):
+        sample_location(sch, rv)
+    block = block_named(sch.func, block.name)
+    if has_kind(block, "reduce") and sch.rng.random() < RFACTOR_PROBABILITY:
+        _rfactor_inner(sch, rv, block)
+
+
+def _rfactor_inner(sch: Schedule, rv: BlockRV, block: Block) -> None:
+    """Split the innermost reduction loop and rfactor its inner part into vector lanes."""
+    roles = loop_roles(sch.func, block)
+    if not roles or roles[-1].role != "reduce" or roles[-1].loop.extent < MIN_RFACTOR_EXTENT:
+        return
+    halves = split_inner(sch, sch.get_loops(rv)[-1], 2, 64)
+    if halves is None:
+        return
+    rf = sch.rfactor(halves[1], -1)
+    rf_loops = sch.get_loops(rf)
+    attempt(sch.vectorize, rf_loops[-1])
+
+
+def parallelize_nest(sch: Schedule, loop_name: str, target: Target) -> None:
+    """Fuse the leading loops of a root nest that may run in parallel (enough of them for
+    every core), mark the fused loop parallel, vectorize each block's innermost loop where
+    legal, and sample the unroll step."""
+    nest = next(n for n in root_nests(sch.func) if n.var.name == loop_name)
+    blocks = [b for b in leaf_blocks(sch.func) if nest in loops_around(sch.func, b)[:1]]
+    first = sch.get_block(blocks[0].name)
+    chain = _parallel_chain(sch, first, PARALLEL_JOBS_PER_CORE * max(1, target.num_cores))
+    outer = sch.get_loops(first)[0]
+    if chain:
+        outer = fuse_or_one(sch, chain)
+        attempt(sch.parallel, outer)
+    for b in blocks:
+        loops = sch.get_loops(sch.get_block(b.name))
+        if loops and loops[-1] != outer:
+            attempt(sch.vectorize, loops[-1])
+    annotate_unroll(sch, outer)
+
+
+def _parallel_chain(sch: Schedule, block: BlockRV, want: int) -> list[LoopRV]:
+    """Leading perfectly nested loops feeding no reduction, up to enough parallel work; the
+    innermost loop stays out (it is the vector loop)."""
+    loops = sch.get_loops(block)
+    nodes = [loop_of(sch, lp) for lp in loops]
+    chain: list[LoopRV] = []
+    work = 1
+    for n, (rv, node) in enumerate(zip(loops[:-1], nodes[:-1])):
+        if node.kind != "serial" or reduce_fed_by(node.body, node.var) is not None:
+            break
+        if n > 0 and nodes[n - 1].body is not node:
+            break
+        chain.append(rv)
+        work *= node.extent
+        if work >= want:
+            break
+    return chain

@@ -1,0 +1,349 @@
+"""The GPU sketch: every block under one `blockIdx` loop nest, thread-bound stages inside it.
+
+A reduction with reuse (matmul, conv2d, dense) is tiled five ways in space and three in the
+reduction ("SSSRRSRS"), with the outer reduction tiles hoisted above the thread loops so that
+each shared-memory fetch is a stage of its own (DESIGN.md §3: a thread-bound loop nest is one
+stage between barriers):
+
+    for S0 (fused)  blockIdx.x
+      init of the local accumulator: vthread / threadIdx.x / S3 / S4 copies
+      for R0 (reduction: outer)
+        fetch of each reused operand into `shared`: copy loops fused, split by the thread
+        tiles, the thread part bound to threadIdx.x (cooperative fetch)
+        for S1 (fused)  vthread
+          for S2 (fused)  threadIdx.x
+            for R1, S3, R2, S4: each thread's tile, accumulated in `local`
+      write-back of the accumulator with its epilogue (bias, activation), split by the same
+      tiles and bound the same way, so each thread writes back what it accumulated
+
+Every other block is bound consumer first: an output block's row loops (those that index what
+a reduction produced) or all its loops go to blockIdx.x, the rest to threadIdx.x; a producer
+moves under its consumer's blockIdx loop (`compute_at`), and its reduction loop is split and
+bound to threadIdx.x: a cross-thread reduction. One kernel therefore handles softmax,
+layer_norm or a row reduction, one block of threads per row.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hexir.errors import ScheduleError
+from hexir.ir.tir import Block, Var
+from hexir.ir.visit import free_vars
+from hexir.runtime.target import Target
+from hexir.schedule import BlockRV, ExprRV, LoopRV, Schedule
+from hexir.schedule.sampling import divisors
+from hexir.search.analysis import (
+    consumers,
+    has_kind,
+    has_reuse,
+    is_tileable,
+    leaf_blocks,
+    loop_roles,
+    loops_around,
+    output_buffers,
+    producers,
+    region_vars,
+    reused_reads,
+)
+from hexir.search.rules import (
+    annotate_unroll,
+    attempt,
+    auto_inline,
+    fuse_or_one,
+    inline_epilogue,
+    loop_of,
+)
+
+S_LEVELS = 5
+R_LEVELS = 3
+MAX_VTHREAD = 8
+MAX_THREAD_ELEMENTS = 64  # accumulator elements per thread: they live in registers
+MAX_INNER_REDUCE = 32
+THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)
+CROSS_THREAD_PROBABILITY = 0.75  # else one thread per output, reducing serially
+TILE_TRIES = 64
+MAX_THREADS_Z = 64
+
+
+def gpu_sketch(sch: Schedule, target: Target) -> None:
+    """Schedule every block of `sch.func` for the GPU, drawing from `sch.rng`."""
+    auto_inline(sch)
+    tiled = [b.name for b in leaf_blocks(sch.func) if has_reuse(b) and is_tileable(sch.func, b)]
+    done = set(tiled)
+    for name in tiled:
+        before = {b.name for b in leaf_blocks(sch.func)}
+        tile_gpu(sch, sch.get_block(name), target)
+        done |= {b.name for b in leaf_blocks(sch.func)} - before
+    threads: dict[str, ExprRV] = {}  # per blockIdx loop: the threads every stage under it uses
+    for block in reversed(leaf_blocks(sch.func)):
+        if block.name not in done:
+            bind_block(sch, block, target, threads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-level tiling
+
+
+def tile_gpu(sch: Schedule, block: BlockRV, target: Target) -> None:
+    """Tile one reduction with reuse (see the module docstring)."""
+    roles = [r.role for r in loop_roles(sch.func, sch.get(block))]  # type: ignore[arg-type]
+    try:
+        writeback: BlockRV | None = sch.cache_write(block, 0, "local")
+    except ScheduleError:
+        writeback = None
+    loops = sch.get_loops(block)
+    extents = [loop_of(sch, lp).extent for lp in loops]
+    # Loops of extent 1 are not split: they join the outermost level.
+    unit = [lp for lp, e in zip(loops, extents) if e == 1]
+    spatial = [n for n, role in enumerate(roles) if role != "reduce" and extents[n] > 1]
+    reduce_ = [n for n, role in enumerate(roles) if role == "reduce" and extents[n] > 1]
+    s_dec = _spatial_tiles(sch.rng, [extents[n] for n in spatial], target)
+    s_split = [_split(sch, loops[n], d) for n, d in zip(spatial, s_dec)]
+    r = [_split(sch, loops[n], _reduce_tile(sch.rng, extents[n]))[1] for n in reduce_]
+    tiles = [rvs for rvs, _ in s_split]
+    s = [lps for _, lps in s_split]
+    if not r:
+        raise ScheduleError("no reduction loop longer than 1 to tile", "tile_gpu")
+    sch.reorder(*unit, *_at(s, 0), *_at(r, 0), *_at(s, 1), *_at(s, 2), *_at(r, 1), *_at(s, 3),
+                *_at(r, 2), *_at(s, 4))  # fmt: skip
+    bx = fuse_or_one(sch, [*unit, *_at(s, 0)])
+    sch.bind(bx, "blockIdx.x")
+    # Regions are exact over unfused tile loops: move the write-back and the fetches first.
+    if writeback is not None:
+        sch.reverse_compute_at(writeback, bx, True)
+        inline_epilogue(sch, writeback)
+    fetches = _fetch_shared(sch, block, _at(r, 0)[-1])
+    sch.bind(fuse_or_one(sch, [t[1] for t in s]), "vthread")
+    axes = thread_axes(s_dec)
+    for d, axis in axes:
+        sch.bind(s[d][2], axis)
+    sch.decompose_reduction(block, _at(r, 0)[0])
+    if writeback is not None:
+        _bind_writeback(sch, writeback, [n in spatial for n in _spatial_axes(roles)], tiles, axes)
+    for copy in fetches:
+        _cooperative_fetch(sch, copy, _at(r, 0)[-1], [(tiles[d][2], axis) for d, axis in axes])
+    annotate_unroll(sch, bx)
+
+
+def thread_axes(tiles: list[list[int]]) -> list[tuple[int, str]]:
+    """(spatial axis, thread axis) for each axis with more than one thread, innermost on
+    threadIdx.x: each thread index then appears alone (affinely) in every index, which the
+    CUDA code generator needs to give each thread its own accumulator."""
+    used = [d for d, t in enumerate(tiles) if t[2] > 1]
+    return [(d, f"threadIdx.{'xyz'[n]}") for n, d in enumerate(reversed(used))][::-1]
+
+
+def _spatial_tiles(rng: random.Random, extents: list[int], target: Target) -> list[list[int]]:
+    """Five-level tiles of the spatial loops within the target's thread, vthread and register
+    limits: drawn until one fits (decisions given to sample_perfect_tile, so they replay)."""
+    limit = target.max_threads_per_block or 1024
+    want = min(target.warp_size or 32, math.prod(extents))
+    best: list[list[int]] | None = None
+    for _ in range(TILE_TRIES):
+        tiles = [_draw(rng, e, S_LEVELS) for e in extents]
+        threads = math.prod(t[2] for t in tiles)
+        vthreads = math.prod(t[1] for t in tiles)
+        per_thread = math.prod(t[1] * t[3] * t[4] for t in tiles)
+        bound = [tiles[d][2] for d, _ in thread_axes(tiles)]
+        fits = len(bound) <= 3 and (len(bound) < 3 or bound[0] <= MAX_THREADS_Z)
+        fits = fits and vthreads <= MAX_VTHREAD and per_thread <= MAX_THREAD_ELEMENTS
+        if threads <= limit and fits:
+            best = tiles
+            if threads >= want:
+                return tiles
+    if best is None:
+        raise ScheduleError("no spatial tiling within the thread limits", "tile_gpu")
+    return best
+
+
+def _reduce_tile(rng: random.Random, extent: int) -> list[int]:
+    for _ in range(TILE_TRIES):
+        tile = _draw(rng, extent, R_LEVELS)
+        if tile[1] * tile[2] <= MAX_INNER_REDUCE:
+            return tile
+    return [extent, 1, 1]
+
+
+def _draw(rng: random.Random, extent: int, n: int) -> list[int]:
+    """A random perfect tile of `extent` in `n` factors, innermost drawn first."""
+    inner = []
+    rest = extent
+    for _ in range(n - 1):
+        f = rng.choice(divisors(rest))
+        inner.append(f)
+        rest //= f
+    return [rest, *reversed(inner)]
+
+
+def _split(sch: Schedule, loop: LoopRV, decision: list[int]) -> tuple[list[ExprRV], list[LoopRV]]:
+    rvs = sch.sample_perfect_tile(loop, n=len(decision), max_innermost_factor=0,
+                                  decision=decision)  # fmt: skip
+    return rvs, sch.split(loop, rvs)
+
+
+def _at(tiles: list[list[LoopRV]], n: int) -> list[LoopRV]:
+    return [t[n] for t in tiles]
+
+
+def _spatial_axes(roles: list[str | None]) -> list[int]:
+    return [n for n, role in enumerate(roles) if role != "reduce"]
+
+
+def _bind_writeback(
+    sch: Schedule,
+    writeback: BlockRV,
+    tiled: list[bool],
+    tiles: list[list[ExprRV]],
+    axes: list[tuple[int, str]],
+) -> None:
+    """The write-back's loops (one per spatial axis: `tiled` says which were split) split and
+    bound like the compute's, so that each thread copies out the accumulator it owns."""
+    loops = [lp for lp, t in zip(sch.get_loops(writeback)[-len(tiled) :], tiled) if t]
+    parts = [sch.split(lp, list(t[1:])) for lp, t in zip(loops, tiles)]
+    sch.reorder(*_at(parts, 0), *_at(parts, 1), *_at(parts, 2), *_at(parts, 3))
+    sch.bind(fuse_or_one(sch, _at(parts, 0)), "vthread")
+    for d, axis in axes:
+        sch.bind(parts[d][1], axis)
+
+
+def _fetch_shared(sch: Schedule, block: BlockRV, r0: LoopRV) -> list[BlockRV]:
+    """Each operand with reuse read through `shared`, fetched at every outer reduction step."""
+    node = sch.get(block)
+    assert isinstance(node, Block)
+    copies = []
+    for index in reused_reads(node):
+        try:
+            copy = sch.cache_read(block, index, "shared")
+        except ScheduleError:
+            continue
+        sch.compute_at(copy, r0)
+        copies.append(copy)
+    return copies
+
+
+def _cooperative_fetch(
+    sch: Schedule, copy: BlockRV, r0: LoopRV, threads: list[tuple[ExprRV, str]]
+) -> None:
+    """The copy's loops fused and split by the block's thread extents, each part bound to its
+    thread axis: all the block's threads fetch together."""
+    loops = _loops_below(sch, copy, r0)
+    parts = sch.split(fuse_or_one(sch, loops), [None, *(t for t, _ in threads)])
+    for loop, (_, axis) in zip(parts[1:], threads):
+        sch.bind(loop, axis)
+
+
+def _loops_below(sch: Schedule, block: BlockRV, loop: LoopRV) -> list[LoopRV]:
+    loops = sch.get_loops(block)
+    at = [loop_of(sch, lp).var for lp in loops].index(loop_of(sch, loop).var)
+    return loops[at + 1 :]
+
+
+# ---------------------------------------------------------------------------------------------
+# Binding the other blocks
+
+
+def bind_block(sch: Schedule, block: Block, target: Target, threads: dict[str, ExprRV]) -> None:
+    """Put `block` under a blockIdx loop: its consumer's if it has one (then bind its own
+    loops there to threadIdx.x), or one of its own."""
+    rv = sch.get_block(block.name)
+    bx = _consumer_block_loop(sch, block)
+    count = None if bx is None else threads.get(loop_of(sch, bx).var.name)
+    if bx is not None and count is not None and attempt(sch.compute_at, rv, bx):
+        _bind_inside(sch, rv, bx, count)
+        return
+    _bind_root(sch, rv, target, threads)
+
+
+def _consumer_block_loop(sch: Schedule, block: Block) -> LoopRV | None:
+    for c in consumers(sch.func, block):
+        for loop, rv in zip(loops_around(sch.func, c), sch.get_loops(sch.get_block(c.name))):
+            if loop.kind == "blockIdx.x":
+                return rv
+    return None
+
+
+def _bind_inside(sch: Schedule, rv: BlockRV, bx: LoopRV, threads: ExprRV) -> None:
+    node = sch.get(rv)
+    assert isinstance(node, Block)
+    roles = loop_roles(sch.func, node)
+    below = _loops_below(sch, rv, bx)
+    inner = list(zip(below, roles[len(roles) - len(below) :]))
+    reduce_ = [lp for lp, r in inner if r.role == "reduce"]
+    if reduce_:
+        _cross_thread(sch, reduce_, threads)
+    elif inner:
+        _, tx = sch.split(fuse_or_one(sch, [lp for lp, _ in inner]), [None, threads])
+        sch.bind(tx, "threadIdx.x")
+
+
+def _cross_thread(sch: Schedule, reduce_: list[LoopRV], threads: ExprRV) -> None:
+    """The reduction loops fused and split, the inner part bound to threadIdx.x."""
+    _, tx = sch.split(fuse_or_one(sch, reduce_), [None, threads])
+    sch.bind(tx, "threadIdx.x")
+
+
+def _bind_root(sch: Schedule, rv: BlockRV, target: Target, threads: dict[str, ExprRV]) -> None:
+    node = sch.get(rv)
+    assert isinstance(node, Block)
+    roles = loop_roles(sch.func, node)
+    loops = sch.get_loops(rv)
+    spatial = [lp for lp, r in zip(loops, roles) if r.role != "reduce"]
+    reduce_ = [lp for lp, r in zip(loops, roles) if r.role == "reduce"]
+    if not spatial:  # one value: one block of threads
+        if reduce_:
+            extent = math.prod(loop_of(sch, lp).extent for lp in reduce_)
+            _cross_thread(sch, reduce_, _thread_count(sch, target, extent))
+        return
+    if reduce_ and sch.rng.random() < CROSS_THREAD_PROBABILITY:
+        count = _thread_count(sch, target, math.prod(loop_of(sch, lp).extent for lp in reduce_))
+        bx = fuse_or_one(sch, spatial)
+        sch.bind(bx, "blockIdx.x")
+        _cross_thread(sch, reduce_, count)
+    else:
+        rows = _row_loops(sch, node, loops, roles) if not reduce_ else []
+        rest = spatial[len(rows) :]
+        if not rows or not rest:
+            rows, rest = [], spatial
+        extent = math.prod(loop_of(sch, lp).extent for lp in rest)
+        count = _thread_count(sch, target, extent)
+        if rows:
+            bx = fuse_or_one(sch, rows)
+            _, tx = sch.split(fuse_or_one(sch, rest), [None, count])
+        else:
+            bx, tx = sch.split(fuse_or_one(sch, rest), [None, count])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    threads[loop_of(sch, bx).var.name] = count
+    annotate_unroll(sch, bx)
+
+
+def _row_loops(sch: Schedule, node: Block, loops: list[LoopRV], roles: list) -> list[LoopRV]:
+    """The leading loops whose iter vars index what a reduction produced (a row's statistics):
+    one block of threads per row then computes them and uses them."""
+    reduced = {
+        b for p in producers(sch.func, node) if has_kind(p, "reduce") for b in output_buffers(p)
+    }
+    used: set[Var] = set()
+    for region in node.reads:
+        if region.buffer in reduced:
+            used |= region_vars(region)
+    bound = {iv.var: free_vars(iv.binding) for iv in node.iter_vars}
+    row_vars = set().union(*(bound[v] for v in used if v in bound)) if used else set()
+    rows = []
+    for lp in loops:
+        if loop_of(sch, lp).var not in row_vars:
+            break
+        rows.append(lp)
+    return rows
+
+
+def _thread_count(sch: Schedule, target: Target, extent: int) -> ExprRV:
+    limit = target.max_threads_per_block or 1024
+    cap = max(THREAD_COUNTS[0], 1 << max(extent - 1, 0).bit_length())
+    counts = [c for c in THREAD_COUNTS if c <= min(limit, cap)]
+    return sch.sample_categorical(counts, [1.0] * len(counts))
+
+
+__all__ = ["bind_block", "gpu_sketch", "thread_axes", "tile_gpu"]

@@ -1,0 +1,208 @@
+"""The search space: sampled traces replay, compute the reference result, respect the target's
+limits, and carry decisions the search can change. The seven workloads of DESIGN.md §9, small,
+on both targets; GPU traces are checked with serial semantics on the CPU (DESIGN.md §3)."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir.codegen.gpu_verify import verify_gpu
+from hexir.errors import ResourceError, SpaceError
+from hexir.ir.tir import PrimFunc
+from hexir.runtime.target import Target
+from hexir.schedule import Schedule, Trace
+from hexir.schedule.compact import compact_buffers
+from hexir.schedule.sampling import divisors
+from hexir.search import space
+from hexir.search.space import SearchSpace, check_resources
+
+WORKLOADS: dict[str, Callable[[], PrimFunc]] = {
+    "matmul": lambda: hexir.workload("matmul", M=24, N=40, K=20),
+    "batch_matmul": lambda: hexir.workload("batch_matmul", B=2, M=12, N=16, K=10),
+    "conv2d": lambda: hexir.workload("conv2d", N=1, C=4, H=6, W=6, K=8, R=3, S=3, padding=1),
+    "dense": lambda: hexir.workload("dense", M=12, N=20, K=16, activation="gelu"),
+    "softmax": lambda: hexir.workload("softmax", M=6, N=40),
+    "layer_norm": lambda: hexir.workload("layer_norm", M=6, N=48),
+    "reduce_sum": lambda: hexir.workload("reduce_sum", M=8, N=36),
+}
+TARGETS = ("cpu", "cuda -arch=sm_90")
+SAMPLING = ("sample_perfect_tile", "sample_categorical", "sample_compute_location")
+
+
+def assert_computes_reference(func: PrimFunc, scheduled: PrimFunc, seed: int) -> None:
+    """The scheduled kernel, built for the CPU, gives numpy's answer on fresh random inputs
+    (outputs poisoned with NaN first)."""
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal(p.shape).astype(np.float32) for p in func.inputs]
+    outputs = [np.full(p.shape, np.nan, np.float32) for p in func.outputs]
+    hexir.build(scheduled, "cpu")(*inputs, *outputs)
+    for out, ref in zip(outputs, hexir.reference(func, inputs)):
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def check_space(name: str, target: str, n: int, built: int, seed: int = 0) -> None:
+    """`n` sampled schedules replay (through JSON) to the function they made; `built` of them,
+    spread over the sample, compute the reference result."""
+    func = WORKLOADS[name]()
+    schedules = SearchSpace().sample_schedules(func, target, random.Random(seed), n)
+    assert len(schedules) == n
+    for sch in schedules:
+        replayed = Trace.from_json(sch.trace.to_json()).apply(func)
+        assert replayed.func == sch.func, f"{name} on {target}: replay differs\n{sch.trace}"
+        assert any(i.kind in SAMPLING for i in sch.trace), f"no sampling instruction\n{sch.trace}"
+    distinct = len({s.func for s in schedules})
+    assert distinct >= min(8, n // 2), f"only {distinct} distinct schedules of {n}"
+    for k, sch in enumerate(schedules[:: max(1, n // built)][:built]):
+        try:
+            assert_computes_reference(func, sch.func, seed=k)
+        except AssertionError as e:
+            raise AssertionError(f"{name} on {target}:\n{sch.trace}") from e
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_a_few_samples_replay_and_compute(name, target):
+    check_space(name, target, n=6, built=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_two_hundred_samples_replay_and_compute(name, target):
+    # 10 built per target: 20 per workload compute the reference result.
+    check_space(name, target, n=200, built=10, seed=1)
+
+
+@pytest.mark.parametrize("name", ["matmul", "conv2d", "softmax"])
+def test_gpu_samples_fit_the_target(name):
+    target = Target("cuda -arch=sm_90")
+    func = WORKLOADS[name]()
+    for sch in SearchSpace().sample_schedules(func, target, random.Random(2), 6):
+        launch = verify_gpu(compact_buffers(sch.func), target)
+        assert 1 < launch.threads <= target.max_threads_per_block
+        assert launch.grid[0] >= 1
+        kinds = {loop.kind for loop in _loops(sch.func)}
+        assert "blockIdx.x" in kinds and "threadIdx.x" in kinds
+
+
+def test_gpu_matmul_sketch_has_shared_fetch_and_local_accumulator():
+    func = WORKLOADS["matmul"]()
+    (sch,) = SearchSpace().sample_schedules(func, "cuda -arch=sm_90", random.Random(3), 1)
+    text = str(sch.func)
+    assert "buffer<24x20xf32, shared>" in text and "buffer<20x40xf32, shared>" in text
+    assert "buffer<24x40xf32, local>" in text and "vthread" in text
+    kinds = [i.kind for i in sch.trace]
+    assert kinds.count("cache_read") == 2 and "decompose_reduction" in kinds
+
+
+def test_gpu_reductions_are_cross_thread_in_one_kernel():
+    func = WORKLOADS["softmax"]()
+    for sch in SearchSpace().sample_schedules(func, "cuda -arch=sm_90", random.Random(4), 5):
+        loops = list(_loops(sch.func))
+        assert [lp.kind for lp in loops].count("blockIdx.x") == 1  # one grid: one kernel
+        reduce_bound = [lp for lp in loops if lp.kind == "threadIdx.x" and _feeds_reduce(sch, lp)]
+        assert len(reduce_bound) == 2  # the max and the sum, each over threads
+
+
+def test_cpu_matmul_sketch_is_parallel_vectorized_with_a_register_tile():
+    func = hexir.workload("matmul", M=64, N=64, K=64)
+    traces = space.sample(func, "cpu", random.Random(5), 8)
+    for trace in traces:
+        text = str(trace.apply(func).func)
+        assert " parallel " in text and "buffer<64x64xf32, local>" in text
+        assert "pragma_auto_unroll_max_step" in text
+    assert any(" vectorized " in str(t.apply(func).func) for t in traces)
+    assert any("cache_read" in str(t) for t in traces)  # packing, sometimes
+
+
+def test_sampling_is_reproducible():
+    func = WORKLOADS["dense"]()
+    for target in TARGETS:
+        first = space.sample(func, target, random.Random(7), 4)
+        assert first == space.sample(func, target, random.Random(7), 4)
+        assert first != space.sample(func, target, random.Random(8), 4)
+
+
+def test_a_changed_tile_decision_replays_and_computes():
+    func = WORKLOADS["matmul"]()
+    (trace,) = space.sample(func, "cpu", random.Random(9), 1)
+    index, decision = next(
+        (n, d) for n, d in trace.decisions if trace.instructions[n].kind == "sample_perfect_tile"
+    )
+    extent = int(np.prod(decision))
+    other = [extent // 4, 1, 2, 2] if extent % 4 == 0 else [1, 1, 1, extent]
+    assert other != list(decision) and other[-1] in divisors(extent)
+    changed = trace.with_decision(index, other)
+    sch = changed.apply(func)
+    assert sch.trace.decisions[0][1] == tuple(other)
+    assert_computes_reference(func, sch.func, seed=9)
+    with pytest.raises(hexir.ScheduleError):
+        trace.with_decision(index, [extent + 1, 1, 1, 1]).apply(func)
+
+
+def test_over_limit_schedules_are_rejected():
+    func = WORKLOADS["matmul"]()
+    sch = Schedule(func)
+    i, j, _ = sch.get_loops(sch.get_block("matmul"))
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+    check_resources(sch.func, Target("cuda -arch=sm_90"))
+    tiny = copy.copy(Target("cuda -arch=sm_90"))
+    object.__setattr__(tiny, "max_threads_per_block", 32)
+    with pytest.raises(ResourceError, match="40 threads per block"):
+        check_resources(sch.func, tiny)
+
+
+def test_a_space_with_no_valid_schedule_says_why():
+    no_shared = copy.copy(Target("cuda -arch=sm_90"))
+    object.__setattr__(no_shared, "max_shared_memory_per_block", 16)
+    with pytest.raises(SpaceError, match="gave 0 valid schedules.*shared memory"):
+        SearchSpace(max_attempts=3).sample(WORKLOADS["matmul"](), no_shared, random.Random(0), 2)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_any_lowered_op_gets_a_space(target):
+    ops = [
+        hexir.workload("relu", shape=(6, 20)),
+        hexir.workload("add", shapes=[(6, 20), (20,)]),
+        hexir.workload("reduce_max", shape=(6, 40), axes=(1,), keepdims=True),
+        hexir.workload("transpose", shape=(6, 20), perm=(1, 0)),
+    ]
+    for n, func in enumerate(ops):
+        (sch,) = SearchSpace().sample_schedules(func, target, random.Random(n), 1)
+        assert Trace.from_json(sch.trace.to_json()).apply(func).func == sch.func
+        assert_computes_reference(func, sch.func, seed=n)
+
+
+@pytest.mark.slow
+def test_best_of_30_cpu_samples_beats_the_unscheduled_matmul_20x():
+    func = hexir.workload("matmul", M=256, N=256, K=256)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
+    c = np.empty((256, 256), np.float32)
+    naive = hexir.build(func).time(a, b, c)
+    best = float("inf")
+    for trace in space.sample(func, "cpu", random.Random(0), 30):
+        kernel = hexir.build(trace.apply(func).func)
+        kernel(a, b, c)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-3)
+        best = min(best, kernel.time(a, b, c))
+    assert naive / best >= 20, f"best of 30: {naive / best:.1f}x the unscheduled kernel"
+
+
+def _loops(func: PrimFunc):
+    from hexir.schedule.common import all_loops
+
+    return all_loops(func.body)
+
+
+def _feeds_reduce(sch: Schedule, loop) -> bool:
+    from hexir.schedule.common import reduce_fed_by
+
+    return reduce_fed_by(loop.body, loop.var) is not None
