@@ -273,10 +273,13 @@ def conjunction(conds: Iterable[Expr | None]) -> Expr | None:
     return result
 
 
-def broadcast(buf: Buffer, ivs: Indices) -> BufferLoad:
-    """`buf` read at the output index `ivs` under numpy broadcasting (size-1 dims read 0)."""
-    ivs = ivs[len(ivs) - len(buf.shape) :]
-    return buf[tuple(IntImm(0) if n == 1 else v for n, v in zip(buf.shape, ivs))]
+def broadcast(buf: Buffer, ivs: Indices, out_shape: Sequence[int]) -> BufferLoad:
+    """`buf` read at the output index `ivs` under numpy broadcasting: a size-1 dim that is
+    broadcast reads 0; one the output shares reads its iter var, so that equal-shaped operands
+    stay elementwise accesses (which compute_inline and reverse_compute_at rely on)."""
+    skip = len(ivs) - len(buf.shape)
+    ivs, out_shape = ivs[skip:], tuple(out_shape)[skip:]
+    return buf[tuple(IntImm(0) if n == 1 != m else v for n, m, v in zip(buf.shape, out_shape, ivs))]
 
 
 def mean(

@@ -74,12 +74,18 @@ def lower_gelu(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None
 def lower_binary(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     a, b = args
     operator = BINARY[op.kind]
-    k.compute(op.kind, out, lambda i: Binary(operator, broadcast(a, i), broadcast(b, i)))
+    shape = out.shape
+    k.compute(
+        op.kind, out, lambda i: Binary(operator, broadcast(a, i, shape), broadcast(b, i, shape))
+    )
 
 
 def lower_where(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     c, a, b = args
-    k.compute("where", out, lambda i: Select(broadcast(c, i), broadcast(a, i), broadcast(b, i)))
+    s = out.shape
+    k.compute(
+        "where", out, lambda i: Select(broadcast(c, i, s), broadcast(a, i, s), broadcast(b, i, s))
+    )
 
 
 def lower_cast(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:

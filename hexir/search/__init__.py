@@ -4,9 +4,12 @@ Measurement (measure.py): `Candidate`, `BuildResult`, `MeasureResult`, the `Buil
 `Runner` protocols and `measure`; CpuBuilder / CudaBuilder (builders.py); CpuRunner /
 CudaRunner (runners.py, the CPU one over a worker process, worker.py). The space
 (space.py): `SearchSpace` and `sample`, from the sketch rules of sketch_cpu.py and sketch_gpu.py.
+Executors (executor.py, distributed.py): `LocalExecutor` in-process, `RayExecutor` on Ray.
 """
 
 from hexir.search.builders import CpuBuilder, CudaBuilder
+from hexir.search.distributed import RayExecutor
+from hexir.search.executor import LocalExecutor, MeasureExecutor
 from hexir.search.measure import (
     ERROR_KINDS,
     Builder,
@@ -28,7 +31,10 @@ __all__ = [
     "CpuRunner",
     "CudaBuilder",
     "CudaRunner",
+    "LocalExecutor",
+    "MeasureExecutor",
     "MeasureResult",
+    "RayExecutor",
     "Runner",
     "SearchSpace",
     "measure",

@@ -1,0 +1,389 @@
+"""Measurement across a Ray cluster: the only module of Hexir that imports Ray (lazily).
+
+    with RayExecutor("cpu") as executor:                  # starts a local Ray cluster
+        results = executor.measure(candidates)            # one MeasureResult each, in order
+    RayExecutor("cpu", address="auto")                    # joins the cluster on this machine
+    RayExecutor("cuda", address="ray://head:10001")       # joins a remote one (Ray Client)
+
+Builders are Ray tasks (`build_one`, one CPU each); runners are Ray actors (`NodeRunner`): one
+per node on a CPU cluster, each owning a CpuRunner (the crash- and timeout-proof worker
+process), or one per GPU (`num_gpus=1`) for a CUDA target. A batch is built in full before
+any of it is timed, so no node times a kernel while it compiles another; the runners then
+take the built candidates one at a time, whichever runner is free next. Timings are only as
+quiet as the cluster: run one tuning driver per cluster. The runners are placed when the
+executor starts (and again after an error); nodes that join later are used for builds only.
+
+What crosses the cluster is plain data: candidates without their traces (no worker reads
+them), the driver's knobs (so `knobs.scope` holds on every worker, as it does for CpuRunner's
+worker process), and `ShippedBuild`s. A CPU build is a shared library in the build node's
+cache, and the node that times it may be another one, so a ShippedBuild carries the library's
+bytes (tens of kilobytes): a runner uses the path where it exists on its node and otherwise
+writes the bytes, with the C source, into a folder of its own. A CUDA build carries its
+CudaKernel, which pickles with its CUBIN. Every node must have the driver's CPU (one target
+key): a node that does not refuses the work with a MeasureError.
+
+Nothing of Ray leaves this module: results are MeasureResults, an exception raised in a task
+or actor is raised here as itself (a HexirError stays a HexirError), and a failure of the
+cluster (a node or actor lost) is a MeasureError. After any exception, KeyboardInterrupt
+included, the executor cancels its builds and kills its runner actors; the next `measure`
+starts new ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+import socket
+import tempfile
+import uuid
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from hexir import knobs
+from hexir.errors import MeasureError
+from hexir.runtime.target import Target
+from hexir.schedule import Trace
+from hexir.search.builders import CpuBuilder, CudaBuilder
+from hexir.search.executor import check_targets
+from hexir.search.measure import BuildResult, Candidate, MeasureResult
+from hexir.search.runners import CpuRunner, CudaRunner
+
+# Runner actors are named `hexir-runner-<tag>-<n>`, so `ray list actors` shows them.
+RUNNER_NAME = "hexir-runner"
+# Seconds `close()` waits for the runners to end their worker processes before killing them.
+CLOSE_TIMEOUT = 10.0
+# The same after an exception in `measure` (a runner busy with a candidate will not answer).
+RESET_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class ShippedBuild:
+    """A BuildResult as it crosses the cluster: for a CPU build, the library's bytes too."""
+
+    build: BuildResult
+    library: bytes | None = None
+
+
+class RayExecutor:
+    """Measures candidates of `target` on a Ray cluster (the MeasureExecutor interface).
+
+    `address` None starts a private local cluster with `num_cpus` CPUs (default: the
+    machine's); `"auto"` joins the cluster running on this machine, `"ray://host:port"` a
+    remote one through Ray Client (`runtime_env` then says how its workers get Hexir, e.g.
+    `{"pip": ["hexir"]}`). Where Ray is already initialized in this process, the executor
+    uses that connection. `num_builders` caps the builds in flight (default: every CPU of the
+    cluster). `close()` kills the runner actors and, where this executor called `ray.init`,
+    `ray.shutdown()`: a local cluster it started stops, a joined one keeps running."""
+
+    def __init__(
+        self,
+        target: Target | str,
+        address: str | None = None,
+        num_builders: int | None = None,
+        num_cpus: int | None = None,
+        runtime_env: dict[str, Any] | None = None,
+    ) -> None:
+        self.target = Target.of(target)
+        self._closed = False
+        self._actors: list[Any] | None = None
+        self._in_flight: dict[Any, int] = {}
+        self._owns_connection = _connect(address, num_cpus, runtime_env)
+        try:
+            cpus = int(_ray().cluster_resources().get("CPU", 0))
+            self._workers = max(1, num_builders if num_builders is not None else cpus)
+            self._actors = self._start_runners()
+        except BaseException:
+            self._closed = True
+            if self._owns_connection:
+                _ray().shutdown()
+            raise
+
+    @property
+    def workers(self) -> int:
+        """How many builds run at once (Ray tasks in flight)."""
+        return self._workers
+
+    def measure(self, candidates: Sequence[Candidate]) -> list[MeasureResult]:
+        """Build every candidate on the cluster, then check and time each on a runner."""
+        if self._closed:
+            raise RuntimeError("this RayExecutor is closed; make a new one")
+        check_targets(candidates, self.target)
+        if not candidates:
+            return []
+        ray = _ray()
+        try:
+            if self._actors is None:
+                self._actors = self._start_runners()
+            values = ray.put(knobs.get())
+            wire = [dataclasses.replace(c, trace=Trace()) for c in candidates]
+            builds = self._build_all(wire, values)
+            return self._run_all(wire, builds, values)
+        except BaseException as e:
+            self._reset()
+            if isinstance(e, ray.exceptions.RayError):
+                raise _unwrapped(e) from None
+            raise
+
+    def close(self) -> None:
+        """End the runners (and their worker processes), then `ray.shutdown()` where this
+        executor called `ray.init`; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_runners(CLOSE_TIMEOUT)
+        if self._owns_connection:
+            _ray().shutdown()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _start_runners(self) -> list[Any]:
+        """One runner actor per GPU (CUDA target) or per node with CPUs (CPU target)."""
+        ray = _ray()
+        _, runner = _remote()
+        if self.target.kind == "cuda":
+            gpus = int(ray.cluster_resources().get("GPU", 0))
+            if gpus == 0:
+                raise MeasureError(
+                    f"the Ray cluster has no GPU to measure target {self.target} on; join a "
+                    "cluster with GPU nodes (address=...), or measure CUDA with LocalExecutor"
+                )
+            options: list[dict[str, Any]] = [{"num_gpus": 1} for _ in range(gpus)]
+        else:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as strategy
+
+            nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU")]
+            if not nodes:
+                raise MeasureError("the Ray cluster has no live node with CPUs to measure on")
+            options = [{"scheduling_strategy": strategy(node, soft=False)} for node in nodes]
+        # A fresh name each time: a killed runner's name may not be free yet.
+        tag = uuid.uuid4().hex[:8]
+        omp = os.environ.get("OMP_NUM_THREADS")
+        return [
+            runner.options(name=f"{RUNNER_NAME}-{tag}-{n}", **option).remote(self.target, omp)
+            for n, option in enumerate(options)
+        ]
+
+    def _build_all(self, wire: list[Candidate], values: Any) -> list[ShippedBuild]:
+        """Every candidate built, at most `workers` at a time; returns when all are done."""
+        ray = _ray()
+        task, _ = _remote()
+        builds: list[ShippedBuild | None] = [None] * len(wire)
+        queue = deque(range(len(wire)))
+        self._in_flight = {}
+        while queue or self._in_flight:
+            while queue and len(self._in_flight) < self._workers:
+                index = queue.popleft()
+                self._in_flight[task.remote(wire[index], values)] = index
+            done, _ = ray.wait(list(self._in_flight), num_returns=1)
+            for ref in done:
+                builds[self._in_flight.pop(ref)] = ray.get(ref)
+        return [b for b in builds if b is not None]
+
+    def _run_all(
+        self, wire: list[Candidate], builds: list[ShippedBuild], values: Any
+    ) -> list[MeasureResult]:
+        """Each built candidate timed by the next free runner; failed builds are records."""
+        ray = _ray()
+        results: list[MeasureResult | None] = [None] * len(wire)
+        queue: deque[int] = deque()
+        for index, shipped in enumerate(builds):
+            if shipped.build.ok:
+                queue.append(index)
+            else:
+                results[index] = MeasureResult.from_build(shipped.build)
+        idle = list(self._actors or [])
+        busy: dict[Any, Any] = {}
+        while queue or busy:
+            while queue and idle:
+                index, actor = queue.popleft(), idle.pop()
+                busy[actor.run.remote(wire[index], builds[index], values)] = (index, actor)
+            done, _ = ray.wait(list(busy), num_returns=1)
+            for ref in done:
+                index, actor = busy.pop(ref)
+                results[index] = ray.get(ref)
+                idle.append(actor)
+        return [r for r in results if r is not None]
+
+    def _reset(self) -> None:
+        """Cancel the builds in flight and stop the runners, busy ones too: nothing of this
+        executor keeps running on the cluster."""
+        ray = _ray()
+        for ref in self._in_flight:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+        self._in_flight = {}
+        self._stop_runners(RESET_TIMEOUT)
+
+    def _stop_runners(self, grace: float) -> None:
+        """Ask the runners to close (their worker processes end, their files go), then kill
+        them: a runner still busy after `grace` seconds is killed as it is (its worker process
+        ends itself within a second; its temporary files stay behind)."""
+        ray = _ray()
+        actors, self._actors = self._actors or [], None
+        try:
+            if actors:
+                with contextlib.suppress(Exception):
+                    closing = [actor.close.remote() for actor in actors]
+                    ray.wait(closing, num_returns=len(closing), timeout=grace)
+        finally:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+
+
+def build_one(candidate: Candidate, values: knobs.Knobs) -> ShippedBuild:
+    """A build task's body: build one candidate under the driver's knobs."""
+    with driver_knobs(values):
+        check_node(candidate.target)
+        cuda = candidate.target.kind == "cuda"
+        builder = CudaBuilder(workers=1) if cuda else CpuBuilder(workers=1)
+        (build,) = builder.build([candidate])
+    build = dataclasses.replace(build, info={**build.info, "build_node": socket.gethostname()})
+    if cuda or not build.ok or build.path is None:
+        return ShippedBuild(build)
+    return ShippedBuild(build, Path(build.path).read_bytes())
+
+
+class NodeRunner:
+    """A runner actor's body: a CpuRunner (or CudaRunner) that checks and times the built
+    candidates it is given, one at a time, under the driver's knobs."""
+
+    def __init__(self, target: Target, omp_num_threads: str | None = None) -> None:
+        # Ray sets OMP_NUM_THREADS=1 in its workers; the kernels (and the CPU worker process,
+        # which inherits this environment) run with the driver's setting instead.
+        if omp_num_threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = omp_num_threads
+        self._runner = CudaRunner() if target.kind == "cuda" else CpuRunner()
+        self._dir = tempfile.TemporaryDirectory(prefix="hexir-shipped-")
+
+    def run(
+        self, candidate: Candidate, shipped: ShippedBuild, values: knobs.Knobs
+    ) -> MeasureResult:
+        """The candidate's MeasureResult (`build_info` gains `run_node`)."""
+        with driver_knobs(values):
+            check_node(candidate.target)
+            (result,) = self._runner.run([candidate], [self._local(shipped)])
+        info = {**result.build_info, "run_node": socket.gethostname()}
+        return dataclasses.replace(result, build_info=info)
+
+    def close(self) -> None:
+        """End the CPU worker process and remove the shipped libraries."""
+        if isinstance(self._runner, CpuRunner):
+            self._runner.close()
+        self._dir.cleanup()
+
+    def _local(self, shipped: ShippedBuild) -> BuildResult:
+        """The build with a library path that exists on this node."""
+        build = shipped.build
+        if build.path is None or shipped.library is None or Path(build.path).exists():
+            return build
+        # Library names are digests of source, flags and compiler: one name, one content.
+        file = Path(self._dir.name) / Path(build.path).name
+        if not file.exists():
+            file.with_suffix(".c").write_text(build.source)
+            partial = file.with_suffix(".partial")
+            partial.write_bytes(shipped.library)
+            os.replace(partial, file)
+        return dataclasses.replace(build, path=str(file))
+
+
+@contextlib.contextmanager
+def driver_knobs(values: knobs.Knobs) -> Iterator[None]:
+    """The driver's knobs in force in this worker; its build cache folder where this node
+    can make it, else this node's default one."""
+    try:
+        Path(values.cache_dir).expanduser().mkdir(parents=True, exist_ok=True)
+    except OSError:
+        values = dataclasses.replace(values, cache_dir=knobs.Knobs().cache_dir)
+    with knobs.scope(**{f.name: getattr(values, f.name) for f in dataclasses.fields(values)}):
+        yield
+
+
+def check_node(target: Target) -> None:
+    """MeasureError where this node's CPU is not the one `target` was made for: code
+    compiled here for `-march=native` would not be what the database records."""
+    if target.kind != "cpu":
+        return
+    here = _node_key(target.text, knobs.get().cc)
+    if here != target.key:
+        raise MeasureError(
+            f"Ray node {socket.gethostname()} has CPU target {here}, but the candidates are "
+            f"for {target.key} (the driver's CPU). Every node that builds or measures must "
+            "have the driver's CPU: tune from a node of the cluster (address='auto'), on a "
+            "cluster of one kind of machine"
+        )
+
+
+@functools.cache
+def _node_key(text: str, cc: str) -> str:
+    return Target(text).key
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise MeasureError(
+            "measuring on a Ray cluster needs Ray (`pip install 'ray>=2.9'`); without it, "
+            "measure in this process with hexir.search.executor.LocalExecutor"
+        ) from None
+    return ray
+
+
+@functools.cache
+def _remote() -> tuple[Any, Any]:
+    """The build task and the runner actor class, made once per process."""
+    ray = _ray()
+    # A runner holds no CPU of Ray's: builds and runs never overlap, by the batch's sequence.
+    return ray.remote(num_cpus=1)(build_one), ray.remote(num_cpus=0)(NodeRunner)
+
+
+def _connect(address: str | None, num_cpus: int | None, runtime_env: dict[str, Any] | None) -> bool:
+    """Initialize Ray unless it already is; True where this call did."""
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
+    if runtime_env is not None:
+        quiet["runtime_env"] = runtime_env
+    try:
+        if address is None:
+            # "local": a new cluster even where one already runs on this machine.
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet)
+        else:
+            ray.init(address=address, **quiet)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        where = "start a local Ray cluster" if address is None else f"join {address!r}"
+        raise MeasureError(
+            f"could not {where}: {e}. Check the address and that the cluster runs "
+            "(`ray status`), or leave address=None to start a local cluster"
+        ) from None
+    return True
+
+
+def _unwrapped(error: BaseException) -> BaseException:
+    """What a Ray error means here: the exception a task or actor raised, as itself, or a
+    MeasureError for a cluster that failed under us."""
+    ray = _ray()
+    cause = getattr(error, "cause", None)
+    if isinstance(error, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
+        cause.add_note(f"(raised in a Ray worker; its traceback:)\n{error}")
+        return cause
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return MeasureError(
+        f"the Ray cluster failed while measuring ({type(error).__name__}: {first}); the "
+        "executor stopped its runners and starts new ones on the next measure. Check the "
+        "cluster's nodes (`ray status`) and its logs (/tmp/ray/session_latest/logs)"
+    )

@@ -1,0 +1,294 @@
+"""Executors: LocalExecutor in this process, and RayExecutor on a real local Ray cluster of two
+CPUs (one cluster for the module: it takes seconds to start) measuring sampled schedules and
+planted failures exactly as the local one does, in order, and cleaning up after itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import random
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import hexir
+from hexir import knobs
+from hexir.errors import MeasureError
+from hexir.ir.keys import candidate_key
+from hexir.ir.parse import parse
+from hexir.ir.tir import PrimFunc
+from hexir.runtime.target import Target
+from hexir.schedule import Schedule, Trace
+from hexir.search.distributed import NodeRunner, RayExecutor, ShippedBuild, build_one
+from hexir.search.executor import LocalExecutor, MeasureExecutor
+from hexir.search.measure import Candidate, MeasureResult
+from hexir.search.space import SearchSpace
+
+ray = pytest.importorskip("ray")
+
+WORKLOAD = hexir.workload("matmul", M=64, N=48, K=32)
+DENSE = hexir.workload("dense", M=16, N=24, K=32, activation="relu")
+UPDATE = "%C[vi0, vi1] = %C[vi0, vi1] + %A[vi0, vk0] * %B[vk0, vi1]"
+REPEATS = 3
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick(tmp_path_factory):
+    """A fresh build cache, short timings and a 2 s timeout, for the whole module (the Ray
+    workers get the driver's knobs with every call)."""
+    with knobs.scope(
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        timing_warmup=1,
+        timing_repeats=REPEATS,
+        timing_min_seconds=0.003,
+        measure_timeout=2.0,
+        measure_build_workers=2,
+        num_threads=2,
+    ):
+        yield
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A RayExecutor on a local cluster of two CPUs it starts (and stops at the end)."""
+    if ray.is_initialized():  # left by another module: these tests start their own cluster
+        ray.shutdown()
+    executor = RayExecutor("cpu", num_cpus=2)
+    yield executor
+    executor.close()
+
+
+def planted(func: PrimFunc) -> Candidate:
+    """A candidate whose 'schedule' is a hand-edited function under WORKLOAD's name."""
+    return Candidate(WORKLOAD, Trace(), func, Target("cpu"), candidate_key(func))
+
+
+def edited(old: str, new: str) -> PrimFunc:
+    text = str(WORKLOAD)
+    assert old in text
+    result = parse(text.replace(old, new))
+    assert isinstance(result, PrimFunc)
+    return result
+
+
+def crashing() -> Candidate:
+    # Writes 7 GiB past the end of C: an unmapped page, a SIGSEGV.
+    return planted(edited(UPDATE, UPDATE.replace("%C[vi0, vi1] =", "%C[vi0 + 30000000, vi1] =")))
+
+
+def wrong_init() -> Candidate:
+    return planted(edited("= 0.0", "= 1.0"))
+
+
+def half_written() -> Candidate:
+    # Only the first 32 rows of C: the rest keeps its NaN poison.
+    return planted(edited("for %i0 in 0..64 serial", "for %i0 in 0..32 serial"))
+
+
+def hanging() -> Candidate:
+    lines = str(WORKLOAD).splitlines()
+    text = "\n".join([lines[0], "for %t in 0..1000000000 serial {", *lines[1:-1], "}", lines[-1]])
+    func = parse(text)
+    assert isinstance(func, PrimFunc)
+    return planted(func)
+
+
+def sampled(func: PrimFunc, n: int, seed: int) -> list[Candidate]:
+    schedules = SearchSpace().sample_schedules(func, "cpu", random.Random(seed), n)
+    return [Candidate.from_schedule(func, sch, "cpu") for sch in schedules]
+
+
+def mixed() -> tuple[list[Candidate], list[str | None]]:
+    """Sampled schedules of two workloads around planted failures, and the kinds expected."""
+    good = sampled(WORKLOAD, 3, seed=1) + sampled(DENSE, 2, seed=2)
+    cands = [good[0], crashing(), good[3], wrong_init(), good[1], half_written(), good[4]]
+    cands.append(good[2])
+    kinds = [None, "crash", None, "wrong_result", None, "wrong_result", None, None]
+    return cands, kinds
+
+
+def assert_builds_then_runs(results: list[MeasureResult]) -> None:
+    """Every run started after the last build ended; runs did not overlap (one node)."""
+    last_build = max(r.build_info["build_end"] for r in results)
+    spans = sorted((r.build_info["run_start"], r.build_info["run_end"]) for r in results)
+    assert spans[0][0] >= last_build
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start >= end
+
+
+def test_local_executor_builds_then_runs_in_order():
+    cands = [*sampled(WORKLOAD, 2, seed=0), wrong_init()]
+    executor: MeasureExecutor
+    with LocalExecutor("cpu") as executor:
+        assert executor.workers == 2 and executor.measure([]) == []
+        results = executor.measure(cands)
+        cuda = Candidate.from_schedule(WORKLOAD, Schedule(WORKLOAD), "cuda -arch=sm_90")
+        with pytest.raises(ValueError, match="use one executor per target"):
+            executor.measure([cuda])
+    assert [r.error_kind for r in results] == [None, None, "wrong_result"]
+    assert all(len(r.latencies) == REPEATS for r in results[:2])
+    assert_builds_then_runs(results)
+    executor.close()  # a second close does nothing
+    with pytest.raises(RuntimeError, match="closed"):
+        executor.measure(cands)
+
+
+def test_a_library_missing_on_the_runners_node_is_written_from_its_bytes(tmp_path):
+    # What a runner on another node than the builder sees: the path of a library it lacks.
+    (cand,) = sampled(WORKLOAD, 1, seed=8)
+    shipped = pickle.loads(pickle.dumps(build_one(cand, knobs.get())))
+    assert shipped.build.ok and shipped.library and shipped.build.info["build_node"]
+    elsewhere = str(tmp_path / "another-node" / os.path.basename(shipped.build.path))
+    moved = ShippedBuild(dataclasses.replace(shipped.build, path=elsewhere), shipped.library)
+    runner = NodeRunner(Target("cpu"))
+    try:
+        result = runner.run(cand, moved, knobs.get())
+        assert runner.run(cand, shipped, knobs.get()).ok  # the cache's own path, as it is
+    finally:
+        runner.close()
+    assert result.ok and len(result.latencies) == REPEATS and result.build_info["run_node"]
+    assert not os.path.exists(elsewhere)
+
+
+def gpu_candidate() -> Candidate:
+    sch = Schedule(WORKLOAD, seed=0)
+    i, j, _ = sch.get_loops(sch.get_block("matmul"))
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+    return Candidate.from_schedule(WORKLOAD, sch, "cuda -arch=sm_90")
+
+
+def test_a_cuda_build_crosses_the_cluster_with_its_cubin():
+    shipped = build_one(gpu_candidate(), knobs.get())
+    assert shipped.build.ok and shipped.library is None, shipped.build.error_message
+    copy = pickle.loads(pickle.dumps(shipped))
+    kernel: Any = copy.build.kernel
+    assert kernel.binary.cubin == shipped.build.kernel.binary.cubin  # type: ignore[union-attr]
+    assert "registers" in copy.build.info["resources"]
+
+
+@pytest.mark.slow
+def test_ray_measures_what_the_local_executor_measures(cluster):
+    cands, kinds = mixed()
+    start = time.perf_counter()
+    results = cluster.measure(cands)
+    ray_seconds = time.perf_counter() - start
+    with LocalExecutor("cpu") as local:
+        expected = local.measure(cands)
+    assert [r.error_kind for r in expected] == kinds
+    assert [r.error_kind for r in results] == kinds, [r.error_message for r in results]
+    assert cluster.workers == 2 and ray_seconds < 30
+    for r in results:
+        assert type(r) is MeasureResult and r.ok == (r.median is not None)
+        assert r.build_info["build_node"] and r.build_info["run_node"]
+        json.dumps(r.build_info)
+    assert all(len(r.latencies) == REPEATS and min(r.latencies) > 0 for r in results if r.ok)
+    # One crash record: the worker was replaced, the next candidates measured as usual.
+    assert "SIGSEGV" in (results[1].error_message or "")
+    pids = [r.build_info["worker_pid"] for r in results]
+    assert pids[0] == pids[1] != pids[2] == pids[7]
+    # The order is the candidates': each wrong result names how much of C was wrong.
+    assert "3072 of 3072 elements" in (results[3].error_message or "")
+    assert "1536 of 3072 elements" in (results[5].error_message or "")
+    assert_builds_then_runs(results)
+
+
+@pytest.mark.slow
+def test_the_drivers_knobs_hold_on_the_workers(cluster):
+    cands = sampled(WORKLOAD, 2, seed=3)
+    with knobs.scope(cflags="-O3 -fno-such-flag-for-hexir"):
+        failed = cluster.measure(cands)
+    assert [r.error_kind for r in failed] == ["build", "build"]
+    assert "fno-such-flag" in (failed[0].error_message or "")
+    with knobs.scope(timing_repeats=5):
+        (ok, _) = cluster.measure(cands)
+    assert ok.ok and len(ok.latencies) == 5
+
+
+@pytest.mark.slow
+def test_an_error_raised_on_a_worker_is_raised_as_itself(cluster):
+    # The workload itself crashes: nothing can be checked, the runner actor raises.
+    bad = crashing().func
+    cand = Candidate(bad, Trace(), WORKLOAD, Target("cpu"), candidate_key(WORKLOAD))
+    with pytest.raises(MeasureError, match="unscheduled kernel .*SIGSEGV") as info:
+        cluster.measure([cand])
+    assert type(info.value) is MeasureError  # not a Ray exception type
+    (ok,) = cluster.measure(sampled(WORKLOAD, 1, seed=4))  # new runners
+    assert ok.ok
+
+
+@pytest.mark.slow
+def test_keyboard_interrupt_leaves_no_runner_behind(cluster):
+    def interrupt() -> None:
+        time.sleep(4.0)  # the build is done and the runner is inside the hanging kernel
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt)
+    start = time.perf_counter()
+    with knobs.scope(measure_timeout=60.0), pytest.raises(KeyboardInterrupt):
+        thread.start()
+        cluster.measure([hanging()])
+    thread.join()
+    assert time.perf_counter() - start < 30
+    assert runners(0) == 0, "the runner actor survived the interrupt"
+    (ok,) = cluster.measure(sampled(WORKLOAD, 1, seed=5))
+    assert ok.ok and runners(1) == 1
+
+
+def runners(expected: int) -> int:
+    """How many Hexir runner actors live, once the cluster has caught up with kills (or
+    after 10 s)."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        names = ray.util.list_named_actors(all_namespaces=True)
+        count = sum(a["name"].startswith("hexir-runner") for a in names)
+        if count == expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_cuda_target_needs_a_gpu_in_the_cluster(cluster):
+    if ray.cluster_resources().get("GPU"):
+        pytest.skip("this cluster has a GPU")
+    with pytest.raises(MeasureError, match="no GPU"):
+        RayExecutor("cuda -arch=sm_90")
+    assert ray.is_initialized()  # the executor joined the running cluster: it stays up
+
+
+@pytest.mark.gpu
+def test_cuda_candidates_are_measured_on_gpu_runners():
+    from hexir.runtime.cuda_kernel import gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    cand = gpu_candidate()
+    with RayExecutor(cand.target) as executor:
+        (result,) = executor.measure([cand])
+    assert result.ok and result.median is not None and result.median > 0, result.error_message
+    assert "registers" in result.build_info["resources"]
+
+
+@pytest.mark.slow
+def test_executors_close_cleanly_and_start_again(cluster):
+    # A second executor uses the running cluster, and leaves it running when it closes.
+    with RayExecutor("cpu") as second:
+        (ok,) = second.measure(sampled(WORKLOAD, 1, seed=6))
+        assert ok.ok and runners(2) == 2
+    assert ray.is_initialized() and runners(1) == 1
+    cluster.close()
+    cluster.close()
+    assert not ray.is_initialized()
+    with pytest.raises(RuntimeError, match="closed"):
+        cluster.measure(sampled(WORKLOAD, 1, seed=6))
+    # A new executor starts a new cluster in the same process.
+    with RayExecutor("cpu", num_cpus=2) as third:
+        (ok,) = third.measure(sampled(WORKLOAD, 1, seed=7))
+        assert ok.ok
+    assert not ray.is_initialized()
