@@ -85,21 +85,31 @@ def child_blocks(stmt: Stmt) -> list[Block]:
     return out
 
 
+def walk_stmts(stmt: Stmt) -> Iterator[Stmt]:
+    """Every statement under `stmt` (itself included), pre-order, without descending into
+    expressions: the primitives' queries need only statements, and expressions are most of
+    the nodes."""
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        yield s
+        stack.extend(reversed(sub_stmts(s)))
+
+
 def all_blocks(stmt: Stmt) -> Iterator[Block]:
-    return (n for n in walk(stmt) if isinstance(n, Block))
+    return (n for n in walk_stmts(stmt) if isinstance(n, Block))
 
 
 def all_loops(stmt: Stmt) -> Iterator[For]:
-    return (n for n in walk(stmt) if isinstance(n, For))
+    return (n for n in walk_stmts(stmt) if isinstance(n, For))
 
 
 def taken_names(func: PrimFunc) -> set[str]:
-    """Every var and buffer name in `func`: both print as `%name`, so they share a namespace."""
+    """Every var and buffer name in `func`: both print as `%name`, so they share a namespace.
+    A valid function uses only vars its loops and blocks define, so statements suffice."""
     names = {b.name for b in func.params}
-    for n in walk(func.body):
+    for n in walk_stmts(func.body):
         match n:
-            case Var(name):
-                names.add(name)
             case For(var=var):
                 names.add(var.name)
             case Block(iter_vars=ivs):
