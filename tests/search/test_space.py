@@ -14,7 +14,8 @@ import pytest
 import hexir
 from hexir.codegen.gpu_verify import verify_gpu
 from hexir.errors import ResourceError, SpaceError
-from hexir.ir.tir import PrimFunc
+from hexir.ir.tir import Allocate, PrimFunc
+from hexir.ir.visit import walk
 from hexir.runtime.target import Target
 from hexir.schedule import Schedule, Trace
 from hexir.schedule.compact import compact_buffers
@@ -181,19 +182,25 @@ def test_any_lowered_op_gets_a_space(target):
 
 
 @pytest.mark.slow
-def test_best_of_30_cpu_samples_beats_the_unscheduled_matmul_20x():
+def test_cpu_samples_have_the_structure_of_a_fast_matmul():
+    """Speed is measured in benchmarks/measure_random.py; here, the structure that makes it:
+    every sample computes the product, runs its outer loop in parallel and vectorizes, and
+    most hold their accumulator tile in a `local` buffer."""
     func = hexir.workload("matmul", M=256, N=256, K=256)
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((256, 256)).astype(np.float32) for _ in range(2))
     c = np.empty((256, 256), np.float32)
-    naive = hexir.build(func).time(a, b, c)
-    best = float("inf")
+    tiles = 0
     for trace in space.sample(func, "cpu", random.Random(0), 30):
-        kernel = hexir.build(trace.apply(func).func)
-        kernel(a, b, c)
+        scheduled = trace.apply(func).func
+        hexir.build(scheduled)(a, b, c)
         np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-3)
-        best = min(best, kernel.time(a, b, c))
-    assert naive / best >= 20, f"best of 30: {naive / best:.1f}x the unscheduled kernel"
+        kinds = {loop.kind for loop in _loops(scheduled)}
+        assert {"parallel", "vectorized"} <= kinds, kinds
+        tiles += any(
+            isinstance(n, Allocate) and n.buffer.scope == "local" for n in walk(scheduled.body)
+        )
+    assert tiles >= 15, f"only {tiles} of 30 samples keep a local accumulator tile"
 
 
 def _loops(func: PrimFunc):
