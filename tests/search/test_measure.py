@@ -123,9 +123,8 @@ def test_real_schedules_are_checked_and_timed(quick, runner):
         assert r.median is not None and r.median > 0
         assert r.build_info["build_workers"] == 2 and r.build_info["calls_per_latency"] >= 1
         json.dumps(r.build_info)
-    # One worker measured them all; the vectorized schedules beat the naive loop nest.
+    # One worker measured them all (how fast each is belongs to benchmarks/, not to tests).
     assert len({r.build_info["worker_pid"] for r in results}) == 1
-    assert min(r.median for r in results[1:]) < results[0].median  # type: ignore[operator]
     assert_one_at_a_time(results)
 
 
