@@ -63,6 +63,64 @@ class Knobs:
     )
     # Fuse ops into one kernel per group (the whole-models issue); off means one op per kernel.
     fusion: bool = field(default_factory=lambda: _env("HEXIR_FUSION", "1") not in ("0", "false"))
+    # Cost model (hexir/costmodel/xgb.py): retrain only once the training data has grown by
+    # this fraction since the last training (0 = after every update).
+    costmodel_retrain_growth: float = field(
+        default_factory=lambda: float(_env("HEXIR_COSTMODEL_RETRAIN_GROWTH", "0.2"))
+    )
+    # Evolutionary search (hexir/search/evolutionary.py): candidates per generation; the share
+    # of the initial population taken from the database's best; generations of mutation per
+    # round; the chance a child is mutated (else copied); the share of each measured batch
+    # picked at random; candidates measured per round; failed tries per child before a copy.
+    search_population: int = field(
+        default_factory=lambda: int(_env("HEXIR_SEARCH_POPULATION", "512"))
+    )
+    search_init_best_fraction: float = field(
+        default_factory=lambda: float(_env("HEXIR_SEARCH_INIT_BEST_FRACTION", "0.2"))
+    )
+    search_generations: int = field(
+        default_factory=lambda: int(_env("HEXIR_SEARCH_GENERATIONS", "4"))
+    )
+    search_mutation_probability: float = field(
+        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATION_PROBABILITY", "0.85"))
+    )
+    search_epsilon: float = field(
+        default_factory=lambda: float(_env("HEXIR_SEARCH_EPSILON", "0.05"))
+    )
+    search_measure_per_round: int = field(
+        default_factory=lambda: int(_env("HEXIR_SEARCH_MEASURE_PER_ROUND", "64"))
+    )
+    search_mutation_tries: int = field(
+        default_factory=lambda: int(_env("HEXIR_SEARCH_MUTATION_TRIES", "4"))
+    )
+    # Relative weights of the mutators (hexir/search/mutators.py), among those that apply.
+    search_mutate_tile: float = field(
+        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_TILE", "0.8"))
+    )
+    search_mutate_unroll: float = field(
+        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_UNROLL", "0.08"))
+    )
+    search_mutate_compute_location: float = field(
+        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_COMPUTE_LOCATION", "0.05"))
+    )
+    search_mutate_parallel: float = field(
+        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_PARALLEL", "0.04"))
+    )
+    search_mutate_thread_binding: float = field(
+        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_THREAD_BINDING", "0.03"))
+    )
+    # Task scheduler (hexir/search/scheduler.py): the weight of the recent improvement against
+    # the optimistic forward estimate, and how many rounds back the recent improvement looks.
+    tune_gradient_alpha: float = field(
+        default_factory=lambda: float(_env("HEXIR_TUNE_GRADIENT_ALPHA", "0.2"))
+    )
+    tune_gradient_window: int = field(
+        default_factory=lambda: int(_env("HEXIR_TUNE_GRADIENT_WINDOW", "3"))
+    )
+    # Measure each task's default schedule in its first round (the baseline a tune must beat).
+    tune_measure_default: bool = field(
+        default_factory=lambda: _env("HEXIR_TUNE_MEASURE_DEFAULT", "1") not in ("0", "false")
+    )
 
 
 _current: Knobs | None = None
