@@ -49,6 +49,7 @@ _LAZY: dict[str, str] = {
     "import_onnx": "hexir.frontend.onnx_import",
     "build": "hexir.runtime.build",
     "compile": "hexir.runtime.executor",
+    "tune": "hexir.search.tune",
 }
 
 __all__ = [

@@ -1,0 +1,260 @@
+"""Tuning on the CPU: matmul, dense+bias+relu and conv2d tuned by `hexir.tune`, against numpy.
+
+    python benchmarks/tune_cpu.py [--trials 200] [--workloads matmul,dense,conv2d]
+                                  [--compare-models | --compare-only] [--compare-trials 100]
+                                  [--seeds 3]
+
+Each workload is tuned from an empty database (a fresh SQLite file) with the XGBoost model,
+then its best kernel is timed beside numpy in one run: numpy in subprocesses (the environment
+as it is, and with OpenBLAS's AVX2 "Haswell" and AVX-512 "SkylakeX" kernels; conv2d as
+im2col + matmul), the unscheduled kernel, the default schedule, and the tuned kernel. The
+tuning wall time is split into the search's own time (sampling, mutation, features,
+prediction, model updates), building, measuring and the database.
+
+With --compare-models it also tunes matmul and dense with the random model and with XGBoost,
+`--compare-trials` trials each, for `--seeds` seeds, and prints the best latencies and their
+medians. Bars (ISSUE 6): tuned matmul and dense >= 0.8x numpy's default environment; XGBoost
+beats random on the median; the search's time below building + measuring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import hexir
+from hexir import knobs
+from hexir.costmodel import RandomModel, XGBModel
+from hexir.ir.analysis import flop_count
+from hexir.runtime.default_schedule import default_schedule
+from hexir.search.tune import TuneResult, tune
+
+COMMON = """
+import time, statistics, numpy as np
+rng = np.random.default_rng(1)
+def bench(f):
+    f(); f()
+    times = []
+    while len(times) < 10 or sum(times) < 0.3:
+        t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
+    print(statistics.median(times))
+"""
+
+PEERS = {
+    "matmul": """
+a = rng.standard_normal((1024, 1024), dtype=np.float32)
+b = rng.standard_normal((1024, 1024), dtype=np.float32)
+bench(lambda: a @ b)
+""",
+    "dense": """
+x = rng.standard_normal((512, 1024), dtype=np.float32)
+w = rng.standard_normal((1024, 1024), dtype=np.float32)
+bias = rng.standard_normal(1024, dtype=np.float32)
+bench(lambda: np.maximum(x @ w.T + bias, 0))
+""",
+    "conv2d": """
+from numpy.lib.stride_tricks import sliding_window_view
+x = rng.standard_normal((1, 64, 56, 56), dtype=np.float32)
+w = rng.standard_normal((64, 64, 3, 3), dtype=np.float32).reshape(64, -1)
+def conv():
+    p = np.pad(x[0], ((0, 0), (1, 1), (1, 1)))
+    cols = sliding_window_view(p, (3, 3), axis=(1, 2))          # C, H, W, R, S
+    cols = np.ascontiguousarray(cols.transpose(0, 3, 4, 1, 2)).reshape(64 * 9, 56 * 56)
+    return w @ cols
+bench(conv)
+""",
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    func: hexir.PrimFunc
+    flops: int
+
+
+def workloads() -> dict[str, Workload]:
+    funcs = {
+        "matmul": hexir.workload("matmul", M=1024, N=1024, K=1024),
+        "dense": hexir.workload("dense", M=512, N=1024, K=1024, activation="relu"),
+        "conv2d": hexir.workload("conv2d", N=1, C=64, H=56, W=56, K=64, R=3, S=3, padding=1),
+    }
+    return {name: Workload(name, f, flop_count(f)) for name, f in funcs.items()}
+
+
+def numpy_subprocess(name: str, coretype: str | None = None) -> float:
+    """numpy's median seconds in a fresh process (OpenBLAS's spinning threads would slow
+    whatever runs next in this one); with OPENBLAS_CORETYPE set when `coretype` is given."""
+    env = dict(os.environ)
+    if coretype is not None:
+        env["OPENBLAS_CORETYPE"] = coretype
+    code = COMMON + PEERS[name]
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return float(out.stdout.strip())
+
+
+class TimedModel:
+    """A cost model that times its feature extraction apart from its predictions."""
+
+    def __init__(self, inner: XGBModel | RandomModel) -> None:
+        self.inner = inner
+        self.features_seconds = 0.0
+
+    def predict(self, candidates):  # noqa: ANN001, ANN201 - the CostModel protocol
+        features = getattr(self.inner, "features", None)
+        if features is not None and getattr(self.inner, "booster", None) is not None:
+            start = time.perf_counter()
+            features(candidates)  # cached by candidate key: predict then reuses the rows
+            self.features_seconds += time.perf_counter() - start
+        return self.inner.predict(candidates)
+
+    def update(self, candidates, results) -> None:  # noqa: ANN001
+        self.inner.update(candidates, results)
+
+
+def fresh_db(folder: Path, name: str) -> str:
+    return f"sqlite:///{folder / (name + '.db')}"
+
+
+def inputs(func: hexir.PrimFunc) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(p.shape).astype(p.dtype) for p in func.params]
+
+
+def kernel_time(func: hexir.PrimFunc, args: list[np.ndarray], once: bool = False) -> float:
+    """Median seconds of `func`'s kernel on fresh copies of `args` (placement matters)."""
+    kernel = hexir.build(func, "cpu")
+    copies = [a.copy() for a in args]
+    if once:
+        with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
+            return kernel.time(*copies)
+    return kernel.time(*copies)
+
+
+def check(func: hexir.PrimFunc, workload: hexir.PrimFunc, args: list[np.ndarray]) -> None:
+    n_out = workload.num_outputs
+    expect = hexir.reference(workload, args[:-n_out])
+    out = [np.empty_like(a) for a in args[-n_out:]]
+    hexir.build(func, "cpu")(*args[:-n_out], *out)
+    for o, e in zip(out, expect):
+        np.testing.assert_allclose(o, e, rtol=1e-3, atol=1e-3)
+
+
+def tune_one(w: Workload, trials: int, folder: Path, seed: int, model) -> tuple[TuneResult, float]:  # noqa: ANN001
+    start = time.perf_counter()
+    result = tune(w.func, "cpu", trials=trials, database=fresh_db(folder, w.name), seed=seed,
+                  model=model)  # fmt: skip
+    return result, time.perf_counter() - start
+
+
+def report_workload(w: Workload, trials: int, folder: Path, seed: int, rounds: int) -> float:
+    """Tune `w`, print its table; the tuned kernel's ratio to numpy's default environment."""
+    model = TimedModel(XGBModel(seed=seed))
+    result, wall = tune_one(w, trials, folder, seed, model)
+    (task,) = result.tasks
+    assert task.best_trace is not None, f"{w.name}: no valid candidate in {trials} trials"
+    tuned = task.best_trace.apply(w.func).func
+    args = inputs(w.func)
+    check(tuned, w.func, args)
+    peers = {t: numpy_subprocess(w.name, t) for t in ("Haswell", "SkylakeX")}
+    numpy_times, tuned_times = [], []
+    for _ in range(rounds):  # alternate, so drift on a shared machine hits both
+        numpy_times.append(numpy_subprocess(w.name))
+        tuned_times.append(kernel_time(tuned, args))
+    rows = {
+        "numpy, default environment": statistics.median(numpy_times),
+        "numpy, OPENBLAS_CORETYPE=Haswell (AVX2)": peers["Haswell"],
+        "numpy, OPENBLAS_CORETYPE=SkylakeX (AVX-512)": peers["SkylakeX"],
+        "hexir, unscheduled": kernel_time(w.func, args, once=True),
+        "hexir, default schedule": kernel_time(default_schedule(w.func, "cpu").func, args),
+        f"hexir, tuned ({result.trials} trials)": statistics.median(tuned_times),
+    }
+    print_table(w, rows)
+    print_split(result, wall, model.features_seconds)
+    base = rows["numpy, default environment"]
+    return base / rows[f"hexir, tuned ({result.trials} trials)"]
+
+
+def print_table(w: Workload, rows: dict[str, float]) -> None:
+    base = w.flops / rows["numpy, default environment"] / 1e9
+    avx512 = w.flops / rows["numpy, OPENBLAS_CORETYPE=SkylakeX (AVX-512)"] / 1e9
+    threads = knobs.get().num_threads or os.cpu_count()
+    print(f"\n{w.name}: {w.func.name} {[p.shape for p in w.func.params]}, {threads} threads")
+    print(f"{'':46} {'ms':>9} {'GFLOP/s':>9} {'x numpy':>8} {'x AVX-512':>10}")
+    for name, seconds in rows.items():
+        g = w.flops / seconds / 1e9
+        print(f"{name:46} {seconds * 1e3:9.2f} {g:9.1f} {g / base:8.2f} {g / avx512:10.2f}")
+
+
+def print_split(result: TuneResult, wall: float, features: float) -> None:
+    p = result.profile
+    search = p["sampling"] + p["mutation"] + p["prediction"] + p["model_update"]
+    measure = p["building"] + p["measuring"]
+    print(
+        f"tuning {wall:.0f} s: search {search:.0f} s (sampling {p['sampling']:.0f}, mutation "
+        f"{p['mutation']:.0f}, features {features:.0f}, prediction "
+        f"{p['prediction'] - features:.0f}, model updates {p['model_update']:.0f}), building "
+        f"{p['building']:.0f} s, measuring {p['measuring']:.0f} s, database "
+        f"{p['database']:.0f} s; search / (building + measuring) = {search / measure:.2f}"
+    )
+
+
+def compare_models(ws: list[Workload], trials: int, seeds: int, folder: Path) -> None:
+    """Best latency after `trials` trials, random model against XGBoost, per seed."""
+    print(f"\ncost models, {trials} trials each, best latency in ms")
+    print(f"{'':10} {'model':8} " + " ".join(f"{'seed ' + str(s):>9}" for s in range(seeds))
+          + f" {'median':>9}")  # fmt: skip
+    for w in ws:
+        medians = {}
+        for label, make in (("random", RandomModel), ("xgboost", XGBModel)):
+            best = []
+            for seed in range(seeds):
+                sub = folder / f"{w.name}-{label}-{seed}"
+                sub.mkdir()
+                result, _ = tune_one(w, trials, sub, seed, make(seed=seed))
+                best.append(result.tasks[0].best_latency or float("inf"))
+            medians[label] = statistics.median(best)
+            cells = " ".join(f"{b * 1e3:9.3f}" for b in best)
+            print(f"{w.name:10} {label:8} {cells} {medians[label] * 1e3:9.3f}")
+        verdict = "beats" if medians["xgboost"] < medians["random"] else "does NOT beat"
+        print(f"{w.name}: XGBoost {verdict} random on the median")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--workloads", default="matmul,dense,conv2d")
+    parser.add_argument("--compare-models", action="store_true")
+    parser.add_argument("--compare-only", action="store_true", help="skip the tuning tables")
+    parser.add_argument("--compare-trials", type=int, default=100)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    all_workloads = workloads()
+    chosen = [all_workloads[n] for n in args.workloads.split(",") if n]
+    with tempfile.TemporaryDirectory(prefix="hexir-tune-bench-") as tmp:
+        folder = Path(tmp)
+        if not args.compare_only:
+            ratios = {w.name: report_workload(w, args.trials, folder, args.seed, args.rounds)
+                      for w in chosen}  # fmt: skip
+            print("\nx numpy (default environment): "
+                  + ", ".join(f"{n} {r:.2f}" for n, r in ratios.items()))  # fmt: skip
+        if args.compare_models or args.compare_only:
+            compare = [w for w in chosen if w.name in ("matmul", "dense")]
+            compare_models(compare, args.compare_trials, args.seeds, folder)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""`hexir run FILE|MODEL|WORKLOAD`: run an artifact, a model or one workload's kernel.
+
+    hexir run resnet18.hxa --bench            # the artifact `hexir build` wrote, timed end to end
+    hexir run resnet18 --db URL --bench       # compiled here with the database's best schedules
+    hexir run matmul:M=1024,N=1024,K=1024     # one kernel, checked against numpy and timed
+
+Inputs are random (seeded, never zeros) or read from an .npz file by input name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hexir import knobs
+from hexir.cli.common import (
+    is_workload_spec,
+    load_graph,
+    load_workload,
+    ms,
+    positive_int,
+    random_array,
+    require_database,
+    resolve_target,
+)
+from hexir.errors import HexirError
+
+if TYPE_CHECKING:
+    from hexir.ir.graph import Graph
+    from hexir.ir.tir import PrimFunc
+    from hexir.runtime.module import Module
+    from hexir.runtime.target import Target
+
+
+def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParser) -> None:
+    p = verbs.add_parser(
+        "run",
+        parents=[parent],
+        help="run an artifact, a model or a workload, on random or given inputs",
+        description="Run an artifact written by `hexir build`, a model (compiled here, with "
+        "the database's best schedules when --db is given, else default schedules), or one "
+        "workload's kernel (checked against numpy and timed). Prints each output's shape "
+        "and a summary of its values.",
+    )
+    p.add_argument(
+        "what", metavar="FILE|MODEL",
+        help="an artifact (.hxa), a zoo model, a .hexir or .onnx file, or a workload such as "
+        "matmul:M=1024,N=1024,K=1024",
+    )  # fmt: skip
+    p.add_argument(
+        "--target", metavar="TARGET",
+        help="a model: default cuda when a GPU is usable, else cpu; a workload: default cpu "
+        "(an artifact carries its own)",
+    )  # fmt: skip
+    p.add_argument(
+        "--db", metavar="URL",
+        help="use the database's best schedules (default: none, i.e. default schedules for a "
+        "model, the unscheduled kernel for a workload)",
+    )  # fmt: skip
+    p.add_argument(
+        "--inputs", metavar="FILE.npz",
+        help="inputs by name (or arr_0, arr_1, ... in order); default: random, seeded",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--bench", action="store_true", help="time end to end: median of repeats")
+    p.add_argument(
+        "--repeats", type=positive_int, metavar="N",
+        help="timed runs (default: 10 with --bench; 3 for a workload)",
+    )  # fmt: skip
+    p.add_argument(
+        "--check", action="store_true", help="compare a model's outputs with numpy's evaluation"
+    )
+    p.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if is_workload_spec(args.what):
+        return _run_workload(args)
+    module = _module(args)
+    inputs = _graph_inputs(module.graph, args)
+    outputs = module.run(inputs)
+    tuned = sum(r.schedule == "tuned" for r in module.report)
+    print(f"model      {module.graph.name} ({args.what})")
+    print(f"target     {module.target} ({module.target.key})")
+    print(
+        f"kernels    {len(module.kernels)} for {len(module.commands)} commands; schedules: "
+        f"{tuned} tuned, {len(module.report) - tuned} default"
+    )
+    print(f"inputs     {args.inputs or f'random, seed {args.seed}'}")
+    for value, array in zip(module.graph.outputs, outputs):
+        print(f"output     {value.name}  {summary(array)}")
+    ok = True
+    if args.check:
+        ok = _check(module.graph, inputs, outputs)
+    if args.bench:
+        seconds = bench(module, inputs, args.repeats or 10)
+        print(f"bench      {seconds * 1e3:.3f} ms end to end (median of {args.repeats or 10})")
+    return 0 if ok else 1
+
+
+def _module(args: argparse.Namespace) -> Module:
+    path = Path(args.what)
+    if path.suffix == ".hxa" or (path.is_file() and zipfile.is_zipfile(path)):
+        if args.target is not None or args.db is not None:
+            raise HexirError(
+                f"{path} is an artifact: it holds its kernels, built for its own target with "
+                "the schedules chosen when it was built; drop --target and --db, or run the "
+                "model (not the artifact) to compile it again"
+            )
+        import hexir.runtime
+
+        return hexir.runtime.load(path)
+    import hexir
+
+    target = resolve_target(args.target)
+    subject = load_graph(args.what, "run")
+    db = require_database(args.db) if args.db else None
+    return hexir.compile(subject.model, target, database=db)
+
+
+def _graph_inputs(graph: Graph, args: argparse.Namespace) -> list[np.ndarray]:
+    if args.inputs is None:
+        rng = np.random.default_rng(args.seed)
+        return [random_array(v.type.shape, v.type.dtype, rng) for v in graph.inputs]
+    return read_inputs(args.inputs, [v.name for v in graph.inputs])
+
+
+def read_inputs(path: str, names: list[str]) -> list[np.ndarray]:
+    """The arrays named `names` in an .npz file (or arr_0, arr_1, ... in order)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            found = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise HexirError(f"cannot read inputs from {path}: {e}; pass an .npz file") from e
+    arrays = []
+    for i, name in enumerate(names):
+        array = found.get(name, found.get(f"arr_{i}"))
+        if array is None:
+            raise HexirError(
+                f"{path} has no input {name!r} (it holds {', '.join(found) or 'nothing'}); "
+                f"save the inputs by name: np.savez(path, {', '.join(f'{n}=...' for n in names)})"
+            )
+        arrays.append(array)
+    return arrays
+
+
+def summary(array: np.ndarray) -> str:
+    """Shape, dtype and a few statistics of an output."""
+    shape = "x".join(map(str, array.shape)) or "scalar"
+    head = f"{shape} {array.dtype}"
+    if array.size == 0 or array.dtype == bool:
+        return head
+    values = array.astype(np.float64)
+    return (
+        f"{head}  mean {values.mean():.6g}  std {values.std():.6g}  min {values.min():.6g}  "
+        f"max {values.max():.6g}"
+    )
+
+
+def _check(graph: Graph, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> bool:
+    from hexir.graph.evaluate import evaluate
+
+    expected = evaluate(graph, inputs)
+    ok = all(
+        np.allclose(o, e, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(e).max(initial=0))))
+        for o, e in zip(outputs, expected)
+    )
+    print(f"check      {'matches numpy' if ok else 'DIFFERS FROM NUMPY'}")
+    return ok
+
+
+def bench(module: Module, inputs: list[np.ndarray], repeats: int, warmup: int = 2) -> float:
+    """Median seconds of one end-to-end `module.run`."""
+    for _ in range(warmup):
+        module.run(inputs)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        module.run(inputs)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _run_workload(args: argparse.Namespace) -> int:
+    import hexir
+    from hexir.ir.analysis import flop_count
+    from hexir.ir.dtype import numpy_dtype
+
+    func = load_workload(args.what)
+    target = resolve_target(args.target or "cpu")
+    scheduled, how = _workload_schedule(func, target, args.db)
+    start = time.perf_counter()
+    kernel = hexir.build(scheduled, target=target)
+    build_s = time.perf_counter() - start
+    if args.inputs is not None:
+        inputs = read_inputs(args.inputs, [b.name for b in func.inputs])
+    else:
+        rng = np.random.default_rng(args.seed)
+        inputs = [random_array(b.shape, b.dtype, rng) for b in func.inputs]
+    outputs = [np.full(b.shape, np.nan, dtype=numpy_dtype(b.dtype)) for b in func.outputs]
+    kernel(*inputs, *outputs)
+    expected = hexir.reference(func, inputs)
+    ok = all(np.allclose(o, e, rtol=1e-4, atol=1e-5) for o, e in zip(outputs, expected))
+    with knobs.scope(timing_warmup=1, timing_repeats=args.repeats or 3, timing_min_seconds=0.0):
+        seconds = kernel.time(*inputs, *outputs)
+    print(f"workload   {args.what}")
+    print(f"key        {hexir.workload_key(func)}")
+    print(f"target     {target} ({target.key})")
+    print(f"schedule   {how}")
+    print(f"build      {build_s:.2f} s")
+    print(f"check      {'matches numpy' if ok else 'DIFFERS FROM NUMPY'}")
+    print(f"time       {seconds * 1e3:.3f} ms (median)")
+    flops = flop_count(func)
+    if flops:
+        print(f"speed      {flops / seconds / 1e9:.2f} GFLOP/s")
+    return 0 if ok else 1
+
+
+def _workload_schedule(func: PrimFunc, target: Target, url: str | None) -> tuple[PrimFunc, str]:
+    """The database's best schedule of `func` when `url` is given and has one, else `func`."""
+    if url is None:
+        return func, "unscheduled"
+    import hexir
+
+    db = require_database(url)
+    for record in db.best(hexir.workload_key(func), target, k=1):
+        try:
+            sch = record.load_trace().apply(func, target=target)
+        except HexirError:
+            continue
+        return sch.func, f"tuned (the database's best, measured {ms(record.median)} ms)"
+    return func, f"unscheduled (no valid record in {db.shown} for {target.key})"

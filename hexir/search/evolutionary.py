@@ -1,0 +1,370 @@
+"""Evolutionary search: propose the candidates of one task worth measuring next (DESIGN.md §5).
+
+    search = EvolutionarySearch(func, "cpu", rng=random.Random(0), database=db)
+    batch = search.propose(model, 64)          # candidates never measured, best predicted first
+    results = executor.measure(batch)
+    search.measured(batch)                     # their keys: never proposed again
+
+One round, MetaSchedule's shape, every number a knob (`SearchConfig.from_knobs`):
+
+1. the initial population: the database's best records of this workload and target (a
+   `search_init_best_fraction` share of `search_population`), topped up with fresh samples of
+   the search space;
+2. `search_generations` generations: the cost model scores the population; parents are drawn
+   in proportion to their score; each child is a mutation of its parent (with probability
+   `search_mutation_probability`, hexir/search/mutators.py) replayed on the workload, or a
+   copy; a mutation that does not replay is dropped and tried again;
+3. every candidate scored on the way that was never measured (by anyone: the database's
+   candidate keys count) is ranked by score; the batch is the top of that ranking, less a
+   `search_epsilon` share of random unmeasured samples, which keep the model honest.
+
+Everything random draws from the generator given, so a seeded search proposes the same
+candidates given the same model and the same measurements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from hexir import knobs
+from hexir.errors import ResourceError, ScheduleError
+from hexir.ir.keys import workload_key
+from hexir.ir.tir import PrimFunc
+from hexir.runtime.target import Target
+from hexir.schedule import Trace
+from hexir.search.measure import Candidate
+from hexir.search.mutators import Mutator, default_mutators, mutate
+from hexir.search.space import SearchSpace, check_resources
+
+if TYPE_CHECKING:
+    from hexir.database import Database
+
+__all__ = [
+    "EvolutionarySearch",
+    "Predictor",
+    "ReplayCache",
+    "SearchConfig",
+    "SearchProfile",
+    "evolve",
+    "pick",
+    "replay",
+]
+
+# Replays kept per task (a trace seen again costs nothing); the cache is cleared when full.
+REPLAY_CACHE = 8192
+
+
+class Predictor(Protocol):
+    """What the search needs of a cost model: scores, higher is faster."""
+
+    def predict(self, candidates: list[Candidate]) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The numbers of the search (see the module docstring); `from_knobs` reads the knobs."""
+
+    population: int = 512
+    init_best_fraction: float = 0.2
+    generations: int = 4
+    mutation_probability: float = 0.85
+    epsilon: float = 0.05
+    measure_per_round: int = 64
+    mutation_tries: int = 4
+
+    @classmethod
+    def from_knobs(cls) -> SearchConfig:
+        k = knobs.get()
+        return cls(
+            k.search_population,
+            k.search_init_best_fraction,
+            k.search_generations,
+            k.search_mutation_probability,
+            k.search_epsilon,
+            k.search_measure_per_round,
+            k.search_mutation_tries,
+        )
+
+
+@dataclass
+class SearchProfile:
+    """Seconds spent, by activity, summed over a tune (mutable: the tuner adds to it)."""
+
+    sampling: float = 0.0
+    mutation: float = 0.0
+    prediction: float = 0.0
+    model_update: float = 0.0
+    building: float = 0.0
+    measuring: float = 0.0
+    database: float = 0.0
+
+    @contextlib.contextmanager
+    def timing(self, activity: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, activity, getattr(self, activity) + time.perf_counter() - start)
+
+    @property
+    def search(self) -> float:
+        """The search's own time: sampling, mutation, prediction (features included)."""
+        return self.sampling + self.mutation + self.prediction + self.model_update
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def replay(func: PrimFunc, trace: Trace, target: Target) -> Candidate | None:
+    """The candidate `trace` makes of `func`, or None when it does not replay or does not fit
+    the target (ScheduleError, ResourceError)."""
+    try:
+        sch = trace.apply(func, target=target)
+        check_resources(sch.func, target)
+    except (ScheduleError, ResourceError):
+        return None
+    return Candidate.from_schedule(func, sch, target)
+
+
+class ReplayCache:
+    """`replay` of one workload with a cache: evolution meets the same traces again and again
+    (a task keeps one across rounds; it starts over past REPLAY_CACHE traces)."""
+
+    def __init__(self, func: PrimFunc, target: Target) -> None:
+        self.func, self.target = func, target
+        self._cache: dict[Trace, Candidate | None] = {}
+
+    def __call__(self, trace: Trace) -> Candidate | None:
+        if trace not in self._cache:
+            if len(self._cache) >= REPLAY_CACHE:
+                self._cache.clear()
+            self._cache[trace] = replay(self.func, trace, self.target)
+        return self._cache[trace]
+
+    def many(self, traces: Sequence[Trace]) -> dict[Trace, Candidate | None]:
+        """Each trace's candidate (or None)."""
+        return {t: self(t) for t in traces}
+
+    def seen(self) -> list[Candidate]:
+        """Every candidate replayed and still cached."""
+        return [c for c in self._cache.values() if c is not None]
+
+
+def evolve(
+    population: Sequence[Candidate],
+    model: Predictor,
+    rng: random.Random,
+    *,
+    measured: set[str] | frozenset[str] = frozenset(),
+    config: SearchConfig | None = None,
+    mutators: Sequence[Mutator] | None = None,
+    replayer: ReplayCache | None = None,
+    profile: SearchProfile | None = None,
+) -> list[tuple[float, Candidate]]:
+    """Evolve `population` (candidates of one workload) for `config.generations` generations
+    and return every unmeasured candidate met, (score, candidate), best score first."""
+    config = config or SearchConfig.from_knobs()
+    mutators = default_mutators() if mutators is None else mutators
+    profile = profile or SearchProfile()
+    if not population:
+        return []
+    first = population[0]
+    replayer = replayer or ReplayCache(first.workload, first.target)
+    scores: dict[str, float] = {}  # the model does not change within a round: score once
+    current = _distinct(population)
+    for generation in range(config.generations + 1):
+        with profile.timing("prediction"):
+            _score(current, model, scores)
+        if generation == config.generations:
+            break
+        with profile.timing("mutation"):
+            current = _breed(current, scores, rng, config, mutators, replayer)
+    met = {c.candidate_key: c for c in population}
+    met.update((c.candidate_key, c) for c in [*replayer.seen(), *current])
+    ranked = [(scores[k], c) for k, c in met.items() if k in scores and k not in measured]
+    # Stable for equal scores: ties keep the order met, so a seeded search stays reproducible.
+    ranked.sort(key=lambda sc: -sc[0])
+    return ranked
+
+
+def _distinct(candidates: Sequence[Candidate]) -> list[Candidate]:
+    return list({c.candidate_key: c for c in candidates}.values())
+
+
+def _score(candidates: list[Candidate], model: Predictor, scores: dict[str, float]) -> None:
+    fresh = _distinct([c for c in candidates if c.candidate_key not in scores])
+    if not fresh:
+        return
+    predicted = np.asarray(model.predict(fresh), dtype=float).reshape(-1)
+    if len(predicted) != len(fresh):
+        raise ValueError(f"the cost model gave {len(predicted)} scores for {len(fresh)}")
+    scores.update((c.candidate_key, float(s)) for c, s in zip(fresh, predicted))
+
+
+def _breed(
+    parents: list[Candidate],
+    scores: dict[str, float],
+    rng: random.Random,
+    config: SearchConfig,
+    mutators: Sequence[Mutator],
+    replayer: ReplayCache,
+) -> list[Candidate]:
+    """The next generation: `config.population` children of parents drawn by score. A child
+    to mutate gets `config.mutation_tries` mutations that replay and are new to the
+    generation, else it is a copy of its parent. Mutations are drawn in slot order, then
+    replayed as one batch per try, so the draws do not depend on how replays are run."""
+    weights = _weights([scores[c.candidate_key] for c in parents])
+    slots = rng.choices(parents, weights=weights, k=config.population)
+    mutating = [n for n in range(len(slots)) if rng.random() < config.mutation_probability]
+    children: list[Candidate | None] = list(slots)
+    for n in mutating:
+        children[n] = None
+    taken = {c.candidate_key for c in children if c is not None}
+    for _ in range(config.mutation_tries):
+        traces = {n: mutate(slots[n].trace, rng, slots[n].workload, mutators) for n in mutating}
+        made = replayer.many([t for t in traces.values() if t is not None])
+        for n, trace in traces.items():
+            child = made.get(trace) if trace is not None else None
+            if child is not None and child.candidate_key not in taken:
+                children[n] = child
+                taken.add(child.candidate_key)
+        mutating = [n for n in mutating if children[n] is None]
+        if not mutating:
+            break
+    return _distinct([c if c is not None else slots[n] for n, c in enumerate(children)])
+
+
+def _weights(scores: list[float]) -> list[float]:
+    """Selection weights from scores of any sign: shifted to start at 0, with a floor so that
+    the worst still has a (small) chance; uniform when the model cannot tell them apart."""
+    low, high = min(scores), max(scores)
+    if not high > low:
+        return [1.0] * len(scores)
+    floor = 0.01 * (high - low)
+    return [s - low + floor for s in scores]
+
+
+def pick(
+    ranked: Sequence[tuple[float, Candidate]],
+    randoms: Sequence[Candidate],
+    n: int,
+    epsilon: float,
+    rng: random.Random,
+) -> list[Candidate]:
+    """`n` distinct candidates: the best ranked, less an `epsilon` share drawn from `randoms`
+    (where there are too few of either, the other makes up the batch)."""
+    n_random = min(int(round(epsilon * n)), len(randoms))
+    batch: dict[str, Candidate] = {}
+    for _, c in ranked:
+        if len(batch) >= n - n_random:
+            break
+        batch.setdefault(c.candidate_key, c)
+    pool = [c for c in _distinct(randoms) if c.candidate_key not in batch]
+    for c in rng.sample(pool, min(len(pool), n - len(batch))):
+        batch[c.candidate_key] = c
+    for _, c in ranked:  # too few random ones: more of the ranked
+        if len(batch) >= n:
+            break
+        batch.setdefault(c.candidate_key, c)
+    return list(batch.values())
+
+
+class EvolutionarySearch:
+    """The search of one task (workload and target) across rounds: what it has measured, its
+    replay cache, its generator. `propose` is one round (see the module docstring)."""
+
+    def __init__(
+        self,
+        func: PrimFunc,
+        target: Target | str,
+        *,
+        rng: random.Random,
+        database: Database | None = None,
+        config: SearchConfig | None = None,
+        space: SearchSpace | None = None,
+        mutators: Sequence[Mutator] | None = None,
+        profile: SearchProfile | None = None,
+    ) -> None:
+        self.func = func
+        self.target = Target.of(target)
+        self.workload_key = workload_key(func)
+        self.rng = rng
+        self.database = database
+        self.config = config or SearchConfig.from_knobs()
+        self.space = space or SearchSpace()
+        self.mutators = default_mutators() if mutators is None else tuple(mutators)
+        self.profile = profile or SearchProfile()
+        self._measured: set[str] = set()
+        self._replayer = ReplayCache(func, self.target)
+
+    def measured_keys(self) -> set[str]:
+        """Candidate keys never to propose: measured here, or recorded in the database."""
+        if self.database is None:
+            return set(self._measured)
+        with self.profile.timing("database"):
+            return self._measured | self.database.measured_keys(self.workload_key, self.target)
+
+    def mark_measured(self, candidates: Sequence[Candidate]) -> None:
+        self._measured.update(c.candidate_key for c in candidates)
+
+    def propose(self, model: Predictor, n: int) -> list[Candidate]:
+        """Up to `n` distinct candidates never measured, to measure next; fewer (or none) when
+        the space holds no more that the search can find."""
+        if n <= 0:
+            return []
+        measured = self.measured_keys()
+        best = self.best_candidates()
+        with self.profile.timing("sampling"):
+            fresh = self.sample(self.config.population - len(best))
+        ranked = evolve(
+            best + fresh,
+            model,
+            self.rng,
+            measured=measured,
+            config=self.config,
+            mutators=self.mutators,
+            replayer=self._replayer,
+            profile=self.profile,
+        )
+        randoms = [c for c in fresh if c.candidate_key not in measured]
+        return pick(ranked, randoms, n, self.config.epsilon, self.rng)
+
+    def best_candidates(self) -> list[Candidate]:
+        """The database's best records of this task, replayed (the initial population's
+        measured share)."""
+        k = int(self.config.population * self.config.init_best_fraction)
+        if self.database is None or k <= 0:
+            return []
+        with self.profile.timing("database"):
+            records = self.database.best(self.workload_key, self.target, k=k)
+        # In key order, not latency order: timings vary from run to run, and a seeded search
+        # should then still start from the same population.
+        records = sorted(records, key=lambda r: r.candidate_key)
+        found = []
+        with self.profile.timing("sampling"):
+            for record in records:
+                c = self._replayer(record.load_trace())
+                if c is not None:
+                    found.append(c)
+        return found
+
+    def sample(self, n: int) -> list[Candidate]:
+        """Up to `n` fresh samples of the space (drawn `space.max_attempts` times as often,
+        at most; the invalid draws are dropped)."""
+        found: list[Candidate] = []
+        for _ in range(max(0, n) * self.space.max_attempts):
+            if len(found) >= n:
+                break
+            try:
+                sch = self.space.sample_schedule(self.func, self.target, self.rng)
+            except (ScheduleError, ResourceError):
+                continue
+            found.append(Candidate.from_schedule(self.func, sch, self.target))
+        return found

@@ -1,0 +1,180 @@
+"""Tasks of a model, and the scheduler that spends a tune's trials across them (DESIGN.md §5).
+
+    tasks = extract_tasks(graph)             # distinct workloads, weighted by occurrences
+    sched = TaskScheduler([t.weight for t in tasks], trials=200, per_round=64)
+    while (step := sched.next()) is not None:
+        index, n = step                      # tune task `index` with `n` trials
+        ...
+        sched.record(index, measured=n, best=best_latency)   # seconds, or None
+
+A model yields tasks the way `hexir.compile` builds it: simplify the graph, partition it into
+fusion groups, lower each group; groups that lower to one workload key are one task, whose
+weight is how many times it runs per inference.
+
+The first round gives every task a few trials (`per_round`, scaled down so that every task
+gets one even on a small budget). After that each round goes to the task whose next round
+promises the largest drop in end-to-end latency, Σ weight × best latency, as in Ansor's and
+MetaSchedule's gradient-based schedulers. A task's gain is its weight times
+
+    alpha * (h[-1-w] - h[-1]) / w   +   (1 - alpha) * h[-1] / len(h)
+
+where h is its best latency after each of its rounds: the recent improvement per round (over
+the last w = `window` rounds), mixed with an optimistic forward estimate (the latency could keep
+falling at its average rate). A task with no valid measurement yet comes first, for up to
+`window` rounds; a task whose space is spent (`exhaust`) gets no more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hexir import knobs
+from hexir.ir.analysis import flop_count
+from hexir.ir.graph import Graph
+from hexir.ir.keys import workload_key
+from hexir.ir.tir import PrimFunc
+
+__all__ = ["Task", "TaskScheduler", "extract_tasks", "first_round", "gradient_gains"]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One workload to tune: its unscheduled PrimFunc and how often the model runs it."""
+
+    func: PrimFunc
+    workload_key: str
+    weight: int
+    flops: int
+
+    @property
+    def name(self) -> str:
+        return self.func.name
+
+
+def extract_tasks(func_or_graph: PrimFunc | Graph) -> list[Task]:
+    """The distinct workloads of a PrimFunc (one task) or a Graph (simplified, partitioned and
+    lowered as `hexir.compile` does), in order of first occurrence."""
+    if isinstance(func_or_graph, PrimFunc):
+        funcs = [func_or_graph]
+    else:
+        from hexir.graph.fusion import partition
+        from hexir.graph.lower import lower
+        from hexir.graph.rewrite import simplify_graph
+
+        funcs = [lower(group.graph()) for group in partition(simplify_graph(func_or_graph))]
+    found: dict[str, tuple[PrimFunc, int]] = {}
+    for func in funcs:
+        key = workload_key(func)
+        first, count = found.get(key, (func, 0))
+        found[key] = (first, count + 1)
+    return [Task(f, key, count, flop_count(f)) for key, (f, count) in found.items()]
+
+
+def first_round(weights: Sequence[float], trials: int, per_round: int) -> list[int]:
+    """Trials of each task's first round: `per_round` each, or an equal share of the budget
+    when that is smaller; one each for the heaviest tasks when even that does not fit."""
+    n = len(weights)
+    if n == 0 or trials <= 0:
+        return [0] * n
+    share = min(per_round, trials // n)
+    if share >= 1:
+        return [share] * n
+    order = sorted(range(n), key=lambda i: -weights[i])
+    chosen = set(order[:trials])
+    return [1 if i in chosen else 0 for i in range(n)]
+
+
+def gradient_gains(
+    histories: Sequence[Sequence[float]],
+    weights: Sequence[float],
+    alpha: float,
+    window: int,
+) -> list[float]:
+    """Each task's expected drop in weighted latency from one more round (see the module
+    docstring); `histories` hold best latencies per round (math.inf: none valid yet)."""
+    gains = []
+    for h, weight in zip(histories, weights):
+        if not h:
+            gains.append(0.0)
+            continue
+        best = h[-1]
+        if math.isinf(best):
+            gains.append(math.inf)
+            continue
+        back = (h[-1 - window] - best) / window if len(h) > window else 0.0
+        forward = best / len(h)
+        gains.append(weight * (alpha * back + (1.0 - alpha) * forward))
+    return gains
+
+
+class TaskScheduler:
+    """Which task gets the next round, and how many trials (see the module docstring).
+    `trials` is the budget of the whole call; `record` tells what each round measured."""
+
+    def __init__(
+        self,
+        weights: Sequence[float],
+        trials: int,
+        per_round: int | None = None,
+        *,
+        alpha: float | None = None,
+        window: int | None = None,
+        initial: Sequence[float | None] | None = None,
+    ) -> None:
+        k = knobs.get()
+        self.weights = list(weights)
+        self.trials = trials
+        self.per_round = per_round if per_round is not None else k.search_measure_per_round
+        self.alpha = alpha if alpha is not None else k.tune_gradient_alpha
+        self.window = window if window is not None else k.tune_gradient_window
+        self.used = 0
+        # Best latency per task after each round; a known best (from the database) starts it.
+        start = initial or [None] * len(self.weights)
+        self.histories: list[list[float]] = [[] if b is None else [b] for b in start]
+        self.rounds = [0] * len(self.weights)
+        self.exhausted = [False] * len(self.weights)
+        self._first = first_round(self.weights, trials, self.per_round)
+        self._pending = [i for i, n in enumerate(self._first) if n > 0]
+
+    @property
+    def left(self) -> int:
+        return max(0, self.trials - self.used)
+
+    def next(self) -> tuple[int, int] | None:
+        """(task index, trials) of the next round, or None when the budget or every task's
+        space is spent."""
+        while self._pending:
+            i = self._pending.pop(0)
+            if not self.exhausted[i] and self.left > 0:
+                return i, min(self._first[i], self.left)
+        if self.left <= 0:
+            return None
+        chosen = self.pick()
+        return None if chosen is None else (chosen, min(self.per_round, self.left))
+
+    def pick(self) -> int | None:
+        """The live task of largest gain (ties: the first)."""
+        gains = gradient_gains(self.histories, self.weights, self.alpha, self.window)
+        live = [i for i in range(len(gains)) if self._live(i)]
+        if not live:
+            return None
+        return max(live, key=lambda i: (gains[i], -i))
+
+    def _live(self, i: int) -> bool:
+        if self.exhausted[i]:
+            return False
+        no_valid = not self.histories[i] or math.isinf(self.histories[i][-1])
+        # A task that never measured a valid candidate gets `window` rounds, then none.
+        return not (no_valid and self.rounds[i] >= max(1, self.window))
+
+    def record(self, task: int, measured: int, best: float | None) -> None:
+        """A round of `task` measured `measured` candidates; its best latency is now `best`."""
+        self.used += measured
+        self.rounds[task] += 1
+        self.histories[task].append(math.inf if best is None else best)
+
+    def exhaust(self, task: int) -> None:
+        """The task's search finds nothing new: give it no more rounds."""
+        self.exhausted[task] = True

@@ -1,0 +1,343 @@
+"""`hexir.tune`: search schedules for a PrimFunc or a whole model and record every measurement.
+
+    result = hexir.tune(graph, target="cpu", trials=200,
+                        database="sqlite:///tuning_logs/hexir.db")
+    for task in result.tasks:
+        print(task.name, task.weight, task.best_latency, task.default_latency, task.trials)
+    module = hexir.compile(graph, "cpu", database=...)   # uses the best records
+
+A model's tasks (hexir/search/scheduler.py) share the call's `trials`: a first round for every
+task, then rounds where the end-to-end gain promises most. Each round of a task is an
+evolutionary search (hexir/search/evolutionary.py) guided by the cost model; the executor
+measures its candidates, and each result is committed to the database as soon as it is
+measured (batches of the executor's parallel builds), so an interrupted tune keeps everything
+it measured. Calling the same tune again continues from the database: the best records seed
+the search, and no candidate measured before is measured again.
+
+Progress: every callback is called after every round with a `Progress` (trials done, the
+budget, each task's best latency and trials, elapsed seconds, an estimate of the seconds left).
+A KeyboardInterrupt (Ctrl-C, or raised by a callback) stops the tune after closing what it
+opened; what was measured is in the database, and the exception propagates.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from hexir import knobs
+from hexir.errors import HexirError
+from hexir.ir.graph import Graph
+from hexir.ir.tir import PrimFunc
+from hexir.runtime.target import Target
+from hexir.schedule import Trace
+from hexir.search.evolutionary import EvolutionarySearch, Predictor, SearchProfile
+from hexir.search.measure import Candidate, MeasureResult
+from hexir.search.scheduler import Task, TaskScheduler, extract_tasks
+
+if TYPE_CHECKING:
+    from hexir.costmodel import CostModel
+    from hexir.database import Database
+    from hexir.search.executor import MeasureExecutor
+
+__all__ = ["Progress", "ProgressCallback", "TaskProgress", "TaskResult", "TuneResult", "tune"]
+
+DEFAULT_DATABASE = "sqlite:///tuning_logs/hexir.db"
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """One task's state during a tune: best latency in seconds (None: no valid one yet)."""
+
+    name: str
+    workload_key: str
+    weight: int
+    flops: int
+    best_latency: float | None
+    trials: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a progress callback gets after every round."""
+
+    trials_done: int
+    trials_total: int
+    tasks: tuple[TaskProgress, ...]
+    elapsed: float
+    eta: float | None  # seconds left, estimated from the time per trial so far
+    task: int  # index of the task the round just tuned
+
+    @property
+    def best(self) -> dict[str, float | None]:
+        """Best latency so far per task, by workload key."""
+        return {t.workload_key: t.best_latency for t in self.tasks}
+
+
+class ProgressCallback(Protocol):
+    def __call__(self, progress: Progress) -> None: ...
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A tuned task: its best trace and latency in the database after the tune (from any tune,
+    this one or earlier), the default schedule's latency if it was ever measured, and the
+    trials this call spent on it."""
+
+    name: str
+    workload_key: str
+    weight: int
+    flops: int
+    func: PrimFunc = field(repr=False)
+    best_trace: Trace | None = field(repr=False)
+    best_latency: float | None
+    default_latency: float | None
+    trials: int
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What `tune` did: per task results, trials measured by this call, wall seconds, and the
+    seconds by activity (`SearchProfile.as_dict()`: sampling, mutation, prediction, ...)."""
+
+    tasks: tuple[TaskResult, ...]
+    trials: int
+    elapsed: float
+    profile: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def latency(self) -> float | None:
+        """Σ weight × best latency over the tasks: the kernels' time per inference (None
+        while a task has no valid record)."""
+        if any(t.best_latency is None for t in self.tasks):
+            return None
+        return sum(t.weight * (t.best_latency or 0.0) for t in self.tasks)
+
+
+def tune(
+    func_or_graph: PrimFunc | Graph,
+    target: Target | str = "cpu",
+    trials: int = 64,
+    database: Database | str = DEFAULT_DATABASE,
+    ray_address: str | None = None,
+    seed: int | None = None,
+    model: CostModel | None = None,
+    callbacks: Sequence[ProgressCallback] = (),
+    executor: MeasureExecutor | None = None,
+) -> TuneResult:
+    """Tune `func_or_graph` for `target` with `trials` measurements in all (see the module).
+
+    `database`: a URL or a Database. `ray_address`: None measures in this process; "local"
+    starts a local Ray cluster; any other address ("auto", "ray://host:port") joins one.
+    `executor`, when given, is used instead (and not closed). `seed` makes the search
+    reproducible. `model` defaults to an XGBoost model trained on the database's records of
+    this target."""
+    target = Target.of(target)
+    db = _database(database)
+    tasks = extract_tasks(func_or_graph)
+    model = model if model is not None else _default_model(db, target)
+    own = executor is None
+    executor = executor if executor is not None else _executor(target, ray_address)
+    try:
+        tuner = _Tuner(tasks, target, db, executor, model, seed, tuple(callbacks))
+        return tuner.run(trials)
+    finally:
+        if own:
+            executor.close()
+
+
+def _database(database: Database | str) -> Database:
+    if isinstance(database, str):
+        from hexir.database import Database
+
+        return Database(database)
+    return database
+
+
+def _default_model(db: Database, target: Target) -> CostModel:
+    from hexir.costmodel.xgb import XGBModel
+
+    return XGBModel.from_database(db, target)
+
+
+def _executor(target: Target, ray_address: str | None) -> MeasureExecutor:
+    if ray_address is None:
+        from hexir.search.executor import LocalExecutor
+
+        return LocalExecutor(target)
+    from hexir.search.distributed import RayExecutor
+
+    return RayExecutor(target, address=None if ray_address == "local" else ray_address)
+
+
+class _Model(Predictor, Protocol):
+    def update(self, candidates: list[Candidate], results: list[MeasureResult]) -> None: ...
+
+
+class _Tuner:
+    """The state of one `tune` call: per task, its search, best latency and trials."""
+
+    def __init__(
+        self,
+        tasks: list[Task],
+        target: Target,
+        db: Database,
+        executor: MeasureExecutor,
+        model: _Model,
+        seed: int | None,
+        callbacks: tuple[ProgressCallback, ...],
+    ) -> None:
+        self.tasks, self.target, self.db = tasks, target, db
+        self.executor, self.model, self.callbacks = executor, model, callbacks
+        self.profile = SearchProfile()
+        self.searches = [
+            EvolutionarySearch(
+                t.func,
+                target,
+                rng=_task_rng(seed, t.workload_key),
+                database=db,
+                profile=self.profile,
+            )  # fmt: skip
+            for t in tasks
+        ]
+        self.best = [self._db_best(t) for t in tasks]
+        self.trials = [0] * len(tasks)
+        self.start = time.perf_counter()
+
+    def run(self, trials: int) -> TuneResult:
+        scheduler = TaskScheduler([t.weight for t in self.tasks], trials, initial=self.best)
+        while (step := scheduler.next()) is not None:
+            i, n = step
+            measured = self.round(i, n, first=scheduler.rounds[i] == 0)
+            if measured == 0:
+                scheduler.exhaust(i)
+                continue
+            scheduler.record(i, measured, self.best[i])
+            self._report(i, scheduler)
+        return self.result()
+
+    def round(self, i: int, n: int, first: bool) -> int:
+        """One round of task `i`: propose up to `n` candidates, measure and commit them, and
+        update the model; the number measured."""
+        search = self.searches[i]
+        batch = []
+        if first and knobs.get().tune_measure_default and n > 1:
+            default = _default_candidate(self.tasks[i].func, self.target)
+            if default is not None and default.candidate_key not in search.measured_keys():
+                batch.append(default)
+        taken = {c.candidate_key for c in batch}
+        batch += [
+            c for c in search.propose(self.model, n - len(batch)) if c.candidate_key not in taken
+        ]
+        results = self.measure(i, batch)
+        if results:
+            with self.profile.timing("model_update"):
+                self.model.update(batch, results)
+        return len(results)
+
+    def measure(self, i: int, batch: list[Candidate]) -> list[MeasureResult]:
+        """Measure `batch` in slices of the executor's parallel builds, committing each
+        result as soon as its slice is back."""
+        task, search = self.tasks[i], self.searches[i]
+        results: list[MeasureResult] = []
+        step = max(1, self.executor.workers)
+        for start in range(0, len(batch), step):
+            chunk = batch[start : start + step]
+            began = time.perf_counter()
+            out = self.executor.measure(chunk)
+            self._account(out, time.perf_counter() - began)
+            with self.profile.timing("database"):
+                for c, r in zip(chunk, out):
+                    self.db.commit_record(task.func, self.target, c.trace, r,
+                                          candidate_key=c.candidate_key)  # fmt: skip
+            search.mark_measured(chunk)
+            self.trials[i] += len(out)
+            for r in out:
+                if r.ok and r.median is not None:
+                    best = self.best[i]
+                    self.best[i] = r.median if best is None else min(best, r.median)
+            results.extend(out)
+        return results
+
+    def _account(self, results: list[MeasureResult], wall: float) -> None:
+        """Split a measurement's wall time: running (the runners' own spans) and building."""
+        running = sum(
+            max(0.0, float(r.build_info["run_end"]) - float(r.build_info["run_start"]))
+            for r in results
+            if "run_start" in r.build_info and "run_end" in r.build_info
+        )
+        running = min(running, wall)
+        self.profile.measuring += running
+        self.profile.building += wall - running
+
+    def _report(self, task: int, scheduler: TaskScheduler) -> None:
+        if not self.callbacks:
+            return
+        elapsed = time.perf_counter() - self.start
+        done = scheduler.used
+        eta = elapsed / done * scheduler.left if done else None
+        progress = Progress(done, scheduler.trials, self._progress(), elapsed, eta, task)
+        for callback in self.callbacks:
+            callback(progress)
+
+    def _progress(self) -> tuple[TaskProgress, ...]:
+        return tuple(
+            TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, n)
+            for t, b, n in zip(self.tasks, self.best, self.trials)
+        )
+
+    def _db_best(self, task: Task) -> float | None:
+        records = self.db.best(task.workload_key, self.target, k=1)
+        return records[0].median if records else None
+
+    def result(self) -> TuneResult:
+        out = []
+        for task, n in zip(self.tasks, self.trials):
+            records = self.db.best(task.workload_key, self.target, k=1)
+            trace = records[0].load_trace() if records else None
+            latency = records[0].median if records else None
+            default = _default_latency(self.db, task, self.target)
+            out.append(
+                TaskResult(
+                    task.name,
+                    task.workload_key,
+                    task.weight,
+                    task.flops,
+                    task.func,
+                    trace,
+                    latency,
+                    default,
+                    n,
+                )  # fmt: skip
+            )
+        elapsed = time.perf_counter() - self.start
+        return TuneResult(tuple(out), sum(self.trials), elapsed, self.profile.as_dict())
+
+
+def _task_rng(seed: int | None, key: str) -> random.Random:
+    # Per task, so that a task's proposals do not depend on the order tasks are tuned in.
+    return random.Random() if seed is None else random.Random(f"hexir.tune:{seed}:{key}")
+
+
+def _default_candidate(func: PrimFunc, target: Target) -> Candidate | None:
+    from hexir.runtime.default_schedule import default_schedule
+
+    try:
+        return Candidate.from_schedule(func, default_schedule(func, target), target)
+    except HexirError:
+        return None
+
+
+def _default_latency(db: Database, task: Task, target: Target) -> float | None:
+    default = _default_candidate(task.func, target)
+    if default is None:
+        return None
+    times = [
+        r.median
+        for r in db.records(task.workload_key, target)
+        if r.candidate_key == default.candidate_key and r.median is not None
+    ]
+    return min(times) if times else None

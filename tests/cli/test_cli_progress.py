@@ -1,0 +1,79 @@
+"""The progress of `hexir tune`: the plain line per round (logs) and the live table (terminals),
+fed with the Progress values a tune hands its callbacks, over a real database."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir.cli.progress import DefaultLatencies, LiveDisplay, PlainDisplay, make_display
+from hexir.database import Database
+from hexir.frontend.zoo import mlp
+from hexir.ir.keys import candidate_key
+from hexir.runtime.default_schedule import default_schedule
+from hexir.search.measure import MeasureResult
+from hexir.search.scheduler import extract_tasks
+from hexir.search.tune import Progress, TaskProgress
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """Three tasks; the first one's default schedule measured for real into the database."""
+    target = hexir.Target("cpu")
+    db = Database(f"sqlite:///{tmp_path / 'p.db'}")
+    tasks = extract_tasks(mlp(batch=4, sizes=(32, 16, 8)))
+    sch = default_schedule(tasks[0].func, target)
+    kernel = hexir.build(sch.func, target)
+    rng = np.random.default_rng()
+    args = [rng.uniform(0.5, 1.5, b.shape).astype("float32") for b in tasks[0].func.params]
+    seconds = kernel.time(*args)
+    db.commit_record(tasks[0].func, target, sch.trace, MeasureResult(latencies=(seconds,)),
+                     candidate_key=candidate_key(sch.func))  # fmt: skip
+    return db, tasks, target, seconds
+
+
+def _progress(tasks, best, done, task):
+    rows = tuple(
+        TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, 4 if b else 0)
+        for t, b in zip(tasks, best)
+    )
+    return Progress(done, 12, rows, elapsed=3.0, eta=6.0, task=task)
+
+
+def test_default_latencies_come_from_the_database(setup):
+    db, tasks, target, seconds = setup
+    defaults = DefaultLatencies(db, tasks, target)
+    assert defaults.get(0) == pytest.approx(seconds) and defaults.get(1) is None
+
+
+def test_a_plain_line_per_round_with_speedup_and_eta(setup):
+    db, tasks, target, seconds = setup
+    out = io.StringIO()
+    display = make_display(out, tasks, DefaultLatencies(db, tasks, target))
+    assert isinstance(display, PlainDisplay)  # a StringIO is no terminal
+    with display:
+        display.update(_progress(tasks, [seconds / 2, None, None], 4, 0))
+        display.update(_progress(tasks, [seconds / 2, seconds, seconds], 12, 2))
+    first, last = out.getvalue().splitlines()
+    assert first.startswith("[ 4/12] 3s ETA 6s | task 0 fused_dense_bias_add_relu (x1)")
+    assert "2.00x over default" in first and "(2 tasks without a valid measurement yet)" in first
+    assert last.startswith("[12/12]") and "model est." in last
+    assert display.trials == {tasks[0].workload_key: 4, tasks[1].workload_key: 4,
+                              tasks[2].workload_key: 4}  # fmt: skip
+
+
+def test_the_live_table_shows_every_task(setup):
+    from rich.console import Console
+
+    db, tasks, target, seconds = setup
+    display = LiveDisplay(io.StringIO(), tasks, DefaultLatencies(db, tasks, target))
+    console = Console(file=io.StringIO(), width=120, record=True)
+    console.print(display._render(_progress(tasks, [seconds / 4, None, None], 4, 0)))
+    text = console.export_text()
+    assert "trials 4/12" in text and "ETA 6s" in text
+    for task in tasks:
+        assert task.name in text
+    assert "4.00x" in text

@@ -1,0 +1,200 @@
+"""`hexir tune`, then `hexir build`, `run`, `db` and `show` on what it recorded, each in a new
+process as a user would call them: a build reuses the tuned schedules without searching or
+measuring, for the tuned target only; Ctrl-C stops a tune that the same command continues."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import SMALL_ENV, run_hexir, save_tiny_mlp
+
+import hexir
+from hexir.database import Database
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 9
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> tuple[Path, str, dict]:
+    """A folder with tiny.hexir tuned into a fresh database: (folder, URL, the JSON report)."""
+    folder = tmp_path_factory.mktemp("tuned")
+    save_tiny_mlp(folder)
+    url = f"sqlite:///{folder / 'tune.db'}"
+    done = run_hexir(
+        folder, "tune", "tiny.hexir", "--trials", str(TRIALS), "--target", "cpu",
+        "--db", url, "--no-ray", "--seed", "0", "--report", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return folder, url, json.loads(done.stdout)
+
+
+def _db(url: str) -> Database:
+    return Database(url)
+
+
+def test_tune_reports_each_task_and_the_model_before_and_after(tuned):
+    folder, url, report = tuned
+    tasks = report["tasks"]
+    assert [t["name"] for t in tasks] == ["fused_dense_bias_add_relu", "fused_dense_bias_add",
+                                          "softmax"]  # fmt: skip
+    assert report["trials"] == sum(t["trials"] for t in tasks) == TRIALS
+    assert _db(url).stats().records == TRIALS  # every trial committed
+    for t in tasks:
+        assert t["best_latency"] <= t["default_latency"]  # the default is measured first
+    before = sum(t["weight"] * t["default_latency"] for t in tasks)
+    after = sum(t["weight"] * t["best_latency"] for t in tasks)
+    assert report["latency_default"] == pytest.approx(before)
+    assert report["latency_tuned"] == pytest.approx(after) and after <= before
+    assert not report["interrupted"] and report["target_key"] == hexir.Target("cpu").key
+
+
+def test_build_in_a_new_process_reuses_the_database_without_search(tuned, tmp_path):
+    folder, url, _ = tuned
+    db = _db(url)
+    before = db.stats().records
+    done = run_hexir(folder, "build", "tiny.hexir", "--target", "cpu", "--db", url,
+                     "-o", str(tmp_path / "tiny.hxa"), "--report", "json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["records_before"] == report["records_after"] == before == db.stats().records
+    assert report["search_modules_loaded"] == []  # no search, no measurement code ran
+    assert len(report["tasks"]) == 3
+    for task in report["tasks"]:
+        has_record = bool(db.best(task["workload_key"], "cpu"))
+        assert task["schedule"] == ("tuned" if has_record else "default")
+    # The artifact holds the best record's trace, for each task that has one.
+    module = hexir.runtime.load(tmp_path / "tiny.hxa")
+    for r in module.report:
+        (best,) = db.best(r.workload_key, "cpu", k=1)
+        assert r.trace == best.load_trace()
+    ran = run_hexir(folder, "run", str(tmp_path / "tiny.hxa"), "--check", "--bench")
+    assert ran.returncode == 0, ran.stderr
+    assert "matches numpy" in ran.stdout and "3 tuned, 0 default" in ran.stdout
+    assert "ms end to end (median of 10)" in ran.stdout
+
+
+def test_a_database_tuned_for_the_cpu_is_not_applied_to_cuda(tuned, tmp_path):
+    folder, url, _ = tuned
+    done = run_hexir(folder, "build", "tiny.hexir", "--target", "cuda -arch=sm_90",
+                     "--db", url, "-o", str(tmp_path / "cuda.hxa"), "--report", "json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)  # NVRTC builds it here, GPU or not
+    assert report["target_key"] == "cuda-sm_90"
+    assert [t["schedule"] for t in report["tasks"]] == ["default"] * 3
+    assert report["records_before"] == report["records_after"] == TRIALS
+    text = run_hexir(folder, "build", "tiny.hexir", "--target", "cpu", "--db", url,
+                     "-o", str(tmp_path / "cpu.hxa"))  # fmt: skip
+    assert "3 of 3 tasks tuned, 0 default" in text.stdout and "no search, no measurements" in (
+        text.stdout
+    )
+
+
+def test_run_a_model_with_the_database_and_given_inputs(tuned, tmp_path):
+    folder, url, _ = tuned
+    x = np.random.default_rng().uniform(-1, 1, (4, 32)).astype("float32")
+    np.savez(tmp_path / "in.npz", x=x)
+    done = run_hexir(folder, "run", "tiny.hexir", "--target", "cpu", "--db", url,
+                     "--inputs", str(tmp_path / "in.npz"), "--check")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "3 tuned, 0 default" in done.stdout and "matches numpy" in done.stdout
+    line = next(x for x in done.stdout.splitlines() if x.startswith("output"))
+    words = line.split()
+    assert words[1:3] == ["probs", "4x8"]
+    stats = {words[i]: float(words[i + 1]) for i in range(4, len(words) - 1, 2)}
+    expected = _evaluate(folder, x)
+    for name, value in [("mean", expected.mean()), ("std", expected.std()),
+                        ("min", expected.min()), ("max", expected.max())]:  # fmt: skip
+        assert stats[name] == pytest.approx(value, rel=1e-4)
+
+
+def _evaluate(folder: Path, x: np.ndarray) -> np.ndarray:
+    from hexir.graph.evaluate import evaluate
+
+    return evaluate(hexir.load_model(str(folder / "tiny.hexir")), [x])[0].astype(np.float64)
+
+
+def test_db_verbs_list_best_stats_export_import(tuned, tmp_path):
+    folder, url, report = tuned
+    listed = run_hexir(folder, "db", "list", "--db", url)
+    assert listed.returncode == 0 and "3 workloads" in listed.stdout
+    for task in report["tasks"]:
+        line = next(x for x in listed.stdout.splitlines() if task["workload_key"][:12] in x)
+        assert task["name"] in line and f"{task['trials']:>7}" in line
+    key = report["tasks"][2]["workload_key"]
+    best = run_hexir(folder, "db", "best", key[:8], "--db", url)
+    assert best.returncode == 0, best.stderr
+    (record,) = _db(url).best(key, "cpu", k=1)
+    assert str(record.load_trace()) in best.stdout
+    stats = run_hexir(folder, "db", "stats", "--db", url)
+    assert f"records         {TRIALS} ({TRIALS} valid)" in stats.stdout
+    exported = tmp_path / "records.jsonl"
+    assert run_hexir(folder, "db", "export", str(exported), "--db", url).returncode == 0
+    copy = f"sqlite:///{tmp_path / 'copy.db'}"
+    first = run_hexir(folder, "db", "import", str(exported), "--db", copy)
+    again = run_hexir(folder, "db", "import", str(exported), "--db", copy)
+    assert f"added {TRIALS} records" in first.stdout and "added 0 records" in again.stdout
+    assert _db(copy).best(key, "cpu", k=1)[0].id == record.id
+
+
+def test_show_and_run_a_workload_with_its_best_schedule(tmp_path):
+    spec = "matmul:M=32,N=32,K=32"
+    url = f"sqlite:///{tmp_path / 'mm.db'}"
+    done = run_hexir(tmp_path, "tune", spec, "--trials", "4", "--target", "cpu", "--db", url,
+                     "--no-ray")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "[4/4]" in done.stdout and "ETA" in done.stdout  # a plain line per round
+    key = hexir.workload_key(hexir.workload("matmul", M=32, N=32, K=32))
+    (record,) = _db(url).best(key, "cpu", k=1)
+    shown = run_hexir(tmp_path, "show", spec, "--schedule", "best", "--target", "cpu", "--db", url)
+    assert shown.returncode == 0 and str(record.load_trace()) in shown.stdout
+    ran = run_hexir(tmp_path, "run", spec, "--db", url)
+    assert ran.returncode == 0 and "tuned (the database's best" in ran.stdout
+    assert "matches numpy" in ran.stdout
+
+
+def test_ctrl_c_stops_cleanly_and_the_same_command_continues(tmp_path):
+    save_tiny_mlp(tmp_path)
+    url = f"sqlite:///{tmp_path / 'int.db'}"
+    argv = ["tune", "tiny.hexir", "--trials", "400", "--target", "cpu", "--db", url, "--no-ray"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hexir", *argv], cwd=tmp_path, text=True,
+        env={**os.environ, **SMALL_ENV},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("tuning tiny.hexir: 3 tasks")
+    assert proc.stdout.readline().startswith("[  4/400]")  # the first round is committed
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "run the same command again to continue" in err
+    db = _db(url)
+    measured = db.stats().records
+    assert f"interrupted after {measured} measurement" in err and measured >= 4
+    # The same command again (with a smaller budget: `--trials` is each call's own) goes on
+    # from the database: 4 more trials, and no candidate measured twice.
+    again = run_hexir(tmp_path, *[a if a != "400" else "4" for a in argv])
+    assert again.returncode == 0, again.stderr
+    assert db.stats().records == measured + 4
+    for workload in db.workloads():
+        records = db.records(workload.key, "cpu")
+        assert len({r.candidate_key for r in records}) == len(records)
+
+
+def test_tune_on_a_local_ray_cluster_by_default(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ray.db'}"
+    done = run_hexir(tmp_path, "tune", "softmax:M=8,N=64", "--trials", "3", "--target", "cpu",
+                     "--db", url, "--workers", "2", "--report", "json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (task,) = json.loads(done.stdout)["tasks"]
+    assert task["trials"] == 3 and task["best_latency"] is not None
+    assert _db(url).stats().records == 3

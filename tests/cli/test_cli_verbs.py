@@ -1,0 +1,78 @@
+"""Every verb of the `hexir` command has --help, and the verbs that need no tuning work through
+a subprocess: build with no database, run an artifact, export to ONNX and run that back, show
+the default schedules. (Tuning, and the verbs on a tuned database: test_cli_tune.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from cli_helpers import run_hexir, save_tiny_mlp
+
+import hexir
+from hexir.cli import main
+
+VERBS = [["tune"], ["build"], ["export"], ["run"], ["show"], ["db"]] + [
+    ["db", action] for action in ("list", "best", "stats", "export", "import")
+]
+
+
+@pytest.mark.parametrize("verb", VERBS, ids=" ".join)
+def test_every_verb_has_help(verb, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main([*verb, "--help"])
+    assert exit.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: hexir {' '.join(verb)} ") and "--debug" in out
+
+
+def test_the_command_lists_its_verbs(tmp_path):
+    done = run_hexir(tmp_path, "--help")
+    assert done.returncode == 0
+    for verb in ("tune", "build", "export", "run", "db", "show"):
+        assert f"    {verb} " in done.stdout
+
+
+def test_build_without_a_database_uses_default_schedules_and_runs(tmp_path):
+    save_tiny_mlp(tmp_path)
+    done = run_hexir(tmp_path, "build", "tiny.hexir", "--target", "cpu", "--report", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["database"] is None and report["output"] == "tiny.hxa"
+    assert [t["schedule"] for t in report["tasks"]] == ["default"] * 3
+    assert not (tmp_path / "tuning_logs").exists()  # a build creates no database
+    ran = run_hexir(tmp_path, "run", "tiny.hxa", "--check", "--bench", "--repeats", "3")
+    assert ran.returncode == 0, ran.stderr
+    assert "output     probs  4x8 float32" in ran.stdout and "matches numpy" in ran.stdout
+    assert "0 tuned, 3 default" in ran.stdout and "(median of 3)" in ran.stdout
+
+
+def test_export_writes_onnx_that_runs_back_with_the_same_outputs(tmp_path):
+    save_tiny_mlp(tmp_path)
+    done = run_hexir(tmp_path, "export", "tiny.hexir", "-o", "tiny.onnx")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("wrote tiny.onnx: opset 17")
+    graph = hexir.load_model(str(tmp_path / "tiny.hexir"))
+    back = hexir.load_model(str(tmp_path / "tiny.onnx"))
+    x = np.random.default_rng().standard_normal((4, 32)).astype("float32")
+    (want,) = hexir.compile(graph, "cpu").run([x])
+    (got,) = hexir.compile(back, "cpu").run([x])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    ran = run_hexir(tmp_path, "run", "tiny.onnx", "--target", "cpu", "--check")
+    assert ran.returncode == 0 and "matches numpy" in ran.stdout
+
+
+def test_show_prints_the_default_schedule_as_python(capsys):
+    assert main(["show", "matmul:M=32,N=32,K=32", "--schedule", "default", "--target", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# the default schedule of @matmul on cpu-")
+    assert 'sch.get_block(name="matmul")' in out
+
+
+def test_run_a_zoo_model_on_random_inputs(capsys):
+    assert main(["run", "mlp", "--target", "cpu", "--bench", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "model      mlp (mlp)" in out and "output     probs  64x10 float32" in out
+    assert "mean 0.1 " in out  # rows of probabilities: 10 classes
+    assert "ms end to end (median of 2)" in out

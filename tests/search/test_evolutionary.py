@@ -1,0 +1,175 @@
+"""Mutators and the evolutionary search: products kept, valid children, dedup against the
+database, seeded reproducibility, and a search that follows its cost model."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir.database import Database
+from hexir.search.evolutionary import EvolutionarySearch, SearchConfig, evolve, pick, replay
+from hexir.search.measure import Candidate, MeasureResult
+from hexir.search.mutators import (
+    ComputeLocationMutator,
+    ParallelMutator,
+    ThreadBindingMutator,
+    TileMutator,
+    UnrollMutator,
+    mutate,
+    sites,
+)
+from hexir.search.space import SearchSpace, check_resources
+
+CPU = hexir.Target("cpu")
+GPU = hexir.Target("cuda -arch=sm_90")
+SMALL = SearchConfig(population=24, generations=2, measure_per_round=8, mutation_tries=3)
+
+
+@pytest.fixture(scope="module")
+def matmul():
+    return hexir.workload("matmul", M=64, N=64, K=64)
+
+
+@pytest.fixture(scope="module")
+def traces(matmul):
+    return SearchSpace().sample(matmul, CPU, random.Random(0), 6)
+
+
+def _tiles(trace):
+    return {s.index: s for s in sites(trace).tiles}
+
+
+class InnerTile:
+    """A stand-in cost model with a known optimum: the larger the innermost tile of the
+    first tiled loop, the faster."""
+
+    def predict(self, candidates):
+        return np.array([float(c.trace.decisions[1][1][-1]) for c in candidates])
+
+
+def test_sites_read_what_each_decision_controls(traces):
+    found = sites(traces[0])
+    assert found.tiles and found.choices
+    # The CPU sketch fuses the outer spatial tiles into the parallel loop.
+    assert all("parallel" in s.marks[0] for s in found.tiles if len(s.factors) == 4)
+    assert any("unroll" in c.marks for c in found.choices)
+    gpu = SearchSpace().sample(hexir.workload("matmul", M=64, N=64, K=64), GPU, random.Random(0), 1)
+    marks = {m for s in sites(gpu[0]).tiles for level in s.marks for m in level}
+    assert {"blockIdx.x", "vthread"} <= marks and any(m.startswith("threadIdx") for m in marks)
+
+
+@pytest.mark.parametrize("mutator", [TileMutator(), ParallelMutator()])
+def test_tile_mutators_keep_products_and_limits(mutator, traces, matmul):
+    rng = random.Random(1)
+    changed = replayed = 0
+    for trace in traces * 5:
+        child = mutator.propose(trace, sites(trace), matmul, rng)
+        if child is None:
+            continue
+        before, after = _tiles(trace), _tiles(child)
+        diff = [i for i in before if before[i].factors != after[i].factors]
+        assert len(diff) == 1  # one decision changed, nothing else
+        old, new = before[diff[0]], after[diff[0]]
+        assert math.prod(new.factors) == math.prod(old.factors)
+        assert new.max_innermost < 1 or new.factors[-1] <= new.max_innermost
+        if isinstance(mutator, ParallelMutator):
+            assert new.factors[0] != old.factors[0]  # the parallel level moved
+        changed += 1
+        replayed += replay(matmul, child, CPU) is not None
+    assert changed >= 20 and replayed >= 0.8 * changed
+
+
+def test_unroll_and_compute_location_mutators_pick_other_valid_choices(traces, matmul):
+    rng = random.Random(2)
+    for trace in traces:
+        child = UnrollMutator().propose(trace, sites(trace), matmul, rng)
+        old = [c for c in sites(trace).choices if "unroll" in c.marks]
+        new = [c for c in sites(child).choices if "unroll" in c.marks]
+        changed = [(a, b) for a, b in zip(old, new) if a.decision != b.decision]
+        assert len(changed) == 1 and 0 <= changed[0][1].decision < len(changed[0][0].probs)
+    located = [t for t in traces if sites(t).locations]
+    assert located
+    valid = 0
+    for trace in located * 3:
+        child = ComputeLocationMutator().propose(trace, sites(trace), matmul, rng)
+        assert child is not None and child.decisions != trace.decisions
+        valid += replay(matmul, child, CPU) is not None
+    assert valid >= 1
+
+
+def test_thread_binding_mutator_changes_threads_within_the_gpu_limits():
+    func = hexir.workload("matmul", M=64, N=64, K=64)
+    trace = SearchSpace().sample(func, GPU, random.Random(3), 1)[0]
+    rng = random.Random(3)
+    kept = 0
+    for _ in range(20):
+        child = ThreadBindingMutator().propose(trace, sites(trace), func, rng)
+        assert child is not None and child.decisions != trace.decisions
+        cand = replay(func, child, GPU)
+        if cand is not None:
+            check_resources(cand.func, GPU)  # replay already dropped what does not fit
+            kept += 1
+    assert kept >= 5
+
+
+def test_mutate_is_pure_and_mutated_kernels_compute_the_same(traces, matmul):
+    a = [mutate(t, random.Random(7), matmul) for t in traces]
+    b = [mutate(t, random.Random(7), matmul) for t in traces]
+    assert a == b and any(t is not None for t in a)
+    child = next(replay(matmul, t, CPU) for t in a if t and replay(matmul, t, CPU))
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((64, 64)).astype("float32") for _ in range(2))
+    out = np.empty((64, 64), "float32")
+    hexir.build(child.func, CPU)(x, y, out)
+    np.testing.assert_allclose(out, x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_evolve_follows_the_model_and_skips_what_was_measured(matmul):
+    search = EvolutionarySearch(matmul, CPU, rng=random.Random(0), config=SMALL)
+    population = search.sample(SMALL.population)
+    measured = {population[0].candidate_key}
+    ranked = evolve(population, InnerTile(), random.Random(0), measured=measured, config=SMALL)
+    scores = [s for s, _ in ranked]
+    assert scores == sorted(scores, reverse=True)
+    assert measured.isdisjoint(c.candidate_key for _, c in ranked)
+    assert len({c.candidate_key for _, c in ranked}) == len(ranked) > SMALL.population
+    initial = InnerTile().predict(population)
+    assert scores[0] >= initial.max() and np.mean(scores[:8]) > np.mean(initial)
+
+
+def test_pick_takes_the_top_less_an_epsilon_random_share(matmul):
+    cands = EvolutionarySearch(matmul, CPU, rng=random.Random(1), config=SMALL).sample(30)
+    ranked = [(float(-i), c) for i, c in enumerate(cands[:20])]
+    batch = pick(ranked, cands[20:], 10, 0.2, random.Random(0))
+    keys = [c.candidate_key for c in batch]
+    assert len(set(keys)) == 10
+    assert keys[:8] == [c.candidate_key for c in cands[:8]]
+    assert set(keys[8:]) <= {c.candidate_key for c in cands[20:]}
+    assert len(pick(ranked[:3], [], 10, 0.2, random.Random(0))) == 3
+
+
+def test_seeded_search_is_reproducible_and_never_proposes_what_the_database_has(matmul, tmp_path):
+    db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    first = EvolutionarySearch(matmul, CPU, rng=random.Random(5), config=SMALL)
+    old = first.sample(1)[0]
+    db.commit_record(
+        matmul, CPU, old.trace, MeasureResult((1e-6,)), candidate_key=old.candidate_key
+    )
+
+    def proposals():
+        search = EvolutionarySearch(matmul, CPU, rng=random.Random(9), database=db, config=SMALL)
+        return search, search.propose(InnerTile(), 8)
+
+    search, batch = proposals()
+    assert [c.candidate_key for c in batch] == [c.candidate_key for c in proposals()[1]]
+    assert len(batch) == 8 and old.candidate_key not in {c.candidate_key for c in batch}
+    # The database's best seeds the initial population.
+    assert [c.candidate_key for c in search.best_candidates()] == [old.candidate_key]
+    search.mark_measured(batch)
+    again = search.propose(InnerTile(), 8)
+    assert {c.candidate_key for c in again}.isdisjoint(c.candidate_key for c in batch)
+    assert all(isinstance(c, Candidate) and c.target == CPU for c in again)

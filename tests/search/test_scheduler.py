@@ -1,0 +1,99 @@
+"""Task extraction and the gradient task scheduler, on synthetic latency curves."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import hexir
+from hexir.frontend.zoo import mlp
+from hexir.ir.keys import workload_key
+from hexir.search.scheduler import TaskScheduler, extract_tasks, first_round, gradient_gains
+
+
+def test_a_primfunc_is_one_task():
+    func = hexir.workload("matmul", M=32, N=32, K=32)
+    (task,) = extract_tasks(func)
+    assert task.func == func and task.weight == 1 and task.workload_key == workload_key(func)
+    assert task.flops == 2 * 32**3
+
+
+def test_a_graph_yields_distinct_workloads_weighted_by_occurrence():
+    # Two hidden layers of the same shape lower to one workload: one task of weight 2.
+    tasks = extract_tasks(mlp(batch=4, sizes=(16, 16, 16, 8)))
+    assert [t.weight for t in tasks] == [2, 1, 1]
+    assert len({t.workload_key for t in tasks}) == 3
+    assert tasks[0].name.startswith("fused_dense") and tasks[-1].name == "softmax"
+
+
+def test_first_round_scales_down_to_the_budget():
+    assert first_round([1, 1, 1], trials=1000, per_round=64) == [64, 64, 64]
+    assert first_round([1, 1, 1], trials=30, per_round=64) == [10, 10, 10]
+    # Fewer trials than tasks: one each for the heaviest.
+    assert first_round([1, 5, 3], trials=2, per_round=64) == [0, 1, 1]
+    assert first_round([], trials=10, per_round=64) == []
+
+
+def test_gradient_gains_weigh_recent_progress_and_the_forward_estimate():
+    flat = [1.0, 1.0, 1.0, 1.0]
+    falling = [4.0, 3.0, 2.0, 1.0]
+    gains = gradient_gains([flat, falling, [math.inf], []], [1, 1, 1, 1], alpha=0.5, window=3)
+    assert gains[1] > gains[0] > 0 and gains[2] == math.inf and gains[3] == 0.0
+    assert gains[0] == pytest.approx(0.5 * 1.0 / 4)
+    assert gains[1] == pytest.approx(0.5 * (4.0 - 1.0) / 3 + 0.5 * 1.0 / 4)
+    heavy = gradient_gains([flat, flat], [1, 10], alpha=0.2, window=3)
+    assert heavy[1] == pytest.approx(10 * heavy[0])
+
+
+def _simulate(curves, weights, trials, per_round=4, exhausted=()):
+    """Run the scheduler against synthetic curves: task i's best latency after r rounds is
+    curves[i](r). Returns the rounds each task got, in order."""
+    sched = TaskScheduler(weights, trials, per_round, alpha=0.2, window=3)
+    order = []
+    while (step := sched.next()) is not None:
+        i, n = step
+        if i in exhausted and sched.rounds[i] > 0:
+            sched.exhaust(i)
+            continue
+        order.append(i)
+        sched.record(i, n, curves[i](sched.rounds[i] + 1))
+    return order, sched
+
+
+def test_every_task_gets_a_first_round_then_the_largest_gain_wins():
+    curves = [
+        lambda r: 1e-4,  # stuck
+        lambda r: 1e-3 / r,  # slow, and improving
+        lambda r: 1e-5,  # already tiny: little to gain end to end
+    ]
+    order, sched = _simulate(curves, [1, 1, 1], trials=60)
+    assert order[:3] == [0, 1, 2]
+    assert sched.used == 60
+    later = order[3:]
+    assert later.count(1) > later.count(0) > later.count(2) == 0
+    # Each later round went to the task of largest gain at that point.
+    again = TaskScheduler([1, 1, 1], 60, 4, alpha=0.2, window=3)
+    for i in order:
+        if sum(again.rounds) >= 3:
+            gains = gradient_gains(again.histories, [1, 1, 1], 0.2, 3)
+            assert gains[i] == max(gains)
+        assert again.next() == (i, 4)
+        again.record(i, 4, curves[i](again.rounds[i] + 1))
+
+
+def test_weight_moves_trials_to_the_task_that_runs_most():
+    curves = [lambda r: 1e-3 / r, lambda r: 1e-3 / r]
+    order, _ = _simulate(curves, [1, 8], trials=80)
+    assert order[3:].count(1) > 2 * order[3:].count(0)
+
+
+def test_small_budget_exhausted_and_invalid_tasks():
+    order, sched = _simulate([lambda r: 1e-3] * 5, [1] * 5, trials=3)
+    assert sorted(order) == [0, 1, 2] and sched.used == 3
+    # A task whose space is spent gets nothing more; a task that never measures a valid
+    # candidate gets `window` rounds, then none.
+    curves = [lambda r: 1e-3 / r, lambda r: None, lambda r: 1e-3 / r]
+    order, sched = _simulate(curves, [1, 1, 100], trials=80, exhausted={2})
+    assert order.count(2) == 1 and order.count(1) == 3 and sched.used == 80
+    assert all(i == 0 for i in order[5:])

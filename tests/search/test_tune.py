@@ -1,0 +1,116 @@
+"""`hexir.tune` end to end on the CPU: real builds, the real runner, a real SQLite database
+(and a real local Ray cluster): records written, best traces that replay to right answers, a
+stopped tune that resumes without re-measuring, seeded reproducibility."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir.costmodel import RandomModel, XGBModel
+from hexir.database import Database
+from hexir.frontend.zoo import mlp
+from hexir.graph.evaluate import evaluate
+from hexir.search.tune import Progress, tune
+
+pytestmark = pytest.mark.slow
+
+# A small search and quick timing: these tests check the plumbing, not the speed.
+SMALL = dict(
+    search_population=24,
+    search_generations=2,
+    search_measure_per_round=4,
+    timing_repeats=3,
+    timing_min_seconds=0.002,
+)
+
+
+@pytest.fixture(autouse=True)
+def small():
+    with hexir.knobs.scope(**SMALL):
+        yield
+
+
+@pytest.fixture
+def db(tmp_path):
+    return Database(f"sqlite:///{tmp_path / 'tune.db'}")
+
+
+def _matmul():
+    return hexir.workload("matmul", M=64, N=64, K=64)
+
+
+def _check_matmul(trace):
+    func = _matmul()
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((64, 64)).astype("float32") for _ in range(2))
+    c = np.empty((64, 64), "float32")
+    hexir.build(trace.apply(func).func, "cpu")(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def _keys(db, func):
+    return [r.candidate_key for r in db.records(hexir.workload_key(func), "cpu")]
+
+
+def test_tune_a_matmul_records_every_trial_and_its_best_replays(db):
+    seen: list[Progress] = []
+    result = tune(_matmul(), "cpu", trials=10, database=db, seed=0, callbacks=[seen.append])
+    (task,) = result.tasks
+    assert result.trials == task.trials == 10
+    keys = _keys(db, _matmul())
+    assert len(keys) == 10 == len(set(keys))
+    assert task.best_latency == min(r.median for r in db.best(task.workload_key, "cpu", k=10))
+    assert task.default_latency is not None and task.best_latency <= task.default_latency
+    _check_matmul(task.best_trace)
+    assert [p.trials_done for p in seen] == [4, 8, 10] and seen[-1].eta == 0
+    assert seen[-1].best == {task.workload_key: task.best_latency}
+    assert result.profile["building"] > 0 and result.profile["measuring"] > 0
+
+
+def test_tune_a_graph_spends_the_budget_across_its_tasks(db):
+    graph = mlp(batch=4, sizes=(16, 16, 8))
+    result = tune(graph, "cpu", trials=9, database=db, seed=0, model=XGBModel(seed=0))
+    assert [t.weight for t in result.tasks] == [1, 1, 1]
+    assert [t.trials for t in result.tasks] == [3, 3, 3] and result.trials == 9
+    assert all(t.best_trace is not None for t in result.tasks)
+    module = hexir.compile(graph, "cpu", database=db)
+    assert {r.schedule for r in module.report} == {"tuned"}
+    x = np.random.default_rng(2).standard_normal((4, 16)).astype("float32")
+    (out,) = module.run([x])
+    (expected,) = evaluate(graph, [x])
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_stopped_tune_resumes_without_measuring_anything_twice(db):
+    def stop(progress: Progress) -> None:
+        if progress.trials_done >= 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tune(_matmul(), "cpu", trials=12, database=db, seed=1, model=RandomModel(1),
+             callbacks=[stop])  # fmt: skip
+    before = _keys(db, _matmul())
+    assert len(before) == 4
+    result = tune(_matmul(), "cpu", trials=6, database=db, seed=1, model=RandomModel(1))
+    after = _keys(db, _matmul())
+    assert result.trials == 6 and len(after) == 10 == len(set(after))
+    assert after[:4] == before
+
+
+def test_a_seeded_tune_proposes_the_same_candidates(tmp_path):
+    def run(name):
+        db = Database(f"sqlite:///{tmp_path / name}")
+        tune(_matmul(), "cpu", trials=8, database=db, seed=3, model=RandomModel(3))
+        return _keys(db, _matmul())
+
+    assert run("a.db") == run("b.db")
+
+
+def test_tune_on_a_local_ray_cluster(db):
+    pytest.importorskip("ray")
+    result = tune(_matmul(), "cpu", trials=6, database=db, seed=0, ray_address="local")
+    (task,) = result.tasks
+    assert task.trials == 6 and len(_keys(db, _matmul())) == 6
+    _check_matmul(task.best_trace)
