@@ -87,18 +87,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def print_kernels(graph: Graph) -> None:
     """One line per fused kernel: its ops, output shape and workload key."""
-    from hexir.graph.fusion import partition
-    from hexir.graph.lower import lower
+    from hexir.graph.fusion import fused_kernels
     from hexir.ir.keys import workload_key
-    from hexir.runtime.executor import simplify
 
-    groups = partition(simplify(graph))
+    _, kernels = fused_kernels(graph)
     ops = sum(1 for op in graph.ops if op.kind != "constant")
-    print(f"{len(groups)} kernels for {ops} ops (fusion {'on' if knobs.get().fusion else 'off'})")
-    for n, group in enumerate(groups):
+    print(f"{len(kernels)} kernels for {ops} ops (fusion {'on' if knobs.get().fusion else 'off'})")
+    for n, (group, func) in enumerate(kernels):
         kinds = "+".join(op.kind for op in group.ops)
         shape = "x".join(map(str, group.outputs[0].type.shape)) or "scalar"
-        key = workload_key(lower(group.graph()))[:12]
+        key = workload_key(func)[:12]
         print(f"  {n:3d}  {kinds:<44} {shape:<16} {key}")
 
 

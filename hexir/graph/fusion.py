@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from hexir import knobs
 from hexir.ir.graph import Graph, Op, Value
+from hexir.ir.tir import PrimFunc
 
 __all__ = ["Group", "Pattern", "PATTERNS", "cheap_injective", "pattern", "partition"]
 
@@ -260,3 +261,14 @@ def _groups(graph: Graph, members: list[list[Op]]) -> list[Group]:
         ]
         groups.append(Group(tuple(ops), tuple(inputs.values()), tuple(outputs)))
     return groups
+
+
+def fused_kernels(graph: Graph) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
+    """What a model compiles to, as `hexir.compile` builds it, `hexir.tune` tunes it and
+    `hexir show --kernels` lists it: the graph simplified (constants evaluated, batch norm
+    folded, exact rewrites), and each fusion group with the PrimFunc it lowers to."""
+    from hexir.graph.lower import lower
+    from hexir.graph.rewrite import simplify_graph
+
+    graph = simplify_graph(graph)
+    return graph, [(group, lower(group.graph())) for group in partition(graph)]

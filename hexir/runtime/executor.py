@@ -79,13 +79,13 @@ def compile(
     `database` is a URL or a database object; each kernel uses the fastest valid record of its
     workload on this target, or a default schedule where there is none.
     """
-    from hexir.graph.fusion import partition
+    from hexir.graph.fusion import fused_kernels
     from hexir.runtime.build import build
 
     target = Target.of(target)
     db = _open_database(database)
-    graph = simplify(graph)
-    tasks = [_lower_group(group.graph()) for group in partition(graph)]
+    graph, kernels_of_groups = fused_kernels(graph)
+    tasks = [_bind_group(group.graph(), func) for group, func in kernels_of_groups]
     kernels: list = []
     built: dict[str, int] = {}  # candidate key -> kernel index
     schedules: dict[str, tuple[PrimFunc, str, Trace]] = {}  # workload key -> its schedule
@@ -160,11 +160,9 @@ def _open_database(database: TuningDatabase | str | None) -> TuningDatabase | No
 # -- lowering ---------------------------------------------------------------------------------
 
 
-def _lower_group(sub: Graph) -> _Task:
-    """A fusion group's graph lowered to one PrimFunc, with the values bound to its params."""
-    from hexir.graph.lower import lower
-
-    func = lower(sub)
+def _bind_group(sub: Graph, func: PrimFunc) -> _Task:
+    """A fusion group's graph and the PrimFunc it lowers to, with the values bound to its
+    params."""
     # lower() takes the graph's inputs, then the constants it uses in order of first use.
     constants = [op.result for op in sub.ops if op.kind == "constant"]
     used = {v.name for op in sub.ops for v in op.operands} | {v.name for v in sub.outputs}

@@ -59,11 +59,9 @@ def extract_tasks(func_or_graph: PrimFunc | Graph) -> list[Task]:
     if isinstance(func_or_graph, PrimFunc):
         funcs = [func_or_graph]
     else:
-        from hexir.graph.fusion import partition
-        from hexir.graph.lower import lower
-        from hexir.graph.rewrite import simplify_graph
+        from hexir.graph.fusion import fused_kernels
 
-        funcs = [lower(group.graph()) for group in partition(simplify_graph(func_or_graph))]
+        funcs = [func for _, func in fused_kernels(func_or_graph)[1]]
     found: dict[str, tuple[PrimFunc, int]] = {}
     for func in funcs:
         key = workload_key(func)
