@@ -43,7 +43,7 @@ def evaluate(
     graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
 ) -> list[np.ndarray]:
     """Run `graph` op by op in numpy; one fresh array per graph output, in order."""
-    env = _bind_inputs(graph, inputs)
+    env = bind_inputs(graph, inputs)
     for op in graph.ops:
         if op.kind == "constant":
             env[op.result.name] = constant_array(graph, op)
@@ -89,9 +89,11 @@ def _lookup(env: dict[str, np.ndarray], value: Value, op: Op | None) -> np.ndarr
         raise HexirError(f"%{value.name} is used{where} before it is defined") from None
 
 
-def _bind_inputs(
+def bind_inputs(
     graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
+    """The graph's inputs by name, from a list in graph order or a dict by name, each checked
+    for its shape and dtype (shared by the numpy evaluator and compiled modules)."""
     names = [v.name for v in graph.inputs]
     if isinstance(inputs, Mapping):
         missing = [n for n in names if n not in inputs]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hexir.errors import HexirError
+from hexir.graph.evaluate import bind_inputs
 from hexir.graph.memory import ALIGN, MemoryPlan, Step, plan_memory
 from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, TensorType, Value
@@ -208,29 +208,6 @@ def _plan_without_inplace(graph: Graph, commands: Sequence[Command]) -> MemoryPl
 def _bind_inputs(
     graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    if isinstance(inputs, Mapping):
-        missing = [v.name for v in graph.inputs if v.name not in inputs]
-        if missing:
-            raise HexirError(
-                f"graph @{graph.name}: missing inputs {', '.join(missing)}; pass every input "
-                "by name, or a list in graph order"
-            )
-        arrays = [inputs[v.name] for v in graph.inputs]
-    else:
-        arrays = list(inputs)
-        if len(arrays) != len(graph.inputs):
-            raise HexirError(
-                f"graph @{graph.name} takes {len(graph.inputs)} inputs, got {len(arrays)}"
-            )
-    return {v.name: _check_input(v, a) for v, a in zip(graph.inputs, arrays)}
-
-
-def _check_input(value: Value, array: np.ndarray) -> np.ndarray:
-    array = np.asarray(array)
-    want = numpy_dtype(value.type.dtype)
-    if array.shape != value.type.shape or array.dtype != want:
-        raise HexirError(
-            f"input %{value.name} must be {want} of shape {value.type.shape}, "
-            f"got {array.dtype} of shape {array.shape}"
-        )
-    return np.ascontiguousarray(array)
+    # Kernels take C-contiguous buffers.
+    bound = bind_inputs(graph, inputs)
+    return {name: np.ascontiguousarray(array) for name, array in bound.items()}
