@@ -37,6 +37,11 @@ class Knobs:
     # Kernel timing: warm-up calls, then repeats until both counts are met.
     timing_warmup: int = field(default_factory=lambda: int(_env("HEXIR_TIMING_WARMUP", "2")))
     timing_repeats: int = field(default_factory=lambda: int(_env("HEXIR_TIMING_REPEATS", "10")))
+    # Measurement only (hexir/search/worker.py): a candidate's repeats stop after this many
+    # seconds in all (at least three), so a slow candidate costs a few calls, not ten.
+    timing_max_seconds: float = field(
+        default_factory=lambda: float(_env("HEXIR_TIMING_MAX_SECONDS", "1.0"))
+    )
     timing_min_seconds: float = field(
         default_factory=lambda: float(_env("HEXIR_TIMING_MIN_SECONDS", "0.05"))
     )

@@ -52,7 +52,13 @@ ALIGN_KEY = "storage_align"
 
 class CachePrimitives(ScheduleBase):
     @primitive
-    def cache_read(self, block: BlockRV, read_buffer_index: int, storage_scope: str) -> BlockRV:
+    def cache_read(
+        self,
+        block: BlockRV,
+        read_buffer_index: int,
+        storage_scope: str,
+        axes: tuple[int, ...] | None = None,
+    ) -> BlockRV:
         """Read `block`'s `read_buffer_index`-th read buffer through a new `<name>_<scope>` copy.
 
         `sch.cache_read(matmul, 0, "shared")` returns the copy block @A_shared:
@@ -69,10 +75,17 @@ class CachePrimitives(ScheduleBase):
                   %C[vi, vj] = %C[vi, vj] + %A_shared[vi, vk] * %B[vk, vj]
 
         The copy goes right before the consumer's outermost loop; `compute_at` moves it.
+
+        `axes` lays the copy out in another order: its axis d holds the buffer's axis
+        `axes[d]`. `sch.cache_read(dense, 1, "global", axes=(1, 0))` packs the weight of
+        `%Y[vi, vj] += %X[vi, vk] * %W[vj, vk]` transposed, as `%W_global[vk, vj]`, so a loop
+        over vj vectorized reads it contiguously.
         """
         node = self._block(block, "cache_read")
-        func, name = add_cache_read(self.func, node, read_buffer_index, storage_scope)
+        func, name = add_cache_read(self.func, node, read_buffer_index, storage_scope, axes)
         attrs = (("read_buffer_index", read_buffer_index), ("storage_scope", storage_scope))
+        if axes is not None:
+            attrs += (("axes", tuple(axes)),)
         (rv,) = self._commit("cache_read", (("block", block),), attrs, func, [(BlockRV, name)])
         return rv  # type: ignore[return-value]
 
@@ -133,9 +146,13 @@ class CachePrimitives(ScheduleBase):
 # cache_read
 
 
-def add_cache_read(func: PrimFunc, block: Block, index: int, scope: str) -> tuple[PrimFunc, str]:
-    """`func` with `block`'s `index`-th read buffer read through a new cache; the copy's name."""
+def add_cache_read(
+    func: PrimFunc, block: Block, index: int, scope: str, axes: tuple[int, ...] | None = None
+) -> tuple[PrimFunc, str]:
+    """`func` with `block`'s `index`-th read buffer read through a new cache (laid out in the
+    order `axes` when given); the copy's name."""
     buf = _buffer_arg("cache_read", func, block, block.reads, index, scope)
+    axes = _permutation(func, block, buf, axes)
     path = find_path(func.body, lambda s: s is block) or []
     anchor = _anchor(path)
     if writes_buffer(block, buf):
@@ -149,10 +166,11 @@ def add_cache_read(func: PrimFunc, block: Block, index: int, scope: str) -> tupl
             "that loop would read it before it is written",
         )
     taken = taken_names(func)
-    cache = replace(buf, name=unique_name(f"{buf.name}_{scope}", taken), scope=scope)
+    shape = tuple(buf.shape[a] for a in axes)
+    cache = replace(buf, name=unique_name(f"{buf.name}_{scope}", taken), scope=scope, shape=shape)
     name = _block_name(func, cache.name)
-    copy = copy_nest(name, buf, cache, taken)
-    consumer = replace_buffer(block, buf, cache, writes=False)
+    copy = copy_nest(name, buf, cache, taken, axes)
+    consumer = replace_buffer(block, buf, cache, writes=False, permute=axes)
     new_anchor = replace_at(anchor, lambda s: s is block, lambda _: consumer)
     body = replace_at(func.body, lambda s: s is anchor, lambda _: seq(copy, new_anchor))
     return replace(func, body=allocate_at_top(body, cache)), name
@@ -187,6 +205,18 @@ def add_cache_write(func: PrimFunc, block: Block, index: int, scope: str) -> tup
     new_anchor = replace_at(anchor, lambda s: s is block, lambda _: writer)
     body = replace_at(func.body, lambda s: s is anchor, lambda _: seq(new_anchor, writeback))
     return replace(func, body=allocate_at_top(body, cache)), name
+
+
+def _permutation(
+    func: PrimFunc, block: Block, buf: Buffer, axes: tuple[int, ...] | None
+) -> tuple[int, ...]:
+    rank = len(buf.shape)
+    if axes is None:
+        return tuple(range(rank))
+    if sorted(axes) != list(range(rank)) or not all(type(a) is int for a in axes):
+        reason = f"axes {axes!r} is not a permutation of the {rank} axes of %{buf.name}"
+        raise _fail("cache_read", func, block, reason)
+    return tuple(axes)
 
 
 def _check_sole_writer(func: PrimFunc, block: Block, buf: Buffer, path: list[Stmt]) -> None:
@@ -299,18 +329,23 @@ def _allocated(stmt: Stmt, buf: Buffer) -> bool:
 # Shared pieces
 
 
-def copy_nest(name: str, src: Buffer, dst: Buffer, taken: set[str]) -> Stmt:
-    """Loops `ax0..` over `src`'s shape around a block `name` that copies `src` into `dst`."""
-    loops = [Var(unique_name(f"ax{d}", taken)) for d in range(len(src.shape))]
-    ivs = [Var(unique_name(f"v{d}", taken)) for d in range(len(src.shape))]
+def copy_nest(
+    name: str, src: Buffer, dst: Buffer, taken: set[str], axes: tuple[int, ...] | None = None
+) -> Stmt:
+    """Loops `ax0..` over `dst`'s shape around a block `name` that copies `src` into `dst`,
+    whose axis d is `src`'s axis `axes[d]` (the same order when `axes` is None)."""
+    order = tuple(range(len(src.shape))) if axes is None else axes
+    loops = [Var(unique_name(f"ax{d}", taken)) for d in range(len(dst.shape))]
+    ivs = [Var(unique_name(f"v{d}", taken)) for d in range(len(dst.shape))]
+    src_ivs = tuple(ivs[order.index(a)] for a in range(len(src.shape)))
     block: Stmt = Block(
         name,
-        tuple(IterVar(v, "spatial", n, lv) for v, n, lv in zip(ivs, src.shape, loops)),
-        reads=(BufferRegion(src, tuple(ivs)),),
+        tuple(IterVar(v, "spatial", n, lv) for v, n, lv in zip(ivs, dst.shape, loops)),
+        reads=(BufferRegion(src, src_ivs),),
         writes=(BufferRegion(dst, tuple(ivs)),),
-        body=BufferStore(dst, tuple(ivs), BufferLoad(src, tuple(ivs))),
+        body=BufferStore(dst, tuple(ivs), BufferLoad(src, src_ivs)),
     )
-    for var, extent in reversed(list(zip(loops, src.shape))):
+    for var, extent in reversed(list(zip(loops, dst.shape))):
         block = For(var, extent, "serial", block)
     return block
 
@@ -323,22 +358,28 @@ def replace_buffer(
     reads: bool = True,
     writes: bool = True,
     index: Callable[[int, Expr], Expr] | None = None,
+    permute: tuple[int, ...] | None = None,
 ) -> Stmt:
     """`stmt` with `old` replaced by `new` in loads and read regions (`reads`) and in stores,
-    write regions and allocations (`writes`); `index(axis, e)` maps each index when given."""
+    write regions and allocations (`writes`); `index(axis, e)` maps each index when given;
+    `new`'s axis d is `old`'s axis `permute[d]` when that is given."""
+
+    def order(items: tuple) -> tuple:  # type: ignore[type-arg]
+        return items if permute is None else tuple(items[a] for a in permute)
 
     def at(indices: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        indices = order(indices)
         return indices if index is None else tuple(index(d, e) for d, e in enumerate(indices))
 
     def region(r: BufferRegion) -> BufferRegion:
         if r.buffer != old:
             return r
         if index is None:
-            return replace(r, buffer=new)
+            return BufferRegion(new, order(r.region))
         # A range's image under a modulus is no range: it becomes the whole new axis.
         axes = tuple(
             Range(IntImm(0), IntImm(new.shape[d])) if isinstance(e, Range) else index(d, e)
-            for d, e in enumerate(r.region)
+            for d, e in enumerate(order(r.region))
         )
         return BufferRegion(new, axes)
 

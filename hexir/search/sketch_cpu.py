@@ -20,7 +20,8 @@ which holds benchmarks/matmul_cpu.py's hand schedule (S2 = R0 = 1, B packed unde
 from __future__ import annotations
 
 from hexir.errors import ScheduleError
-from hexir.ir.tir import Block
+from hexir.ir.tir import Block, BufferRegion, Range, Var
+from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import BlockRV, LoopRV, Schedule
 from hexir.schedule.common import reduce_fed_by
@@ -82,7 +83,10 @@ def _names(sch: Schedule) -> set[str]:
 
 def tile_cpu(sch: Schedule, block: BlockRV, target: Target) -> None:
     """Multi-level tiling of one reduction with reuse (see the module docstring)."""
-    roles = [r.role for r in loop_roles(sch.func, sch.get(block))]  # type: ignore[arg-type]
+    node = sch.get(block)
+    assert isinstance(node, Block)
+    roles = [r.role for r in loop_roles(sch.func, node)]
+    vector_var = _vector_iter_var(sch, node, roles)
     writeback = _try_cache_write(sch, block)
     loops = sch.get_loops(block)
     spatial = [lp for lp, role in zip(loops, roles) if role != "reduce"]
@@ -104,7 +108,7 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target) -> None:
         _register_tile(sch, sch.get_loops(writeback)[-len(spatial) :], limit=16)
     # A pack goes outside the inner tiles: packing per register tile would copy more than the
     # tile computes.
-    _pack_operands(sch, block, [outer, *_level(s, 1), *_level(r, 0)])
+    _pack_operands(sch, block, [outer, *_level(s, 1), *_level(r, 0)], vector_var)
     annotate_unroll(sch, outer)
 
 
@@ -130,15 +134,45 @@ def _register_tile(sch: Schedule, loops: list[LoopRV], limit: int = MAX_UNROLLED
             attempt(sch.unroll, loop)
 
 
-def _pack_operands(sch: Schedule, block: BlockRV, within: list[LoopRV]) -> None:
-    """Copy reused operands into compact buffers at a sampled loop (or not at all: INLINE)."""
+def _vector_iter_var(sch: Schedule, block: Block, roles: list[str | None]) -> Var | None:
+    """The iter var of the innermost spatial loop: the one the register tile vectorizes."""
+    loops = [r.loop for r in loop_roles(sch.func, block)]
+    spatial = [lp for lp, role in zip(loops, roles) if role != "reduce"]
+    if not spatial:
+        return None
+    return next((iv.var for iv in block.iter_vars if iv.binding == spatial[-1].var), None)
+
+
+def _vector_last(region: BufferRegion, var: Var | None) -> tuple[int, ...] | None:
+    """The axis order that puts the axis indexed by `var` last, where it is not already (the
+    layout of a transposing pack); None when the region reads along `var` contiguously or
+    not at all."""
+    axes = [d for d, e in enumerate(region.region) if var is not None and var in _vars(e)]
+    if len(axes) != 1 or axes[0] == len(region.region) - 1:
+        return None
+    rank = len(region.region)
+    return tuple(a for a in range(rank) if a != axes[0]) + (axes[0],)
+
+
+def _vars(e: object) -> set[Var]:
+    parts = (e.start, e.stop) if isinstance(e, Range) else (e,)
+    return set().union(*(free_vars(p) for p in parts))  # type: ignore[arg-type]
+
+
+def _pack_operands(
+    sch: Schedule, block: BlockRV, within: list[LoopRV], vector_var: Var | None
+) -> None:
+    """Copy reused operands into compact buffers at a sampled loop (or not at all: INLINE).
+    An operand the vector loop would read with a stride (dense's weight, W[n, k] under a loop
+    over n) is always packed, transposed so that the vector loop reads it contiguously."""
     node = sch.get(block)
     assert isinstance(node, Block)
     for index in reused_reads(node):
-        if sch.rng.random() >= PACK_PROBABILITY:
+        axes = _vector_last(node.reads[index], vector_var)
+        if axes is None and sch.rng.random() >= PACK_PROBABILITY:
             continue
         try:
-            pack = sch.cache_read(block, index, "global")
+            pack = sch.cache_read(block, index, "global", axes)
         except ScheduleError:
             continue
         sample_location(sch, pack, within)

@@ -258,23 +258,39 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     except OSError as e:
         return Reply(error_kind="run", error_message=f"cannot load {request.path}: {e}")
     outputs = [poison(np.empty_like(e)) for e in expected]
+    start = time.perf_counter()
     kernel(*inputs, *outputs)
+    first = time.perf_counter() - start
     k = knobs.get()
     problem = mismatch(outputs, expected, k.measure_rtol, k.measure_atol)
     if problem is not None:
         return Reply(error_kind="wrong_result", error_message=problem)
-    latencies, number = time_kernel(kernel, [*inputs, *outputs])
+    latencies, number = time_kernel(kernel, [*inputs, *outputs], first)
     info = {"worker_pid": os.getpid(), "calls_per_latency": number}
     return Reply(latencies=tuple(latencies), info=info)
 
 
-def time_kernel(kernel: CpuKernel, arrays: list[np.ndarray]) -> tuple[list[float], int]:
+MIN_SLOW_REPEATS = 3
+
+
+def time_kernel(
+    kernel: CpuKernel, arrays: list[np.ndarray], first: float | None = None
+) -> tuple[list[float], int]:
     """`timing_repeats` latencies, each the median of `number` calls, with `number` chosen so
-    that all of them together take `timing_min_seconds`, after `timing_warmup` calls."""
+    that all of them together take `timing_min_seconds`, after `timing_warmup` calls.
+
+    A slow candidate costs less: when the call that checked it (`first` seconds) already took
+    `timing_min_seconds`, it was warm-up enough and its time stands for one call; and the
+    repeats stop at `timing_max_seconds` in all (at least `MIN_SLOW_REPEATS` of them). A
+    candidate ten times slower than the best is told apart by a few calls as well as by ten."""
     k = knobs.get()
-    with knobs.scope(timing_repeats=1, timing_min_seconds=0.0):
-        once = kernel.time(*arrays)  # after the warm-up calls
-    repeats = max(k.timing_repeats, 1)
+    if first is not None and first >= k.timing_min_seconds:
+        once = first
+    else:
+        with knobs.scope(timing_repeats=1, timing_min_seconds=0.0):
+            once = kernel.time(*arrays)  # after the warm-up calls
+    affordable = int(k.timing_max_seconds / max(once, 1e-9))
+    repeats = max(min(k.timing_repeats, max(affordable, MIN_SLOW_REPEATS)), 1)
     number = min(10**6, max(1, math.ceil(k.timing_min_seconds / repeats / max(once, 1e-9))))
     with knobs.scope(timing_warmup=0, timing_repeats=number, timing_min_seconds=0.0):
         latencies = [kernel.time(*arrays) for _ in range(repeats)]

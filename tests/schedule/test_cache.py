@@ -135,9 +135,41 @@ def test_cache_read_workloads(name, shape, block, index, scope):
     check(sch, before)
 
 
+def test_cache_read_transposed_pack_of_dense_weight():
+    """axes=(1, 0) packs dense's W[n, k] as W_global[k, n]: the consumer reads it along n,
+    the pack moves under a tile loop and shrinks to the panel, and the numerics hold."""
+    before = hexir.workload("dense", M=16, N=32, K=24)
+    sch = Schedule(before)
+    dense = sch.get_block("dense")
+    i, j, _ = sch.get_loops(dense)
+    jo, _ = sch.split(j, [None, 8])
+    sch.reorder(jo, i)
+    pack = sch.cache_read(dense, 1, "global", axes=(1, 0))
+    (w,) = [r for r in sch.get(dense).reads if r.buffer.name == str(pack)]
+    assert w.buffer.shape == (24, 32)
+    assert [str(e) for e in w.region] == ["%vk0", "%vi1"]
+    sch.compute_at(pack, jo)
+    check(sch, before)
+    compact = compact_buffers(sch.func)
+    shapes = {n.buffer.name: n.buffer.shape for n in walk(compact.body) if isinstance(n, Allocate)}
+    assert shapes["W_global"] == (24, 8)
+    assert_same_numerics(before, compact)
+    assert "axes=(1, 0)" in str(sch.trace) or "axes=[1, 0]" in str(sch.trace)
+
+
+def test_cache_read_rank3_permutation_numerics():
+    before = hexir.workload("batch_matmul", B=2, M=8, N=6, K=5)
+    sch = Schedule(before)
+    copy = sch.cache_read(sch.get_block("batch_matmul"), 1, "global", axes=(2, 0, 1))
+    assert sch.get(copy).writes[0].buffer.shape == (6, 2, 5)
+    check(sch, before)
+
+
 def test_cache_read_illegal():
     sch = Schedule(func(MATMUL))
     mm = sch.get_block("matmul")
+    raises_unchanged(sch, lambda: sch.cache_read(mm, 0, "global", (0, 0)), "not a permutation")
+    raises_unchanged(sch, lambda: sch.cache_read(mm, 0, "global", (1, 0, 2)), "not a permutation")
     raises_unchanged(sch, lambda: sch.cache_read(mm, 2, "shared"), "index 2 out of range")
     raises_unchanged(sch, lambda: sch.cache_read(mm, 0, "texture"), "unknown storage scope")
     two = Schedule(func(TWO_STAGE))
