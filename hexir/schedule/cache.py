@@ -90,7 +90,13 @@ class CachePrimitives(ScheduleBase):
         return rv  # type: ignore[return-value]
 
     @primitive
-    def cache_write(self, block: BlockRV, write_buffer_index: int, storage_scope: str) -> BlockRV:
+    def cache_write(
+        self,
+        block: BlockRV,
+        write_buffer_index: int,
+        storage_scope: str,
+        axes: tuple[int, ...] | None = None,
+    ) -> BlockRV:
         """Make `block` write a new `<name>_<scope>` buffer, copied back by a new block.
 
         `sch.cache_write(matmul, 0, "local")` returns the write-back block @C_local:
@@ -109,10 +115,16 @@ class CachePrimitives(ScheduleBase):
 
         The write-back goes right after the block's outermost loop; `reverse_compute_at`
         moves it under a tile loop (then `compact_buffers` makes the cache a tile).
+
+        `axes` lays the cache out in another order, as in `cache_read`: an accumulator
+        vectorized along conv2d's output channels keeps them last with `axes=(0, 2, 3, 1)`.
+        The write-back then walks the cache in its own order.
         """
         node = self._block(block, "cache_write")
-        func, name = add_cache_write(self.func, node, write_buffer_index, storage_scope)
+        func, name = add_cache_write(self.func, node, write_buffer_index, storage_scope, axes)
         attrs = (("write_buffer_index", write_buffer_index), ("storage_scope", storage_scope))
+        if axes is not None:
+            attrs += (("axes", tuple(axes)),)
         (rv,) = self._commit("cache_write", (("block", block),), attrs, func, [(BlockRV, name)])
         return rv  # type: ignore[return-value]
 
@@ -152,7 +164,7 @@ def add_cache_read(
     """`func` with `block`'s `index`-th read buffer read through a new cache (laid out in the
     order `axes` when given); the copy's name."""
     buf = _buffer_arg("cache_read", func, block, block.reads, index, scope)
-    axes = _permutation(func, block, buf, axes)
+    axes = _permutation("cache_read", func, block, buf, axes)
     path = find_path(func.body, lambda s: s is block) or []
     anchor = _anchor(path)
     if writes_buffer(block, buf):
@@ -180,10 +192,14 @@ def add_cache_read(
 # cache_write
 
 
-def add_cache_write(func: PrimFunc, block: Block, index: int, scope: str) -> tuple[PrimFunc, str]:
-    """`func` with `block` writing its `index`-th write buffer into a new cache, copied back
-    right after the block's outermost loop; the write-back block's name."""
+def add_cache_write(
+    func: PrimFunc, block: Block, index: int, scope: str, axes: tuple[int, ...] | None = None
+) -> tuple[PrimFunc, str]:
+    """`func` with `block` writing its `index`-th write buffer into a new cache (laid out in
+    the order `axes` when given), copied back right after the block's outermost loop; the
+    write-back block's name."""
     buf = _buffer_arg("cache_write", func, block, block.writes, index, scope)
+    axes = _permutation("cache_write", func, block, buf, axes)
     path = find_path(func.body, lambda s: s is block) or []
     _check_sole_writer(func, block, buf, path)
     _check_writes_whole(func, block, buf)
@@ -198,24 +214,25 @@ def add_cache_write(func: PrimFunc, block: Block, index: int, scope: str) -> tup
                 "before the write-back would run",
             )
     taken = taken_names(func)
-    cache = replace(buf, name=unique_name(f"{buf.name}_{scope}", taken), scope=scope)
+    shape = tuple(buf.shape[a] for a in axes)
+    cache = replace(buf, name=unique_name(f"{buf.name}_{scope}", taken), scope=scope, shape=shape)
     name = _block_name(func, cache.name)
-    writeback = copy_nest(name, cache, buf, taken)
-    writer = replace_buffer(block, buf, cache)
+    writeback = copy_nest(name, cache, buf, taken, axes, walk_src=True)
+    writer = replace_buffer(block, buf, cache, permute=axes)
     new_anchor = replace_at(anchor, lambda s: s is block, lambda _: writer)
     body = replace_at(func.body, lambda s: s is anchor, lambda _: seq(new_anchor, writeback))
     return replace(func, body=allocate_at_top(body, cache)), name
 
 
 def _permutation(
-    func: PrimFunc, block: Block, buf: Buffer, axes: tuple[int, ...] | None
+    primitive: str, func: PrimFunc, block: Block, buf: Buffer, axes: tuple[int, ...] | None
 ) -> tuple[int, ...]:
     rank = len(buf.shape)
     if axes is None:
         return tuple(range(rank))
     if sorted(axes) != list(range(rank)) or not all(type(a) is int for a in axes):
         reason = f"axes {axes!r} is not a permutation of the {rank} axes of %{buf.name}"
-        raise _fail("cache_read", func, block, reason)
+        raise _fail(primitive, func, block, reason)
     return tuple(axes)
 
 
@@ -330,22 +347,34 @@ def _allocated(stmt: Stmt, buf: Buffer) -> bool:
 
 
 def copy_nest(
-    name: str, src: Buffer, dst: Buffer, taken: set[str], axes: tuple[int, ...] | None = None
+    name: str,
+    src: Buffer,
+    dst: Buffer,
+    taken: set[str],
+    axes: tuple[int, ...] | None = None,
+    *,
+    walk_src: bool = False,
 ) -> Stmt:
-    """Loops `ax0..` over `dst`'s shape around a block `name` that copies `src` into `dst`,
-    whose axis d is `src`'s axis `axes[d]` (the same order when `axes` is None)."""
-    order = tuple(range(len(src.shape))) if axes is None else axes
-    loops = [Var(unique_name(f"ax{d}", taken)) for d in range(len(dst.shape))]
-    ivs = [Var(unique_name(f"v{d}", taken)) for d in range(len(dst.shape))]
-    src_ivs = tuple(ivs[order.index(a)] for a in range(len(src.shape)))
+    """Loops `ax0..` around a block `name` that copies `src` into `dst`. With `axes`, the
+    cache side is laid out in another order: `dst`'s axis d is `src`'s axis `axes[d]`, or
+    (`walk_src`, a write-back out of a cache) `src`'s axis d is `dst`'s axis `axes[d]`. The
+    loops walk the cache's order: `dst`'s shape, or `src`'s with `walk_src`."""
+    rank = len(src.shape)
+    order = tuple(range(rank)) if axes is None else axes
+    walked = src if walk_src else dst
+    loops = [Var(unique_name(f"ax{d}", taken)) for d in range(rank)]
+    ivs = [Var(unique_name(f"v{d}", taken)) for d in range(rank)]
+    # The other side's index along its axis a: the walked axis that holds it.
+    other = tuple(ivs[order.index(a)] for a in range(rank))
+    src_ivs, dst_ivs = (tuple(ivs), other) if walk_src else (other, tuple(ivs))
     block: Stmt = Block(
         name,
-        tuple(IterVar(v, "spatial", n, lv) for v, n, lv in zip(ivs, dst.shape, loops)),
+        tuple(IterVar(v, "spatial", n, lv) for v, n, lv in zip(ivs, walked.shape, loops)),
         reads=(BufferRegion(src, src_ivs),),
-        writes=(BufferRegion(dst, tuple(ivs)),),
-        body=BufferStore(dst, tuple(ivs), BufferLoad(src, src_ivs)),
+        writes=(BufferRegion(dst, dst_ivs),),
+        body=BufferStore(dst, dst_ivs, BufferLoad(src, src_ivs)),
     )
-    for var, extent in reversed(list(zip(loops, dst.shape))):
+    for var, extent in reversed(list(zip(loops, walked.shape))):
         block = For(var, extent, "serial", block)
     return block
 

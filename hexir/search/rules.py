@@ -75,10 +75,10 @@ def inline_epilogue(sch: Schedule, writer: BlockRV) -> None:
 
 
 def sample_location(
-    sch: Schedule, block: BlockRV, within: Collection[LoopRV] | None = None
+    sch: Schedule, block: BlockRV, within: Collection[LoopRV] | None = None, inline: bool = True
 ) -> None:
     """Move `block` to a sampled compute location among those where `compute_at` is legal:
-    ROOT, INLINE, or a loop (one of `within`, when given)."""
+    ROOT, INLINE (unless `inline` is False), or a loop (one of `within`, when given)."""
     from hexir.schedule import compute_location_candidates
 
     node = sch.get(block)
@@ -88,7 +88,8 @@ def sample_location(
     order = [
         n
         for n, where in enumerate(candidates)
-        if loops is None or is_location(where) or where in loops
+        if (loops is None or is_location(where) or where in loops)
+        and (inline or where is not INLINE)
     ]
     sch.rng.shuffle(order)
     # Trying candidates in random order until one is legal draws uniformly among the legal

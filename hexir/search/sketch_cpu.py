@@ -19,8 +19,11 @@ which holds benchmarks/matmul_cpu.py's hand schedule (S2 = R0 = 1, B packed unde
 
 from __future__ import annotations
 
+import math
+
 from hexir.errors import ScheduleError
-from hexir.ir.tir import Block, BufferRegion, Range, Var
+from hexir.ir.arith import affine_coefficients
+from hexir.ir.tir import Binary, Block, BufferRegion, IntImm, Range, Var
 from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import BlockRV, LoopRV, Schedule
@@ -53,6 +56,7 @@ MAX_UNROLLED_ROWS = 8
 PACK_PROBABILITY = 0.5
 RFACTOR_PROBABILITY = 0.5
 MIN_RFACTOR_EXTENT = 32
+MAX_UNROLLED_WRITEBACK = 1024
 PARALLEL_JOBS_PER_CORE = 16
 
 
@@ -86,11 +90,17 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target) -> None:
     node = sch.get(block)
     assert isinstance(node, Block)
     roles = [r.role for r in loop_roles(sch.func, node)]
-    vector_var = _vector_iter_var(sch, node, roles)
-    writeback = _try_cache_write(sch, block)
+    vector_var = vector_iter_var(node)
+    writeback = _try_cache_write(sch, block, _vector_last(node.writes[0], vector_var))
     loops = sch.get_loops(block)
     spatial = [lp for lp, role in zip(loops, roles) if role != "reduce"]
     reduce_ = [lp for lp, role in zip(loops, roles) if role == "reduce"]
+    # The vector loop goes innermost of every level (it is the last spatial loop as lowered
+    # unless another axis reads better).
+    bound = [iv.var for iv in node.iter_vars if iv.kind != "reduce"]
+    if vector_var in bound:
+        n = bound.index(vector_var)
+        spatial = [*spatial[:n], *spatial[n + 1 :], spatial[n]]
     vector = 4 * target.vector_width
     limits = [MAX_UNROLLED_ROWS] * (len(spatial) - 1) + [vector]
     s = split_all(sch, spatial, 4, limits)
@@ -102,13 +112,14 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target) -> None:
     if writeback is not None:
         sch.reverse_compute_at(writeback, _level(s, 1)[-1], True)
         inline_epilogue(sch, writeback)
+    # A pack goes outside the inner tiles: packing per register tile would copy more than the
+    # tile computes. It comes before the register tile, whose vector loop may read only what
+    # the pack made contiguous.
+    _pack_operands(sch, block, [outer, *_level(s, 1), *_level(r, 0)], vector_var)
     _register_tile(sch, _level(s, 3))
     sch.decompose_reduction(block, _level(r, 0)[0])
     if writeback is not None:
-        _register_tile(sch, sch.get_loops(writeback)[-len(spatial) :], limit=16)
-    # A pack goes outside the inner tiles: packing per register tile would copy more than the
-    # tile computes.
-    _pack_operands(sch, block, [outer, *_level(s, 1), *_level(r, 0)], vector_var)
+        _writeback_tile(sch, writeback, sch.get_loops(writeback)[-len(spatial) :])
     annotate_unroll(sch, outer)
 
 
@@ -117,11 +128,33 @@ def _level(tiles: list[list[LoopRV]], n: int) -> list[LoopRV]:
     return [t[n] for t in tiles if len(t) > n]
 
 
-def _try_cache_write(sch: Schedule, block: BlockRV) -> BlockRV | None:
+def _try_cache_write(sch: Schedule, block: BlockRV, axes: tuple[int, ...] | None) -> BlockRV | None:
+    """The local accumulator, laid out with the vector axis last."""
     try:
-        return sch.cache_write(block, 0, "local")
+        return sch.cache_write(block, 0, "local", axes)
     except ScheduleError:
         return None
+
+
+def _writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV]) -> None:
+    """The write-back of the accumulator: as a register tile when it stores along its last
+    loop; otherwise (the accumulator is transposed, so the store is strided) unrolled whole
+    when small, so that every read of the accumulator is at constant indices and it stays in
+    registers."""
+    if not loops:
+        return
+    node = sch.get(writeback)
+    assert isinstance(node, Block)
+    bindings = {iv.var: free_vars(iv.binding) for iv in node.iter_vars}
+    last = set().union(*(bindings.get(v, {v}) for v in _vars(node.writes[0].region[-1])))
+    if loop_of(sch, loops[-1]).var in last:
+        _register_tile(sch, loops, limit=16)
+        return
+    extents = [loop_of(sch, lp).extent for lp in loops]
+    if math.prod(extents) <= MAX_UNROLLED_WRITEBACK:
+        for loop, extent in zip(loops, extents):
+            if extent > 1:
+                attempt(sch.unroll, loop)
 
 
 def _register_tile(sch: Schedule, loops: list[LoopRV], limit: int = MAX_UNROLLED_ROWS) -> None:
@@ -134,13 +167,38 @@ def _register_tile(sch: Schedule, loops: list[LoopRV], limit: int = MAX_UNROLLED
             attempt(sch.unroll, loop)
 
 
-def _vector_iter_var(sch: Schedule, block: Block, roles: list[str | None]) -> Var | None:
-    """The iter var of the innermost spatial loop: the one the register tile vectorizes."""
-    loops = [r.loop for r in loop_roles(sch.func, block)]
-    spatial = [lp for lp, role in zip(loops, roles) if role != "reduce"]
-    if not spatial:
-        return None
-    return next((iv.var for iv in block.iter_vars if iv.binding == spatial[-1].var), None)
+def vector_iter_var(block: Block) -> Var | None:
+    """The spatial iter var the register tile vectorizes: one that every read either skips
+    or indexes with unit stride in one axis (a pack then makes it contiguous), preferring the
+    innermost axis of the output, then the longest. Conv2d's padded input is indexed through
+    min/max and a select along the image's rows and columns, so it vectorizes along output
+    channels, its weight packed with them innermost; dense and matmul along the columns."""
+    spatial = [iv for iv in block.iter_vars if iv.kind == "spatial" and iv.dom > 1]
+    clean = [iv for iv in spatial if all(_unit_stride(r, iv.var) for r in block.reads)]
+    out = block.writes[0].region
+    last = next((iv for iv in clean if out and iv.var in _vars(out[-1])), None)
+    if last is not None:
+        return last.var
+    if clean:
+        return max(clean, key=lambda iv: iv.dom).var
+    return spatial[-1].var if spatial else None
+
+
+def _unit_stride(region: BufferRegion, var: Var) -> bool:
+    uses = [e for e in region.region if var in _vars(e)]
+    if not uses:
+        return True
+    if len(uses) > 1 or isinstance(uses[0], Range):
+        return False
+    coeffs = affine_coefficients(uses[0], [var])
+    return coeffs is not None and coeffs[var] == 1 and _is_sum(uses[0])
+
+
+def _is_sum(e: object) -> bool:
+    """An index built of + and integer multiples only (no min/max clamps, no division)."""
+    if isinstance(e, Binary):
+        return e.op in ("+", "-", "*") and _is_sum(e.a) and _is_sum(e.b)
+    return isinstance(e, (Var, IntImm))
 
 
 def _vector_last(region: BufferRegion, var: Var | None) -> tuple[int, ...] | None:
@@ -175,7 +233,7 @@ def _pack_operands(
             pack = sch.cache_read(block, index, "global", axes)
         except ScheduleError:
             continue
-        sample_location(sch, pack, within)
+        sample_location(sch, pack, within, inline=axes is None)
         if sch.describe(pack) in {b.name for b in leaf_blocks(sch.func)}:
             pack_loops = sch.get_loops(pack)
             if pack_loops:

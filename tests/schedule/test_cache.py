@@ -212,6 +212,30 @@ def test_cache_write_workloads(name, shape, block, scope):
     check(sch, before)
 
 
+def test_cache_write_channels_last_accumulator():
+    """axes=(0, 2, 3, 1) keeps conv2d's accumulator channels-last; the write-back walks it in
+    that order and stores to Y's own layout; tiled and compacted, the numerics hold."""
+    before = hexir.workload("conv2d", N=1, C=4, H=6, W=6, K=8, R=3, S=3, padding=1)
+    sch = Schedule(before)
+    conv = sch.get_block("conv2d")
+    wb = sch.cache_write(conv, 0, "local", axes=(0, 2, 3, 1))
+    (local,) = sch.get(conv).writes
+    assert local.buffer.shape == (1, 6, 6, 8)
+    assert [str(e) for e in local.region] == ["%vi0", "%vi2", "%vi3", "%vi1"]
+    (store,) = sch.get(wb).writes
+    assert [str(e) for e in store.region] == ["%v0", "%v3", "%v1", "%v2"]
+    check(sch, before)
+    _, co, h, _, *_ = sch.get_loops(conv)
+    sch.reverse_compute_at(wb, h)
+    compact = compact_buffers(sch.func)
+    shapes = {n.buffer.name: n.buffer.shape for n in walk(compact.body) if isinstance(n, Allocate)}
+    assert shapes["Y_local"] == (1, 1, 6, 1)
+    assert_same_numerics(before, compact)
+    bad = Schedule(before)
+    block = bad.get_block("conv2d")
+    raises_unchanged(bad, lambda: bad.cache_write(block, 0, "local", (0, 1)), "permutation")
+
+
 def test_cache_read_write_after_split():
     before = func(MATMUL)
     sch = Schedule(before)

@@ -213,3 +213,48 @@ def _feeds_reduce(sch: Schedule, loop) -> bool:
     from hexir.schedule.common import reduce_fed_by
 
     return reduce_fed_by(loop.body, loop.var) is not None
+
+
+@pytest.mark.parametrize(
+    "name,func,pack,local",
+    [
+        # dense reads W[n, k]: the vector loop over n needs it packed as [k, n].
+        ("dense", lambda: hexir.workload("dense", M=32, N=64, K=48, activation="relu"),
+         "W_global[vk0, vi1]", "dense_local[vi0, vi1]"),
+        # padded conv2d indexes X through min/max along rows and columns: it vectorizes over
+        # the output channels, with W packed channels-last and the accumulator too.
+        ("conv2d", lambda: hexir.workload("conv2d", N=1, C=8, H=10, W=10, K=32, R=3, S=3,
+                                          padding=1),
+         "W_global[vk0, vk1, vk2, vi1]", "Y_local[vi0, vi2, vi3, vi1]"),
+    ],
+)  # fmt: skip
+def test_cpu_sketch_vectorizes_an_axis_every_operand_reads_well(name, func, pack, local):
+    """The register tile's vector loop reads each operand contiguously or not at all: an
+    operand indexed along it in another axis is packed transposed, every time; the samples
+    vectorize that loop and compute the reference result."""
+    func = func()
+    vectorized = 0
+    for k, trace in enumerate(space.sample(func, "cpu", random.Random(3), 8)):
+        scheduled = trace.apply(func).func
+        text = str(scheduled)
+        assert pack in text, f"{name}: no transposed pack\n{trace}"
+        block = next(b for b in _blocks(scheduled) if b.name == func.name)
+        if "local" in text:
+            assert local in text, f"{name}: accumulator not vector-axis-last\n{trace}"
+        loops = _loops_around(scheduled, block)
+        vectorized += loops[-1].kind == "vectorized"
+        if k < 3:
+            assert_computes_reference(func, scheduled, seed=k)
+    assert vectorized >= 6, f"{name}: only {vectorized} of 8 samples vectorize the tile"
+
+
+def _blocks(func: PrimFunc):
+    from hexir.schedule.common import all_blocks
+
+    return all_blocks(func.body)
+
+
+def _loops_around(func: PrimFunc, block):
+    from hexir.search.analysis import loops_around
+
+    return loops_around(func, block)
