@@ -111,6 +111,10 @@ class TimedModel:
         self.inner = inner
         self.features_seconds = 0.0
 
+    @property
+    def informed(self) -> bool:
+        return getattr(self.inner, "informed", True)
+
     def predict(self, candidates):  # noqa: ANN001, ANN201 - the CostModel protocol
         features = getattr(self.inner, "features", None)
         if features is not None and getattr(self.inner, "booster", None) is not None:

@@ -77,8 +77,13 @@ class Knobs:
     # of the initial population taken from the database's best; generations of mutation per
     # round; the chance a child is mutated (else copied); the share of each measured batch
     # picked at random; candidates measured per round; failed tries per child before a copy.
+    # A round measuring fewer than search_measure_per_round shrinks its population in
+    # proportion, down to search_min_population.
     search_population: int = field(
         default_factory=lambda: int(_env("HEXIR_SEARCH_POPULATION", "512"))
+    )
+    search_min_population: int = field(
+        default_factory=lambda: int(_env("HEXIR_SEARCH_MIN_POPULATION", "64"))
     )
     search_init_best_fraction: float = field(
         default_factory=lambda: float(_env("HEXIR_SEARCH_INIT_BEST_FRACTION", "0.2"))

@@ -24,6 +24,8 @@ class RandomModel:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
 
+    informed = False  # its scores are noise: the search does not evolve on them
+
     def update(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
         if len(candidates) != len(results):
             raise ValueError(f"{len(candidates)} candidates but {len(results)} results")

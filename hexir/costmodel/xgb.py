@@ -102,6 +102,11 @@ class XGBModel:
         if self._should_train():
             self.train()
 
+    @property
+    def informed(self) -> bool:
+        """Whether the scores mean something: False (random scores) before training."""
+        return self.booster is not None
+
     def predict(self, candidates: list[Candidate]) -> np.ndarray:
         """Scores, higher for faster; seeded random ones before the model has trained."""
         if self.booster is None:

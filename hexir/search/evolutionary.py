@@ -25,10 +25,11 @@ candidates given the same model and the same measurements.
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -62,9 +63,15 @@ REPLAY_CACHE = 8192
 
 
 class Predictor(Protocol):
-    """What the search needs of a cost model: scores, higher is faster."""
+    """What the search needs of a cost model: scores, higher is faster. A model may also say
+    whether its scores are `informed` (False: random, so a round skips evolution); one that
+    does not say is taken as informed."""
 
     def predict(self, candidates: list[Candidate]) -> np.ndarray: ...
+
+
+def is_informed(model: Predictor) -> bool:
+    return bool(getattr(model, "informed", True))
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class SearchConfig:
     epsilon: float = 0.05
     measure_per_round: int = 64
     mutation_tries: int = 4
+    min_population: int = 64
 
     @classmethod
     def from_knobs(cls) -> SearchConfig:
@@ -90,7 +98,18 @@ class SearchConfig:
             k.search_epsilon,
             k.search_measure_per_round,
             k.search_mutation_tries,
+            k.search_min_population,
         )
+
+    def for_round(self, n: int, informed: bool) -> SearchConfig:
+        """The settings of a round measuring `n`: the population scaled to the batch (a full
+        `measure_per_round` batch gets all of it, a smaller one a share, at least
+        `min_population`), and no generations when the model's scores are random (before it
+        has trained, or the random model): evolution guided by noise costs replays and finds
+        nothing fresh samples would not."""
+        share = math.ceil(self.population * n / max(self.measure_per_round, 1))
+        population = min(self.population, max(self.min_population, share))
+        return replace(self, population=population, generations=self.generations * informed)
 
 
 @dataclass
@@ -319,27 +338,29 @@ class EvolutionarySearch:
         the space holds no more that the search can find."""
         if n <= 0:
             return []
+        config = self.config.for_round(n, is_informed(model))
         measured = self.measured_keys()
-        best = self.best_candidates()
+        best = self.best_candidates(config)
         with self.profile.timing("sampling"):
-            fresh = self.sample(self.config.population - len(best))
+            fresh = self.sample(config.population - len(best))
         ranked = evolve(
             best + fresh,
             model,
             self.rng,
             measured=measured,
-            config=self.config,
+            config=config,
             mutators=self.mutators,
             replayer=self._replayer,
             profile=self.profile,
         )
         randoms = [c for c in fresh if c.candidate_key not in measured]
-        return pick(ranked, randoms, n, self.config.epsilon, self.rng)
+        return pick(ranked, randoms, n, config.epsilon, self.rng)
 
-    def best_candidates(self) -> list[Candidate]:
+    def best_candidates(self, config: SearchConfig | None = None) -> list[Candidate]:
         """The database's best records of this task, replayed (the initial population's
         measured share)."""
-        k = int(self.config.population * self.config.init_best_fraction)
+        config = config or self.config
+        k = int(config.population * config.init_best_fraction)
         if self.database is None or k <= 0:
             return []
         with self.profile.timing("database"):

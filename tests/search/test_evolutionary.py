@@ -173,3 +173,23 @@ def test_seeded_search_is_reproducible_and_never_proposes_what_the_database_has(
     again = search.propose(InnerTile(), 8)
     assert {c.candidate_key for c in again}.isdisjoint(c.candidate_key for c in batch)
     assert all(isinstance(c, Candidate) and c.target == CPU for c in again)
+
+
+def test_a_round_scales_its_population_to_the_batch_and_skips_evolution_on_noise(matmul):
+    full = SearchConfig(population=512, measure_per_round=64, min_population=64)
+    assert full.for_round(64, True).population == 512
+    assert full.for_round(16, True).population == 128
+    assert full.for_round(2, True).population == 64
+    assert full.for_round(64, True).generations == full.generations
+    assert full.for_round(64, False).generations == 0
+
+    from hexir.costmodel import RandomModel, XGBModel
+
+    assert RandomModel().informed is False and XGBModel().informed is False
+    config = SearchConfig(population=16, generations=2, measure_per_round=4, min_population=8)
+    noise = EvolutionarySearch(matmul, CPU, rng=random.Random(1), config=config)
+    assert len(noise.propose(RandomModel(seed=1), 2)) == 2
+    assert noise.profile.mutation == 0.0  # random scores: fresh samples only
+    guided = EvolutionarySearch(matmul, CPU, rng=random.Random(1), config=config)
+    assert len(guided.propose(InnerTile(), 2)) == 2
+    assert guided.profile.mutation > 0.0
