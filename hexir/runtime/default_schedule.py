@@ -5,9 +5,14 @@
 They are simple and never fail: a primitive that raises `ScheduleError` leaves the schedule as
 it was, and the default does less.
 
-- CPU, per block: where legal, the innermost spatial loop moves inside the reduction loops and
-  is vectorized (matmul: `i, k, j` with `j` in SIMD lanes; elementwise ops: the last axis);
-  the spatial loops outside it are fused and run in parallel (OpenMP).
+- CPU, a kernel with a contraction to tile (matmul, dense, conv2d and their fused
+  epilogues): the search's CPU sketch (hexir/search/sketch_cpu.py) with its fixed choices
+  instead of draws: panels of the vector loop in parallel with the operand it reads strided
+  packed transposed per panel, a register tile of rows by up to four vectors, the whole
+  reduction inside.
+- CPU, any other kernel, per block: where legal, the innermost spatial loop moves inside the
+  reduction loops and is vectorized (elementwise ops: the last axis); the spatial loops
+  outside it are fused and run in parallel (OpenMP).
 - GPU: the hand-written reference schedule (hexir/schedule/handwritten.py: tiled
   contractions with shared-memory operands, one thread block per row of a row reduction,
   flat elementwise kernels) where it applies and passes the GPU verifier; otherwise
@@ -40,10 +45,7 @@ def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
     """A simple schedule of `func` for `target` (see the module docstring)."""
     target = Target.of(target)
     if target.kind == "cpu":
-        sch = Schedule(func)
-        for name in [b.name for b in all_blocks(func.body)]:
-            sch = _cpu_block(sch, name)
-        return sch
+        return _cpu_tiled(func, target) or _cpu_simple(func)
     return _gpu_schedule(func, target)
 
 
@@ -77,6 +79,29 @@ def _attempt(action: Callable[[], object]) -> bool:
 
 
 # -- CPU --------------------------------------------------------------------------------------
+
+
+def _cpu_tiled(func: PrimFunc, target: Target) -> Schedule | None:
+    """The search's CPU sketch with its fixed choices, for a kernel with a contraction to
+    tile (None otherwise, or where the sketch refuses it)."""
+    from hexir.search.analysis import has_reuse, is_tileable
+    from hexir.search.sketch_cpu import cpu_sketch
+
+    if not any(has_reuse(b) and is_tileable(func, b) for b in all_blocks(func.body)):
+        return None
+    sch = Schedule(func, target=target)
+    try:
+        cpu_sketch(sch, target, fixed=True)
+    except ScheduleError:
+        return None
+    return sch
+
+
+def _cpu_simple(func: PrimFunc) -> Schedule:
+    sch = Schedule(func)
+    for name in [b.name for b in all_blocks(func.body)]:
+        sch = _cpu_block(sch, name)
+    return sch
 
 
 def _cpu_block(sch: Schedule, name: str) -> Schedule:

@@ -117,16 +117,23 @@ def annotate_unroll(sch: Schedule, loop: LoopRV) -> None:
 
 
 def split_all(
-    sch: Schedule, loops: Sequence[LoopRV], levels: int, inner: Sequence[int]
+    sch: Schedule,
+    loops: Sequence[LoopRV],
+    levels: int,
+    inner: Sequence[int],
+    decisions: Sequence[Sequence[int]] | None = None,
 ) -> list[list[LoopRV]]:
-    """Each loop split into `levels` loops by a sampled perfect tile; a loop of extent 1 is
-    left whole (a list of itself)."""
+    """Each loop split into `levels` loops by a sampled perfect tile (or the given one); a
+    loop of extent 1 is left whole (a list of itself)."""
     out = []
-    for loop, limit in zip(loops, inner):
+    for n, (loop, limit) in enumerate(zip(loops, inner)):
         if loop_of(sch, loop).extent == 1:
             out.append([loop])
             continue
-        factors = sch.sample_perfect_tile(loop, n=levels, max_innermost_factor=limit)
+        decision = None if decisions is None else decisions[n]
+        factors = sch.sample_perfect_tile(
+            loop, n=levels, max_innermost_factor=limit, decision=decision
+        )
         out.append(sch.split(loop, factors))
     return out
 

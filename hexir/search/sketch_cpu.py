@@ -58,23 +58,28 @@ RFACTOR_PROBABILITY = 0.5
 MIN_RFACTOR_EXTENT = 32
 MAX_UNROLLED_WRITEBACK = 1024
 PARALLEL_JOBS_PER_CORE = 16
+DEFAULT_JOBS_PER_CORE = 4
 
 
-def cpu_sketch(sch: Schedule, target: Target) -> None:
-    """Schedule every block of `sch.func` for the CPU, drawing from `sch.rng`."""
+def cpu_sketch(sch: Schedule, target: Target, fixed: bool = False) -> None:
+    """Schedule every block of `sch.func` for the CPU, drawing from `sch.rng`; or, `fixed`,
+    with the rule's fixed choices and no draw at all (the default schedule of a kernel the
+    database does not know): the tiles of `default_tiles`, the transposing packs only, at the
+    parallel loop, no rfactor, no unroll annotation."""
     auto_inline(sch)
     tiled = [b.name for b in leaf_blocks(sch.func) if _wants_tiling(sch, b)]
     done = set(tiled)
     for name in tiled:
         before = _names(sch)
-        tile_cpu(sch, sch.get_block(name), target)
+        tile_cpu(sch, sch.get_block(name), target, fixed)
         done |= _names(sch) - before  # the init, write-back and packs it made
-    for block in reversed(leaf_blocks(sch.func)):
-        if block.name not in done:
-            _place_other(sch, block)
+    if not fixed:
+        for block in reversed(leaf_blocks(sch.func)):
+            if block.name not in done:
+                _place_other(sch, block)
     for nest in list(root_nests(sch.func)):
         if nest.kind == "serial":
-            parallelize_nest(sch, nest.var.name, target)
+            parallelize_nest(sch, nest.var.name, target, fixed)
 
 
 def _wants_tiling(sch: Schedule, block: Block) -> bool:
@@ -85,8 +90,9 @@ def _names(sch: Schedule) -> set[str]:
     return {b.name for b in leaf_blocks(sch.func)}
 
 
-def tile_cpu(sch: Schedule, block: BlockRV, target: Target) -> None:
-    """Multi-level tiling of one reduction with reuse (see the module docstring)."""
+def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False) -> None:
+    """Multi-level tiling of one reduction with reuse (see the module docstring); with the
+    tiles of `default_tiles` and no draw when `fixed`."""
     node = sch.get(block)
     assert isinstance(node, Block)
     roles = [r.role for r in loop_roles(sch.func, node)]
@@ -103,8 +109,11 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target) -> None:
         spatial = [*spatial[:n], *spatial[n + 1 :], spatial[n]]
     vector = 4 * target.vector_width
     limits = [MAX_UNROLLED_ROWS] * (len(spatial) - 1) + [vector]
-    s = split_all(sch, spatial, 4, limits)
-    r = split_all(sch, reduce_, 2, [0] * len(reduce_))
+    extents = [loop_of(sch, lp).extent for lp in spatial]
+    tiles = default_tiles(extents, target) if fixed else None
+    s = split_all(sch, spatial, 4, limits, tiles)
+    whole = [[loop_of(sch, lp).extent, 1] for lp in reduce_] if fixed else None
+    r = split_all(sch, reduce_, 2, [0] * len(reduce_), whole)
     sch.reorder(*_level(s, 0), *_level(s, 1), *_level(r, 0), *_level(s, 2), *_level(r, 1),
                 *_level(s, 3))  # fmt: skip
     outer = fuse_or_one(sch, _level(s, 0))
@@ -115,12 +124,44 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target) -> None:
     # A pack goes outside the inner tiles: packing per register tile would copy more than the
     # tile computes. It comes before the register tile, whose vector loop may read only what
     # the pack made contiguous.
-    _pack_operands(sch, block, [outer, *_level(s, 1), *_level(r, 0)], vector_var)
+    within = [outer] if fixed else [outer, *_level(s, 1), *_level(r, 0)]
+    _pack_operands(sch, block, within, vector_var, fixed)
     _register_tile(sch, _level(s, 3))
     sch.decompose_reduction(block, _level(r, 0)[0])
     if writeback is not None:
         _writeback_tile(sch, writeback, sch.get_loops(writeback)[-len(spatial) :])
-    annotate_unroll(sch, outer)
+    if not fixed:
+        annotate_unroll(sch, outer)
+
+
+def default_tiles(extents: list[int], target: Target) -> list[list[int]]:
+    """Fixed 4-level tiles of the spatial loops (the vector loop last), in the shape of
+    benchmarks/matmul_cpu.py's hand schedule: the vector loop in panels of up to four vectors
+    (the panel loop outermost, where its pack goes), rows of the innermost other loop in the
+    register tile, as many as the vector registers allow, and enough of the outer loops in the
+    parallel level to give every core several jobs; the rest in the cache level."""
+    lanes = target.vector_width
+    *others, vector = extents
+    panel = _largest_divisor(vector, 4 * lanes, multiple=lanes)
+    vectors = max(1, panel // lanes)
+    rows = _largest_divisor(others[-1], min(MAX_UNROLLED_ROWS, 24 // vectors)) if others else 1
+    jobs = vector // panel
+    want = DEFAULT_JOBS_PER_CORE * max(1, target.num_cores)
+    tiles = []
+    for n, extent in enumerate(others):
+        inner = rows if n == len(others) - 1 else 1
+        rest = extent // inner
+        outer = next((d for d in range(1, rest + 1) if rest % d == 0 and jobs * d >= want), rest)
+        outer = outer if jobs < want else 1
+        jobs *= outer
+        tiles.append([outer, rest // outer, 1, inner])
+    return [*tiles, [vector // panel, 1, 1, panel]]
+
+
+def _largest_divisor(n: int, limit: int, multiple: int = 1) -> int:
+    """The largest divisor of `n` up to `limit`, a multiple of `multiple` if any is."""
+    divisors = [d for d in range(1, min(n, max(limit, 1)) + 1) if n % d == 0]
+    return max((d for d in divisors if d % multiple == 0), default=max(divisors))
 
 
 def _level(tiles: list[list[LoopRV]], n: int) -> list[LoopRV]:
@@ -218,22 +259,31 @@ def _vars(e: object) -> set[Var]:
 
 
 def _pack_operands(
-    sch: Schedule, block: BlockRV, within: list[LoopRV], vector_var: Var | None
+    sch: Schedule, block: BlockRV, within: list[LoopRV], vector_var: Var | None, fixed: bool
 ) -> None:
     """Copy reused operands into compact buffers at a sampled loop (or not at all: INLINE).
     An operand the vector loop would read with a stride (dense's weight, W[n, k] under a loop
-    over n) is always packed, transposed so that the vector loop reads it contiguously."""
+    over n) is always packed, transposed so that the vector loop reads it contiguously;
+    `fixed`, every operand the vector loop reads is, at the first loop of `within` (a panel
+    of the vector loop: matmul's B per column panel)."""
     node = sch.get(block)
     assert isinstance(node, Block)
     for index in reused_reads(node):
-        axes = _vector_last(node.reads[index], vector_var)
-        if axes is None and sch.rng.random() >= PACK_PROBABILITY:
+        region = node.reads[index]
+        axes = _vector_last(region, vector_var)
+        if fixed:
+            if not any(vector_var in _vars(e) for e in region.region):
+                continue
+        elif axes is None and sch.rng.random() >= PACK_PROBABILITY:
             continue
         try:
             pack = sch.cache_read(block, index, "global", axes)
         except ScheduleError:
             continue
-        sample_location(sch, pack, within, inline=axes is None)
+        if fixed:
+            attempt(sch.compute_at, pack, within[0])
+        else:
+            sample_location(sch, pack, within, inline=axes is None)
         if sch.describe(pack) in {b.name for b in leaf_blocks(sch.func)}:
             pack_loops = sch.get_loops(pack)
             if pack_loops:
@@ -264,7 +314,7 @@ def _rfactor_inner(sch: Schedule, rv: BlockRV, block: Block) -> None:
     attempt(sch.vectorize, rf_loops[-1])
 
 
-def parallelize_nest(sch: Schedule, loop_name: str, target: Target) -> None:
+def parallelize_nest(sch: Schedule, loop_name: str, target: Target, fixed: bool = False) -> None:
     """Fuse the leading loops of a root nest that may run in parallel (enough of them for
     every core), mark the fused loop parallel, vectorize each block's innermost loop where
     legal, and sample the unroll step."""
@@ -280,7 +330,8 @@ def parallelize_nest(sch: Schedule, loop_name: str, target: Target) -> None:
         loops = sch.get_loops(sch.get_block(b.name))
         if loops and loops[-1] != outer:
             attempt(sch.vectorize, loops[-1])
-    annotate_unroll(sch, outer)
+    if not fixed:
+        annotate_unroll(sch, outer)
 
 
 def _parallel_chain(sch: Schedule, block: BlockRV, want: int) -> list[LoopRV]:

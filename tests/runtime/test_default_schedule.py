@@ -22,25 +22,46 @@ def check_on_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc) -> None:
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_cpu_matmul_gets_its_columns_vectorized_and_its_rows_parallel():
+def _loops(func: hexir.PrimFunc):
+    from hexir.schedule.common import all_loops
+
+    return all_loops(func.body)
+
+
+def test_cpu_matmul_gets_the_hand_schedule_shape_with_no_draw():
+    """Column panels and row tiles in parallel (enough jobs for the cores), B packed per
+    job, an 8 x 48 register tile (rows unrolled, columns vectorized), the whole reduction
+    inside; the same schedule every time."""
     func = hexir.workload("matmul", M=32, N=48, K=16)
     sch = default_schedule(func, "cpu")
-    assert str(sch.trace).splitlines()[2:] == [
-        "sch.reorder(l1, l3, l2)",
-        "sch.vectorize(loop=l2)",
-        "sch.parallel(loop=l1)",
-    ]
-    check_on_cpu(func, sch.func)
-
-
-def test_cpu_padded_conv2d_keeps_its_order_and_runs_parallel():
-    # The padded input is read through min/max: not unit-stride, so no vectorize.
-    func = hexir.workload("conv2d", N=1, C=4, H=8, W=8, K=8, R=3, S=3, padding=1)
-    sch = default_schedule(func, "cpu")
+    assert str(sch.trace) == str(default_schedule(func, "cpu").trace)
     text = str(sch.trace)
-    assert "vectorize" not in text and "reorder" not in text
-    assert "sch.fuse(l1, l2, l3, l4)" in text and "sch.parallel" in text
+    assert "decision=[4, 1, 1, 8]" in text and "decision=[1, 1, 1, 48]" in text
+    assert 'cache_read(block=b0, read_buffer_index=1, storage_scope="global")' in text
+    assert "sample_categorical" not in text  # no unroll draw
+    compact = compact_buffers(sch.func)
+    assert "buffer<8x48xf32, local>" in str(compact)
+    kinds = [lp.kind for lp in _loops(sch.func)]
+    assert "parallel" in kinds and "vectorized" in kinds and "unrolled" in kinds
     check_on_cpu(func, sch.func)
+
+
+def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weight():
+    # The padded input is read through min/max along rows and columns: the vector loop runs
+    # over output channels, W packed channels-last per parallel job.
+    func = hexir.workload("conv2d", N=1, C=4, H=8, W=8, K=16, R=3, S=3, padding=1)
+    sch = default_schedule(func, "cpu")
+    text = str(sch.func)
+    assert "W_global[vk0, vk1, vk2, vi1]" in text and "Y_local[vi0, vi2, vi3, vi1]" in text
+    kinds = [lp.kind for lp in _loops(sch.func)]
+    assert "parallel" in kinds and "vectorized" in kinds
+    check_on_cpu(func, sch.func)
+
+
+def test_cpu_defaults_of_elementwise_and_row_reductions_stay_simple():
+    func = hexir.workload("softmax", M=16, N=40)
+    text = str(default_schedule(func, "cpu").trace)
+    assert "cache_read" not in text and "sch.parallel" in text
 
 
 def test_a_replayed_default_trace_gives_the_same_kernel():
