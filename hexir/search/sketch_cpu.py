@@ -15,6 +15,16 @@ A tiled block (matmul, conv2d, dense) comes out as
         elementwise consumers (bias, activation) folded into it
 
 which holds benchmarks/matmul_cpu.py's hand schedule (S2 = R0 = 1, B packed under S0).
+
+The "columns" are the vector axis (`vector_iter_var`): a spatial axis that every operand
+either skips or indexes with unit stride in one axis. An operand indexed along it in another
+axis is always packed, transposed (`cache_read(..., axes=...)`) so that the vector loop reads
+it contiguously, and the accumulator is laid out with the vector axis last (`cache_write(...,
+axes=...)`): dense packs W[n, k] as [k, n]; a padded conv2d, whose input is read through
+min/max along rows and columns, vectorizes output channels with W packed channels-last.
+
+`cpu_sketch(sch, target, fixed=True)` draws nothing: the default schedule of a kernel the
+database does not know (hexir/runtime/default_schedule.py).
 """
 
 from __future__ import annotations
