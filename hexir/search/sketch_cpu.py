@@ -74,8 +74,9 @@ DEFAULT_JOBS_PER_CORE = 4
 def cpu_sketch(sch: Schedule, target: Target, fixed: bool = False) -> None:
     """Schedule every block of `sch.func` for the CPU, drawing from `sch.rng`; or, `fixed`,
     with the rule's fixed choices and no draw at all (the default schedule of a kernel the
-    database does not know): the tiles of `default_tiles`, the transposing packs only, at the
-    parallel loop, no rfactor, no unroll annotation."""
+    database does not know): the tiles of `default_tiles`, a pack of each operand the vector
+    loop reads at the parallel loop, no compute location drawn, no rfactor, no unroll
+    annotation."""
     auto_inline(sch)
     tiled = [b.name for b in leaf_blocks(sch.func) if _wants_tiling(sch, b)]
     done = set(tiled)
@@ -161,8 +162,8 @@ def default_tiles(extents: list[int], target: Target) -> list[list[int]]:
     for n, extent in enumerate(others):
         inner = rows if n == len(others) - 1 else 1
         rest = extent // inner
-        outer = next((d for d in range(1, rest + 1) if rest % d == 0 and jobs * d >= want), rest)
-        outer = outer if jobs < want else 1
+        enough = (d for d in range(1, rest + 1) if rest % d == 0 and jobs * d >= want)
+        outer = 1 if jobs >= want else next(enough, rest)
         jobs *= outer
         tiles.append([outer, rest // outer, 1, inner])
     return [*tiles, [vector // panel, 1, 1, panel]]
@@ -327,7 +328,7 @@ def _rfactor_inner(sch: Schedule, rv: BlockRV, block: Block) -> None:
 def parallelize_nest(sch: Schedule, loop_name: str, target: Target, fixed: bool = False) -> None:
     """Fuse the leading loops of a root nest that may run in parallel (enough of them for
     every core), mark the fused loop parallel, vectorize each block's innermost loop where
-    legal, and sample the unroll step."""
+    legal, and sample the unroll step (unless `fixed`)."""
     nest = next(n for n in root_nests(sch.func) if n.var.name == loop_name)
     blocks = [b for b in leaf_blocks(sch.func) if nest in loops_around(sch.func, b)[:1]]
     first = sch.get_block(blocks[0].name)
