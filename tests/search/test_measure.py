@@ -247,3 +247,29 @@ def test_cuda_candidates_are_checked_and_timed():
     results = measure(gpu_candidates(), CudaBuilder(), CudaRunner())
     assert results[0].ok and results[0].median is not None and results[0].median > 0
     assert results[1].error_kind == "wrong_result"
+
+
+class _Clock:
+    """A kernel whose every call takes `seconds` (as `CpuKernel.time` reports it)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def time(self, *arrays) -> float:  # noqa: ANN002 - CpuKernel.time's signature
+        k = knobs.get()
+        n = k.timing_warmup + max(k.timing_repeats, 1)
+        self.calls += n
+        return self.seconds
+
+
+def test_a_slow_candidate_is_timed_in_fewer_calls():
+    from hexir.search.worker import time_kernel
+
+    with knobs.scope(timing_repeats=10, timing_min_seconds=0.05, timing_max_seconds=1.0):
+        fast = _Clock(0.001)
+        latencies, number = time_kernel(fast, [], first=0.001)
+        assert len(latencies) == 10 and number == 5  # 10 x 5 calls of 1 ms = 50 ms
+        slow = _Clock(0.5)
+        latencies, number = time_kernel(slow, [], first=0.5)
+        # The check call stood for warm-up and the first timing; 3 repeats, one call each.
+        assert len(latencies) == 3 and number == 1 and slow.calls == 3
