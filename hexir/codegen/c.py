@@ -28,6 +28,7 @@ from hexir.errors import BuildError
 from hexir.ir.arith import bound, simplify
 from hexir.ir.dtype import c_type, is_float, itemsize, short_name
 from hexir.ir.tir import (
+    AUTO_UNROLL_KEY,
     GPU_KINDS,
     Allocate,
     Barrier,
@@ -47,9 +48,11 @@ from hexir.ir.tir import (
     Select,
     Seq,
     Stmt,
+    StmtBase,
     Unary,
     Var,
 )
+from hexir.ir.visit import children
 
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
@@ -94,6 +97,19 @@ TRUE, FALSE = IntImm(1, "bool"), IntImm(0, "bool")
 _INT_LIMITS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
+def nest_iterations(loop: For) -> int:
+    """The iterations of `loop`'s nest: its extent times the largest nest inside it."""
+    inner = [nest_iterations(n) for n in _outermost_loops(loop.body)]
+    return loop.extent * max(inner, default=1)
+
+
+def _outermost_loops(stmt: Stmt) -> list[For]:
+    if isinstance(stmt, For):
+        return [stmt]
+    inner = (c for c in children(stmt) if isinstance(c, StmtBase))
+    return [f for child in inner for f in _outermost_loops(child)]  # type: ignore[arg-type]
+
+
 def generate_c(func: PrimFunc, target: Target | None = None) -> str:
     """The C source of `func`, exporting `void <kernel_symbol(func)>(T* restrict ..., ...)`."""
     return CPrinter(target).print_func(func)
@@ -122,6 +138,7 @@ class CPrinter:
         self._uses_omp = False
         self._in_parallel = False
         self._in_simd = False
+        self._unroll_step = 0  # the enclosing loop's AUTO_UNROLL_KEY (0: none)
         self.ranges: dict[Var, int] = {}  # extents of the vars in scope, for the simplifier
         self.registers: dict[Buffer, int] = {}  # local buffers held as vectors -> lanes
         self.allocated: set[Buffer] = set()  # buffers we allocate (so aligned to `alignment`)
@@ -296,14 +313,22 @@ class CPrinter:
 
     def scalar_loop(self, loop: For, start: int = 0) -> None:
         """`loop` as a C for loop from `start` (a vector loop's scalar tail starts later)."""
-        saved = (self._in_parallel, self._in_simd)
+        saved = (self._in_parallel, self._in_simd, self._unroll_step)
         for line in self.loop_pragmas(loop) if start == 0 else []:
             self.emit(line)
+        step = dict(loop.annotations).get(AUTO_UNROLL_KEY)
+        if isinstance(step, int) and not isinstance(step, bool):
+            self._unroll_step = step
         v, t = self.var(loop.var), self.ctype(loop.var.dtype)
         header = f"for ({t} {v} = {start}; {v} < {loop.extent}; ++{v}) {{"
         with self.scope(header), self.bind_ranges({loop.var: loop.extent}):
             self.stmt_list(loop.body)
-        self._in_parallel, self._in_simd = saved
+        self._in_parallel, self._in_simd, self._unroll_step = saved
+
+    def auto_unrolls(self, loop: For) -> bool:
+        """Whether a serial `loop` is small enough to unroll under the enclosing loop's
+        AUTO_UNROLL_KEY: its nest makes at most that many iterations."""
+        return loop.kind == "serial" and 1 < nest_iterations(loop) <= self._unroll_step
 
     @contextmanager
     def bind_ranges(self, extents: dict[Var, int]) -> Iterator[None]:
@@ -327,6 +352,8 @@ class CPrinter:
             return [f"#pragma GCC unroll {min(loop.extent, 65534)}"]
         if loop.kind in GPU_KINDS:
             return [f"// {loop.kind}: serial on the CPU"]
+        if self.auto_unrolls(loop):
+            return [f"#pragma GCC unroll {loop.extent}"]
         return []
 
     def allocate(self, buffer: Buffer) -> list[str]:

@@ -200,7 +200,8 @@ class CudaPrinter(CPrinter):
         self.scalar_loop(loop)
 
     def loop_pragmas(self, loop: For) -> list[str]:
-        return ["#pragma unroll"] if loop.kind in ("unrolled", "vectorized") else []
+        unrolls = loop.kind in ("unrolled", "vectorized") or self.auto_unrolls(loop)
+        return ["#pragma unroll"] if unrolls else []
 
     def allocate(self, buffer: Buffer) -> list[str]:
         t, name = self.ctype(buffer.dtype), self.names(buffer, buffer.name)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from hexir.ir.dtype import is_float
 from hexir.ir.tir import (
+    AUTO_UNROLL_KEY,
     Allocate,
     Barrier,
     Binary,
@@ -40,8 +41,6 @@ from hexir.ir.tir import (
     Unary,
     Var,
 )
-
-UNROLL_KEY = "pragma_auto_unroll_max_step"
 
 # Arithmetic kinds counted per store (one evaluation of the stored value). FMA counts the
 # float additions with a float product as an operand: a compiler fuses those.
@@ -129,7 +128,7 @@ class _Walker:
             case For(var, extent, kind, body, annotations):
                 step = 0
                 for key, value in annotations:
-                    if key == UNROLL_KEY and isinstance(value, int):
+                    if key == AUTO_UNROLL_KEY and isinstance(value, int):
                         step = value
                 self.env[var.name] = ({len(self.loops): 1.0}, 0.0)
                 self.loops.append(Loop(extent, kind, step))

@@ -426,6 +426,12 @@ class PrimFunc:
     __str__ = __repr__
 
 
+# A loop annotation (the search's `sample_categorical` draws its value): serial loops inside
+# the annotated loop whose nest does at most this many iterations are unrolled by the
+# backend's compiler (`#pragma GCC unroll` / `#pragma unroll`); 0 leaves it to the compiler.
+AUTO_UNROLL_KEY = "pragma_auto_unroll_max_step"
+
+
 def make_annotations(**items: AnnotationValue) -> Annotations:
     """Canonical (sorted) annotations from keyword arguments."""
     return tuple(sorted(items.items()))

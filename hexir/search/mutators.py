@@ -29,11 +29,10 @@ from typing import Protocol
 
 from hexir import knobs
 from hexir.errors import ScheduleError
-from hexir.ir.tir import Block, PrimFunc
+from hexir.ir.tir import AUTO_UNROLL_KEY, Block, PrimFunc
 from hexir.schedule import Trace
 from hexir.schedule.sampling import compute_location_candidates, divisors
 from hexir.schedule.trace import RV, ExprRV, Instruction, Value
-from hexir.search.rules import UNROLL_KEY
 
 __all__ = [
     "ChoiceSite",
@@ -145,7 +144,7 @@ def _track(
             _mark(origin, marks, _arg(inst, "loop"), PARALLEL)
         case "bind":
             _mark(origin, marks, _arg(inst, "loop"), str(_arg(inst, "thread_axis", "")))
-        case "annotate" if _arg(inst, "key") == UNROLL_KEY:
+        case "annotate" if _arg(inst, "key") == AUTO_UNROLL_KEY:
             _mark(origin, marks, _arg(inst, "value"), UNROLL)
 
 

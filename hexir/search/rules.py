@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from hexir.errors import ScheduleError
-from hexir.ir.tir import Block, For
+from hexir.ir.tir import AUTO_UNROLL_KEY, Block, For
 from hexir.schedule import INLINE, ROOT, BlockRV, LoopRV, Schedule
 from hexir.search.analysis import (
     block_named,
@@ -21,7 +21,6 @@ from hexir.search.analysis import (
     writes_intermediate,
 )
 
-UNROLL_KEY = "pragma_auto_unroll_max_step"
 UNROLL_STEPS = (0, 16, 64, 512)
 
 
@@ -113,7 +112,7 @@ def _legal_location(sch: Schedule, block: BlockRV, index: int) -> bool:
 def annotate_unroll(sch: Schedule, loop: LoopRV) -> None:
     """A sampled `pragma_auto_unroll_max_step` on `loop`: how far code inside may unroll."""
     step = sch.sample_categorical(list(UNROLL_STEPS), [1.0] * len(UNROLL_STEPS))
-    sch.annotate(loop, UNROLL_KEY, step)
+    sch.annotate(loop, AUTO_UNROLL_KEY, step)
 
 
 def split_all(
