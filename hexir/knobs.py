@@ -30,6 +30,9 @@ class Knobs:
     # The C compiler for CPU kernels and its optimization flags.
     cc: str = field(default_factory=lambda: _env("HEXIR_CC", "cc"))
     cflags: str = field(default_factory=lambda: _env("HEXIR_CFLAGS", "-O3"))
+    # Seconds one C compile may take before it fails (a tuning build gets
+    # measure_build_timeout instead: a candidate that slow to compile is not worth waiting for).
+    cc_timeout: float = field(default_factory=lambda: float(_env("HEXIR_CC_TIMEOUT", "600")))
     # OpenMP threads for `parallel` loops; 0 means every core.
     num_threads: int = field(default_factory=lambda: int(_env("HEXIR_NUM_THREADS", "0")))
     # Where built kernels are cached, keyed by source, flags and compiler version.
@@ -53,6 +56,9 @@ class Knobs:
     )
     measure_timeout: float = field(
         default_factory=lambda: float(_env("HEXIR_MEASURE_TIMEOUT", "30"))
+    )
+    measure_build_timeout: float = field(
+        default_factory=lambda: float(_env("HEXIR_MEASURE_BUILD_TIMEOUT", "60"))
     )
     measure_reference_timeout: float = field(
         default_factory=lambda: float(_env("HEXIR_MEASURE_REFERENCE_TIMEOUT", "600"))

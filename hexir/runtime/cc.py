@@ -88,8 +88,11 @@ def native_signature(cc: str) -> str:
 def _invoke(command: list[str]) -> subprocess.CompletedProcess[str]:
     """Run the compiler (tests replace this to count or forbid compiler runs)."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=600)
+        timeout = knobs.get().cc_timeout
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError as e:
         raise BuildError(f"the C compiler {command[0]!r} was not found (set HEXIR_CC)") from e
     except subprocess.TimeoutExpired as e:
-        raise BuildError(f"the C compiler timed out: {shlex.join(command)}") from e
+        raise BuildError(
+            f"the C compiler took more than {timeout:g} s (HEXIR_CC_TIMEOUT): {shlex.join(command)}"
+        ) from e

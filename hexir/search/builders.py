@@ -32,10 +32,11 @@ class _PoolBuilder:
     def build(self, candidates: Sequence[Candidate]) -> list[BuildResult]:
         """One BuildResult per candidate, in order; a HexirError becomes an error result."""
         workers = self._workers()
-        if workers == 1 or len(candidates) <= 1:
-            return [self._build_one(c, workers) for c in candidates]
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hexir-build") as pool:
-            return list(pool.map(lambda c: self._build_one(c, workers), candidates))
+        with knobs.scope(cc_timeout=knobs.get().measure_build_timeout):
+            if workers == 1 or len(candidates) <= 1:
+                return [self._build_one(c, workers) for c in candidates]
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hexir-build") as pool:
+                return list(pool.map(lambda c: self._build_one(c, workers), candidates))
 
     def _workers(self) -> int:
         workers = self.workers if self.workers is not None else knobs.get().measure_build_workers

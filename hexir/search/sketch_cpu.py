@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 
+from hexir.codegen.c_lower import MAX_REGISTER_VECTORS
 from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients
 from hexir.ir.tir import Binary, Block, BufferRegion, IntImm, Range, Var
@@ -66,7 +67,6 @@ MAX_UNROLLED_ROWS = 8
 PACK_PROBABILITY = 0.5
 RFACTOR_PROBABILITY = 0.5
 MIN_RFACTOR_EXTENT = 32
-MAX_UNROLLED_WRITEBACK = 1024
 PARALLEL_JOBS_PER_CORE = 16
 DEFAULT_JOBS_PER_CORE = 4
 
@@ -140,7 +140,7 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     _register_tile(sch, _level(s, 3))
     sch.decompose_reduction(block, _level(r, 0)[0])
     if writeback is not None:
-        _writeback_tile(sch, writeback, sch.get_loops(writeback)[-len(spatial) :])
+        _writeback_tile(sch, writeback, sch.get_loops(writeback)[-len(spatial) :], target)
     if not fixed:
         annotate_unroll(sch, outer)
 
@@ -188,7 +188,7 @@ def _try_cache_write(sch: Schedule, block: BlockRV, axes: tuple[int, ...] | None
         return None
 
 
-def _writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV]) -> None:
+def _writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV], target: Target) -> None:
     """The write-back of the accumulator: as a register tile when it stores along its last
     loop; otherwise (the accumulator is transposed, so the store is strided) unrolled whole
     when small, so that every read of the accumulator is at constant indices and it stays in
@@ -203,7 +203,8 @@ def _writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV]) -> N
         _register_tile(sch, loops, limit=16)
         return
     extents = [loop_of(sch, lp).extent for lp in loops]
-    if math.prod(extents) <= MAX_UNROLLED_WRITEBACK:
+    # Larger than the register file, the accumulator stays in memory: unrolling buys nothing.
+    if math.prod(extents) <= MAX_REGISTER_VECTORS * target.vector_width:
         for loop, extent in zip(loops, extents):
             if extent > 1:
                 attempt(sch.unroll, loop)

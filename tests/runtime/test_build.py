@@ -196,3 +196,20 @@ def test_kernel_pickles(kernel, arrays):
     again(*arrays)
     np.testing.assert_allclose(arrays[2], 2 * arrays[0] + arrays[1], rtol=1e-6)
     assert again.source == kernel.source and again.func == kernel.func
+
+
+def test_a_compile_past_its_time_limit_is_a_build_error(tmp_path):
+    """HEXIR_CC_TIMEOUT bounds every compile; a tuning build gets the (shorter) measurement
+    build timeout, and a candidate that slow to compile is an error result, not a wait."""
+    from hexir.schedule import Schedule
+    from hexir.search.builders import CpuBuilder
+    from hexir.search.measure import Candidate
+
+    func = hexir.workload("matmul", M=8, N=8, K=8)
+    with knobs.scope(cache_dir=str(tmp_path), cc_timeout=0.001):
+        with pytest.raises(BuildError, match="HEXIR_CC_TIMEOUT"):
+            build(func, "cpu")
+    candidate = Candidate.from_schedule(func, Schedule(func), Target("cpu"))
+    with knobs.scope(cache_dir=str(tmp_path), measure_build_timeout=0.001):
+        (result,) = CpuBuilder(workers=1).build([candidate])
+    assert not result.ok and "took more than" in result.error_message
