@@ -13,8 +13,9 @@ prediction, model updates), building, measuring and the database.
 
 With --compare-models it also tunes matmul and dense with the random model and with XGBoost,
 `--compare-trials` trials each, for `--seeds` seeds, and prints the best latencies and their
-medians; there the default schedule is not measured, so that the search alone is compared. Bars (ISSUE 6): tuned matmul and dense >= 0.8x numpy's default environment; XGBoost
-beats random on the median; the search's time below building + measuring.
+medians; there the default schedule is not measured, so that the search alone is compared.
+Bars (ISSUE 6): tuned matmul and dense >= 0.8x numpy's default environment; XGBoost beats
+random on the median; the search's time below building + measuring.
 """
 
 from __future__ import annotations
