@@ -10,7 +10,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hexir.ir.tir import Block, Buffer, BufferRegion, BufferStore, For, PrimFunc, Range, Stmt, Var
+from hexir.ir.tir import (
+    Block,
+    Buffer,
+    BufferRegion,
+    BufferStore,
+    Expr,
+    For,
+    PrimFunc,
+    Range,
+    Stmt,
+    Var,
+)
 from hexir.ir.visit import free_vars
 from hexir.schedule.common import all_blocks, find_path, is_block, loops_of
 from hexir.schedule.compute_region import block_inputs, stored
@@ -61,14 +72,15 @@ def writes_intermediate(func: PrimFunc, block: Block) -> bool:
     return all(w.buffer not in func.params for w in block.writes)
 
 
+def index_vars(index: Expr | Range) -> set[Var]:
+    """The vars one index (or range) of a buffer region uses."""
+    parts = (index.start, index.stop) if isinstance(index, Range) else (index,)
+    return set().union(*(free_vars(p) for p in parts))
+
+
 def region_vars(region: BufferRegion) -> set[Var]:
     """The vars a buffer region's indices (or ranges) use."""
-    used: set[Var] = set()
-    for index in region.region:
-        parts = (index.start, index.stop) if isinstance(index, Range) else (index,)
-        for part in parts:
-            used |= free_vars(part)
-    return used
+    return set().union(*(index_vars(index) for index in region.region))
 
 
 def reused_reads(block: Block) -> list[int]:

@@ -89,17 +89,9 @@ class SearchConfig:
 
     @classmethod
     def from_knobs(cls) -> SearchConfig:
+        """Each field from its knob, `search_<field>`."""
         k = knobs.get()
-        return cls(
-            k.search_population,
-            k.search_init_best_fraction,
-            k.search_generations,
-            k.search_mutation_probability,
-            k.search_epsilon,
-            k.search_measure_per_round,
-            k.search_mutation_tries,
-            k.search_min_population,
-        )
+        return cls(**{f.name: getattr(k, f"search_{f.name}") for f in fields(cls)})
 
     def for_round(self, n: int, informed: bool) -> SearchConfig:
         """The settings of a round measuring `n`: the population scaled to the batch (a full

@@ -34,7 +34,7 @@ import math
 from hexir.codegen.c_lower import MAX_REGISTER_VECTORS
 from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients
-from hexir.ir.tir import Binary, Block, BufferRegion, IntImm, Range, Var
+from hexir.ir.tir import Block, BufferRegion, Range, Var
 from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import BlockRV, LoopRV, Schedule
@@ -44,6 +44,7 @@ from hexir.search.analysis import (
     consumers,
     has_kind,
     has_reuse,
+    index_vars,
     is_tileable,
     leaf_blocks,
     loop_roles,
@@ -198,7 +199,7 @@ def _writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV], targ
     node = sch.get(writeback)
     assert isinstance(node, Block)
     bindings = {iv.var: free_vars(iv.binding) for iv in node.iter_vars}
-    last = set().union(*(bindings.get(v, {v}) for v in _vars(node.writes[0].region[-1])))
+    last = set().union(*(bindings.get(v, {v}) for v in index_vars(node.writes[0].region[-1])))
     if loop_of(sch, loops[-1]).var in last:
         _register_tile(sch, loops, limit=16)
         return
@@ -229,7 +230,7 @@ def vector_iter_var(block: Block) -> Var | None:
     spatial = [iv for iv in block.iter_vars if iv.kind == "spatial" and iv.dom > 1]
     clean = [iv for iv in spatial if all(_unit_stride(r, iv.var) for r in block.reads)]
     out = block.writes[0].region
-    last = next((iv for iv in clean if out and iv.var in _vars(out[-1])), None)
+    last = next((iv for iv in clean if out and iv.var in index_vars(out[-1])), None)
     if last is not None:
         return last.var
     if clean:
@@ -238,36 +239,25 @@ def vector_iter_var(block: Block) -> Var | None:
 
 
 def _unit_stride(region: BufferRegion, var: Var) -> bool:
-    uses = [e for e in region.region if var in _vars(e)]
+    uses = [e for e in region.region if var in index_vars(e)]
     if not uses:
         return True
     if len(uses) > 1 or isinstance(uses[0], Range):
         return False
+    # Not affine (None): a min/max clamp, a division, a product of vars.
     coeffs = affine_coefficients(uses[0], [var])
-    return coeffs is not None and coeffs[var] == 1 and _is_sum(uses[0])
-
-
-def _is_sum(e: object) -> bool:
-    """An index built of + and integer multiples only (no min/max clamps, no division)."""
-    if isinstance(e, Binary):
-        return e.op in ("+", "-", "*") and _is_sum(e.a) and _is_sum(e.b)
-    return isinstance(e, (Var, IntImm))
+    return coeffs is not None and coeffs[var] == 1
 
 
 def _vector_last(region: BufferRegion, var: Var | None) -> tuple[int, ...] | None:
     """The axis order that puts the axis indexed by `var` last, where it is not already (the
     layout of a transposing pack); None when the region reads along `var` contiguously or
     not at all."""
-    axes = [d for d, e in enumerate(region.region) if var is not None and var in _vars(e)]
+    axes = [d for d, e in enumerate(region.region) if var is not None and var in index_vars(e)]
     if len(axes) != 1 or axes[0] == len(region.region) - 1:
         return None
     rank = len(region.region)
     return tuple(a for a in range(rank) if a != axes[0]) + (axes[0],)
-
-
-def _vars(e: object) -> set[Var]:
-    parts = (e.start, e.stop) if isinstance(e, Range) else (e,)
-    return set().union(*(free_vars(p) for p in parts))  # type: ignore[arg-type]
 
 
 def _pack_operands(
@@ -284,7 +274,7 @@ def _pack_operands(
         region = node.reads[index]
         axes = _vector_last(region, vector_var)
         if fixed:
-            if not any(vector_var in _vars(e) for e in region.region):
+            if not any(vector_var in index_vars(e) for e in region.region):
                 continue
         elif axes is None and sch.rng.random() >= PACK_PROBABILITY:
             continue
