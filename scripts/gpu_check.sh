@@ -8,10 +8,12 @@
 # ~/.cache/hexir/gpu-site-cpXY), never into the Python environment; pycuda is built from its
 # source distribution against the machine's CUDA toolkit when no wheel fits, and the wheel it
 # builds is kept (in that folder, and in WHEELHOUSE where writable) for the next run. Then it
-# runs the NVRTC and runner tests, the GPU tests (`pytest -m gpu tests/gpu`) and
-# benchmarks/matmul_gpu.py, and prints a short table last. Exit status 0 only when every step
-# passed. Hexir itself runs from this checkout (PYTHONPATH), with numpy, cuda-bindings and
-# pycuda alone: no Ray, SQLAlchemy, XGBoost or onnx. Environment: PYTHON (default python3),
+# runs the NVRTC and runner tests, every GPU test (`pytest -m gpu tests/gpu`: tests/conftest.py
+# refuses a `gpu`-marked test anywhere else) and benchmarks/matmul_gpu.py, and prints a short
+# table last. Exit status 0 only when every step passed. Hexir itself runs from this checkout
+# (PYTHONPATH), with numpy, cuda-bindings and pycuda alone: no SQLAlchemy, XGBoost or onnx;
+# the one test of Ray's GPU runners needs Ray (where it is missing, that test skips, and a skip
+# fails the check). Environment: PYTHON (default python3),
 # CUDA_HOME (the toolkit pycuda builds against; found from nvcc otherwise),
 # PYCUDA_CONFIGURE_ARGS (more options for pycuda's configure.py).
 set -uo pipefail
