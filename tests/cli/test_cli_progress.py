@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 
 import hexir
@@ -20,14 +19,13 @@ from hexir.search.tune import Progress, TaskProgress
 
 
 @pytest.fixture
-def setup(tmp_path):
+def setup(tmp_path, rng):
     """Three tasks; the first one's default schedule measured for real into the database."""
     target = hexir.Target("cpu")
     db = Database(f"sqlite:///{tmp_path / 'p.db'}")
     tasks = extract_tasks(mlp(batch=4, sizes=(32, 16, 8)))
     sch = default_schedule(tasks[0].func, target)
     kernel = hexir.build(sch.func, target)
-    rng = np.random.default_rng()
     args = [rng.uniform(0.5, 1.5, b.shape).astype("float32") for b in tasks[0].func.params]
     seconds = kernel.time(*args)
     db.commit_record(tasks[0].func, target, sch.trace, MeasureResult(latencies=(seconds,)),

@@ -48,14 +48,14 @@ def test_build_without_a_database_uses_default_schedules_and_runs(tmp_path):
     assert "0 tuned, 3 default" in ran.stdout and "(median of 3)" in ran.stdout
 
 
-def test_export_writes_onnx_that_runs_back_with_the_same_outputs(tmp_path):
+def test_export_writes_onnx_that_runs_back_with_the_same_outputs(tmp_path, rng):
     save_tiny_mlp(tmp_path)
     done = run_hexir(tmp_path, "export", "tiny.hexir", "-o", "tiny.onnx")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("wrote tiny.onnx: opset 17")
     graph = hexir.load_model(str(tmp_path / "tiny.hexir"))
     back = hexir.load_model(str(tmp_path / "tiny.onnx"))
-    x = np.random.default_rng().standard_normal((4, 32)).astype("float32")
+    x = rng.standard_normal((4, 32)).astype("float32")
     (want,) = hexir.compile(graph, "cpu").run([x])
     (got,) = hexir.compile(back, "cpu").run([x])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

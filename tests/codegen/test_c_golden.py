@@ -65,9 +65,8 @@ def test_golden_source(name):
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_golden_kernel_runs(name):
+def test_golden_kernel_runs(name, rng):
     func = hexir.parse(CASES[name])
-    rng = np.random.default_rng()
     inputs = [rng.standard_normal(b.shape, dtype=np.float32) for b in func.inputs]
     out = np.empty(func.outputs[0].shape, np.float32)
     build(func)(*inputs, out)

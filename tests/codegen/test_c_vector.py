@@ -37,11 +37,6 @@ def _cache(tmp_path_factory):
         yield
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng()
-
-
 def run(func, *inputs):
     outputs = [np.empty(b.shape, np.dtype(b.dtype)) for b in func.outputs]
     build(func)(*inputs, *outputs)

@@ -57,9 +57,9 @@ def test_barrier_before_a_read_of_shared_data_and_before_the_next_overwrite():
     assert src.count("__syncthreads();") == 2
 
 
-def test_the_shifted_rows_on_the_cpu():
+def test_the_shifted_rows_on_the_cpu(rng):
     func = hexir.parse(SHIFT)
-    a = np.random.default_rng().standard_normal((4, 64)).astype(np.float32)
+    a = rng.standard_normal((4, 64)).astype(np.float32)
     b = np.empty_like(a)
     hexir.build(func)(a, b)
     expect = np.concatenate([a[:, 31::-1], a[:, :31:-1]], axis=1)

@@ -9,7 +9,8 @@ import numpy as np
 from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Graph, Value
 
-RNG = np.random.default_rng()
+# The cases' constants are built at import time: a fixed seed, the same in every test.
+WEIGHTS = np.random.default_rng(0)
 
 Build = Callable[..., Value | list[Value]]
 
@@ -20,23 +21,25 @@ def one_op(name: str, inputs: list[tuple[tuple[int, ...], str]], build: Build) -
     return b.build(build(b, *xs))
 
 
-def random_inputs(graph: Graph, positive: bool = False) -> dict[str, np.ndarray]:
+def random_inputs(
+    graph: Graph, rng: np.random.Generator, positive: bool = False
+) -> dict[str, np.ndarray]:
     """Fresh inputs: floats in [-2, 2] ([0.5, 2] where `positive`), small ints, random bools."""
     arrays = {}
     for v in graph.inputs:
         shape, dtype = v.type.shape, v.type.dtype
         if dtype == "bool":
-            arrays[v.name] = RNG.random(shape) < 0.5
+            arrays[v.name] = rng.random(shape) < 0.5
         elif dtype.startswith("int"):
-            arrays[v.name] = RNG.integers(-5, 6, size=shape).astype(dtype)
+            arrays[v.name] = rng.integers(-5, 6, size=shape).astype(dtype)
         else:
             low = 0.5 if positive else -2.0
-            arrays[v.name] = RNG.uniform(low, 2.0, size=shape).astype(dtype)
+            arrays[v.name] = rng.uniform(low, 2.0, size=shape).astype(dtype)
     return arrays
 
 
 def _w(*shape: int) -> np.ndarray:
-    return RNG.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+    return WEIGHTS.uniform(-1.0, 1.0, size=shape).astype(np.float32)
 
 
 F = "float32"

@@ -12,8 +12,6 @@ from hexir.frontend.onnx_export import export_onnx
 from hexir.frontend.zoo import bert, zoo_model
 from hexir.graph.evaluate import evaluate
 
-RNG = np.random.default_rng()
-
 
 def test_zoo_names():
     assert load_model("mlp") is zoo_model("mlp")
@@ -39,14 +37,14 @@ def test_nothing_close_suggests_nothing():
     assert "Did you mean" not in str(info.value)
 
 
-def test_hexir_file_with_its_npz(tmp_path):
+def test_hexir_file_with_its_npz(tmp_path, rng):
     graph = bert(seq=4, hidden=16, heads=2, ffn=32)
     path = tmp_path / "bert.hexir"
     save_model(graph, path)
     assert (tmp_path / "bert.npz").exists()
     loaded = load_model(str(path))
     assert loaded == graph
-    x = RNG.standard_normal((4, 16)).astype(np.float32)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
     np.testing.assert_array_equal(evaluate(loaded, [x])[0], evaluate(graph, [x])[0])
 
 
@@ -71,12 +69,12 @@ def test_small_hexir_file_needs_no_npz(tmp_path):
     np.testing.assert_array_equal(y, [1.0, 2.0, 3.0])
 
 
-def test_onnx_file(tmp_path):
+def test_onnx_file(tmp_path, rng):
     graph = bert(seq=4, hidden=16, heads=2, ffn=32)
     path = tmp_path / "bert.onnx"
     export_onnx(graph, path)
     loaded = load_model(path)
-    x = RNG.standard_normal((4, 16)).astype(np.float32)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
     np.testing.assert_allclose(evaluate(loaded, [x])[0], evaluate(graph, [x])[0], rtol=1e-6)
 
 

@@ -19,24 +19,24 @@ def test_the_cases_cover_every_op():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_op_round_trips(case):
+def test_every_op_round_trips(case, rng):
     graph = CASES[case]
     model = export_onnx(graph)  # runs onnx.checker
     assert model.opset_import[0].version == OPSET
     back = import_onnx(model)
     assert [v.name for v in back.inputs] == [v.name for v in graph.inputs]
-    inputs = random_inputs(graph, positive=case in POSITIVE)
+    inputs = random_inputs(graph, rng, positive=case in POSITIVE)
     for got, want in zip(evaluate(back, inputs), evaluate(graph, inputs), strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_op_exports_what_hexir_computes(case):
+def test_every_op_exports_what_hexir_computes(case, rng):
     from onnx.reference import ReferenceEvaluator
 
     graph = CASES[case]
-    inputs = random_inputs(graph, positive=case in POSITIVE)
+    inputs = random_inputs(graph, rng, positive=case in POSITIVE)
     got = ReferenceEvaluator(export_onnx(graph)).run(None, inputs)
     for g, want in zip(got, evaluate(graph, inputs), strict=True):
         assert g.dtype == want.dtype and g.shape == want.shape
@@ -61,11 +61,11 @@ def test_export_writes_a_file(tmp_path):
     assert model.graph.name == "bias_add"
 
 
-def test_onnxruntime_agrees_when_installed():
+def test_onnxruntime_agrees_when_installed(rng):
     ort = pytest.importorskip("onnxruntime")
     for case in ("conv2d", "pools", "layer_norm", "gelu_tanh", "slice", "batch_norm_axis2"):
         graph = CASES[case]
         session = ort.InferenceSession(export_onnx(graph).SerializeToString())
-        inputs = random_inputs(graph)
-        for got, want in zip(session.run(None, inputs), evaluate(graph, inputs)):
+        inputs = random_inputs(graph, rng)
+        for got, want in zip(session.run(None, inputs), evaluate(graph, inputs), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

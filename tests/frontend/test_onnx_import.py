@@ -12,13 +12,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from seeding import current_rng
 
 from hexir.errors import ModelError
 from hexir.frontend.onnx_import import import_onnx
 from hexir.graph.evaluate import evaluate
 from hexir.ir.op_attrs import NAME_RE
 
-RNG = np.random.default_rng()
 F = TensorProto.FLOAT
 
 
@@ -40,7 +40,7 @@ def agrees(proto, rtol=1e-5, atol=1e-5):
     """Import, evaluate on fresh random inputs and compare with the reference evaluator; the
     imported graph."""
     graph = import_onnx(proto)
-    arrays = [RNG.uniform(-2, 2, v.type.shape).astype(v.type.dtype) for v in graph.inputs]
+    arrays = [current_rng().uniform(-2, 2, v.type.shape).astype(v.type.dtype) for v in graph.inputs]
     initialized = {t.name for t in proto.graph.initializer}
     names = [i.name for i in proto.graph.input if i.name not in initialized]
     want = ReferenceEvaluator(proto).run(None, dict(zip(names, arrays, strict=True)))
@@ -56,7 +56,7 @@ def kinds(graph):
 
 
 def w(*shape):
-    return RNG.uniform(-1, 1, shape).astype(np.float32)
+    return current_rng().uniform(-1, 1, shape).astype(np.float32)
 
 
 def test_unsupported_nodes_are_all_listed():

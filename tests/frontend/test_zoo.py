@@ -7,14 +7,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from seeding import current_rng
 
 from hexir.frontend.onnx_export import export_onnx
 from hexir.frontend.onnx_import import import_onnx
 from hexir.frontend.zoo import ZOO, bert, gpt2, gpt2_decode, mlp, resnet, zoo_model
 from hexir.graph.evaluate import evaluate
 from hexir.ir.graph import Graph
-
-RNG = np.random.default_rng()
 
 # name -> (inputs, outputs): (name, shape) each
 SIGNATURES = {
@@ -35,7 +34,9 @@ SLOW = {"resnet18", "resnet50"}
 
 
 def inputs_for(graph: Graph) -> dict[str, np.ndarray]:
-    return {v.name: RNG.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs}
+    return {
+        v.name: current_rng().standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs
+    }
 
 
 def zoo_params():
@@ -63,8 +64,8 @@ def test_zoo_weights_are_seeded():
     assert zoo_model("mlp") is zoo_model("mlp")
 
 
-def test_mlp_probabilities():
-    (probs,) = evaluate(mlp(batch=4, sizes=(32, 16, 8)), [RNG.standard_normal((4, 32), "f4")])
+def test_mlp_probabilities(rng):
+    (probs,) = evaluate(mlp(batch=4, sizes=(32, 16, 8)), [rng.standard_normal((4, 32), "f4")])
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
 
 
@@ -89,11 +90,11 @@ def test_transformer_structure():
     assert Counter(op.kind for op in zoo_model("gpt2-decode").ops)["concat"] == 2
 
 
-def test_causal_mask_hides_the_future():
+def test_causal_mask_hides_the_future(rng):
     graph = gpt2(seq=8, hidden=32, heads=2)
-    x = RNG.standard_normal((8, 32)).astype(np.float32)
+    x = rng.standard_normal((8, 32)).astype(np.float32)
     later = x.copy()
-    later[5:] = RNG.standard_normal((3, 32))
+    later[5:] = rng.standard_normal((3, 32))
     out, _, _ = evaluate(graph, [x])
     out_later, _, _ = evaluate(graph, [later])
     np.testing.assert_array_equal(out[:5], out_later[:5])
@@ -101,12 +102,12 @@ def test_causal_mask_hides_the_future():
 
 
 @pytest.mark.parametrize("size", ["small", pytest.param("full", marks=pytest.mark.slow)])
-def test_decode_continues_the_prefill(size):
+def test_decode_continues_the_prefill(size, rng):
     """Decoding token t with the prefill's cache of tokens 0..t-1 gives the prefill's row t."""
     small = dict(hidden=32, heads=2) if size == "small" else {}
     seq = 8 if size == "small" else 128
     prefill, decode = gpt2(seq=seq, **small), gpt2_decode(past=seq - 1, **small)
-    x = RNG.standard_normal((seq, prefill.inputs[0].type.shape[1])).astype(np.float32)
+    x = rng.standard_normal((seq, prefill.inputs[0].type.shape[1])).astype(np.float32)
     out, key, value = evaluate(prefill, [x])
     step, key2, value2 = evaluate(decode, [x[-1:], key[:, :-1], value[:, :-1]])
     np.testing.assert_allclose(step, out[-1:], rtol=1e-5, atol=1e-5)

@@ -47,17 +47,17 @@ def cache(tmp_path):
 
 
 @pytest.mark.parametrize("n", [N, 20000])  # 20000 floats: 80 KB, past the 48 KB default
-def test_hand_written_kernel_runs(cache, n):
+def test_hand_written_kernel_runs(cache, n, rng):
     kernel = _kernel(n, Target("cuda"), n * 4)
-    x = np.random.default_rng().standard_normal(n, dtype=np.float32)
+    x = rng.standard_normal(n, dtype=np.float32)
     y = np.full(n, np.nan, np.float32)
     kernel(x, y)
     np.testing.assert_array_equal(y, 2.0 * x[::-1])
 
 
-def test_time_and_pickle(cache):
+def test_time_and_pickle(cache, rng):
     kernel = _kernel(N, Target("cuda"), N * 4)
-    x = np.random.default_rng().standard_normal(N, dtype=np.float32)
+    x = rng.standard_normal(N, dtype=np.float32)
     y = np.full(N, np.nan, np.float32)
     with knobs.scope(timing_warmup=1, timing_repeats=5, timing_min_seconds=0.0):
         assert 0 < kernel.time(x, y) < 0.01

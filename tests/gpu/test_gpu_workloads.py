@@ -46,11 +46,10 @@ def _poisoned(func: PrimFunc) -> list[np.ndarray]:
 @pytest.mark.parametrize(
     "name,shape", WORKLOADS, ids=[f"{n}-{'x'.join(map(str, s.values()))}" for n, s in WORKLOADS]
 )
-def test_workload_matches_numpy_on_the_gpu(cache, name, shape):
+def test_workload_matches_numpy_on_the_gpu(cache, name, shape, rng):
     func = hexir.workload(name, **shape)
     kernel = hexir.build(gpu_schedule(func).func, target="cuda")  # the visible GPU's arch
     assert kernel.resources["spill_bytes"] == 0
-    rng = np.random.default_rng()
     for _ in range(2):  # fresh inputs, fresh poison
         inputs, outputs = _inputs(func, rng), _poisoned(func)
         kernel(*inputs, *outputs)
@@ -59,10 +58,10 @@ def test_workload_matches_numpy_on_the_gpu(cache, name, shape):
             np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-4)
 
 
-def test_timing_a_workload_leaves_its_result(cache):
+def test_timing_a_workload_leaves_its_result(cache, rng):
     func = hexir.workload("matmul", M=256, N=256, K=256)
     kernel = hexir.build(gpu_schedule(func).func, target="cuda")
-    inputs, (out,) = _inputs(func, np.random.default_rng()), _poisoned(func)
+    inputs, (out,) = _inputs(func, rng), _poisoned(func)
     with knobs.scope(timing_warmup=2, timing_repeats=5, timing_min_seconds=0.0):
         seconds = kernel.time(*inputs, out)
     assert 0 < seconds < 0.1

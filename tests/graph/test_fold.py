@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from seeding import current_rng
 
 from hexir.graph.evaluate import evaluate
 from hexir.graph.fold import fold_constants
 from hexir.ir.graph_text import parse_graph, print_graph
-
-RNG = np.random.default_rng()
 
 GRAPH = """
 hexir.graph @g(%x: tensor<4x8xf32>) -> (tensor<4x3xf32>, tensor<3xf32>) {
@@ -27,7 +26,7 @@ hexir.graph @g(%x: tensor<4x8xf32>) -> (tensor<4x3xf32>, tensor<3xf32>) {
 
 
 def rand(*shape: int) -> np.ndarray:
-    return RNG.uniform(-2.0, 2.0, size=shape).astype(np.float32)
+    return current_rng().uniform(-2.0, 2.0, size=shape).astype(np.float32)
 
 
 def blobs() -> dict[str, np.ndarray]:

@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 import pytest
+from seeding import current_rng
 
 import hexir
 from hexir import knobs
@@ -18,11 +19,9 @@ from hexir.ir.graph import Graph, Value
 from hexir.ir.tir import Block
 from hexir.ir.visit import walk
 
-RNG = np.random.default_rng()
-
 
 def rand(*shape: int) -> np.ndarray:
-    return RNG.uniform(-1.0, 1.0, size=shape).astype(np.float32)
+    return current_rng().uniform(-1.0, 1.0, size=shape).astype(np.float32)
 
 
 def kinds(groups: list[Group]) -> list[list[str]]:
@@ -71,7 +70,7 @@ def check_runs(graph: Graph, groups: list[Group], rtol: float = 1e-4) -> None:
 
 def batch_norm(b: GraphBuilder, x: Value, channels: int) -> Value:
     scale, shift, mean = (b.constant(rand(channels)) for _ in range(3))
-    var = b.constant(RNG.uniform(0.5, 2.0, channels).astype(np.float32))
+    var = b.constant(current_rng().uniform(0.5, 2.0, channels).astype(np.float32))
     return b.batch_norm(x, scale, shift, mean, var)
 
 

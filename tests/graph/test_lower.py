@@ -106,7 +106,7 @@ def test_repeated_op_names_get_suffixes_and_loop_vars_stay_unique():
     assert len({iv.var.name for blk in blocks(func) for iv in blk.iter_vars}) == 6
 
 
-def test_params_are_inputs_then_constants_by_first_use_then_outputs():
+def test_params_are_inputs_then_constants_by_first_use_then_outputs(rng):
     b = GraphBuilder("g")
     x = b.input("x", (2, 3))
     c_late = b.constant(np.arange(3, dtype=np.float32) + 1, name="late")
@@ -125,7 +125,7 @@ def test_params_are_inputs_then_constants_by_first_use_then_outputs():
     assert func.num_outputs == 2
     source = func.attr("source")
     assert "hexir.constant" not in source and "@late" not in source
-    xs = np.random.default_rng().standard_normal((2, 3)).astype(np.float32)
+    xs = rng.standard_normal((2, 3)).astype(np.float32)
     run_and_compare(func, [xs, graph.constant("early"), graph.constant("late")], 1e-6)
 
 
@@ -409,14 +409,13 @@ def _stmt_children(node):
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_lowered_op_matches_numpy(case):
+def test_lowered_op_matches_numpy(case, rng):
     func = case_func(case)
-    inputs = random_inputs(func, case[4], np.random.default_rng())
+    inputs = random_inputs(func, case[4], rng)
     run_and_compare(func, inputs, tolerance(case[0], case[1]))
 
 
-def test_conv2d_against_direct_numpy():
-    rng = np.random.default_rng()
+def test_conv2d_against_direct_numpy(rng):
     func = workload("conv2d", N=1, C=4, H=6, W=7, K=4, R=3, S=2, stride=(2, 1), padding=(1, 1),
                     dilation=(1, 2), groups=2)  # fmt: skip
     x, w = random_inputs(func, "normal", rng)

@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from seeding import current_rng
 
 import hexir
 from hexir.errors import HexirError
@@ -15,15 +16,13 @@ from hexir.ir.builder import GraphBuilder
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph, Op
 
-RNG = np.random.default_rng()
-
 
 def random_array(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     if dtype == "bool":
-        return RNG.random(shape) < 0.5
+        return current_rng().random(shape) < 0.5
     if dtype.startswith("int"):
-        return RNG.integers(1, 20, size=shape).astype(dtype)
-    return RNG.uniform(0.1, 2.0, size=shape).astype(numpy_dtype(dtype))
+        return current_rng().integers(1, 20, size=shape).astype(dtype)
+    return current_rng().uniform(0.1, 2.0, size=shape).astype(numpy_dtype(dtype))
 
 
 def one_op_graph(op: Op) -> Graph:

@@ -135,8 +135,7 @@ def test_errors(name, kwargs, message):
         workload(name, **kwargs)
 
 
-def test_workloads_compute_what_they_say():
-    rng = np.random.default_rng()
+def test_workloads_compute_what_they_say(rng):
     func = workload("dense", M=3, N=4, K=5, activation="relu")
     x, w, b = (rng.standard_normal(p.shape).astype(np.float32) for p in func.inputs)
     y = np.empty((3, 4), np.float32)

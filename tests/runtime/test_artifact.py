@@ -38,15 +38,15 @@ def saved(tmp_path_factory):
     return module, path
 
 
-def test_a_module_round_trips_through_one_file(saved, tmp_path, monkeypatch):
+def test_a_module_round_trips_through_one_file(saved, tmp_path, monkeypatch, rng):
     module, path = saved
     assert path.is_file() and zipfile.is_zipfile(path)
     # Loading must not compile anything nor need the build cache.
     monkeypatch.setattr(cc, "_invoke", lambda command: pytest.fail(f"compiler run: {command}"))
     with hexir.knobs.scope(cache_dir=str(tmp_path / "fresh-cache")):
         loaded = hexir.runtime.load(path)
-        inputs = [np.random.default_rng().standard_normal((8, 32)).astype("float32")]
-        for out, again in zip(module.run(inputs), loaded.run(inputs)):
+        inputs = [rng.standard_normal((8, 32)).astype("float32")]
+        for out, again in zip(module.run(inputs), loaded.run(inputs), strict=True):
             np.testing.assert_array_equal(out, again)
         np.testing.assert_array_equal(loaded.run(inputs, plan=False)[0], module.run(inputs)[0])
     assert loaded.commands == module.commands

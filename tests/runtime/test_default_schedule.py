@@ -12,9 +12,8 @@ from hexir.runtime.executor import simplify
 from hexir.schedule.compact import compact_buffers
 
 
-def check_on_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc) -> None:
+def check_on_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc, rng: np.random.Generator) -> None:
     """The scheduled func, run on the CPU, computes numpy's answer for the unscheduled one."""
-    rng = np.random.default_rng()
     inputs = [rng.standard_normal(b.shape).astype(b.dtype) for b in func.inputs]
     outputs = [np.full(b.shape, np.nan, b.dtype) for b in func.outputs]
     hexir.build(scheduled, "cpu")(*inputs, *outputs)
@@ -28,7 +27,7 @@ def _loops(func: hexir.PrimFunc):
     return all_loops(func.body)
 
 
-def test_cpu_matmul_gets_the_hand_schedule_shape_with_no_draw():
+def test_cpu_matmul_gets_the_hand_schedule_shape_with_no_draw(rng):
     """Column panels and row tiles in parallel (enough jobs for the cores), B packed per
     job, an 8 x 48 register tile (rows unrolled, columns vectorized), the whole reduction
     inside; the same schedule every time."""
@@ -43,10 +42,10 @@ def test_cpu_matmul_gets_the_hand_schedule_shape_with_no_draw():
     assert "buffer<8x48xf32, local>" in str(compact)
     kinds = [lp.kind for lp in _loops(sch.func)]
     assert "parallel" in kinds and "vectorized" in kinds and "unrolled" in kinds
-    check_on_cpu(func, sch.func)
+    check_on_cpu(func, sch.func, rng)
 
 
-def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weight():
+def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weight(rng):
     # The padded input is read through min/max along rows and columns: the vector loop runs
     # over output channels, W packed channels-last per parallel job.
     func = hexir.workload("conv2d", N=1, C=4, H=8, W=8, K=16, R=3, S=3, padding=1)
@@ -55,7 +54,7 @@ def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weigh
     assert "W_global[vk0, vk1, vk2, vi1]" in text and "Y_local[vi0, vi2, vi3, vi1]" in text
     kinds = [lp.kind for lp in _loops(sch.func)]
     assert "parallel" in kinds and "vectorized" in kinds
-    check_on_cpu(func, sch.func)
+    check_on_cpu(func, sch.func, rng)
 
 
 def test_cpu_defaults_of_elementwise_and_row_reductions_stay_simple():
@@ -71,15 +70,16 @@ def test_a_replayed_default_trace_gives_the_same_kernel():
 
 
 @pytest.mark.parametrize("name", ["bert", pytest.param("resnet", marks=pytest.mark.slow)])
-def test_gpu_defaults_bind_threads_fit_the_gpu_and_compute_the_same_values(name):
+def test_gpu_defaults_bind_threads_fit_the_gpu_and_compute_the_same_values(name, rng):
     graph = {
         "bert": lambda: zoo.bert(seq=8, hidden=32, heads=2, ffn=64),
         "resnet": lambda: zoo.resnet(18, image=16, width=4, classes=10),
     }[name]()
     target = hexir.Target("cuda -arch=sm_90")
-    funcs = {hexir.lower(group.graph()) for group in partition(simplify(graph))}
+    # In graph order (a set's order would change with the hash seed, and so the draws).
+    funcs = dict.fromkeys(hexir.lower(group.graph()) for group in partition(simplify(graph)))
     for func in funcs:
         sch = default_schedule(func, target)
         launch = verify_gpu(compact_buffers(sch.func), target)
         assert launch.threads > 1, f"{func.name} runs on one thread"
-        check_on_cpu(func, sch.func)
+        check_on_cpu(func, sch.func, rng)

@@ -41,8 +41,7 @@ def convnet(rng: np.random.Generator) -> hexir.Graph:
     return g.build([g.bias_add(g.dense(h, w3), g.constant(_weights(rng, 5)))])
 
 
-def test_three_layer_mlp_matches_numpy():
-    rng = np.random.default_rng()
+def test_three_layer_mlp_matches_numpy(rng):
     graph = mlp(rng)
     x = rng.standard_normal((16, 64)).astype("float32")
     (out,) = hexir.compile(graph, target="cpu").run([x])
@@ -55,8 +54,7 @@ def test_three_layer_mlp_matches_numpy():
     np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-6)
 
 
-def test_small_conv_net_matches_numpy():
-    rng = np.random.default_rng()
+def test_small_conv_net_matches_numpy(rng):
     graph = convnet(rng)
     image = rng.standard_normal((2, 3, 16, 16)).astype("float32")
     module = hexir.compile(graph, target="cpu")
@@ -66,8 +64,7 @@ def test_small_conv_net_matches_numpy():
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_constant_subgraphs_are_folded_before_building():
-    rng = np.random.default_rng()
+def test_constant_subgraphs_are_folded_before_building(rng):
     g = hexir.GraphBuilder("folded")
     x = g.input("x", (4, 8))
     w = g.transpose(g.constant(_weights(rng, 6, 8)))  # folded: a kernel-free constant
@@ -81,14 +78,14 @@ def test_constant_subgraphs_are_folded_before_building():
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_identical_kernels_are_built_once():
+def test_identical_kernels_are_built_once(rng):
     g = hexir.GraphBuilder("twice")
     x = g.input("x", (8, 8))
     graph = g.build([g.relu(g.relu(x))])
     with hexir.knobs.scope(fusion=False):  # fused, the two relus are one kernel
         module = hexir.compile(graph)
     assert len(module.commands) == 2 and len(module.kernels) == 1
-    xv = np.random.default_rng().standard_normal((8, 8)).astype("float32")
+    xv = rng.standard_normal((8, 8)).astype("float32")
     np.testing.assert_array_equal(module.run([xv])[0], np.maximum(xv, 0))
 
 
@@ -111,9 +108,8 @@ def _inputs(graph: hexir.Graph, rng: np.random.Generator) -> list[np.ndarray]:
     return [rng.standard_normal(v.type.shape).astype("float32") for v in graph.inputs]
 
 
-def _check_model(graph: hexir.Graph, fusion: bool) -> Module:
+def _check_model(graph: hexir.Graph, fusion: bool, rng: np.random.Generator) -> Module:
     """Compile `graph`; planned and unplanned runs give the same bits, close to numpy's."""
-    rng = np.random.default_rng()
     inputs = _inputs(graph, rng)
     with hexir.knobs.scope(fusion=fusion):
         module = hexir.compile(graph, target="cpu")
@@ -143,8 +139,8 @@ SMALL_ZOO = {
     # resnet50's 50-odd distinct kernels take several seconds to build on a cold cache.
     [pytest.param(n, marks=pytest.mark.slow) if n == "resnet50" else n for n in SMALL_ZOO],
 )
-def test_small_zoo_models_match_numpy_planned_and_unplanned(name, fusion):
-    module = _check_model(SMALL_ZOO[name](), fusion)
+def test_small_zoo_models_match_numpy_planned_and_unplanned(name, fusion, rng):
+    module = _check_model(SMALL_ZOO[name](), fusion, rng)
     assert all(task.schedule == "default" for task in module.report)
 
 
@@ -164,12 +160,12 @@ def test_fusion_more_than_halves_the_kernels_of_a_resnet():
 @pytest.mark.parametrize(
     "name", ["mlp", "resnet18", "resnet50", "bert-base", "gpt2", "gpt2-decode"]
 )
-def test_zoo_models_match_numpy_planned_and_unplanned(name, fusion):
-    module = _check_model(zoo.zoo_model(name), fusion)
+def test_zoo_models_match_numpy_planned_and_unplanned(name, fusion, rng):
+    module = _check_model(zoo.zoo_model(name), fusion, rng)
     assert module.plan.peak_bytes <= 1.25 * module.plan.lower_bound
 
 
-def test_an_unfused_elementwise_chain_runs_in_place():
+def test_an_unfused_elementwise_chain_runs_in_place(rng):
     g = hexir.GraphBuilder("chain")
     x = g.input("x", (32, 48))
     y = g.input("y", (48,))
@@ -177,13 +173,12 @@ def test_an_unfused_elementwise_chain_runs_in_place():
     h = g.relu(g.add(g.tanh(h), y))
     graph = g.build([g.sqrt(g.add(h, g.constant(np.float32(1.0))))])
     with hexir.knobs.scope(fusion=False):
-        module = _check_model(graph, fusion=False)
+        module = _check_model(graph, fusion=False, rng=rng)
     assert len(module.plan.inplace) == len(module.commands) - 2  # all but the first and output
     assert module.plan.peak_bytes == 32 * 48 * 4
 
 
-def test_buffers_are_reused_and_outputs_are_fresh_arrays():
-    rng = np.random.default_rng()
+def test_buffers_are_reused_and_outputs_are_fresh_arrays(rng):
     graph = mlp(rng)
     module = hexir.compile(graph)
     x1, x2 = (rng.standard_normal((16, 64)).astype("float32") for _ in range(2))
@@ -194,29 +189,28 @@ def test_buffers_are_reused_and_outputs_are_fresh_arrays():
     np.testing.assert_allclose(out2, evaluate(graph, [x2])[0], rtol=1e-4, atol=1e-6)
 
 
-def test_default_schedules_parallelize_and_vectorize():
+def test_default_schedules_parallelize_and_vectorize(rng):
     g = hexir.GraphBuilder("mm")
     a = g.input("a", (64, 32))
-    graph = g.build([g.relu(g.matmul(a, g.constant(_weights(np.random.default_rng(), 32, 48))))])
-    module = _check_model(graph, fusion=True)
+    graph = g.build([g.relu(g.matmul(a, g.constant(_weights(rng, 32, 48))))])
+    module = _check_model(graph, fusion=True, rng=rng)
     (task,) = module.report
     text = str(task.trace)
     assert task.schedule == "default" and "sch.vectorize" in text and "sch.parallel" in text
     assert "vectorized" in str(module.kernels[0].func) and "parallel" in str(module.kernels[0].func)
 
 
-def test_a_database_record_is_used_for_its_workload(tmp_path):
+def test_a_database_record_is_used_for_its_workload(tmp_path, rng):
     from hexir.database import Database
     from hexir.graph.fusion import partition
     from hexir.search.measure import MeasureResult
 
-    rng = np.random.default_rng()
     g = hexir.GraphBuilder("two")
     x = g.input("x", (32, 64))
     h = g.relu(g.dense(x, g.constant(_weights(rng, 64, 64))))
     graph = g.build([g.softmax(g.dense(h, g.constant(_weights(rng, 16, 64))))])
     first = hexir.lower(partition(graph)[0].graph())
-    sch = hexir.Schedule(first)
+    sch = hexir.Schedule(first, seed=0)
     i, j, k = sch.get_loops(sch.get_block("dense"))
     io, ii = sch.split(i, [None, 8])
     sch.parallel(io)
@@ -232,12 +226,12 @@ def test_a_database_record_is_used_for_its_workload(tmp_path):
     assert hexir.compile(graph, database=Database(url)).report[0].schedule == "tuned"
 
 
-def test_a_cuda_module_builds_here_and_running_it_says_there_is_no_gpu():
+def test_a_cuda_module_builds_here_and_running_it_says_there_is_no_gpu(rng):
     from hexir.runtime.cuda_kernel import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is visible: the gpu tests run the module")
-    module = hexir.compile(mlp(np.random.default_rng()), target="cuda -arch=sm_90")
+    module = hexir.compile(mlp(rng), target="cuda -arch=sm_90")
     assert module.target.kind == "cuda" and len(module.kernels) == len(module.commands)
     assert all(k.binary.cubin for k in module.kernels)
     with pytest.raises(hexir.TargetError, match="no GPU to run on"):

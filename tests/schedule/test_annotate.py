@@ -27,7 +27,7 @@ class FakeTarget:
 
 def test_parallel_vectorize_unroll_matmul() -> None:
     before = func(MATMUL)
-    sch = Schedule(before)
+    sch = Schedule(before, seed=0)
     i, j, k = loops(sch, "matmul")
     i0, i1 = sch.split(i, [None, 8])
     j0, j1 = sch.split(j, [None, 16])
@@ -51,7 +51,7 @@ def test_parallel_vectorize_unroll_matmul() -> None:
 
 
 def test_parallel_of_a_reduction_loop_is_illegal() -> None:
-    sch = Schedule(func(MATMUL))
+    sch = Schedule(func(MATMUL), seed=0)
     i, j, k = loops(sch, "matmul")
     err = raises_unchanged(sch, lambda: sch.parallel(k), "reduce iter var vk of block @matmul")
     assert err.brief().startswith("parallel: loop %k feeds reduce iter var vk")
@@ -66,7 +66,7 @@ def test_parallel_of_a_reduction_loop_is_illegal() -> None:
 
 def test_vectorize_legality() -> None:
     before = func(ADD_2D)
-    sch = Schedule(before)
+    sch = Schedule(before, seed=0)
     i, j = loops(sch, "add")
     raises_unchanged(sch, lambda: sch.vectorize(i), "not innermost")
     # %B is read as %B[vj, vi]: stride 64 along axis 0 in %j.
@@ -77,19 +77,19 @@ def test_vectorize_legality() -> None:
 
 
 def test_vectorize_needs_unit_stride_in_the_last_axis() -> None:
-    sch = Schedule(func(MATMUL))
+    sch = Schedule(func(MATMUL), seed=0)
     i, j, k = loops(sch, "matmul")
     sch.reorder(k, j, i)
     raises_unchanged(sch, lambda: sch.vectorize(i), r"%C\[%i, %j\] is stride 1 in %i along axis 0")
     raises_unchanged(sch, lambda: sch.vectorize(j), "not innermost")
-    fresh = Schedule(func(MATMUL))
+    fresh = Schedule(func(MATMUL), seed=0)
     _, _, k = loops(fresh, "matmul")
     raises_unchanged(fresh, lambda: fresh.vectorize(k), "reduce iter var")
 
 
 def test_bind_gpu_matmul_with_cross_thread_reduction() -> None:
     before = func(MATMUL)
-    sch = Schedule(before, target=FakeTarget(1024))
+    sch = Schedule(before, target=FakeTarget(1024), seed=0)
     i, j, k = loops(sch, "matmul")
     i0, i1 = sch.split(i, [None, 16])
     sch.reorder(i0, j, i1)
@@ -103,7 +103,7 @@ def test_bind_gpu_matmul_with_cross_thread_reduction() -> None:
 
 
 def test_bind_illegal() -> None:
-    sch = Schedule(func(MATMUL), target=FakeTarget(256))
+    sch = Schedule(func(MATMUL), target=FakeTarget(256), seed=0)
     i, j, k = loops(sch, "matmul")
     raises_unchanged(sch, lambda: sch.bind(k, "blockIdx.x"), "reduce iter var vk")
     raises_unchanged(sch, lambda: sch.bind(i, "threadIdx.w"), "unknown thread axis")
@@ -112,7 +112,7 @@ def test_bind_illegal() -> None:
     raises_unchanged(sch, lambda: sch.bind(k, "blockIdx.x"), "reduce iter var")
     # 48 x 64 threads exceed the target's 256.
     raises_unchanged(sch, lambda: sch.bind(i, "threadIdx.y"), "3072 threads per block")
-    nested = Schedule(func(MATMUL))
+    nested = Schedule(func(MATMUL), seed=0)
     i, j, _ = loops(nested, "matmul")
     nested.bind(i, "threadIdx.x")
     raises_unchanged(nested, lambda: nested.bind(j, "blockIdx.x"), "inside a threadIdx loop")

@@ -127,7 +127,7 @@ def test_local_executor_builds_then_runs_in_order():
     with LocalExecutor("cpu") as executor:
         assert executor.workers == 2 and executor.measure([]) == []
         results = executor.measure(cands)
-        cuda = Candidate.from_schedule(WORKLOAD, Schedule(WORKLOAD), "cuda -arch=sm_90")
+        cuda = Candidate.from_schedule(WORKLOAD, Schedule(WORKLOAD, seed=0), "cuda -arch=sm_90")
         with pytest.raises(ValueError, match="use one executor per target"):
             executor.measure([cuda])
     assert [r.error_kind for r in results] == [None, None, "wrong_result"]

@@ -57,8 +57,7 @@ GRAPHS = {
 
 @pytest.mark.parametrize("target", ["cpu", "cuda -arch=sm_90"])
 @pytest.mark.parametrize("name", GRAPHS)
-def test_fused_kernel_is_one_kernel_the_space_can_schedule(name, target):
-    rng = np.random.default_rng()
+def test_fused_kernel_is_one_kernel_the_space_can_schedule(name, target, rng):
     graph = simplify_graph(GRAPHS[name](rng))
     (group,) = partition(graph)  # one kernel after fusion
     func = lower(group.graph())
