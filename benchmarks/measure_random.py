@@ -103,7 +103,7 @@ def measure_all(
     with CpuRunner() as runner:
         for start in range(0, len(todo), batch):
             chunk = todo[start : start + batch]
-            for cand, result in zip(chunk, measure(chunk, builder, runner)):
+            for cand, result in zip(chunk, measure(chunk, builder, runner), strict=True):
                 db.commit_record(func, TARGET, cand.trace, result, candidate_key=cand.candidate_key)
                 results[cand.candidate_key] = result
             print(f"  measured {min(start + batch, len(todo))}/{len(todo)}", flush=True)

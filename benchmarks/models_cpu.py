@@ -138,7 +138,7 @@ def onnxruntime_run(
         return None
     model, feed, out = folder / "model.onnx", folder / "inputs.npz", folder / "outputs.npz"
     hexir.export_onnx(graph, model)
-    np.savez(feed, **{v.name: a for v, a in zip(graph.inputs, inputs)})  # type: ignore[arg-type]
+    np.savez(feed, **{v.name: a for v, a in zip(graph.inputs, inputs, strict=True)})  # type: ignore[arg-type]
     done = subprocess.run(
         [sys.executable, "-c", ORT_CHILD, str(model), str(feed), str(out), str(THREADS)],
         capture_output=True,
@@ -154,7 +154,7 @@ def onnxruntime_run(
 def relative_error(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
     """The largest |ours - theirs| over the outputs, relative to the largest |theirs|."""
     worst = 0.0
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         scale = max(float(np.abs(b).max(initial=0.0)), 1e-30)
         worst = max(worst, float(np.abs(a.astype(np.float64) - b).max(initial=0.0)) / scale)
     return worst

@@ -152,7 +152,7 @@ def check(func: hexir.PrimFunc, workload: hexir.PrimFunc, args: list[np.ndarray]
     expect = hexir.reference(workload, args[:-n_out])
     out = [np.empty_like(a) for a in args[-n_out:]]
     hexir.build(func, "cpu")(*args[:-n_out], *out)
-    for o, e in zip(out, expect):
+    for o, e in zip(out, expect, strict=True):
         np.testing.assert_allclose(o, e, rtol=1e-3, atol=1e-3)
 
 

@@ -92,10 +92,10 @@ class _Base:
         missing = sum(b is None for b in best)
         if missing:
             return f"model est. - ({plural(missing, 'task')} without a valid measurement yet)"
-        after = sum(t.weight * (b or 0.0) for t, b in zip(progress.tasks, best))
+        after = sum(t.weight * (b or 0.0) for t, b in zip(progress.tasks, best, strict=True))
         if any(d is None for d in default):
             return f"model est. {ms(after)} ms"
-        before = sum(t.weight * (d or 0.0) for t, d in zip(progress.tasks, default))
+        before = sum(t.weight * (d or 0.0) for t, d in zip(progress.tasks, default, strict=True))
         return f"model est. {ms(after)} ms, {ratio(before, after)} over default"
 
     def __enter__(self) -> Self:

@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{tuned} tuned, {len(module.report) - tuned} default"
     )
     print(f"inputs     {args.inputs or f'random, seed {args.seed}'}")
-    for value, array in zip(module.graph.outputs, outputs):
+    for value, array in zip(module.graph.outputs, outputs, strict=True):
         print(f"output     {value.name}  {summary(array)}")
     ok = True
     if args.check:
@@ -169,7 +169,7 @@ def _check(graph: Graph, inputs: list[np.ndarray], outputs: list[np.ndarray]) ->
     expected = evaluate(graph, inputs)
     ok = all(
         np.allclose(o, e, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(e).max(initial=0))))
-        for o, e in zip(outputs, expected)
+        for o, e in zip(outputs, expected, strict=True)
     )
     print(f"check      {'matches numpy' if ok else 'DIFFERS FROM NUMPY'}")
     return ok
@@ -206,7 +206,9 @@ def _run_workload(args: argparse.Namespace) -> int:
     outputs = [np.full(b.shape, np.nan, dtype=numpy_dtype(b.dtype)) for b in func.outputs]
     kernel(*inputs, *outputs)
     expected = hexir.reference(func, inputs)
-    ok = all(np.allclose(o, e, rtol=1e-4, atol=1e-5) for o, e in zip(outputs, expected))
+    ok = all(
+        np.allclose(o, e, rtol=1e-4, atol=1e-5) for o, e in zip(outputs, expected, strict=True)
+    )
     with knobs.scope(timing_warmup=1, timing_repeats=args.repeats or 3, timing_min_seconds=0.0):
         seconds = kernel.time(*inputs, *outputs)
     print(f"workload   {args.what}")

@@ -235,7 +235,7 @@ def estimate(rows: list[TaskRow], attr: str) -> float | None:
     values = [getattr(r, attr) for r in rows]
     if not rows or any(v is None for v in values):
         return None
-    return sum(r.weight * v for r, v in zip(rows, values))
+    return sum(r.weight * v for r, v in zip(rows, values, strict=True))
 
 
 def _report(

@@ -224,7 +224,7 @@ def flat_index(
     wide = buffer.size > 2**31 - 1
     index_dtype = "int64" if wide else "int32"
     flat: Expr | None = None
-    for extent, index in zip(buffer.shape, indices):
+    for extent, index in zip(buffer.shape, indices, strict=True):
         if wide and index.dtype != "int64":
             index = Cast("int64", index)
         if flat is None:

@@ -144,7 +144,7 @@ def _thread_share(
         if any(p is None for p in parts):
             raise fail("an index is not affine in the thread indices")
         used: set[str] = set()
-        for axis, (terms, rest) in zip(axes, parts):  # type: ignore[misc]
+        for axis, (terms, rest) in zip(axes, parts, strict=True):  # type: ignore[misc]
             if axis.terms is None:
                 axis.terms = terms
             elif axis.terms != terms:

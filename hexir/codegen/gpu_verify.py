@@ -106,7 +106,7 @@ def verify_gpu(func: PrimFunc, target: Target) -> Launch:
 def _check_dims(
     func: PrimFunc, launch: Launch, axes: tuple[str, ...], limits: tuple[int, ...], what: str
 ) -> None:
-    for axis, limit in zip(axes, limits):
+    for axis, limit in zip(axes, limits, strict=True):
         if launch.dim(axis) > limit:
             raise ResourceError(
                 f"kernel {func.name!r}: loop %{launch.loop_of(axis)} bound to {axis} has "

@@ -82,7 +82,7 @@ class TrainingSet:
         out = cls()
         workloads = [str(w) for w in data["workloads"]]
         for vector, latency, group, candidate in zip(
-            data["vectors"], data["latencies"], data["groups"], data["candidates"]
+            data["vectors"], data["latencies"], data["groups"], data["candidates"], strict=True
         ):
             seconds = None if math.isnan(latency) else float(latency)
             out.add(workloads[int(group)], str(candidate), vector, seconds)

@@ -139,12 +139,14 @@ def extract(func: PrimFunc, target: Target, resources: dict | None = None) -> np
     kernel = walk_kernel(func)
     params = frozenset(func.params)
     flops = [_flops(s) for s in kernel.stores]
-    stores = [store_vector(s, f, target, params) for s, f in zip(kernel.stores, flops)]
+    stores = [store_vector(s, f, target, params) for s, f in zip(kernel.stores, flops, strict=True)]
     empty = [0.0] * _N_STORE
     main = max(range(len(stores)), key=lambda i: (flops[i], stores[i][0]), default=None)
     rest = [i for i in range(len(stores)) if i != main]
     aux = max(rest, key=lambda i: (_bytes_moved(stores[i]), stores[i][0]), default=None)
-    total = [sum(column) for column in zip(*(s[:_N_ADD] for s in stores))] or empty[:_N_ADD]
+    total = [sum(column) for column in zip(*(s[:_N_ADD] for s in stores), strict=True)] or empty[
+        :_N_ADD
+    ]
     out = np.array(
         [
             *(empty if main is None else stores[main]),
@@ -326,9 +328,11 @@ def _kernel_columns(
     allocs = _allocation_sizes(kernel)
     param_bytes = sum(p.size * itemsize(p.dtype) for p in params)
     total = sum(flops) or 1.0
-    vectorized = sum(f for f, s in zip(flops, kernel.stores) if _has_kind(s, "vectorized"))
+    vectorized = sum(
+        f for f, s in zip(flops, kernel.stores, strict=True) if _has_kind(s, "vectorized")
+    )
     trips = [s.trips for s in kernel.stores]
-    parallel = sum(t for t, s in zip(trips, kernel.stores) if _has_kind(s, "parallel"))
+    parallel = sum(t for t, s in zip(trips, kernel.stores, strict=True) if _has_kind(s, "parallel"))
     res = resources or {}
     columns = [
         float(len(kernel.stores)), float(kernel.blocks), kernel.barriers, kernel.root_nests,

@@ -43,7 +43,7 @@ def cache_traffic(store: Store) -> list[float]:
     sizes = [itemsize(acc.buffer.dtype) for acc in firsts.values()]
     # working[d]: bytes touched by one iteration of the loops outside depth d.
     working = [
-        sum(window(acc, extents, d) * s for acc, s in zip(firsts.values(), sizes))
+        sum(window(acc, extents, d) * s for acc, s in zip(firsts.values(), sizes, strict=True))
         for d in range(depth + 1)
     ]
     out = []
@@ -124,7 +124,7 @@ def shared_depth(stores: list[Store]) -> int:
     shared = len(first)
     for store in stores[1:]:
         n = 0
-        for a, b in zip(first, store.nodes):
+        for a, b in zip(first, store.nodes, strict=False):  # the common prefix
             if a is not b:
                 break
             n += 1

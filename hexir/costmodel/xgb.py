@@ -97,7 +97,7 @@ class XGBModel:
         if len(candidates) != len(results):
             raise ValueError(f"{len(candidates)} candidates but {len(results)} results")
         vectors = self.features(candidates)
-        for cand, result, vector in zip(candidates, results, vectors):
+        for cand, result, vector in zip(candidates, results, vectors, strict=True):
             self.data.add(cand.workload_key, cand.candidate_key, vector, fastest(result))
         if self._should_train():
             self.train()

@@ -377,11 +377,16 @@ def _export_slice(ex: _Exporter, op: Op, names: list[str]) -> None:
     starts, stops, steps = (tuple(_ints(op, k)) for k in ("start", "stop", "step"))
     # In normal form a stop of -1 with a negative step means "through index 0"; to ONNX a -1
     # counts from the end, so say "before the start" with the most negative int64.
-    ends = tuple(np.iinfo(np.int64).min if b == -1 and c < 0 else b for b, c in zip(stops, steps))
+    ends = tuple(
+        np.iinfo(np.int64).min if b == -1 and c < 0 else b
+        for b, c in zip(stops, steps, strict=True)
+    )
     axes = tuple(range(len(starts)))
     inputs = [
         ex.ints(v, f"{out}.{k}")
-        for k, v in zip(("starts", "ends", "axes", "steps"), (starts, ends, axes, steps))
+        for k, v in zip(
+            ("starts", "ends", "axes", "steps"), (starts, ends, axes, steps), strict=True
+        )
     ]
     ex.node("Slice", [names[0], *inputs], out)
 

@@ -66,7 +66,7 @@ def import_onnx(
             "or export the model with supported ops:",
             tuple(problems),
         )
-    named = [(o.name, v) for o, v in zip(onnx_graph.output, outputs) if v is not None]
+    named = [(o.name, v) for o, v in zip(onnx_graph.output, outputs, strict=True) if v is not None]
     return _finish(builder, ctx, named)
 
 
@@ -191,7 +191,8 @@ def _convert(ctx: Context, nodes: list[Node], onnx_graph: Any) -> list[str]:
             problems.append(f"{node.label}: Hexir cannot build it: {str(e).splitlines()[0]}")
             poisoned.update(node.outputs)
         else:
-            ctx.values.update((t, v) for t, v in zip(node.outputs, values) if t)
+            # A node may name more outputs than Hexir makes (unused ones: _static_problems).
+            ctx.values.update((t, v) for t, v in zip(node.outputs, values, strict=False) if t)
     ctx.node = None
     return problems
 
@@ -228,7 +229,7 @@ def _static_problems(node: Node, uses: Mapping[str, int]) -> list[str]:
 def _check_outputs(onnx_graph: Any, outputs: list[Value | None]) -> list[str]:
     """Each graph output exists and agrees with the dtype and static shape ONNX declares."""
     problems = []
-    for info, value in zip(onnx_graph.output, outputs):
+    for info, value in zip(onnx_graph.output, outputs, strict=True):
         if value is None:
             problems.append(f"output {info.name!r} is made by no node")
             continue

@@ -44,7 +44,7 @@ def broadcast_to(ctx: Context, x: Value, shape: Sequence[int]) -> Value:
     if x.type.shape == shape:
         return x
     padded = (1,) * (len(shape) - len(x.type.shape)) + x.type.shape
-    grow = tuple(n if d == 1 else 1 for d, n in zip(padded, shape))
+    grow = tuple(n if d == 1 else 1 for d, n in zip(padded, shape, strict=True))
     return ctx.op("where", ctx.constant(np.ones(grow, bool)), x, x)
 
 
@@ -81,7 +81,7 @@ def spatial_pads(
     if auto == "VALID":
         return [0] * 2 * len(spatial)
     begins, ends = [], []
-    for size, k, s, d in zip(spatial, kernel, strides, dilations):
+    for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
         out = -(-size // s)
         total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
         small = total // 2

@@ -7,6 +7,7 @@ Shape -> Gather -> Concat -> Reshape chains exporters write resolve to constants
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -103,9 +104,9 @@ def _slice(ctx: Context) -> Sequence[Value]:
     steps_given = ctx.optional_array(4, "steps")
     steps = int_list(steps_given) if steps_given is not None else [1] * len(starts)
     triples = [(0, d, 1) for d in shape]
-    for a, s, e, st in zip(axes, starts, ends, steps):
+    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
         triples[a] = _onnx_slice(s, e, st, shape[a])
-    if all(t == (0, d, 1) for t, d in zip(triples, shape)):
+    if all(t == (0, d, 1) for t, d in zip(triples, shape, strict=True)):
         return [x]
     start, stop, step = (tuple(t[i] for t in triples) for i in range(3))
     return [ctx.op("slice", x, start=start, stop=stop, step=step)]
@@ -134,7 +135,7 @@ def _split(ctx: Context) -> Sequence[Value]:
     if sum(sizes) != dim or len(sizes) != count:
         raise Unsupported(f"split sizes {sizes} do not cover extent {dim} in {count} outputs")
     bounds = np.cumsum([0, *sizes])
-    return [_take(ctx, x, axis, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    return [_take(ctx, x, axis, int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
 
 def _pad(ctx: Context) -> Sequence[Value]:
@@ -170,7 +171,7 @@ def _gather(ctx: Context) -> Sequence[Value]:
     flat = [int(i) + dim if i < 0 else int(i) for i in indices.reshape(-1)]
     if not flat or any(not 0 <= i < dim for i in flat):
         raise Unsupported(f"Gather indices {flat} for extent {dim}")
-    steps = {b - a for a, b in zip(flat, flat[1:])}
+    steps = {b - a for a, b in itertools.pairwise(flat)}
     if len(steps) <= 1 and 0 not in steps:
         step = steps.pop() if steps else 1
         end = flat[-1] + (1 if step > 0 else -1)

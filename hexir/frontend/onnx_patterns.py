@@ -121,7 +121,7 @@ class _Matcher:
 
     def _all(self, args: tuple[Pattern, ...], inputs: tuple[str, ...], env: dict[str, str]):
         found: list[int] = []
-        for arg, tensor in zip(args, inputs):
+        for arg, tensor in zip(args, inputs, strict=True):
             sub = self.match(arg, tensor, env, root=False)
             if sub is None:
                 return None

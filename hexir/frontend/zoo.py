@@ -18,6 +18,7 @@ The builders take keyword arguments for smaller variants with the same structure
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 
 from hexir.frontend.weights import Weights
@@ -35,7 +36,7 @@ def mlp(*, batch: int = 64, sizes: Sequence[int] = (784, 256, 256, 10), seed: in
     b = GraphBuilder("mlp")
     w = Weights(b, seed)
     x = b.input("x", (batch, sizes[0]))
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (n_in, n_out) in enumerate(itertools.pairwise(sizes)):
         weight, bias = w.dense(f"fc{i + 1}", n_in, n_out)
         x = b.bias_add(b.dense(x, weight), bias)
         if i < len(sizes) - 2:

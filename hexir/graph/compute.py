@@ -259,10 +259,12 @@ def limit(k: Kernel, e: Expr, lo: int, hi: int) -> Expr:
 
 def guarded_load(k: Kernel, buf: Buffer, indices: Sequence[Expr]) -> tuple[Expr | None, Expr]:
     """(in-bounds condition or None, a load of `buf` at the clamped indices)."""
-    cond = conjunction(c for i, n in zip(indices, buf.shape) for c in in_range(k, i, n))
+    cond = conjunction(
+        c for i, n in zip(indices, buf.shape, strict=True) for c in in_range(k, i, n)
+    )
     if cond is None:
         return None, buf[tuple(indices)]
-    return cond, buf[tuple(clamp(k, i, n) for i, n in zip(indices, buf.shape))]
+    return cond, buf[tuple(clamp(k, i, n) for i, n in zip(indices, buf.shape, strict=True))]
 
 
 def conjunction(conds: Iterable[Expr | None]) -> Expr | None:
@@ -279,7 +281,12 @@ def broadcast(buf: Buffer, ivs: Indices, out_shape: Sequence[int]) -> BufferLoad
     stay elementwise accesses (which compute_inline and reverse_compute_at rely on)."""
     skip = len(ivs) - len(buf.shape)
     ivs, out_shape = ivs[skip:], tuple(out_shape)[skip:]
-    return buf[tuple(IntImm(0) if n == 1 != m else v for n, m, v in zip(buf.shape, out_shape, ivs))]
+    return buf[
+        tuple(
+            IntImm(0) if n == 1 != m else v
+            for n, m, v in zip(buf.shape, out_shape, ivs, strict=True)
+        )
+    ]
 
 
 def mean(

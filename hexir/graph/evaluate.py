@@ -112,7 +112,7 @@ def bind_inputs(
                 f"got {len(arrays)}"
             )
     env: dict[str, np.ndarray] = {}
-    for value, array in zip(graph.inputs, arrays):
+    for value, array in zip(graph.inputs, arrays, strict=True):
         array = np.asarray(array)
         _check_array(array, value, f"input %{value.name} of graph @{graph.name}")
         env[value.name] = array
@@ -432,12 +432,14 @@ def _slice(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     starts, stops, steps = _ints(attrs, "start"), _ints(attrs, "stop"), _ints(attrs, "step")
     # slice.indices gives stop = -1 for "before index 0" with a negative step; to numpy a
     # negative stop counts from the end, so spell it as None.
-    index = tuple(slice(a, None if b < 0 else b, c) for a, b, c in zip(starts, stops, steps))
+    index = tuple(
+        slice(a, None if b < 0 else b, c) for a, b, c in zip(starts, stops, steps, strict=True)
+    )
     return xs[0][index]
 
 
 def _pad(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    widths = list(zip(_ints(attrs, "before"), _ints(attrs, "after")))
+    widths = list(zip(_ints(attrs, "before"), _ints(attrs, "after"), strict=True))
     return np.pad(xs[0], widths, constant_values=np.asarray(attrs["value"]).astype(xs[0].dtype))
 
 

@@ -93,7 +93,8 @@ def lower(
     k = Kernel(reserved=[v.name for v in canon.inputs] + list(out_names))
     buffers = {v.name: Buffer(v.name, v.type.shape, v.type.dtype) for v in canon.inputs}
     outputs = {
-        v.name: Buffer(p, v.type.shape, v.type.dtype) for v, p in zip(canon.outputs, out_names)
+        v.name: Buffer(p, v.type.shape, v.type.dtype)
+        for v, p in zip(canon.outputs, out_names, strict=True)
     }
     for op in canon.ops:
         out = outputs.get(op.result.name)
@@ -126,7 +127,7 @@ def canonicalize(
 
     inputs = list(graph.inputs) + _constants_used(graph)
     names = _param_names(len(inputs), len(graph.outputs), param_names)
-    env = {v.name: Value(n, v.type) for v, n in zip(inputs, names)}
+    env = {v.name: Value(n, v.type) for v, n in zip(inputs, names[: len(inputs)], strict=True)}
     ops: list[Op] = []
     for op in graph.ops:
         if op.kind == "constant":

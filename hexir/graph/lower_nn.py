@@ -103,6 +103,7 @@ def _in_bounds_count(k: Kernel, op: Op, x: Buffer, s: tuple[Expr, ...]) -> Expr:
         attr_ints(op, "padding"),
         attr_ints(op, "kernel"),
         x.shape[2:],
+        strict=True,
     ):
         start = limit(k, affine([(pos, stride)], -pad), 0, extent)
         end = limit(k, affine([(pos, stride)], size - pad), 0, extent)

@@ -41,7 +41,9 @@ def lower_reshape(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
         index: list[Expr] = []
         for outs, ins in _reshape_groups(out.shape, x.shape):
             strides = [math.prod(out.shape[d + 1 : outs[-1] + 1]) for d in outs]
-            flat = affine((i[d], st) for d, st in zip(outs, strides) if out.shape[d] != 1)
+            flat = affine(
+                (i[d], st) for d, st in zip(outs, strides, strict=True) if out.shape[d] != 1
+            )
             index.extend(_unflatten(k, flat, [x.shape[d] for d in ins]))
         return x[tuple(index)]
 
@@ -113,7 +115,7 @@ def lower_slice(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> Non
         return x[
             tuple(
                 IntImm(b) if n == 1 else affine([(v, s)], b)
-                for v, b, s, n in zip(i, start, step, out.shape)
+                for v, b, s, n in zip(i, start, step, out.shape, strict=True)
             )
         ]
 
@@ -126,7 +128,7 @@ def lower_pad(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     fill = const(attr_float(op, "value"), x.dtype)
 
     def load(i: Indices) -> Expr:
-        cond, value = guarded_load(k, x, [add(v, -b) for v, b in zip(i, before)])
+        cond, value = guarded_load(k, x, [add(v, -b) for v, b in zip(i, before, strict=True)])
         return value if cond is None else Select(cond, value, fill)
 
     k.compute("pad", out, load)

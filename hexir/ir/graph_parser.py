@@ -156,7 +156,7 @@ class GraphParser:
             self.error(
                 f"returns {len(outputs)} value(s), the graph declares {len(declared)}", start
             )
-        for token, value, (t, _) in zip(tokens, outputs, declared):
+        for token, value, (t, _) in zip(tokens, outputs, declared, strict=True):
             if value.type != t:
                 self.error(f"%{value.name} is {value.type!r}, the graph declares {t!r}", token)
         return outputs

@@ -76,7 +76,7 @@ class Check:
     # --- operands -----------------------------------------------------------------------
 
     def ranks(self, *ranks: int) -> tuple[TensorType, ...]:
-        for name, t, rank in zip(self.names, self.types, ranks):
+        for name, t, rank in zip(self.names, self.types, ranks, strict=True):
             if len(t.shape) != rank:
                 raise Reject(f"{name} must have rank {rank}, got {dims(t)} (rank {len(t.shape)})")
         return self.types

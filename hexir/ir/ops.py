@@ -123,7 +123,7 @@ def _batch_norm(c: Check) -> TensorType:
     c.dtype_in("float", 0)
     axis = c.axis("axis", len(x.shape), 1)
     c.real("epsilon", 1e-5)
-    for name, t in zip(c.names[1:], c.types[1:]):
+    for name, t in zip(c.names[1:], c.types[1:], strict=True):
         if t.shape != (x.shape[axis],):
             fail(f"{name} must have shape [{x.shape[axis]}] (x.shape[{axis}]), got {dims(t)}")
     return x
@@ -135,7 +135,7 @@ def _layer_norm(c: Check) -> TensorType:
     c.dtype_in("float", 0)
     axis = c.axis("axis", len(x.shape), len(x.shape) - 1)
     c.real("epsilon", 1e-5)
-    for name, t in zip(c.names[1:], c.types[1:]):
+    for name, t in zip(c.names[1:], c.types[1:], strict=True):
         if t.shape != x.shape[axis:]:
             want = "x".join(map(str, x.shape[axis:]))
             fail(f"{name} must have shape {want} (x.shape[{axis}:]), got {dims(t)}")
@@ -244,9 +244,9 @@ def _concat(c: Check) -> TensorType:
     dtype = c.same_dtype()
     axis = c.axis("axis", len(first.shape))
     extent = 0
-    for name, t in zip(c.names, c.types):
+    for name, t in zip(c.names, c.types, strict=True):
         if len(t.shape) != len(first.shape) or any(
-            a != b for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != axis
+            a != b for k, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if k != axis
         ):
             fail(
                 f"shapes differ off axis {axis}: {c.names[0]} is {dims(first)}, {name} is {dims(t)}"
@@ -304,7 +304,8 @@ def slice_indices(
         )
     if any(s == 0 for s in step):
         raise TypeInferenceError(f"hexir.slice: step is 0 in {tuple(step)}")
-    triples = [slice(*t).indices(dim) for t, dim in zip(zip(start, stop, step), shape)]
+    given = zip(start, stop, step, shape[: len(start)], strict=True)
+    triples = [slice(a, b, c).indices(dim) for a, b, c, dim in given]
     triples += [(0, dim, 1) for dim in shape[len(triples) :]]
     return {key: tuple(t[i] for t in triples) for i, key in enumerate(("start", "stop", "step"))}
 
@@ -315,7 +316,9 @@ def _pad(c: Check) -> TensorType:
     before = _at_least(c, "before", c.ints("before", length=ndim), 0)
     after = _at_least(c, "after", c.ints("after", length=ndim), 0)
     c.real("value", 0.0)
-    return TensorType(tuple(d + b + a for d, b, a in zip(x.shape, before, after)), x.dtype)
+    return TensorType(
+        tuple(d + b + a for d, b, a in zip(x.shape, before, after, strict=True)), x.dtype
+    )
 
 
 def _pool2d(c: Check) -> TensorType:

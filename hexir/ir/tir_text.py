@@ -322,7 +322,7 @@ class _Printer:
         # Bindings read the enclosing scope, so they print before the iter vars are declared.
         bindings = [self.expr(iv.binding) for iv in b.iter_vars]
         with self.scope():
-            ivs = [self.iter_var(iv, text) for iv, text in zip(b.iter_vars, bindings)]
+            ivs = [self.iter_var(iv, text) for iv, text in zip(b.iter_vars, bindings, strict=True)]
             reads = ", ".join(self.region(r) for r in b.reads)
             writes = ", ".join(self.region(r) for r in b.writes)
             head = f"block @{b.name}({', '.join(ivs)}) reads({reads}) writes({writes})"

@@ -11,6 +11,7 @@ enclosing loop vars, as a non-dividing split writes it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -200,7 +201,7 @@ class _Verifier:
 
     def annotations(self, items: Annotations, where: str, what: str) -> None:
         keys = [k for k, _ in items]
-        if any(a >= b for a, b in zip(keys, keys[1:])):
+        if any(a >= b for a, b in itertools.pairwise(keys)):
             self.report(where, f"{what} not sorted by unique key: {keys}")
 
     def shape(self, buf: Buffer, where: str) -> None:

@@ -107,7 +107,7 @@ class CudaKernel:
             raise HexirError(
                 f"kernel {self.func.name} takes {len(params)} arrays ({names}), got {len(arrays)}"
             )
-        for buffer, dtype, array in zip(params, self._dtypes, arrays):
+        for buffer, dtype, array in zip(params, self._dtypes, arrays, strict=True):
             problem = _problem(array, buffer.shape, dtype)
             if problem:
                 raise HexirError(
@@ -115,7 +115,7 @@ class CudaKernel:
                     f"{dtype} array of shape {tuple(buffer.shape)}, got {problem}"
                 )
         n_in = len(params) - self.func.num_outputs
-        for buffer, array in zip(params[n_in:], arrays[n_in:]):
+        for buffer, array in zip(params[n_in:], arrays[n_in:], strict=True):
             if not array.flags.writeable:
                 raise HexirError(f"kernel {self.func.name}: output {buffer.name} is read-only")
 
@@ -236,7 +236,7 @@ def _launcher(kernel: CudaKernel, arrays: tuple[np.ndarray, ...]) -> Iterator[Ca
         function = _load(kernel, driver)
         buffers = [driver.mem_alloc(max(a.nbytes, 1)) for a in arrays]
         try:
-            for buffer, array in zip(buffers, arrays):
+            for buffer, array in zip(buffers, arrays, strict=True):
                 driver.memcpy_htod(buffer, array)
             pointers = [int(b) for b in buffers]
 
@@ -248,7 +248,7 @@ def _launcher(kernel: CudaKernel, arrays: tuple[np.ndarray, ...]) -> Iterator[Ca
             yield launch
             driver.Context.synchronize()
             n_in = len(arrays) - kernel.func.num_outputs
-            for buffer, array in zip(buffers[n_in:], arrays[n_in:]):
+            for buffer, array in zip(buffers[n_in:], arrays[n_in:], strict=True):
                 driver.memcpy_dtoh(array, buffer)
         finally:
             for buffer in buffers:

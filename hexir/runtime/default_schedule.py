@@ -62,7 +62,7 @@ def _loops(sch: Schedule, name: str) -> tuple[list[LoopRV], list[str], Block]:
 
 def _leading_spatial(loops: list[LoopRV], kinds: list[str]) -> list[LoopRV]:
     outer = []
-    for loop, kind in zip(loops, kinds):
+    for loop, kind in zip(loops, kinds, strict=True):
         if kind != "spatial":
             break
         outer.append(loop)
@@ -108,8 +108,8 @@ def _cpu_block(sch: Schedule, name: str) -> Schedule:
     loops, kinds, _ = _loops(sch, name)
     if not loops or "" in kinds or "spatial" not in kinds:
         return sch
-    spatial = [lp for lp, k in zip(loops, kinds) if k == "spatial"]
-    reduce = [lp for lp, k in zip(loops, kinds) if k == "reduce"]
+    spatial = [lp for lp, k in zip(loops, kinds, strict=True) if k == "spatial"]
+    reduce = [lp for lp, k in zip(loops, kinds, strict=True) if k == "reduce"]
     # On a copy, so that a refused vectorize also undoes the reorder made for it.
     trial = sch.copy()
 

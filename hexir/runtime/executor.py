@@ -145,7 +145,7 @@ def plan_module(
         for name in c.outputs
         if name not in returned
     }
-    steps = [Step(c.inputs, c.outputs, pairs) for c, pairs in zip(commands, inplace)]
+    steps = [Step(c.inputs, c.outputs, pairs) for c, pairs in zip(commands, inplace, strict=True)]
     return plan_memory(steps, sizes)
 
 

@@ -85,7 +85,7 @@ class CpuKernel:
             raise HexirError(
                 f"kernel {self.func.name} takes {len(params)} arrays ({names}), got {len(arrays)}"
             )
-        for buffer, dtype, array in zip(params, self._dtypes, arrays):
+        for buffer, dtype, array in zip(params, self._dtypes, arrays, strict=True):
             problem = _problem(array, buffer.shape, dtype)
             if problem:
                 raise HexirError(

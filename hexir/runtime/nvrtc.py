@@ -130,7 +130,7 @@ def parse_resources(log: str, name: str) -> dict[str, int] | None:
     """The ptxas report for entry function `name` in an NVRTC log, or None when it is absent."""
     sections = _ENTRY.split(log)
     # split gives [preamble, name1, text1, name2, text2, ...]
-    reports = dict(zip(sections[1::2], sections[2::2]))
+    reports = dict(zip(sections[1::2], sections[2::2], strict=True))
     text = reports.get(name)
     if text is None:
         return None

@@ -150,7 +150,7 @@ class CachePrimitives(ScheduleBase):
         node = self._block(block, "storage_align")
         args = (buffer_index, axis, factor, offset)
         func = align_storage(self.func, node, *args)
-        attrs = tuple(zip(("buffer_index", "axis", "factor", "offset"), args))
+        attrs = tuple(zip(("buffer_index", "axis", "factor", "offset"), args, strict=True))
         self._commit("storage_align", (("block", block),), attrs, func)
 
 
@@ -262,7 +262,7 @@ def _check_writes_whole(func: PrimFunc, block: Block, buf: Buffer) -> None:
     idx = points[0]
     whole = len(set(idx)) == len(idx) and all(
         isinstance(e, Var) and e in doms and doms[e].kind == "spatial" and doms[e].dom == n
-        for e, n in zip(idx, buf.shape)
+        for e, n in zip(idx, buf.shape, strict=True)
     )
     if not whole or any(p != idx for p in points + loads):
         reason = (
@@ -369,12 +369,14 @@ def copy_nest(
     src_ivs, dst_ivs = (tuple(ivs), other) if walk_src else (other, tuple(ivs))
     block: Stmt = Block(
         name,
-        tuple(IterVar(v, "spatial", n, lv) for v, n, lv in zip(ivs, walked.shape, loops)),
+        tuple(
+            IterVar(v, "spatial", n, lv) for v, n, lv in zip(ivs, walked.shape, loops, strict=True)
+        ),
         reads=(BufferRegion(src, src_ivs),),
         writes=(BufferRegion(dst, dst_ivs),),
         body=BufferStore(dst, dst_ivs, BufferLoad(src, src_ivs)),
     )
-    for var, extent in reversed(list(zip(loops, walked.shape))):
+    for var, extent in reversed(list(zip(loops, walked.shape, strict=True))):
         block = For(var, extent, "serial", block)
     return block
 

@@ -122,7 +122,7 @@ def _inline_into(consumer: Block, buffer: Buffer, axes: list[Var], store: Buffer
     def fn(e: Expr) -> Expr:
         if not (isinstance(e, BufferLoad) and e.buffer == buffer):
             return e
-        value = substitute(store.value, dict(zip(axes, e.indices)))
+        value = substitute(store.value, dict(zip(axes, e.indices, strict=True)))
         return map_expr(value, lambda n: _simplified_indices(n, doms))  # type: ignore[arg-type]
 
     out = map_stmt(consumer, expr_fn=fn)
@@ -168,7 +168,7 @@ def reverse_compute_inline_block(func: PrimFunc, block: Block) -> PrimFunc:
         raise fail(f"%{buffer.name} is also read by @{other.name}; it cannot go away")
     _check_elementwise_read(func, block, producer, buffer, store)
     _check_between(func, order, producer, block)
-    mapping = dict(zip(store.indices, p_store.indices))
+    mapping = dict(zip(store.indices, p_store.indices, strict=True))
 
     def fold(e: Expr) -> Expr:
         return p_store.value if isinstance(e, BufferLoad) and e.buffer == buffer else e
@@ -199,7 +199,7 @@ def _check_elementwise_read(
     p_doms = {iv.var: iv.dom for iv in producer.iter_vars}
     p_store = producer.body
     assert isinstance(p_store, BufferStore)
-    for c, p in zip(store.indices, p_store.indices):
+    for c, p in zip(store.indices, p_store.indices, strict=True):
         if c_doms[c] != p_doms[p]:  # type: ignore[index]
             raise schedule_error(
                 "reverse_compute_inline",

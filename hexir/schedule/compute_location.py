@@ -172,7 +172,7 @@ def compute_at_block(
     assert region is not None
     doms = {iv.var: iv.dom for iv in block.iter_vars}
     spans = {iv.var: Span(IntImm(0), iv.dom) for iv in block.iter_vars}
-    spans |= {var: clip_span(span, doms[var]) for var, span in zip(axes, region)}
+    spans |= {var: clip_span(span, doms[var]) for var, span in zip(axes, region, strict=True)}
     names = {c.name for c in consumers}
     return _move(func, block, loop, spans, preserve_unit_loops, lambda items: _first(items, names))
 
@@ -289,7 +289,7 @@ def _consumer_spans(
     found: dict[Var, Span | None] = {}
     for buffer, region in regions.items():
         for idx in dict.fromkeys(_load_indices(block, buffer)):
-            for axis, (index, span) in enumerate(zip(idx, region)):
+            for axis, (index, span) in enumerate(zip(idx, region, strict=True)):
                 var, offset = _unit_offset(func, block, buffer, index)
                 if var is None:
                     _check_fixed_index(func, block, buffer, axis, span)

@@ -112,7 +112,7 @@ def union_region(
 ) -> list[Span | None]:
     if a is None:
         return b
-    return [union_span(x, y, ranges) for x, y in zip(a, b)]
+    return [union_span(x, y, ranges) for x, y in zip(a, b, strict=True)]
 
 
 # ---------------------------------------------------------------------------------------------

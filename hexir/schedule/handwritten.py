@@ -77,8 +77,8 @@ def _tiled(func: PrimFunc, block: Block, tiling: Tiling | None) -> Schedule:
     fetches = [sch.cache_read(mm, n, "shared") for n in range(reads)]
     loops = sch.get_loops(mm)
     ivs = sch.get(mm).iter_vars  # type: ignore[union-attr]
-    spatial = [lp for lp, iv in zip(loops, ivs) if iv.kind == "spatial"]
-    reduce = [lp for lp, iv in zip(loops, ivs) if iv.kind == "reduce"]
+    spatial = [lp for lp, iv in zip(loops, ivs, strict=True) if iv.kind == "spatial"]
+    reduce = [lp for lp, iv in zip(loops, ivs, strict=True) if iv.kind == "reduce"]
     outer, i, j = _output_axes(sch, spatial)
     t = tiling or _fit(Tiling(), sch.get(i).extent, sch.get(j).extent)  # type: ignore[union-attr]
     by, ty, ii = sch.split(i, [None, t.ty, t.mi])
@@ -210,7 +210,7 @@ def _rows(func: PrimFunc) -> Schedule:
 
 def _split_rows(sch: Schedule, loops: list[LoopRV], block: Block) -> tuple[LoopRV, LoopRV | None]:
     """(the fused row loops, the last spatial loop) of the final block."""
-    spatial = [lp for lp, iv in zip(loops, block.iter_vars) if iv.kind == "spatial"]
+    spatial = [lp for lp, iv in zip(loops, block.iter_vars, strict=True) if iv.kind == "spatial"]
     if _reduces(block) or len(spatial) == 1:
         return (spatial[0] if len(spatial) == 1 else sch.fuse(*spatial)), None
     rows = spatial[:-1]

@@ -6,6 +6,7 @@ PrimFunc out, ScheduleError on an illegal use), and records one instruction.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -106,16 +107,16 @@ def split_loop(
     sizes = _split_sizes(func, loop, factors)
     taken = taken_names(func)
     new_vars = [Var(unique_name(f"{loop.var.name}_{n}", taken)) for n in range(len(sizes))]
-    ranges = loop_ranges(func) | dict(zip(new_vars, sizes))
+    ranges = loop_ranges(func) | dict(zip(new_vars, sizes, strict=True))
     index: Expr = new_vars[0]
-    for v, f in zip(new_vars[1:], sizes[1:]):
+    for v, f in zip(new_vars[1:], sizes[1:], strict=True):
         index = index * f + v
     index = arith.simplify(index, ranges)
     body = substitute_simplify(loop.body, {loop.var: index}, ranges)
     if math.prod(sizes) != loop.extent:
         cond = arith.simplify(Binary("<", index, IntImm(loop.extent)), ranges)
         body = add_predicate(body, cond)
-    for v, f in reversed(list(zip(new_vars, sizes))):
+    for v, f in reversed(list(zip(new_vars, sizes, strict=True))):
         body = For(v, f, "serial", body)
     return replace_body(func, is_loop(loop.var), lambda _: body), new_vars
 
@@ -170,7 +171,7 @@ def fuse_loops(func: PrimFunc, loops: Sequence[For]) -> tuple[PrimFunc, Var]:
     if not loops:
         raise schedule_error("fuse", "no loops given", func)
     _check_distinct("fuse", func, loops)
-    for outer, inner in zip(loops, loops[1:]):
+    for outer, inner in itertools.pairwise(loops):
         if not (isinstance(outer.body, For) and outer.body.var == inner.var):
             raise schedule_error(
                 "fuse",
@@ -230,7 +231,7 @@ def reorder_loops(func: PrimFunc, loops: Sequence[For]) -> PrimFunc:
     chain = max(paths, key=len)[positions[0] : positions[-1] + 1]
     _check_perfect(func, chain)
     order = list(chain)
-    for pos, loop in zip(positions, loops):
+    for pos, loop in zip(positions, loops, strict=True):
         order[pos - positions[0]] = loop
     body = chain[-1].body
     for loop in reversed(order):
@@ -241,7 +242,7 @@ def reorder_loops(func: PrimFunc, loops: Sequence[For]) -> PrimFunc:
 def _check_perfect(func: PrimFunc, chain: Sequence[For]) -> None:
     """Loops move only through a chain of loops with nothing else between them, over a body
     with no loop-carried dependence (stores outside blocks reading another element they write)."""
-    for outer, inner in zip(chain, chain[1:]):
+    for outer, inner in itertools.pairwise(chain):
         if outer.body is not inner:
             raise schedule_error(
                 "reorder",

@@ -169,7 +169,9 @@ def compute_location_candidates(func: PrimFunc, block: Block) -> list[Var | Loca
     if not consumers:
         return candidates
     paths = [[f.var for f in _loops_around(func, b)] for b in consumers]
-    common = [vs[0] for vs in itertools.takewhile(lambda vs: len(set(vs)) == 1, zip(*paths))]
+    # The loops every consumer shares: the common prefix of paths of any lengths.
+    shared = itertools.takewhile(lambda vs: len(set(vs)) == 1, zip(*paths, strict=False))
+    common = [vs[0] for vs in shared]
     own = {f.var for f in _loops_around(func, block)}
     return candidates + [v for v in common if v not in own]
 

@@ -165,7 +165,7 @@ class ScheduleBase:
             None if decision is None else freeze(decision),
         )
         self._func = func
-        self._symbols.update((rv, sym) for rv, (_, sym) in zip(rvs, outputs))
+        self._symbols.update((rv, sym) for rv, (_, sym) in zip(rvs, outputs, strict=True))
         self._instructions.append(inst)
         self._num_rvs += len(rvs)
         return rvs

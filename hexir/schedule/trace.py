@@ -233,7 +233,7 @@ def _replay(sch: Schedule, n: int, inst: Instruction, env: dict[RV, RV]) -> None
             f"{len(inst.outputs)} outputs",
             inst.kind,
         )
-    env.update(zip(inst.outputs, outs))
+    env.update(zip(inst.outputs, outs, strict=True))
 
 
 def _to_json(value: Value) -> object:

@@ -7,6 +7,7 @@ of spatial iter vars storing one value into an intermediate is elementwise and i
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -101,7 +102,7 @@ def is_tileable(func: PrimFunc, block: Block) -> bool:
     loops = loops_around(func, block)
     if not loops or len(loops) != len(block.iter_vars) or block.predicate is not None:
         return False
-    for outer, inner in zip(loops, loops[1:]):
+    for outer, inner in itertools.pairwise(loops):
         if outer.body is not inner:
             return False
     if loops[-1].body is not block:

@@ -73,7 +73,7 @@ def mismatch(
     got: Sequence[np.ndarray], want: Sequence[np.ndarray], rtol: float, atol: float
 ) -> str | None:
     """None when every output is close to the reference, else what differs, in one line."""
-    for n, (g, w) in enumerate(zip(got, want)):
+    for n, (g, w) in enumerate(zip(got, want, strict=True)):
         if g.dtype.kind == "b":
             bad = g != w
         else:

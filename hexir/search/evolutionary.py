@@ -216,7 +216,7 @@ def _score(candidates: list[Candidate], model: Predictor, scores: dict[str, floa
     predicted = np.asarray(model.predict(fresh), dtype=float).reshape(-1)
     if len(predicted) != len(fresh):
         raise ValueError(f"the cost model gave {len(predicted)} scores for {len(fresh)}")
-    scores.update((c.candidate_key, float(s)) for c, s in zip(fresh, predicted))
+    scores.update((c.candidate_key, float(s)) for c, s in zip(fresh, predicted, strict=True))
 
 
 def _breed(

@@ -132,7 +132,7 @@ def _track(
             for level, rv in enumerate(inst.outputs):
                 origin[rv] = {(n, level)}
         case "split":
-            for factor, loop in zip(_items(_arg(inst, "factors", ())), inst.outputs):
+            for factor, loop in zip(_items(_arg(inst, "factors", ())), inst.outputs, strict=True):
                 if isinstance(factor, ExprRV) and factor in origin:
                     origin[loop] = set(origin[factor])
         case "fuse":

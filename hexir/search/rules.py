@@ -125,7 +125,7 @@ def split_all(
     """Each loop split into `levels` loops by a sampled perfect tile (or the given one); a
     loop of extent 1 is left whole (a list of itself)."""
     out = []
-    for n, (loop, limit) in enumerate(zip(loops, inner)):
+    for n, (loop, limit) in enumerate(zip(loops, inner, strict=True)):
         if loop_of(sch, loop).extent == 1:
             out.append([loop])
             continue

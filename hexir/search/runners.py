@@ -53,7 +53,7 @@ class CpuRunner:
         _check_lengths(candidates, builds)
         if not self._finalizer.alive:
             raise RuntimeError("this CpuRunner is closed; make a new one")
-        return [self._run_one(c, b) for c, b in zip(candidates, builds)]
+        return [self._run_one(c, b) for c, b in zip(candidates, builds, strict=True)]
 
     def close(self) -> None:
         """End the worker process and remove the reference files."""
@@ -138,7 +138,7 @@ class CudaRunner:
     ) -> list[MeasureResult]:
         """One MeasureResult per candidate, in order (latencies: the kernel's median)."""
         _check_lengths(candidates, builds)
-        return [self._run_one(c, b) for c, b in zip(candidates, builds)]
+        return [self._run_one(c, b) for c, b in zip(candidates, builds, strict=True)]
 
     def _run_one(self, candidate: Candidate, build: BuildResult) -> MeasureResult:
         if not build.ok:

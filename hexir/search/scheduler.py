@@ -93,7 +93,7 @@ def gradient_gains(
     """Each task's expected drop in weighted latency from one more round (see the module
     docstring); `histories` hold best latencies per round (math.inf: none valid yet)."""
     gains = []
-    for h, weight in zip(histories, weights):
+    for h, weight in zip(histories, weights, strict=True):
         if not h:
             gains.append(0.0)
             continue

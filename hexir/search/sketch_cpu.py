@@ -111,8 +111,8 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     vector_var = vector_iter_var(node)
     writeback = _try_cache_write(sch, block, _vector_last(node.writes[0], vector_var))
     loops = sch.get_loops(block)
-    spatial = [lp for lp, role in zip(loops, roles) if role != "reduce"]
-    reduce_ = [lp for lp, role in zip(loops, roles) if role == "reduce"]
+    spatial = [lp for lp, role in zip(loops, roles, strict=True) if role != "reduce"]
+    reduce_ = [lp for lp, role in zip(loops, roles, strict=True) if role == "reduce"]
     # The vector loop goes innermost of every level (it is the last spatial loop as lowered
     # unless another axis reads better).
     bound = [iv.var for iv in node.iter_vars if iv.kind != "reduce"]
@@ -206,7 +206,7 @@ def _writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV], targ
     extents = [loop_of(sch, lp).extent for lp in loops]
     # Larger than the register file, the accumulator stays in memory: unrolling buys nothing.
     if math.prod(extents) <= MAX_REGISTER_VECTORS * target.vector_width:
-        for loop, extent in zip(loops, extents):
+        for loop, extent in zip(loops, extents, strict=True):
             if extent > 1:
                 attempt(sch.unroll, loop)
 
@@ -343,7 +343,7 @@ def _parallel_chain(sch: Schedule, block: BlockRV, want: int) -> list[LoopRV]:
     nodes = [loop_of(sch, lp) for lp in loops]
     chain: list[LoopRV] = []
     work = 1
-    for n, (rv, node) in enumerate(zip(loops[:-1], nodes[:-1])):
+    for n, (rv, node) in enumerate(zip(loops[:-1], nodes[:-1], strict=True)):
         if node.kind != "serial" or reduce_fed_by(node.body, node.var) is not None:
             break
         if n > 0 and nodes[n - 1].body is not node:

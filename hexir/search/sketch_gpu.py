@@ -96,11 +96,11 @@ def tile_gpu(sch: Schedule, block: BlockRV, target: Target) -> None:
     loops = sch.get_loops(block)
     extents = [loop_of(sch, lp).extent for lp in loops]
     # Loops of extent 1 are not split: they join the outermost level.
-    unit = [lp for lp, e in zip(loops, extents) if e == 1]
+    unit = [lp for lp, e in zip(loops, extents, strict=True) if e == 1]
     spatial = [n for n, role in enumerate(roles) if role != "reduce" and extents[n] > 1]
     reduce_ = [n for n, role in enumerate(roles) if role == "reduce" and extents[n] > 1]
     s_dec = _spatial_tiles(sch.rng, [extents[n] for n in spatial], target)
-    s_split = [_split(sch, loops[n], d) for n, d in zip(spatial, s_dec)]
+    s_split = [_split(sch, loops[n], d) for n, d in zip(spatial, s_dec, strict=True)]
     r = [_split(sch, loops[n], _reduce_tile(sch.rng, extents[n]))[1] for n in reduce_]
     tiles = [rvs for rvs, _ in s_split]
     s = [lps for _, lps in s_split]
@@ -200,8 +200,8 @@ def _bind_writeback(
 ) -> None:
     """The write-back's loops (one per spatial axis: `tiled` says which were split) split and
     bound like the compute's, so that each thread copies out the accumulator it owns."""
-    loops = [lp for lp, t in zip(sch.get_loops(writeback)[-len(tiled) :], tiled) if t]
-    parts = [sch.split(lp, list(t[1:])) for lp, t in zip(loops, tiles)]
+    loops = [lp for lp, t in zip(sch.get_loops(writeback)[-len(tiled) :], tiled, strict=True) if t]
+    parts = [sch.split(lp, list(t[1:])) for lp, t in zip(loops, tiles, strict=True)]
     sch.reorder(*_at(parts, 0), *_at(parts, 1), *_at(parts, 2), *_at(parts, 3))
     sch.bind(fuse_or_one(sch, _at(parts, 0)), "vthread")
     for d, axis in axes:
@@ -230,7 +230,7 @@ def _cooperative_fetch(
     thread axis: all the block's threads fetch together."""
     loops = _loops_below(sch, copy, r0)
     parts = sch.split(fuse_or_one(sch, loops), [None, *(t for t, _ in threads)])
-    for loop, (_, axis) in zip(parts[1:], threads):
+    for loop, (_, axis) in zip(parts[1:], threads, strict=True):
         sch.bind(loop, axis)
 
 
@@ -258,7 +258,9 @@ def bind_block(sch: Schedule, block: Block, target: Target, threads: dict[str, E
 
 def _consumer_block_loop(sch: Schedule, block: Block) -> LoopRV | None:
     for c in consumers(sch.func, block):
-        for loop, rv in zip(loops_around(sch.func, c), sch.get_loops(sch.get_block(c.name))):
+        for loop, rv in zip(
+            loops_around(sch.func, c), sch.get_loops(sch.get_block(c.name)), strict=True
+        ):
             if loop.kind == "blockIdx.x":
                 return rv
     return None
@@ -269,7 +271,7 @@ def _bind_inside(sch: Schedule, rv: BlockRV, bx: LoopRV, threads: ExprRV) -> Non
     assert isinstance(node, Block)
     roles = loop_roles(sch.func, node)
     below = _loops_below(sch, rv, bx)
-    inner = list(zip(below, roles[len(roles) - len(below) :]))
+    inner = list(zip(below, roles[len(roles) - len(below) :], strict=True))
     reduce_ = [lp for lp, r in inner if r.role == "reduce"]
     if reduce_:
         _cross_thread(sch, reduce_, threads)
@@ -289,8 +291,8 @@ def _bind_root(sch: Schedule, rv: BlockRV, target: Target, threads: dict[str, Ex
     assert isinstance(node, Block)
     roles = loop_roles(sch.func, node)
     loops = sch.get_loops(rv)
-    spatial = [lp for lp, r in zip(loops, roles) if r.role != "reduce"]
-    reduce_ = [lp for lp, r in zip(loops, roles) if r.role == "reduce"]
+    spatial = [lp for lp, r in zip(loops, roles, strict=True) if r.role != "reduce"]
+    reduce_ = [lp for lp, r in zip(loops, roles, strict=True) if r.role == "reduce"]
     if not spatial:  # one value: one block of threads
         if reduce_:
             extent = math.prod(loop_of(sch, lp).extent for lp in reduce_)

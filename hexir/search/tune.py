@@ -250,7 +250,7 @@ class _Tuner:
             out = self.executor.measure(chunk)
             self._account(out, time.perf_counter() - began)
             with self.profile.timing("database"):
-                for c, r in zip(chunk, out):
+                for c, r in zip(chunk, out, strict=True):
                     self.db.commit_record(task.func, self.target, c.trace, r,
                                           candidate_key=c.candidate_key)  # fmt: skip
             search.mark_measured(chunk)
@@ -286,7 +286,7 @@ class _Tuner:
     def _progress(self) -> tuple[TaskProgress, ...]:
         return tuple(
             TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, n)
-            for t, b, n in zip(self.tasks, self.best, self.trials)
+            for t, b, n in zip(self.tasks, self.best, self.trials, strict=True)
         )
 
     def _db_best(self, task: Task) -> float | None:
@@ -295,7 +295,7 @@ class _Tuner:
 
     def result(self) -> TuneResult:
         out = []
-        for task, n in zip(self.tasks, self.trials):
+        for task, n in zip(self.tasks, self.trials, strict=True):
             records = self.db.best(task.workload_key, self.target, k=1)
             trace = records[0].load_trace() if records else None
             latency = records[0].median if records else None

@@ -312,7 +312,7 @@ def test_math_calls(rng, dtype):
     outs = [Buffer(f"out_{name}", (n,), dtype) for name in MATH]
     stores = [
         BufferStore(out, (i,), Call(name, (_math_arg(name, A[i]),)))
-        for name, out in zip(MATH, outs)
+        for name, out in zip(MATH, outs, strict=True)
     ]
     extra = [Buffer(n_, (n,), dtype) for n_ in ("pw", "mn", "mx", "lit")]
     stores += [
@@ -326,7 +326,7 @@ def test_math_calls(rng, dtype):
     a = rng.standard_normal(n).astype(dtype)
     got = run(func, a)
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-14)
-    for name, value in zip(MATH, got):
+    for name, value in zip(MATH, got[: len(MATH)], strict=True):  # then the four extras
         np.testing.assert_allclose(value, MATH[name](a), **tol, err_msg=name)
     t = np.dtype(dtype).type
     np.testing.assert_allclose(got[-4], np.abs(a) ** t(1.5), **tol)

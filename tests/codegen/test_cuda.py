@@ -49,7 +49,7 @@ def _run_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc, rng: np.random.Gen
     inputs = _random(func, rng)
     outputs = [np.full(b.shape, np.nan, np.float32) for b in func.outputs]
     hexir.build(scheduled, "cpu")(*inputs, *outputs)
-    for got, want in zip(outputs, hexir.reference(func, inputs)):
+    for got, want in zip(outputs, hexir.reference(func, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -67,7 +67,7 @@ def test_names_are_unique_and_match_the_length():
 def test_sampled_schedules_give_finite_deterministic_vectors(workload):
     funcs = [workload, *sampled(workload, "cpu", 6)]
     vectors = [extract(f, CPU) for f in funcs]
-    for func, vec in zip(funcs, vectors):
+    for func, vec in zip(funcs, vectors, strict=True):
         assert np.isfinite(vec).all() and (vec >= 0).all()
         assert np.array_equal(vec, extract(hexir.parse(str(func)), CPU))
     distinct = {v.tobytes() for v in vectors}

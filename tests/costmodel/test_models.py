@@ -171,7 +171,7 @@ def test_failed_candidates_label_zero():
 def test_from_database_learns_every_record(tiny, tmp_path):
     cands, results = tiny
     db = Database(f"sqlite:///{tmp_path / 'tune.db'}")
-    for cand, result in zip(cands, results):
+    for cand, result in zip(cands, results, strict=True):
         db.commit_record(cand.workload, "cpu", cand.trace, result, candidate_key=cand.candidate_key)
     model = XGBModel.from_database(db, "cpu", seed=0)
     assert len(model.data) == len(cands) and model.trained_rows == len(cands)

@@ -44,7 +44,7 @@ def test_best_is_the_fastest_valid_candidates_of_the_target(db) -> None:
     func, ts, rng = tiny_func(), traces(6, seed=1), random.Random(0)
     key = hexir.workload_key(func)
     medians = [rng.uniform(1e-4, 1e-2) for _ in ts]
-    for trace, median in zip(ts, medians):
+    for trace, median in zip(ts, medians, strict=True):
         db.commit_record(func, "cpu", trace, Result((median,)))
     fastest = min(medians)
     # Faster than all of them, but failed; and faster, but on another target.
@@ -93,7 +93,7 @@ def test_a_workload_is_stored_once_and_rebuilds(db) -> None:
 
 def test_stats_count_errors_by_kind(db) -> None:
     func, ts = tiny_func(), traces(4, seed=4)
-    for trace, kind in zip(ts, ["timeout", "crash", "timeout", None]):
+    for trace, kind in zip(ts, ["timeout", "crash", "timeout", None], strict=True):
         db.commit_record(func, "cpu", trace, Result(() if kind else (1e-3,), kind, kind and "!"))
     stats = db.stats()
     assert (stats.records, stats.valid, stats.errors) == (4, 1, {"timeout": 2, "crash": 1})

@@ -31,7 +31,7 @@ def _v0_file(path) -> list[tuple[str, float | None]]:
     key = hexir.workload_key(func)
     conn.execute("INSERT INTO workload VALUES (?, ?, ?)", (key, str(func), "2024-01-02 03:04:05"))
     rows = []
-    for n, (trace, latencies) in enumerate(zip(traces(3), [[2e-3], [1e-3, 3e-3], []])):
+    for n, (trace, latencies) in enumerate(zip(traces(3), [[2e-3], [1e-3, 3e-3], []], strict=True)):
         ck = hexir.candidate_key(trace.apply(func).func)
         median = statistics.median(latencies) if latencies else None
         values = (n + 1, key, "cpu-avx2", ck, trace.to_json(), json.dumps(latencies), median)

@@ -53,7 +53,7 @@ def test_workload_matches_numpy_on_the_gpu(cache, name, shape, rng):
     for _ in range(2):  # fresh inputs, fresh poison
         inputs, outputs = _inputs(func, rng), _poisoned(func)
         kernel(*inputs, *outputs)
-        for out, ref in zip(outputs, hexir.reference(func, inputs)):
+        for out, ref in zip(outputs, hexir.reference(func, inputs), strict=True):
             assert not np.isnan(out).any(), "the kernel left elements unwritten"
             np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-4)
 

@@ -38,7 +38,9 @@ def run(kind: str, arrays: list[np.ndarray], shape: tuple[int, ...], dtype: str,
 def per_element(fn, *arrays: np.ndarray) -> np.ndarray:
     """fn over Python floats/ints of the broadcast operands, as a float64 (or object) array."""
     arrays = np.broadcast_arrays(*arrays)
-    values = [fn(*(a.item() for a in items)) for items in zip(*(x.ravel() for x in arrays))]
+    values = [
+        fn(*(a.item() for a in items)) for items in zip(*(x.ravel() for x in arrays), strict=True)
+    ]
     return np.array(values).reshape(arrays[0].shape)
 
 
@@ -264,7 +266,7 @@ def test_batch_norm():
 def test_softmax_is_stable():
     x = rand(4, 6) + np.float32(1000.0)
     got = run("softmax", [x], x.shape, "float32", axis=1)
-    for row, out in zip(x, got):
+    for row, out in zip(x, got, strict=True):
         exps = [math.exp(v - max(row)) for v in row]
         np.testing.assert_allclose(out, [e / math.fsum(exps) for e in exps], rtol=1e-6)
     got0 = run("softmax", [x], x.shape, "float32", axis=0)
@@ -287,7 +289,7 @@ def loop_reduce(x: np.ndarray, axes: tuple[int, ...], keepdims: bool, fn) -> np.
     out_shape = tuple(1 if d in axes else x.shape[d] for d in range(x.ndim))
     out = np.zeros(out_shape, dtype=object)
     for index in itertools.product(*(range(x.shape[d]) for d in keep)):
-        picked = dict(zip(keep, index))
+        picked = dict(zip(keep, index, strict=True))
         group = [
             x[tuple(picked.get(d, r[axes.index(d)] if d in axes else 0) for d in range(x.ndim))]
             for r in itertools.product(*(range(x.shape[a]) for a in axes))
@@ -354,7 +356,7 @@ def test_slice_like_python(slices):
     assert got.tolist() == [row[slices[1]] for row in x.tolist()[slices[0]]]
     # The contract itself: element i at start + i * step, with the normalized attributes.
     op = b.ops[-1]
-    triples = zip(op.attr("start"), op.attr("stop"), op.attr("step"))
+    triples = zip(op.attr("start"), op.attr("stop"), op.attr("step"), strict=True)
     rows, cols = (range(a, z, s) for a, z, s in triples)
     assert got.tolist() == [[x.tolist()[r][c] for c in cols] for r in rows]
 

@@ -50,7 +50,7 @@ def test_folded_graph_computes_the_same():
     graph = parse_graph(GRAPH, blobs())
     folded = fold_constants(graph)
     x = rand(4, 8)
-    for got, want in zip(evaluate(folded, [x]), evaluate(graph, [x])):
+    for got, want in zip(evaluate(folded, [x]), evaluate(graph, [x]), strict=True):
         np.testing.assert_array_equal(got, want)
 
 

@@ -51,20 +51,20 @@ def run_groups(graph: Graph, groups: list[Group], inputs: list[np.ndarray]) -> l
     """The graph computed kernel by kernel: each group lowered, verified, built and run."""
     env = {op.result.name: graph.constant(str(op.attr("name")))
            for op in graph.ops if op.kind == "constant"}  # fmt: skip
-    env.update({v.name: x for v, x in zip(graph.inputs, inputs)})
+    env.update({v.name: x for v, x in zip(graph.inputs, inputs, strict=True)})
     for g in groups:
         func = lower(g.graph())
         hexir.verify(func)
         outs = [np.full(v.type.shape, np.nan, np.float32) for v in g.outputs]
         hexir.build(func)(*(env[v.name] for v in g.inputs), *outs)
-        env.update({v.name: out for v, out in zip(g.outputs, outs)})
+        env.update({v.name: out for v, out in zip(g.outputs, outs, strict=True)})
     return [env[v.name] for v in graph.outputs]
 
 
 def check_runs(graph: Graph, groups: list[Group], rtol: float = 1e-4) -> None:
     check_partition(graph, groups)
     inputs = [rand(*v.type.shape) for v in graph.inputs]
-    for got, want in zip(run_groups(graph, groups, inputs), evaluate(graph, inputs)):
+    for got, want in zip(run_groups(graph, groups, inputs), evaluate(graph, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max())
 
 

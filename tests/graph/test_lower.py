@@ -347,7 +347,7 @@ def run_and_compare(func: PrimFunc, inputs: list[np.ndarray], rtol: float) -> No
     for o in outs:
         o.fill(7)  # anything the kernel forgets to write shows
     hexir.build(func)(*inputs, *outs)
-    for out, ref in zip(outs, hexir.reference(func, inputs)):
+    for out, ref in zip(outs, hexir.reference(func, inputs), strict=True):
         assert out.dtype == ref.dtype and out.shape == ref.shape
         if out.dtype.kind in "biu":
             np.testing.assert_array_equal(out, ref)
@@ -376,10 +376,12 @@ def test_lowered_op_is_well_formed(case):
     names = [f.var.name for f in loops(func)]
     assert len(names) == len(set(names))
     for blk in blocks(func):
-        assert all(iv.binding == f.var for iv, f in zip(blk.iter_vars, _loops_of(func, blk)))
+        assert all(
+            iv.binding == f.var for iv, f in zip(blk.iter_vars, _loops_of(func, blk), strict=True)
+        )
         domains = {iv.var: iv.dom for iv in blk.iter_vars}
         for load in (n for n in walk(blk.body) if isinstance(n, BufferLoad)):
-            for index, extent in zip(load.indices, load.buffer.shape):
+            for index, extent in zip(load.indices, load.buffer.shape, strict=True):
                 lo, hi = bound(index, domains)
                 assert 0 <= lo and hi < extent, f"{blk.name}: {load} may read out of bounds"
 

@@ -1,5 +1,6 @@
 """Memory planning: liveness, the storage pool, in place, the figures, and the zoo bar."""
 
+import itertools
 import random
 
 import pytest
@@ -43,7 +44,7 @@ def check_plan(steps: list[Step], sizes: dict[str, int], plan: MemoryPlan) -> No
 def chain(n: int, size: int, inplace: bool = False) -> tuple[list[Step], dict[str, int]]:
     """x -> v0 -> v1 -> ... -> out: each value read by the next step only."""
     names = ["x"] + [f"v{i}" for i in range(n)] + ["out"]
-    steps = [Step((a,), (b,), ((b, a),) if inplace else ()) for a, b in zip(names[:-1], names[1:])]
+    steps = [Step((a,), (b,), ((b, a),) if inplace else ()) for a, b in itertools.pairwise(names)]
     return steps, {v: size for v in names[1:-1]}
 
 

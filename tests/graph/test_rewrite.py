@@ -32,7 +32,7 @@ def simplified(graph: Graph, rtol: float = 0.0) -> Graph:
     data = {k: d.array for k, d in after.constants}
     assert parse_graph(print_graph(after), data) == after
     inputs = [rand(*v.type.shape, dtype=v.type.dtype) for v in graph.inputs]
-    for got, want in zip(evaluate(after, inputs), evaluate(graph, inputs)):
+    for got, want in zip(evaluate(after, inputs), evaluate(graph, inputs), strict=True):
         assert got.dtype == want.dtype and got.shape == want.shape
         if rtol == 0.0:
             np.testing.assert_array_equal(got, want)

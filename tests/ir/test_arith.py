@@ -249,7 +249,7 @@ def _points(ranges: dict[Var, Interval]):
     vars = list(ranges)
     axes = [range(r.lo, r.hi + 1) for r in ranges.values()]  # type: ignore[arg-type]
     for values in itertools.product(*axes):
-        yield dict(zip(vars, values))
+        yield dict(zip(vars, values, strict=True))
 
 
 @pytest.mark.parametrize("seed", range(6))

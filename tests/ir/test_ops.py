@@ -341,7 +341,7 @@ SLICES = [
 def test_slice_matches_numpy(shape, start, stop, step) -> None:
     x = arr(*shape)
     steps = step or (None,) * len(start)
-    index = tuple(slice(*t) for t in zip(start, stop, steps))
+    index = tuple(slice(*t) for t in zip(start, stop, steps, strict=True))
     attrs = slice_indices(shape, start, stop, step)
     op = check("slice", x[index], x, **attrs)
     for k, dim in enumerate(shape):
@@ -353,7 +353,7 @@ def test_slice_matches_numpy(shape, start, stop, step) -> None:
         assert (op.attr("start")[k], op.attr("stop")[k], op.attr("step")[k]) == t.indices(dim)
     # element i along each axis is x[start + i * step] (docs/ops.md)
     shape, steps, starts = op.result.type.shape, op.attr("step"), op.attr("start")
-    grids = np.ix_(*[np.arange(n) * s + b for n, s, b in zip(shape, steps, starts)])
+    grids = np.ix_(*[np.arange(n) * s + b for n, s, b in zip(shape, steps, starts, strict=True)])
     np.testing.assert_array_equal(x[grids], x[index])
 
 
@@ -378,7 +378,7 @@ def test_pad(shape, before, after) -> None:
     x = arr(*shape)
     b = (before,) * len(shape) if isinstance(before, int) else before
     a = (after,) * len(shape) if isinstance(after, int) else after
-    op = check("pad", np.pad(x, list(zip(b, a))), x, before=before, after=after)
+    op = check("pad", np.pad(x, list(zip(b, a, strict=True))), x, before=before, after=after)
     assert dict(op.attrs) == {"before": b, "after": a, "value": 0.0}
     assert infer("pad", x, before=before, after=after, value=-np.inf).attr("value") == -np.inf
     bad("pad", x, before=-1, after=0, match="at least 0")

@@ -148,7 +148,7 @@ def every_kind() -> PrimFunc:
         BufferStore(out, tuple(iv.var for iv in ivs), ivs[0].var),
     )
     body = block
-    for var, kind in reversed(list(zip(vars_, LOOP_KINDS))):
+    for var, kind in reversed(list(zip(vars_, LOOP_KINDS, strict=True))):
         body = For(var, 2, kind, body)
     return PrimFunc("kinds", (out,), body)
 

@@ -17,7 +17,7 @@ def check_on_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc, rng: np.random
     inputs = [rng.standard_normal(b.shape).astype(b.dtype) for b in func.inputs]
     outputs = [np.full(b.shape, np.nan, b.dtype) for b in func.outputs]
     hexir.build(scheduled, "cpu")(*inputs, *outputs)
-    for out, ref in zip(outputs, hexir.reference(func, inputs)):
+    for out, ref in zip(outputs, hexir.reference(func, inputs), strict=True):
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
 
 

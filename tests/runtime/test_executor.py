@@ -116,7 +116,7 @@ def _check_model(graph: hexir.Graph, fusion: bool, rng: np.random.Generator) -> 
     planned = module.run(inputs)
     unplanned = module.run(inputs, plan=False)
     expected = evaluate(graph, inputs)
-    for out, same, ref in zip(planned, unplanned, expected):
+    for out, same, ref in zip(planned, unplanned, expected, strict=True):
         np.testing.assert_array_equal(out, same)
         scale = max(1.0, float(np.abs(ref).max()))
         np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * scale)
@@ -254,7 +254,9 @@ def test_a_cuda_module_runs_on_the_gpu_from_its_plan(fusion):
     planned = module.run(inputs)
     again = module.run(inputs)
     unplanned = module.run(inputs, plan=False)
-    for out, same, other, ref in zip(planned, again, unplanned, evaluate(graph, inputs)):
+    for out, same, other, ref in zip(
+        planned, again, unplanned, evaluate(graph, inputs), strict=True
+    ):
         np.testing.assert_array_equal(out, same)
         np.testing.assert_array_equal(out, other)
         np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()))

@@ -118,7 +118,7 @@ def assert_same_numerics(before: PrimFunc, after: PrimFunc) -> None:
         out = [_poison(b.shape, numpy_dtype(b.dtype)) for b in f.outputs]
         build(f)(*inputs, *out)
         outs.append(out)
-    for want, got in zip(*outs):
+    for want, got in zip(*outs, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -338,7 +338,7 @@ hextir.func @red(%X: buffer<4x24x{dtype}>, %Y: buffer<4x{dtype}>) {{
     check(sch, before, numerics=False)  # the shared check draws floats; ints need their own
     x = rng.integers(-1000, 1000, (4, 24), dtype=np.int32)
     outs = [np.zeros(4, np.int32) for _ in range(2)]
-    for f, out in zip((before, sch.func), outs):
+    for f, out in zip((before, sch.func), outs, strict=True):
         hexir.build(f, "cpu")(x, out)
     np.testing.assert_array_equal(outs[1], outs[0])
 

@@ -5,6 +5,7 @@ planted failures exactly as the local one does, in order, and cleaning up after 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import pickle
@@ -117,7 +118,7 @@ def assert_builds_then_runs(results: list[MeasureResult]) -> None:
     last_build = max(r.build_info["build_end"] for r in results)
     spans = sorted((r.build_info["run_start"], r.build_info["run_end"]) for r in results)
     assert spans[0][0] >= last_build
-    for (_, end), (start, _) in zip(spans, spans[1:]):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end
 
 

@@ -89,7 +89,7 @@ def test_unroll_and_compute_location_mutators_pick_other_valid_choices(traces, m
         child = UnrollMutator().propose(trace, sites(trace), matmul, rng)
         old = [c for c in sites(trace).choices if "unroll" in c.marks]
         new = [c for c in sites(child).choices if "unroll" in c.marks]
-        changed = [(a, b) for a, b in zip(old, new) if a.decision != b.decision]
+        changed = [(a, b) for a, b in zip(old, new, strict=True) if a.decision != b.decision]
         assert len(changed) == 1 and 0 <= changed[0][1].decision < len(changed[0][0].probs)
     located = [t for t in traces if sites(t).locations]
     assert located

@@ -3,6 +3,7 @@ candidates that crash, hang or compute the wrong thing, each one error record.""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -109,7 +110,7 @@ def assert_one_at_a_time(results: list[MeasureResult]) -> None:
     last_build = max(r.build_info["build_end"] for r in results)
     spans = [(r.build_info["run_start"], r.build_info["run_end"]) for r in results]
     assert spans[0][0] >= last_build
-    for (_, end), (start, _) in zip(spans, spans[1:]):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert start >= end
 
 
@@ -132,7 +133,7 @@ def test_builds_run_in_parallel(quick):
     builds = CpuBuilder(workers=2).build(schedules())
     assert all(b.ok and b.path and "matmul" in b.source for b in builds)
     spans = sorted((b.info["build_start"], b.info["build_end"]) for b in builds)
-    overlapping = [a for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    overlapping = [a for a, b in itertools.pairwise(spans) if b[0] < a[1]]
     assert overlapping, f"no two of the builds overlapped: {spans}"
 
 

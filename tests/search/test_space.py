@@ -43,7 +43,7 @@ def assert_computes_reference(func: PrimFunc, scheduled: PrimFunc, seed: int) ->
     inputs = [rng.standard_normal(p.shape).astype(np.float32) for p in func.inputs]
     outputs = [np.full(p.shape, np.nan, np.float32) for p in func.outputs]
     hexir.build(scheduled, "cpu")(*inputs, *outputs)
-    for out, ref in zip(outputs, hexir.reference(func, inputs)):
+    for out, ref in zip(outputs, hexir.reference(func, inputs), strict=True):
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 

@@ -68,5 +68,5 @@ def test_fused_kernel_is_one_kernel_the_space_can_schedule(name, target, rng):
         assert scheduled != func
         out = [np.full(b.shape, np.nan, "float32") for b in func.outputs]
         hexir.build(scheduled, "cpu")(*inputs, *out)  # GPU schedules run serially here
-        for got, want in zip(out, expected):
+        for got, want in zip(out, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
