@@ -150,7 +150,7 @@ def kernel_time(func: hexir.PrimFunc, args: list[np.ndarray], once: bool = False
 def check(func: hexir.PrimFunc, workload: hexir.PrimFunc, args: list[np.ndarray]) -> None:
     n_out = workload.num_outputs
     expect = hexir.reference(workload, args[:-n_out])
-    out = [np.empty_like(a) for a in args[-n_out:]]
+    out = [np.full_like(a, np.nan) for a in args[-n_out:]]
     hexir.build(func, "cpu")(*args[:-n_out], *out)
     for o, e in zip(out, expect, strict=True):
         np.testing.assert_allclose(o, e, rtol=1e-3, atol=1e-3)

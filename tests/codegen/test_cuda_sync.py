@@ -60,7 +60,7 @@ def test_barrier_before_a_read_of_shared_data_and_before_the_next_overwrite():
 def test_the_shifted_rows_on_the_cpu(rng):
     func = hexir.parse(SHIFT)
     a = rng.standard_normal((4, 64)).astype(np.float32)
-    b = np.empty_like(a)
+    b = np.full_like(a, np.nan)
     hexir.build(func)(a, b)
     expect = np.concatenate([a[:, 31::-1], a[:, :31:-1]], axis=1)
     np.testing.assert_array_equal(b, expect)

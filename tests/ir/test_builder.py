@@ -94,8 +94,12 @@ def test_constant_dtypes() -> None:
 
 def test_constant_leaves_the_callers_array_writable() -> None:
     array = np.zeros(3, np.float32)
-    GraphBuilder("g").constant(array)
-    array[0] = 1.0
+    b = GraphBuilder("g")
+    b.constant(array, name="c")
+    assert array.flags.writeable
+    array[0] = 1.0  # and the constant is the builder's own copy: writing leaves it as it was
+    assert dict(b.constants)["c"] == ConstantData(np.zeros(3, np.float32))
+    assert not dict(b.constants)["c"].array.flags.writeable
 
 
 def test_generic_op_and_python_style_slice() -> None:

@@ -295,4 +295,8 @@ def test_verify_is_pure() -> None:
 
 def test_predicate_may_read_enclosing_loop_vars():
     # A non-dividing split guards its blocks with a predicate over the loop vars (TVM-style).
-    verify(matmul(matmul_block(predicate=Binary("<", i, IntImm(8)))))
+    func = matmul(matmul_block(predicate=Binary("<", i, IntImm(8))))
+    assert problems(func) == [] and verify(func) is None
+    # A var bound nowhere around the block is still refused.
+    stray = matmul(matmul_block(predicate=Binary("<", Var("z"), IntImm(8))))
+    assert problems(stray)

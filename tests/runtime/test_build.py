@@ -90,7 +90,7 @@ def cache(tmp_path):
 def test_build_runs_and_exposes_source(cache, rng):
     kernel = hexir.build(axpy(), target=hexir.Target("cpu"))
     x, y = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
-    z = np.empty(16, np.float32)
+    z = np.full(16, np.nan, np.float32)
     kernel(x, y, z)
     np.testing.assert_allclose(z, 2 * x + y, rtol=1e-6)
     assert "void axpy(float* restrict X" in kernel.source
