@@ -27,11 +27,11 @@ from hexir.errors import (
 __version__ = "0.1.0"
 
 _LAZY: dict[str, str] = {
-    "parse": "hexir.ir.parse",
+    "parse": "hexir.ops.parse",
     "workload_key": "hexir.ir.keys",
     "candidate_key": "hexir.ir.keys",
     "verify": "hexir.ir.verify",
-    "GraphBuilder": "hexir.ir.builder",
+    "GraphBuilder": "hexir.ops.builder",
     "Graph": "hexir.ir.graph",
     "TensorType": "hexir.ir.graph",
     "PrimFunc": "hexir.ir.tir",

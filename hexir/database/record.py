@@ -70,8 +70,8 @@ class Workload:
 
     def load_func(self) -> PrimFunc:
         """The unscheduled PrimFunc, parsed back from its text."""
-        from hexir.ir.parse import parse
         from hexir.ir.tir import PrimFunc
+        from hexir.ops.parse import parse
 
         func = parse(self.text)
         if not isinstance(func, PrimFunc):

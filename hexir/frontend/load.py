@@ -59,7 +59,7 @@ def _unknown(text: str) -> str:
 
 def load_hexir(path: str | os.PathLike[str]) -> Graph:
     """A graph from its text, its large constants from the `.npz` with the same stem."""
-    from hexir.ir.parse import parse
+    from hexir.ops.parse import parse
 
     path = Path(path)
     if not path.exists():

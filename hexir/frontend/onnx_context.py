@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.dtype import check_dtype, numpy_dtype
 from hexir.ir.graph import Op, Value
+from hexir.ops.builder import GraphBuilder
 
 # Constant inputs bigger than this are not evaluated at import time: a shape, axes or pads
 # input is small, and anything bigger is a real tensor for the compiler to fold.

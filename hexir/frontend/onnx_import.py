@@ -25,8 +25,8 @@ from hexir.frontend.onnx_context import Context, Node, Unsupported, clean_name, 
 from hexir.frontend.onnx_ops import SPECS, Spec
 from hexir.frontend.onnx_ops_shape import SHAPE_SPECS
 from hexir.frontend.onnx_patterns import Match, find_matches, scalar_constants
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Graph, Op, Value
+from hexir.ops.builder import GraphBuilder
 
 if TYPE_CHECKING:
     import onnx

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Value
+from hexir.ops.builder import GraphBuilder
 
 
 class Weights:

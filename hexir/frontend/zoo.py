@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from hexir.frontend.weights import Weights
 from hexir.frontend.zoo_cnn import resnet
 from hexir.frontend.zoo_transformer import bert, gpt2, gpt2_decode
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Graph
+from hexir.ops.builder import GraphBuilder
 
 __all__ = ["ZOO", "zoo_model", "mlp", "resnet", "bert", "gpt2", "gpt2_decode"]
 

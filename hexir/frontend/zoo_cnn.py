@@ -11,8 +11,8 @@ import math
 
 from hexir.errors import ModelError
 from hexir.frontend.weights import Weights
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Graph, Value
+from hexir.ops.builder import GraphBuilder
 
 # depth -> (blocks per stage, bottleneck blocks)
 RESNET_DEPTHS: dict[int, tuple[tuple[int, ...], bool]] = {

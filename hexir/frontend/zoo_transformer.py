@@ -15,8 +15,8 @@ import math
 import numpy as np
 
 from hexir.frontend.weights import Weights, normal, uniform
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Graph, Value
+from hexir.ops.builder import GraphBuilder
 
 # What the causal mask adds above the diagonal: exp underflows to exactly 0 after the
 # softmax's max subtraction, without the inf arithmetic a -inf would bring into kernels.

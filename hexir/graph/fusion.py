@@ -3,8 +3,9 @@
     groups = partition(graph)            # every non-constant op in exactly one group
     func = lower(groups[0].graph())      # params: group.inputs, then group.outputs
 
-Each op has a pattern (`pattern(op)`), and a group grows from its first op (its anchor) by
-taking in consumers, one op at a time in graph order:
+Each op has a pattern (`pattern(op)`, from its definition's fusion role in `hexir.ops`), and
+a group grows from its first op (its anchor) by taking in consumers, one op at a time in graph
+order:
 
 - an elementwise or broadcast op starts a chain that takes elementwise and broadcast
   consumers, and at most one reduction, which ends the group (`exp -> reduce_sum`);
@@ -27,51 +28,18 @@ running them in order computes the graph.
 
 from __future__ import annotations
 
-import enum
 import heapq
 from dataclasses import dataclass
 
 from hexir import knobs
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.tir import PrimFunc
+from hexir.ops import op_def
+from hexir.ops.base import Pattern
 
-__all__ = ["Group", "Pattern", "PATTERNS", "cheap_injective", "pattern", "partition"]
+__all__ = ["Group", "Pattern", "cheap_injective", "pattern", "partition"]
 
-
-class Pattern(enum.IntEnum):
-    """How an op's output elements depend on its operands' elements, for fusion."""
-
-    ELEMENTWISE = 0  # out[i] from operand[i], same shapes
-    BROADCAST = 1  # out[i] from operand[f(i)], some operand smaller (bias_add, batch_norm)
-    INJECTIVE = 2  # out[i] is one element of an operand, moved (transpose, reshape, ...)
-    REDUCTION = 3  # out[i] from many elements of an operand (reduce_*, softmax, pools)
-    OUT_FUSABLE = 4  # a contraction whose output takes elementwise epilogues
-    OPAQUE = 8  # anything else: never fused
-
-
-_E, _B, _I, _R, _O = (
-    Pattern.ELEMENTWISE,
-    Pattern.BROADCAST,
-    Pattern.INJECTIVE,
-    Pattern.REDUCTION,
-    Pattern.OUT_FUSABLE,
-)
-
-# Op kind -> pattern (docs/ops.md). Binary ops are elementwise here; `pattern` makes them
-# broadcast where an operand's shape differs from the result's.
-PATTERNS: dict[str, Pattern] = {
-    **dict.fromkeys(("matmul", "batch_matmul", "dense", "conv2d"), _O),
-    **dict.fromkeys(("bias_add", "batch_norm"), _B),
-    **dict.fromkeys(
-        ("add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "equal"), _E
-    ),
-    **dict.fromkeys(("not_equal", "less", "less_equal", "greater", "greater_equal"), _E),
-    **dict.fromkeys(("relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt"), _E),
-    **dict.fromkeys(("gelu", "cast"), _E),
-    **dict.fromkeys(("softmax", "layer_norm", "reduce_sum", "reduce_mean", "reduce_max"), _R),
-    **dict.fromkeys(("max_pool2d", "avg_pool2d", "global_avg_pool2d"), _R),
-    **dict.fromkeys(("transpose", "reshape", "concat", "slice", "pad"), _I),
-}
+_E, _B, _R = Pattern.ELEMENTWISE, Pattern.BROADCAST, Pattern.REDUCTION
 
 # What a group accepts as a consumer, by the pattern of its first op.
 _EPILOGUE = frozenset({_E, _B})
@@ -80,8 +48,10 @@ _CLOSED: frozenset[Pattern] = frozenset()
 
 
 def pattern(op: Op) -> Pattern:
-    """The fusion pattern of `op`; kinds not in `PATTERNS` are opaque."""
-    base = PATTERNS.get(op.kind, Pattern.OPAQUE)
+    """The fusion pattern of `op`: its definition's role (`hexir.ops`), made broadcast for an
+    elementwise op with an operand smaller than its result; unknown kinds are opaque."""
+    d = op_def(op.kind)
+    base = d.fusion if d is not None else Pattern.OPAQUE
     if base is Pattern.ELEMENTWISE and any(
         v.type.shape != op.result.type.shape for v in op.operands
     ):
@@ -200,23 +170,12 @@ def _opens(op: Op, p: Pattern) -> frozenset[Pattern]:
 
 
 def cheap_injective(op: Op) -> bool:
-    """Whether an injective op is cheap to compute inside its consumer's kernel.
-
-    Cheap: the consumer still reads its operand row by row (reshape, pad, concat, a slice with
-    a unit step on the innermost axis, a transpose that keeps the innermost axis in place).
-    """
-    ndim = len(op.operands[0].type.shape)
-    match op.kind:
-        case "reshape" | "pad" | "concat":
-            return True
-        case "slice":
-            step = op.attr("step")
-            return isinstance(step, tuple) and (ndim == 0 or step[-1] == 1)
-        case "transpose":
-            perm = op.attr("perm")
-            return isinstance(perm, tuple) and (ndim == 0 or perm[-1] == ndim - 1)
-        case _:
-            return False
+    """Whether an injective op is cheap to compute inside its consumer's kernel: its
+    definition's `cheap` says so (the consumer still reads its operand row by row: reshape,
+    pad, concat, a slice with a unit step on the innermost axis, a transpose that keeps the
+    innermost axis in place)."""
+    d = op_def(op.kind)
+    return d is not None and d.cheap is not None and d.cheap(op)
 
 
 def _topological(members: list[list[Op]]) -> list[list[Op]]:

@@ -3,9 +3,10 @@
     func = lower(graph)          # params: graph inputs, constants used, then the outputs
     func = lower_op(op)          # one op, as a one-op graph
 
-Each op becomes one block named after it (`matmul`, `relu`, ...), or a few named
-`<op>_<stage>` (`softmax_max`, `softmax_exp`, `softmax_sum`, `softmax_norm`); a repeated name
-gets `_1`, `_2`, ... Each block sits in its own `serial` loop nest (see hexir.graph.compute).
+Each op becomes what its definition's `lower` writes (`hexir.ops`): one block named after it
+(`matmul`, `relu`, ...), or a few named `<op>_<stage>` (`softmax_max`, `softmax_exp`,
+`softmax_sum`, `softmax_norm`); a repeated name gets `_1`, `_2`, ... Each block sits in its own
+`serial` loop nest (see hexir.ops.compute).
 The result of an op that is not a graph output is a global buffer named after the op,
 allocated at the top of the body.
 
@@ -18,71 +19,15 @@ evaluates that graph with numpy. Constants' data is not part of the func.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from hexir.errors import HexirError
-from hexir.graph.compute import Kernel
-from hexir.graph.lower_elementwise import (
-    BINARY,
-    UNARY,
-    lower_batch_norm,
-    lower_bias_add,
-    lower_binary,
-    lower_cast,
-    lower_gelu,
-    lower_unary,
-    lower_where,
-)
-from hexir.graph.lower_nn import (
-    lower_avg_pool2d,
-    lower_batch_matmul,
-    lower_conv2d,
-    lower_dense,
-    lower_global_avg_pool2d,
-    lower_matmul,
-    lower_max_pool2d,
-)
-from hexir.graph.lower_reduce import lower_layer_norm, lower_reduce, lower_softmax
-from hexir.graph.lower_transform import (
-    lower_concat,
-    lower_pad,
-    lower_reshape,
-    lower_slice,
-    lower_transpose,
-)
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.op_attrs import NAME_RE
 from hexir.ir.tir import Buffer, PrimFunc
-
-Lowering = Callable[[Kernel, Op, tuple[Buffer, ...], Buffer], None]
-
-# Op kind -> its lowering (a table: the data really is one row per op of docs/ops.md).
-LOWERINGS: dict[str, Lowering] = {
-    "matmul": lower_matmul,
-    "batch_matmul": lower_batch_matmul,
-    "dense": lower_dense,
-    "bias_add": lower_bias_add,
-    "conv2d": lower_conv2d,
-    "batch_norm": lower_batch_norm,
-    **{kind: lower_binary for kind in BINARY},
-    "where": lower_where,
-    **{kind: lower_unary for kind in UNARY},
-    "gelu": lower_gelu,
-    "cast": lower_cast,
-    "softmax": lower_softmax,
-    "layer_norm": lower_layer_norm,
-    "reduce_sum": lower_reduce,
-    "reduce_mean": lower_reduce,
-    "reduce_max": lower_reduce,
-    "transpose": lower_transpose,
-    "reshape": lower_reshape,
-    "concat": lower_concat,
-    "slice": lower_slice,
-    "pad": lower_pad,
-    "max_pool2d": lower_max_pool2d,
-    "avg_pool2d": lower_avg_pool2d,
-    "global_avg_pool2d": lower_global_avg_pool2d,
-}
+from hexir.ops import OPS, make_op, op_def
+from hexir.ops.base import Lower
+from hexir.ops.compute import Kernel
 
 
 def lower(
@@ -100,7 +45,7 @@ def lower(
         out = outputs.get(op.result.name)
         if out is None:
             out = k.alloc(op.kind, op.result.type.shape, op.result.type.dtype)
-        LOWERINGS[op.kind](k, op, tuple(buffers[v.name] for v in op.operands), out)
+        _lowering(op)(k, op, tuple(buffers[v.name] for v in op.operands), out)
         buffers[op.result.name] = out
     params = tuple(buffers[v.name] for v in canon.inputs) + tuple(outputs.values())
     return PrimFunc(canon.name, params, k.body(), len(outputs), (("source", _source(canon)),))
@@ -108,10 +53,27 @@ def lower(
 
 def lower_op(op: Op, name: str | None = None, param_names: Sequence[str] | None = None) -> PrimFunc:
     """`op` lowered alone: its distinct operands are the inputs, its result the output."""
-    if op.kind not in LOWERINGS:
+    if not lowered(op.kind):
         raise HexirError(f"cannot lower {op.name} alone: {op!r}")
     inputs = tuple({v.name: v for v in op.operands}.values())
     return lower(Graph(op.kind, inputs, (op,), (op.result,)), name, param_names)
+
+
+def lowered(kind: str) -> bool:
+    """Whether ops of `kind` lower to hextir (every op of docs/ops.md but `constant`)."""
+    d = OPS.get(kind)
+    return d is not None and d.lower is not None
+
+
+def lowered_kinds() -> list[str]:
+    """The kinds that lower, in the order of `hexir.ops.OPS`."""
+    return [kind for kind in OPS if lowered(kind)]
+
+
+def _lowering(op: Op) -> Lower:
+    d = op_def(op.kind)
+    assert d is not None and d.lower is not None, f"{op!r} has no lowering"
+    return d.lower
 
 
 def canonicalize(
@@ -123,8 +85,6 @@ def canonicalize(
     in order of first use, named after the params; op results are `0, 1, ...`; placement is
     "cpu" (a kernel's computation does not depend on where the graph placed it).
     """
-    from hexir.ir.ops import make_op
-
     inputs = list(graph.inputs) + _constants_used(graph)
     names = _param_names(len(inputs), len(graph.outputs), param_names)
     env = {v.name: Value(n, v.type) for v, n in zip(inputs, names[: len(inputs)], strict=True)}
@@ -132,7 +92,7 @@ def canonicalize(
     for op in graph.ops:
         if op.kind == "constant":
             continue
-        if op.kind not in LOWERINGS:
+        if not lowered(op.kind):
             raise HexirError(f"no lowering for {op.name}: {op!r}")
         new = make_op(op.kind, [env[v.name] for v in op.operands], dict(op.attrs), str(len(ops)))
         env[op.result.name] = new.result

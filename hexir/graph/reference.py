@@ -33,7 +33,7 @@ def reference(func: PrimFunc, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 def source_graph(func: PrimFunc) -> Graph:
     """The graph a lowered PrimFunc computes, parsed from its `source` attr."""
-    from hexir.ir.graph_text import parse_graph
+    from hexir.ops.parse import parse_graph
 
     text = func.attr("source")
     if not isinstance(text, str):

@@ -39,7 +39,7 @@ from hexir.graph.evaluate import constant_array
 from hexir.graph.fold import fold_constants
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
-from hexir.ir.ops import make_op
+from hexir.ops import make_op
 
 __all__ = ["simplify_graph", "fold_batch_norms", "remove_dead_ops"]
 

@@ -14,11 +14,11 @@ import inspect
 from collections.abc import Callable, Mapping
 
 from hexir.errors import HexirError
-from hexir.graph.lower import LOWERINGS, lower
-from hexir.ir.builder import GraphBuilder
+from hexir.graph.lower import lower, lowered, lowered_kinds
 from hexir.ir.dtype import check_dtype
 from hexir.ir.graph import Value
 from hexir.ir.tir import PrimFunc
+from hexir.ops.builder import GraphBuilder
 
 
 def _finish(b: GraphBuilder, output: Value, output_name: str) -> PrimFunc:
@@ -146,7 +146,7 @@ def workload(name: str, dtype: str = "float32", **shape: object) -> PrimFunc:
     if builder is None:
         raise HexirError(
             f"unknown workload {name!r}; the workloads are {', '.join(WORKLOADS)}, and any op "
-            f"of docs/ops.md given shape= or shapes=: {', '.join(LOWERINGS)}"
+            f"of docs/ops.md given shape= or shapes=: {', '.join(lowered_kinds())}"
         )
     _check_keywords(name, builder, shape)
     return builder(**shape, dtype=dtype)
@@ -173,8 +173,8 @@ def _check_keywords(name: str, builder: Callable[..., PrimFunc], given: Mapping)
 
 
 def _op_workload(kind: str, dtype: str, kwargs: dict[str, object]) -> PrimFunc:
-    if kind not in LOWERINGS:
-        raise HexirError(f"unknown op {kind!r}; the ops are {', '.join(LOWERINGS)}")
+    if not lowered(kind):
+        raise HexirError(f"unknown op {kind!r}; the ops are {', '.join(lowered_kinds())}")
     attrs = dict(kwargs)
     shapes = [attrs.pop("shape")] if "shape" in attrs else list(attrs.pop("shapes"))  # type: ignore[call-overload]
     if "shape" in attrs or "shapes" in attrs:

@@ -3,7 +3,7 @@
 A `Graph` is an ordered list of `Op`s over SSA `Value`s of `TensorType(shape, dtype)`. Every
 op has a name (`hexir.matmul`, ...), operands, attributes, one result and a `placement`.
 Nodes are frozen dataclasses with structural equality. Graphs are built with
-`hexir.ir.builder.GraphBuilder`, which infers shapes and checks attributes as each op is added;
+`hexir.ops.builder.GraphBuilder`, which infers shapes and checks attributes as each op is added;
 docs/ops.md lists every op, its operands and its attributes.
 """
 

@@ -1,4 +1,4 @@
-"""The text form of the `hexir` dialect: print a graph, and parse it back.
+"""The text form of the `hexir` dialect: print a graph (parsed back by `hexir.ops.parse`).
 
     hexir.graph @mlp(%x: tensor<64x784xf32>) -> tensor<64x10xf32> {
       %w0 = hexir.constant @w0 : tensor<784x256xf32>
@@ -8,7 +8,8 @@
       hexir.return %1
     }
 
-The rules (`parse_graph(print_graph(g), constants=...) == g` for every graph):
+The rules (`parse_graph(print_graph(g), constants=...) == g` for every graph; the parser,
+which checks each op against its definition, is `hexir.ops.graph_parser`):
 
 - Types: `tensor<64x784xf32>`; rank 0 is `tensor<f32>`; a zero extent prints as `0`.
   Element types by their short names: f16, f32, f64, i32, i64, i1 (bool).
@@ -33,12 +34,11 @@ The rules (`parse_graph(print_graph(g), constants=...) == g` for every graph):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 import numpy as np
 
 from hexir.ir.dtype import is_float, short_name
-from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
+from hexir.ir.graph import Graph, Op, TensorType, Value
 from hexir.ir.tir import Annotations
 
 INLINE_LIMIT = 16  # constants of at most this many elements print inline
@@ -127,17 +127,3 @@ def print_graph(graph: Graph) -> str:
     lines.append(f"  hexir.return {returned}".rstrip())
     lines.append("}")
     return "\n".join(lines)
-
-
-def parse_graph(
-    text: str, constants: Mapping[str, np.ndarray | ConstantData] | None = None
-) -> Graph:
-    """Parse a `hexir.graph`; `constants` gives the data of constants printed as `@name`.
-
-    Every op is checked as it is read (`hexir.ir.ops.make_op`); raises `ParseError` with the
-    line, column and a caret for text that does not parse, an unknown op, a bad attribute, a
-    result type that disagrees with inference, or a constant whose data is missing.
-    """
-    from hexir.ir.graph_parser import GraphParser
-
-    return GraphParser(text, constants or {}).parse()

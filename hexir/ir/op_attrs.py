@@ -2,7 +2,7 @@
 
 Each reader takes the attribute as given (ints, lists, numpy scalars, None), checks it,
 records its normalized form (docs/ops.md) and returns it. A problem is raised as `Reject`;
-`hexir.ir.ops.make_op` turns it into a `TypeInferenceError` that names and prints the op.
+`hexir.ops.make_op` turns it into a `TypeInferenceError` that names and prints the op.
 """
 
 from __future__ import annotations

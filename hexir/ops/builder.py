@@ -9,11 +9,23 @@
 Results are named `%0`, `%1`, ... unless `name=` is given; constants `c0`, `c1`, ... (a
 constant's result value is named after the constant). Every op method takes `placement=`
 (default: the builder's) and `name=`. A name used twice is a `TypeInferenceError`.
+
+There is one method per op of docs/ops.md, made from its definition in `hexir.ops.OPS`: the
+op's operands (a sequence of them for concat), then its attributes, positional or by keyword
+(left out or None: the op's default), then `placement=` and `name=`:
+
+    b.conv2d(x, w, stride=2, padding=1)
+    b.concat([x, y], axis=1)
+    b.slice(x, (1, None), (-1, None))   # slice's definition takes Python-style indices
+
+Only `constant` (data, not operands) is written here; `op(kind, ...)` builds any op by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,10 +33,7 @@ from hexir.errors import TypeInferenceError
 from hexir.ir.dtype import check_dtype, numpy_dtype
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE
-from hexir.ir.ops import make_op, slice_indices
-
-IntOrPair = int | tuple[int, int]
-Axes = int | Sequence[int] | None
+from hexir.ops import OPS, OpDef, make_op
 
 
 class GraphBuilder:
@@ -127,358 +136,77 @@ class GraphBuilder:
                 raise TypeInferenceError(f"graph @{self.name}: output {v!r} is not in the graph")
         return Graph(self.name, tuple(self.inputs), tuple(self.ops), outputs, tuple(self.constants))
 
-    # --- ops, one method each (docs/ops.md) ------------------------------------------------
+    if TYPE_CHECKING:
+        # The op methods, made from the op definitions below the class.
+        def __getattr__(self, kind: str) -> Callable[..., Value]: ...
 
-    def matmul(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("matmul", a, b, placement=placement, name=name)
 
-    def batch_matmul(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("batch_matmul", a, b, placement=placement, name=name)
+_POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+_WRITTEN_BY_HAND = frozenset({"constant"})
 
-    def dense(
-        self, x: Value, w: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        """x[M,K] · w[N,K]ᵀ"""
-        return self.op("dense", x, w, placement=placement, name=name)
 
-    def bias_add(
-        self,
-        x: Value,
-        b: Value,
-        axis: int = 1,
-        *,
+def _arguments(d: OpDef) -> inspect.Signature:
+    """The Python arguments of op `d`'s method: its `build` function's, or else its operands (a
+    sequence of them for a variadic op), then its attributes, None meaning the op's default."""
+    if d.build is not None:
+        return inspect.signature(d.build)
+    if d.variadic:
+        params = [inspect.Parameter(f"{d.operands[0]}s", _POSITIONAL, annotation="Sequence[Value]")]
+    else:
+        params = [inspect.Parameter(n, _POSITIONAL, annotation="Value") for n in d.operands]
+    params += [
+        inspect.Parameter(k, _POSITIONAL, default=None, annotation="object") for k in d.attrs
+    ]
+    return inspect.Signature(params)
+
+
+def _operands_and_attrs(
+    d: OpDef, bound: inspect.BoundArguments
+) -> tuple[Sequence[Value], dict[str, object]]:
+    if d.build is not None:
+        return d.build(*bound.args, **bound.kwargs)
+    given = bound.arguments
+    if d.variadic:
+        operands = tuple(given[f"{d.operands[0]}s"])
+    else:
+        operands = tuple(given[n] for n in d.operands)
+    return operands, {k: given.get(k) for k in d.attrs}
+
+
+def _op_method(d: OpDef) -> Callable[..., Value]:
+    arguments = _arguments(d)
+
+    def method(
+        self: GraphBuilder,
+        *args: object,
         placement: str | None = None,
         name: str | None = None,
+        **kwargs: object,
     ) -> Value:
-        return self.op("bias_add", x, b, axis=axis, placement=placement, name=name)
+        operands, attrs = _operands_and_attrs(d, arguments.bind(*args, **kwargs))
+        return self.op(d.name, *operands, placement=placement, name=name, **attrs)
 
-    def conv2d(
-        self,
-        x: Value,
-        w: Value,
-        stride: IntOrPair = 1,
-        padding: IntOrPair = 0,
-        dilation: IntOrPair = 1,
-        groups: int = 1,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "conv2d",
-            x,
-            w,
-            stride=stride,
-            padding=padding,
-            dilation=dilation,
-            groups=groups,
-            placement=placement,
-            name=name,
-        )
+    own = [
+        inspect.Parameter("placement", _KEYWORD, default=None, annotation="str | None"),
+        inspect.Parameter("name", _KEYWORD, default=None, annotation="str | None"),
+    ]
+    params = [inspect.Parameter("self", _POSITIONAL), *arguments.parameters.values(), *own]
+    signature = inspect.Signature(params, return_annotation="Value")
+    method.__signature__ = signature  # type: ignore[attr-defined]
+    method.__name__ = d.name
+    method.__qualname__ = f"GraphBuilder.{d.name}"
+    method.__doc__ = f"hexir.{d.name}: {d.doc}."
+    return method
 
-    def batch_norm(
-        self,
-        x: Value,
-        scale: Value,
-        shift: Value,
-        mean: Value,
-        var: Value,
-        axis: int = 1,
-        epsilon: float = 1e-5,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "batch_norm",
-            x,
-            scale,
-            shift,
-            mean,
-            var,
-            axis=axis,
-            epsilon=epsilon,
-            placement=placement,
-            name=name,
-        )
 
-    def add(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("add", a, b, placement=placement, name=name)
+def _add_op_methods() -> None:
+    for d in OPS.values():
+        if d.name in _WRITTEN_BY_HAND:
+            continue
+        if hasattr(GraphBuilder, d.name):
+            raise TypeError(f"op {d.name!r} would hide GraphBuilder.{d.name}")
+        setattr(GraphBuilder, d.name, _op_method(d))
 
-    def sub(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("sub", a, b, placement=placement, name=name)
 
-    def mul(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("mul", a, b, placement=placement, name=name)
-
-    def div(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("div", a, b, placement=placement, name=name)
-
-    def maximum(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("maximum", a, b, placement=placement, name=name)
-
-    def minimum(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("minimum", a, b, placement=placement, name=name)
-
-    def power(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("power", a, b, placement=placement, name=name)
-
-    def equal(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("equal", a, b, placement=placement, name=name)
-
-    def not_equal(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("not_equal", a, b, placement=placement, name=name)
-
-    def less(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("less", a, b, placement=placement, name=name)
-
-    def less_equal(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("less_equal", a, b, placement=placement, name=name)
-
-    def greater(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("greater", a, b, placement=placement, name=name)
-
-    def greater_equal(
-        self, a: Value, b: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("greater_equal", a, b, placement=placement, name=name)
-
-    def where(
-        self,
-        cond: Value,
-        a: Value,
-        b: Value,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op("where", cond, a, b, placement=placement, name=name)
-
-    def relu(self, x: Value, *, placement: str | None = None, name: str | None = None) -> Value:
-        return self.op("relu", x, placement=placement, name=name)
-
-    def sigmoid(self, x: Value, *, placement: str | None = None, name: str | None = None) -> Value:
-        return self.op("sigmoid", x, placement=placement, name=name)
-
-    def tanh(self, x: Value, *, placement: str | None = None, name: str | None = None) -> Value:
-        return self.op("tanh", x, placement=placement, name=name)
-
-    def exp(self, x: Value, *, placement: str | None = None, name: str | None = None) -> Value:
-        return self.op("exp", x, placement=placement, name=name)
-
-    def log(self, x: Value, *, placement: str | None = None, name: str | None = None) -> Value:
-        return self.op("log", x, placement=placement, name=name)
-
-    def erf(self, x: Value, *, placement: str | None = None, name: str | None = None) -> Value:
-        return self.op("erf", x, placement=placement, name=name)
-
-    def sqrt(self, x: Value, *, placement: str | None = None, name: str | None = None) -> Value:
-        return self.op("sqrt", x, placement=placement, name=name)
-
-    def rsqrt(self, x: Value, *, placement: str | None = None, name: str | None = None) -> Value:
-        return self.op("rsqrt", x, placement=placement, name=name)
-
-    def global_avg_pool2d(
-        self, x: Value, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("global_avg_pool2d", x, placement=placement, name=name)
-
-    def gelu(
-        self,
-        x: Value,
-        approximate: str = "none",
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op("gelu", x, approximate=approximate, placement=placement, name=name)
-
-    def cast(
-        self, x: Value, dtype: str, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("cast", x, dtype=dtype, placement=placement, name=name)
-
-    def softmax(
-        self, x: Value, axis: int = -1, *, placement: str | None = None, name: str | None = None
-    ) -> Value:
-        return self.op("softmax", x, axis=axis, placement=placement, name=name)
-
-    def layer_norm(
-        self,
-        x: Value,
-        gamma: Value,
-        beta: Value,
-        axis: int = -1,
-        epsilon: float = 1e-5,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "layer_norm", x, gamma, beta, axis=axis, epsilon=epsilon, placement=placement, name=name
-        )
-
-    def reduce_sum(
-        self,
-        x: Value,
-        axes: Axes = None,
-        keepdims: bool = False,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "reduce_sum", x, axes=axes, keepdims=keepdims, placement=placement, name=name
-        )
-
-    def reduce_mean(
-        self,
-        x: Value,
-        axes: Axes = None,
-        keepdims: bool = False,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "reduce_mean", x, axes=axes, keepdims=keepdims, placement=placement, name=name
-        )
-
-    def reduce_max(
-        self,
-        x: Value,
-        axes: Axes = None,
-        keepdims: bool = False,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "reduce_max", x, axes=axes, keepdims=keepdims, placement=placement, name=name
-        )
-
-    def transpose(
-        self,
-        x: Value,
-        perm: Sequence[int] | None = None,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op("transpose", x, perm=perm, placement=placement, name=name)
-
-    def reshape(
-        self,
-        x: Value,
-        shape: Sequence[int],
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op("reshape", x, shape=shape, placement=placement, name=name)
-
-    def concat(
-        self,
-        xs: Sequence[Value],
-        axis: int,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op("concat", *xs, axis=axis, placement=placement, name=name)
-
-    def slice(
-        self,
-        x: Value,
-        start: Sequence[int | None],
-        stop: Sequence[int | None],
-        step: Sequence[int | None] | None = None,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        """`x[start:stop:step]` per axis, Python-style (negatives count from the end)."""
-        attrs = slice_indices(x.type.shape, start, stop, step)
-        return self.op("slice", x, **attrs, placement=placement, name=name)
-
-    def pad(
-        self,
-        x: Value,
-        before: Sequence[int] | int,
-        after: Sequence[int] | int,
-        value: float = 0.0,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "pad", x, before=before, after=after, value=value, placement=placement, name=name
-        )
-
-    def max_pool2d(
-        self,
-        x: Value,
-        kernel: IntOrPair,
-        stride: IntOrPair | None = None,
-        padding: IntOrPair = 0,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "max_pool2d",
-            x,
-            kernel=kernel,
-            stride=stride,
-            padding=padding,
-            placement=placement,
-            name=name,
-        )
-
-    def avg_pool2d(
-        self,
-        x: Value,
-        kernel: IntOrPair,
-        stride: IntOrPair | None = None,
-        padding: IntOrPair = 0,
-        *,
-        placement: str | None = None,
-        name: str | None = None,
-    ) -> Value:
-        return self.op(
-            "avg_pool2d",
-            x,
-            kernel=kernel,
-            stride=stride,
-            padding=padding,
-            placement=placement,
-            name=name,
-        )
+_add_op_methods()

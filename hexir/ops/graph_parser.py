@@ -1,7 +1,9 @@
-"""The parser behind `hexir.ir.graph_text.parse_graph` (the rules are in that module).
+"""The parser behind `hexir.ops.parse.parse_graph` (the rules are in `hexir.ir.graph_text`,
+beside the printer).
 
 A regex lexer and a recursive-descent parser; every op goes through `make_op`, so parsed
-graphs are checked exactly as built ones are.
+graphs are checked exactly as built ones are. It sits in `hexir.ops`, above the IR, because
+it reads the op definitions.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import numpy as np
 from hexir.errors import ParseError, TypeInferenceError
 from hexir.ir.dtype import DTYPES, from_short, is_float, is_int, numpy_dtype, short_name
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
-from hexir.ir.ops import make_op, op_spec
 from hexir.ir.tir import AnnotationValue
+from hexir.ops import make_op, op_def
 
 _LEX = re.compile(
     r"""
@@ -180,7 +182,7 @@ class GraphParser:
         result = self.expect("value")
         self.expect("punct", "=")
         name = self.expect("ident")
-        if not name.text.startswith("hexir.") or op_spec(name.text) is None:
+        if not name.text.startswith("hexir.") or op_def(name.text) is None:
             self.error(f"unknown op {name.text!r}", name)
         if name.text == "hexir.constant":
             return self.constant(result, name)

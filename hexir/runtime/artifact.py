@@ -72,7 +72,7 @@ def load(path: str | Path) -> Module:
         manifest = _read_manifest(archive, path)
         target = _check_target(manifest["target"], path)
         blobs = {name: _read_npy(archive, entry) for name, entry in manifest["blobs"].items()}
-        from hexir.ir.graph_text import parse_graph
+        from hexir.ops.parse import parse_graph
 
         graph = parse_graph(archive.read("graph.hexir").decode(), constants=blobs)
         kernels = [_load_kernel(archive, k, target) for k in manifest["kernels"]]

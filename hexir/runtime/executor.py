@@ -24,9 +24,10 @@ from typing import Protocol
 from hexir.errors import HexirError
 from hexir.graph.memory import MemoryPlan, Step, plan_memory
 from hexir.ir.dtype import itemsize
-from hexir.ir.graph import Graph, Value
+from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.keys import candidate_key, workload_key
 from hexir.ir.tir import PrimFunc
+from hexir.ops import op_def
 from hexir.runtime.default_schedule import default_schedule
 from hexir.runtime.module import Command, Module, TaskReport
 from hexir.runtime.target import Target
@@ -42,14 +43,6 @@ __all__ = [
     "plan_module",
     "simplify",
 ]
-
-# Ops whose every output element comes from the same element of each full-size operand: a
-# kernel made of these alone may write its output over such an operand.
-_ELEMENTWISE = frozenset(
-    {"add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "cast", "gelu"}
-    | {"relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt", "bias_add", "batch_norm"}
-    | {"equal", "not_equal", "less", "less_equal", "greater", "greater_equal"}
-)
 
 
 class TuningDatabase(Protocol):
@@ -182,14 +175,20 @@ def _bind_group(sub: Graph, func: PrimFunc) -> _Task:
 
 
 def _inplace_pairs(sub: Graph) -> tuple[tuple[str, str], ...]:
-    """(output, input) pairs the kernel may share: an elementwise kernel with one output may
-    overwrite an input of the output's shape and byte size (each element is read before the
-    same element is written, and by nothing else)."""
+    """(output, input) pairs the kernel may share: a kernel of pointwise ops (elementwise and
+    broadcast, `OpDef.pointwise`) with one output may overwrite an input of the output's shape
+    and byte size (each element is read before the same element is written, and by nothing
+    else)."""
     ops = [op for op in sub.ops if op.kind != "constant"]
-    if len(sub.outputs) != 1 or not ops or any(op.kind not in _ELEMENTWISE for op in ops):
+    if len(sub.outputs) != 1 or not ops or not all(_pointwise(op) for op in ops):
         return ()
     (out,) = sub.outputs
     return tuple((out.name, v.name) for v in sub.inputs if _same_layout(v, out))
+
+
+def _pointwise(op: Op) -> bool:
+    d = op_def(op.kind)
+    return d is not None and d.pointwise
 
 
 def _same_layout(a: Value, b: Value) -> bool:

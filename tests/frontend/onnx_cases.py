@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Graph, Value
+from hexir.ops.builder import GraphBuilder
 
 # The cases' constants are built at import time: a fixed seed, the same in every test.
 WEIGHTS = np.random.default_rng(0)

@@ -10,7 +10,7 @@ from onnx_cases import CASES, POSITIVE, random_inputs
 from hexir.frontend.onnx_export import OPSET, export_onnx
 from hexir.frontend.onnx_import import import_onnx
 from hexir.graph.evaluate import evaluate
-from hexir.ir.ops import OPS
+from hexir.ops import OPS
 
 
 def test_the_cases_cover_every_op():

@@ -6,8 +6,8 @@ import pytest
 
 import hexir
 from hexir.ir.keys import candidate_key
-from hexir.ir.parse import parse
 from hexir.ir.tir import PrimFunc
+from hexir.ops.parse import parse
 from hexir.schedule import Schedule, Trace
 from hexir.search import Candidate, CudaBuilder, CudaRunner, measure
 

@@ -7,7 +7,8 @@ from seeding import current_rng
 
 from hexir.graph.evaluate import evaluate
 from hexir.graph.fold import fold_constants
-from hexir.ir.graph_text import parse_graph, print_graph
+from hexir.ir.graph_text import print_graph
+from hexir.ops.parse import parse_graph
 
 GRAPH = """
 hexir.graph @g(%x: tensor<4x8xf32>) -> (tensor<4x3xf32>, tensor<3xf32>) {

@@ -12,9 +12,9 @@ import hexir
 from hexir.errors import HexirError
 from hexir.graph.evaluate import evaluate
 from hexir.graph.lower import lower, lower_op
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph, Op
+from hexir.ops.builder import GraphBuilder
 
 
 def random_array(shape: tuple[int, ...], dtype: str) -> np.ndarray:

@@ -9,9 +9,10 @@ from seeding import current_rng
 from hexir.graph.evaluate import evaluate
 from hexir.graph.fusion import partition
 from hexir.graph.rewrite import fold_batch_norms, remove_dead_ops, simplify_graph
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Graph, Value
-from hexir.ir.graph_text import parse_graph, print_graph
+from hexir.ir.graph_text import print_graph
+from hexir.ops.builder import GraphBuilder
+from hexir.ops.parse import parse_graph
 
 
 def rand(*shape: int, dtype: str = "float32") -> np.ndarray:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from hexir.errors import ParseError
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import Graph, TensorType
-from hexir.ir.graph_text import parse_graph, print_graph, print_op, print_tensor_type
-from hexir.ir.parse import parse
+from hexir.ir.graph_text import print_graph, print_op, print_tensor_type
+from hexir.ops.builder import GraphBuilder
+from hexir.ops.parse import parse, parse_graph
 
 RNG = np.random.default_rng(1)
 

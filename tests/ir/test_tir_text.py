@@ -7,7 +7,6 @@ import pytest
 from tir_fixtures import ALL, MATMUL_TEXT, dtypes_and_specials, matmul, scheduled_gpu
 
 from hexir.errors import ParseError
-from hexir.ir.parse import parse
 from hexir.ir.tir import (
     ARITH_OPS,
     CALLS,
@@ -30,6 +29,7 @@ from hexir.ir.tir import (
     Var,
 )
 from hexir.ir.tir_text import parse_expr, parse_func, print_expr, print_func, print_stmt
+from hexir.ops.parse import parse
 
 # ---------------------------------------------------------------------------------------------
 # Printing

@@ -19,9 +19,9 @@ from seeding import current_rng
 
 from hexir.errors import ScheduleError
 from hexir.ir.dtype import numpy_dtype
-from hexir.ir.parse import parse
 from hexir.ir.tir import PrimFunc
 from hexir.ir.verify import verify
+from hexir.ops.parse import parse
 from hexir.runtime.build import build
 from hexir.schedule import Schedule, Trace
 

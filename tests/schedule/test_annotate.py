@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from schedule_fixtures import ADD_2D, MATMUL, check, func, raises_unchanged
 
-from hexir.ir.parse import parse
 from hexir.ir.tir import Block, For
 from hexir.ir.visit import walk
+from hexir.ops.parse import parse
 from hexir.schedule import Schedule
 
 

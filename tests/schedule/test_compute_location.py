@@ -11,8 +11,8 @@ from schedule_fixtures import check, func, raises_unchanged
 
 import hexir
 from hexir.graph.lower import lower
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.tir import PrimFunc
+from hexir.ops.builder import GraphBuilder
 from hexir.schedule import INLINE, ROOT, LoopRV, Schedule
 from hexir.schedule.common import all_blocks, all_loops
 

@@ -14,10 +14,10 @@ from schedule_fixtures import (
 )
 
 from hexir.errors import ScheduleError
-from hexir.ir.parse import parse
 from hexir.ir.tir import Binary, Block, For, IfThenElse, IntImm
 from hexir.ir.verify import verify
 from hexir.ir.visit import walk
+from hexir.ops.parse import parse
 from hexir.schedule import Schedule
 from hexir.schedule.loops import add_predicate, reorder_loops
 

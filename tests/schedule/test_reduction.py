@@ -8,8 +8,8 @@ from schedule_fixtures import MATMUL, check, func, raises_unchanged
 
 import hexir
 import hexir.schedule.schedule
-from hexir.ir.parse import parse
 from hexir.ir.tir import Block, FloatImm, PrimFunc
+from hexir.ops.parse import parse
 from hexir.schedule.reduction import identity
 from hexir.schedule.schedule import Schedule
 

@@ -13,9 +13,9 @@ from schedule_fixtures import check, raises_unchanged
 import hexir
 from hexir.errors import ScheduleError
 from hexir.ir.keys import candidate_key, workload_key
-from hexir.ir.parse import parse
 from hexir.ir.tir import For, PrimFunc
 from hexir.ir.visit import walk
+from hexir.ops.parse import parse
 from hexir.schedule import BlockRV, LoopRV, Schedule, Trace
 
 DESIGN_TRACE = """\

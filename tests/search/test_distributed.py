@@ -21,8 +21,8 @@ import hexir
 from hexir import knobs
 from hexir.errors import MeasureError
 from hexir.ir.keys import candidate_key
-from hexir.ir.parse import parse
 from hexir.ir.tir import PrimFunc
+from hexir.ops.parse import parse
 from hexir.runtime.target import Target
 from hexir.schedule import Schedule, Trace
 from hexir.search.distributed import NodeRunner, RayExecutor, ShippedBuild, build_one

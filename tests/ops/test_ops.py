@@ -10,7 +10,7 @@ import pytest
 
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
-from hexir.ir.ops import OPS, make_op, slice_indices
+from hexir.ops import OPS, make_op, slice_indices
 
 RNG = np.random.default_rng(0)
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from hexir.errors import TypeInferenceError
-from hexir.ir.builder import GraphBuilder
 from hexir.ir.graph import ConstantData, Graph, TensorType, Value
-from hexir.ir.ops import OPS
+from hexir.ops import OPS
+from hexir.ops.builder import GraphBuilder
 
 
 def test_a_method_per_op_with_placement_and_name() -> None:

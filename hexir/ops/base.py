@@ -1,0 +1,131 @@
+"""`OpDef`: one op of the `hexir` dialect, every facet of it in one value.
+
+    MATMUL = OpDef(
+        "matmul", "a[M,K] · b[K,N]", ("a", "b"), (),     # name, doc, operands, attribute keys
+        infer=_matmul_infer,                             # checks, result type, normalized attrs
+        fusion=Pattern.OUT_FUSABLE,                      # takes elementwise epilogues
+        evaluate=_matmul_evaluate,                       # numpy
+        lower=_matmul_lower,                             # hextir, through the Kernel DSL
+        export=onnx_same("MatMul"),                      # ONNX nodes, through an Exporter
+    )
+
+The facets are plain functions over IR values, read by the stages that need them: `infer` by
+`make_op` (so by the builder and the parser), `evaluate` by the numpy evaluator and constant
+evaluation, `lower` by `hexir.graph.lower`, `fusion` by `hexir.graph.fusion` (and the executor,
+through `pointwise`), `export` by `hexir.frontend.onnx_export`. Nothing here imports a stage:
+the lowering writes through the `Kernel` DSL (`hexir.ops.compute`), the export through the
+`Exporter` protocol below, which the ONNX exporter implements, so `hexir.ops` never imports
+onnx.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from hexir.ir.graph import Graph, Op, TensorType, Value
+from hexir.ir.op_attrs import Check, fail
+from hexir.ir.tir import Buffer
+from hexir.ops.compute import Kernel
+from hexir.ops.numeric import Evaluate
+
+# Shape and dtype rule: reads the operand types and attributes through `Check`, records the
+# normalized attributes (docs/ops.md) and returns the result type.
+Infer = Callable[[Check], TensorType]
+# Lowering: the op's stages written into the kernel, reading `args`, writing `out`.
+Lower = Callable[[Kernel, Op, tuple[Buffer, ...], Buffer], None]
+# ONNX export: the op as nodes written through the exporter.
+Export = Callable[["Exporter", Op], None]
+# The builder method's Python arguments (after the builder's own `placement` and `name`) as
+# the op's operands and attributes; for ops whose method is not "operands, then attributes".
+BuildArgs = Callable[..., tuple[Sequence[Value], dict[str, object]]]
+
+
+class Pattern(enum.IntEnum):
+    """How an op's output elements depend on its operands' elements, for fusion."""
+
+    ELEMENTWISE = 0  # out[i] from operand[i], same shapes
+    BROADCAST = 1  # out[i] from operand[f(i)], some operand smaller (bias_add, batch_norm)
+    INJECTIVE = 2  # out[i] is one element of an operand, moved (transpose, reshape, ...)
+    REDUCTION = 3  # out[i] from many elements of an operand (reduce_*, softmax, pools)
+    OUT_FUSABLE = 4  # a contraction whose output takes elementwise epilogues
+    OPAQUE = 8  # anything else: never fused
+
+
+class Exporter(Protocol):
+    """What an op's `export` writes ONNX through (`hexir.frontend.onnx_export` implements it).
+
+    Values are named by strings: an op's operands by their Hexir names, its result by
+    `op.result.name`; a node without `output` gets a fresh name, which `node` returns.
+    """
+
+    graph: Graph  # the graph being exported (constants' data)
+
+    def node(
+        self, op_type: str, inputs: list[str], output: str | None = None, **attrs: object
+    ) -> str: ...
+
+    def const(self, array: np.ndarray, base: str, name: str | None = None) -> str: ...
+
+    def scalar(self, value: float, like: Value, base: str) -> str: ...
+
+    def ints(self, values: tuple[int, ...], base: str) -> str: ...
+
+    def fresh(self, base: str) -> str: ...
+
+    def elem_type(self, dtype: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpDef:
+    """One op of docs/ops.md: its signature, checks, semantics, lowering, fusion role, export.
+
+    `evaluate` and `lower` are None only for `constant`, whose value is the graph's data.
+    `cheap` (injective ops only) says whether computing the op inside its consumer's kernel is
+    cheap (the consumer still reads the operand row by row); None means never.
+    """
+
+    name: str
+    doc: str
+    operands: tuple[str, ...]
+    attrs: tuple[str, ...]
+    infer: Infer
+    fusion: Pattern
+    evaluate: Evaluate | None
+    lower: Lower | None
+    export: Export
+    variadic: bool = False  # one or more operands, all named after operands[0]
+    build: BuildArgs | None = None
+    cheap: Callable[[Op], bool] | None = None
+
+    @property
+    def pointwise(self) -> bool:
+        """Whether every output element comes from the same element of each full-size operand
+        (elementwise and broadcast ops): a kernel made of these alone may write its output
+        over such an operand."""
+        return self.fusion in (Pattern.ELEMENTWISE, Pattern.BROADCAST)
+
+
+def operand_names(op: Op) -> list[str]:
+    """The op's operands by name: the inputs of the ONNX nodes it exports to."""
+    return [v.name for v in op.operands]
+
+
+def onnx_same(op_type: str) -> Export:
+    """The export to one ONNX node of `op_type` with the same operands and no attributes."""
+
+    def export(ex: Exporter, op: Op) -> None:
+        ex.node(op_type, operand_names(op), op.result.name)
+
+    return export
+
+
+def at_least(key: str, values: tuple[int, ...], minimum: int) -> tuple[int, ...]:
+    """`values` of attribute `key`, refused unless every entry is at least `minimum`."""
+    if any(v < minimum for v in values):
+        fail(f"attribute '{key}' entries must be at least {minimum}, got {values}")
+    return values

@@ -1,0 +1,124 @@
+"""Contractions: matmul, batch_matmul and dense (x·wᵀ), each one reduction block.
+
+They are the anchors of fusion: a contraction's group takes its elementwise epilogues
+(bias_add, activations, the residual add). Their numpy semantics sum in float64 (int64 for
+ints) and round once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hexir.ir.graph import Op, TensorType
+from hexir.ir.op_attrs import Check, dims, fail
+from hexir.ir.tir import Buffer
+from hexir.ops.base import Exporter, OpDef, Pattern, onnx_same, operand_names
+from hexir.ops.compute import Kernel
+from hexir.ops.numeric import Attrs, wide
+
+
+def _matmul_infer(c: Check) -> TensorType:
+    a, b = c.ranks(2, 2)
+    c.dtype_in("numeric", 0)
+    dtype = c.same_dtype()
+    if a.shape[1] != b.shape[0]:
+        fail(f"inner dimensions differ: a is {dims(a)}, b is {dims(b)}")
+    return TensorType((a.shape[0], b.shape[1]), dtype)
+
+
+def _matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return np.matmul(wide(xs[0]), wide(xs[1]))
+
+
+def _matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    a, b = args
+    k.reduce("matmul", out, a.shape[-1:], lambda s, r: a[s[0], r[0]] * b[r[0], s[1]])
+
+
+MATMUL = OpDef(
+    "matmul",
+    "a[M,K] · b[K,N]",
+    ("a", "b"),
+    (),
+    infer=_matmul_infer,
+    fusion=Pattern.OUT_FUSABLE,
+    evaluate=_matmul_evaluate,
+    lower=_matmul_lower,
+    export=onnx_same("MatMul"),
+)
+
+
+def _batch_matmul_infer(c: Check) -> TensorType:
+    a, b = c.ranks(3, 3)
+    c.dtype_in("numeric", 0)
+    dtype = c.same_dtype()
+    if a.shape[0] != b.shape[0]:
+        fail(f"batch dimensions differ: a is {dims(a)}, b is {dims(b)}")
+    if a.shape[2] != b.shape[1]:
+        fail(f"inner dimensions differ: a is {dims(a)}, b is {dims(b)}")
+    return TensorType((a.shape[0], a.shape[1], b.shape[2]), dtype)
+
+
+def _batch_matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    a, b = args
+    k.reduce(
+        "batch_matmul",
+        out,
+        a.shape[-1:],
+        lambda s, r: a[s[0], s[1], r[0]] * b[s[0], r[0], s[2]],
+    )
+
+
+BATCH_MATMUL = OpDef(
+    "batch_matmul",
+    "a[B,M,K] · b[B,K,N], one matmul per batch",
+    ("a", "b"),
+    (),
+    infer=_batch_matmul_infer,
+    fusion=Pattern.OUT_FUSABLE,
+    evaluate=_matmul_evaluate,
+    lower=_batch_matmul_lower,
+    export=onnx_same("MatMul"),
+)
+
+
+def _dense_infer(c: Check) -> TensorType:
+    x, w = c.ranks(2, 2)
+    c.dtype_in("numeric", 0)
+    dtype = c.same_dtype()
+    if x.shape[1] != w.shape[1]:
+        fail(f"inner dimensions differ: x is {dims(x)}, w is {dims(w)} (w is [N, K])")
+    return TensorType((x.shape[0], w.shape[0]), dtype)
+
+
+def _dense_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return np.matmul(wide(xs[0]), wide(xs[1]).T)
+
+
+def _dense_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    x, w = args
+    k.reduce("dense", out, x.shape[-1:], lambda s, r: x[s[0], r[0]] * w[s[1], r[0]])
+
+
+def _dense_export(ex: Exporter, op: Op) -> None:
+    # Gemm(transB=1) for floats; ONNX's Gemm takes no ints, so MatMul of the transposed weight.
+    names, out = operand_names(op), op.result.name
+    if op.operands[0].type.dtype.startswith("float"):
+        ex.node("Gemm", names, out, transB=1)
+    else:
+        ex.node("MatMul", [names[0], ex.node("Transpose", [names[1]], perm=[1, 0])], out)
+
+
+DENSE = OpDef(
+    "dense",
+    "x[M,K] · w[N,K]ᵀ",
+    ("x", "w"),
+    (),
+    infer=_dense_infer,
+    fusion=Pattern.OUT_FUSABLE,
+    evaluate=_dense_evaluate,
+    lower=_dense_lower,
+    export=_dense_export,
+)
+
+OPS: tuple[OpDef, ...] = (MATMUL, BATCH_MATMUL, DENSE)

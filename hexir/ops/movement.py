@@ -1,0 +1,465 @@
+"""Data movement: transpose, reshape, concat, slice, pad, and constant (the graph's data).
+
+Each moving op lowers to one spatial block whose every output element is one element of an
+operand (or pad's fill); its fusion role is injective, and `cheap` says when computing it
+inside its consumer's kernel costs no more than reading it (the consumer still reads the
+operand row by row). A constant has no kernel and no numpy function: its value is the data
+the graph keeps for it.
+
+Slice attributes are taken in their normal form (Python's `slice(start, stop, step).indices`):
+with a negative step, a stop of -1 means "through index 0", not "the last element", so
+`make_op` cannot also read negative indices Python's way. `None` entries, a missing step and
+trailing axes left out mean the full range. `slice_indices` (and `GraphBuilder.slice`) take
+Python-style indices and give the normal form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from hexir.errors import TypeInferenceError
+from hexir.ir.graph import Op, TensorType, Value
+from hexir.ir.op_attrs import NAME_RE, Check, dims, fail, normalize_axis
+from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, const
+from hexir.ops.base import Exporter, OpDef, Pattern, at_least, operand_names
+from hexir.ops.compute import (
+    Kernel,
+    add,
+    affine,
+    attr_float,
+    attr_int,
+    attr_ints,
+    clamp,
+    floordiv,
+    guarded_load,
+)
+from hexir.ops.numeric import Attrs, get_int, get_ints
+
+Indices = tuple[Expr, ...]
+
+
+def _always(op: Op) -> bool:
+    return True
+
+
+# --- constant ---------------------------------------------------------------------------------
+
+
+def _constant_infer(c: Check) -> TensorType:
+    c.string("name", NAME_RE)
+    if c.declared is None:
+        fail("needs its result type (the shape and dtype of its data)")
+    return c.declared
+
+
+def _constant_export(ex: Exporter, op: Op) -> None:
+    data = ex.graph.constant(str(op.attr("name"))).reshape(op.result.type.shape)
+    ex.const(data, op.result.name, name=op.result.name)
+
+
+CONSTANT = OpDef(
+    "constant",
+    "the graph's data named `name`",
+    (),
+    ("name",),
+    infer=_constant_infer,
+    fusion=Pattern.OPAQUE,
+    evaluate=None,
+    lower=None,
+    export=_constant_export,
+)
+
+
+# --- transpose --------------------------------------------------------------------------------
+
+
+def _transpose_infer(c: Check) -> TensorType:
+    (x,) = c.types
+    ndim = len(x.shape)
+    given = c.ints("perm", tuple(reversed(range(ndim))))
+    if len(given) != ndim:
+        fail(f"attribute 'perm' {given} has {len(given)} entries for rank {ndim}")
+    perm = tuple(normalize_axis(p, ndim, "perm entry") for p in given)
+    if sorted(perm) != list(range(ndim)):
+        fail(f"attribute 'perm' {given} is not a permutation of 0..{ndim - 1}")
+    c.out["perm"] = perm
+    return TensorType(tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def _transpose_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    (x,) = args
+    perm = attr_ints(op, "perm")
+
+    def load(i: Indices) -> Expr:
+        index: list[Expr] = [IntImm(0)] * len(perm)
+        for d, p in enumerate(perm):
+            index[p] = i[d]  # out.shape[d] == x.shape[perm[d]]
+        return x[tuple(index)]
+
+    k.compute("transpose", out, load)
+
+
+def _transpose_cheap(op: Op) -> bool:
+    """A transpose that keeps the innermost axis in place."""
+    ndim = len(op.operands[0].type.shape)
+    perm = op.attr("perm")
+    return isinstance(perm, tuple) and (ndim == 0 or perm[-1] == ndim - 1)
+
+
+TRANSPOSE = OpDef(
+    "transpose",
+    "x with its axes permuted: out.shape[d] = x.shape[perm[d]]",
+    ("x",),
+    ("perm",),
+    infer=_transpose_infer,
+    fusion=Pattern.INJECTIVE,
+    evaluate=lambda xs, attrs: np.transpose(xs[0], get_ints(attrs, "perm")),
+    lower=_transpose_lower,
+    export=lambda ex, op: ex.node(
+        "Transpose", operand_names(op), op.result.name, perm=list(attr_ints(op, "perm"))
+    ),
+    cheap=_transpose_cheap,
+)
+
+
+# --- reshape ----------------------------------------------------------------------------------
+
+
+def _reshape_infer(c: Check) -> TensorType:
+    (x,) = c.types
+    if not isinstance(c.raw.get("shape"), bool) and hasattr(c.raw.get("shape"), "__index__"):
+        c.raw["shape"] = (c.raw["shape"],)
+    shape = c.ints("shape")
+    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+        fail(f"attribute 'shape' {shape} may hold one -1 and otherwise extents >= 0")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if known == 0 or x.size % known:
+            fail(f"cannot resolve the -1 in {shape} for {dims(x)} ({x.size} elements)")
+        shape = tuple(x.size // known if s == -1 else s for s in shape)
+    if math.prod(shape) != x.size:
+        fail(f"cannot reshape {dims(x)} ({x.size} elements) to {shape}")
+    c.out["shape"] = shape
+    return TensorType(shape, x.dtype)
+
+
+def _reshape_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    (x,) = args
+
+    def load(i: Indices) -> Expr:
+        index: list[Expr] = []
+        for outs, ins in _reshape_groups(out.shape, x.shape):
+            strides = [math.prod(out.shape[d + 1 : outs[-1] + 1]) for d in outs]
+            flat = affine(
+                (i[d], st) for d, st in zip(outs, strides, strict=True) if out.shape[d] != 1
+            )
+            index.extend(_unflatten(k, flat, [x.shape[d] for d in ins]))
+        return x[tuple(index)]
+
+    k.compute("reshape", out, load)
+
+
+def _reshape_groups(out_shape: tuple[int, ...], in_shape: tuple[int, ...]):
+    """Pairs (output axes, input axes) of the smallest runs with equal element counts, so that
+    a reshape that merges or splits some axes indexes the others directly."""
+    groups, o, i = [], 0, 0
+    while o < len(out_shape) or i < len(in_shape):
+        outs, ins = [o], [i]
+        po = out_shape[o] if o < len(out_shape) else 1
+        pi = in_shape[i] if i < len(in_shape) else 1
+        while po != pi:
+            if po < pi:
+                o += 1
+                outs.append(o)
+                po *= out_shape[o]
+            else:
+                i += 1
+                ins.append(i)
+                pi *= in_shape[i]
+        o, i = o + 1, i + 1
+        groups.append(
+            ([d for d in outs if d < len(out_shape)], [d for d in ins if d < len(in_shape)])
+        )
+    return groups
+
+
+def _unflatten(k: Kernel, flat: Expr, shape: list[int]) -> list[Expr]:
+    index: list[Expr] = []
+    for d, extent in enumerate(shape):
+        if extent == 1:
+            index.append(IntImm(0))
+            continue
+        part = floordiv(flat, math.prod(shape[d + 1 :]))
+        hi = (k.bound(part) or (0, extent))[1]
+        index.append(part if hi < extent else Binary("floormod", part, IntImm(extent)))
+    return index
+
+
+def _reshape_export(ex: Exporter, op: Op) -> None:
+    out, shape = op.result.name, attr_ints(op, "shape")
+    # allowzero: an extent of 0 is an extent, not "copy the input's"
+    extra = {"allowzero": 1} if 0 in shape else {}
+    ex.node("Reshape", [op.operands[0].name, ex.ints(shape, f"{out}.shape")], out, **extra)
+
+
+RESHAPE = OpDef(
+    "reshape",
+    "x's elements in row-major order, in a new shape",
+    ("x",),
+    ("shape",),
+    infer=_reshape_infer,
+    fusion=Pattern.INJECTIVE,
+    evaluate=lambda xs, attrs: np.reshape(xs[0], get_ints(attrs, "shape")),
+    lower=_reshape_lower,
+    export=_reshape_export,
+    cheap=_always,
+)
+
+
+# --- concat -----------------------------------------------------------------------------------
+
+
+def _concat_infer(c: Check) -> TensorType:
+    first = c.types[0]
+    dtype = c.same_dtype()
+    axis = c.axis("axis", len(first.shape))
+    extent = 0
+    for name, t in zip(c.names, c.types, strict=True):
+        if len(t.shape) != len(first.shape) or any(
+            a != b for k, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if k != axis
+        ):
+            fail(
+                f"shapes differ off axis {axis}: {c.names[0]} is {dims(first)}, {name} is {dims(t)}"
+            )
+        extent += t.shape[axis]
+    return TensorType(first.shape[:axis] + (extent,) + first.shape[axis + 1 :], dtype)
+
+
+def _concat_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """A select chain over the axis: `i < end0 ? x0[i] : i < end1 ? x1[i - end0] : ...`."""
+    axis = attr_int(op, "axis")
+    starts = [sum(x.shape[axis] for x in args[:n]) for n in range(len(args))]
+
+    def load(i: Indices) -> Expr:
+        def part(n: int) -> Expr:
+            index = i[:axis] + (add(i[axis], -starts[n]),) + i[axis + 1 :]
+            x = args[n]
+            return x[tuple(clamp(k, e, x.shape[d]) for d, e in enumerate(index))]
+
+        value = part(len(args) - 1)
+        for n in reversed(range(len(args) - 1)):
+            end = IntImm(starts[n] + args[n].shape[axis])
+            value = Select(Binary("<", i[axis], end), part(n), value)
+        return value
+
+    k.compute("concat", out, load)
+
+
+CONCAT = OpDef(
+    "concat",
+    "x0, x1, ... joined along axis",
+    ("x",),
+    ("axis",),
+    infer=_concat_infer,
+    fusion=Pattern.INJECTIVE,
+    evaluate=lambda xs, attrs: np.concatenate(xs, axis=get_int(attrs, "axis")),
+    lower=_concat_lower,
+    export=lambda ex, op: ex.node(
+        "Concat", operand_names(op), op.result.name, axis=attr_int(op, "axis")
+    ),
+    variadic=True,
+    cheap=_always,
+)
+
+
+# --- slice ------------------------------------------------------------------------------------
+
+
+def _slice_infer(c: Check) -> TensorType:
+    (x,) = c.types
+    ndim = len(x.shape)
+    # Axes past the given entries, and None entries, take their full range.
+    starts, stops, steps = (
+        (c.raw_entries(key, ndim) or ()) + (None,) * ndim for key in ("start", "stop", "step")
+    )
+    triples = [_slice_axis(k, dim, starts[k], stops[k], steps[k]) for k, dim in enumerate(x.shape)]
+    for i, key in enumerate(("start", "stop", "step")):
+        c.out[key] = tuple(t[i] for t in triples)
+    return TensorType(tuple(len(range(*t)) for t in triples), x.dtype)
+
+
+def _slice_axis(
+    axis: int, dim: int, start: int | None, stop: int | None, step: int | None
+) -> tuple[int, int, int]:
+    step = 1 if step is None else step
+    if step == 0:
+        fail(f"slice step is 0 on axis {axis}")
+    low, high = (0, dim) if step > 0 else (-1, dim - 1)
+    start = (low if step > 0 else high) if start is None else start
+    stop = (high if step > 0 else low) if stop is None else stop
+    for what, v in (("start", start), ("stop", stop)):
+        if not low <= v <= high:
+            fail(
+                f"slice {what} {v} on axis {axis} (extent {dim}, step {step}) is not in normal "
+                f"form {low}..{high}; slice_indices/GraphBuilder.slice take Python-style indices"
+            )
+    return start, stop, step
+
+
+def slice_indices(
+    shape: Sequence[int],
+    start: Sequence[int | None],
+    stop: Sequence[int | None],
+    step: Sequence[int | None] | None = None,
+) -> dict[str, tuple[int, ...]]:
+    """Python-style slice bounds (negatives count from the end) in slice's normal form.
+
+    Axes past the given entries take their full range, as in numpy indexing.
+    """
+    step = step if step is not None else (None,) * len(start)
+    if not len(start) == len(stop) == len(step) <= len(shape):
+        raise TypeInferenceError(
+            f"hexir.slice: start, stop and step need equal lengths up to rank {len(shape)}, "
+            f"got {tuple(start)}, {tuple(stop)}, {tuple(step)}"
+        )
+    if any(s == 0 for s in step):
+        raise TypeInferenceError(f"hexir.slice: step is 0 in {tuple(step)}")
+    given = zip(start, stop, step, shape[: len(start)], strict=True)
+    triples = [slice(a, b, c).indices(dim) for a, b, c, dim in given]
+    triples += [(0, dim, 1) for dim in shape[len(triples) :]]
+    return {key: tuple(t[i] for t in triples) for i, key in enumerate(("start", "stop", "step"))}
+
+
+def _slice_build(
+    x: Value,
+    start: Sequence[int | None],
+    stop: Sequence[int | None],
+    step: Sequence[int | None] | None = None,
+) -> tuple[Sequence[Value], dict[str, object]]:
+    """`x[start:stop:step]` per axis, Python-style (negatives count from the end)."""
+    return (x,), dict(slice_indices(x.type.shape, start, stop, step))
+
+
+def _slice_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    starts, stops = get_ints(attrs, "start"), get_ints(attrs, "stop")
+    steps = get_ints(attrs, "step")
+    # slice.indices gives stop = -1 for "before index 0" with a negative step; to numpy a
+    # negative stop counts from the end, so spell it as None.
+    index = tuple(
+        slice(a, None if b < 0 else b, c) for a, b, c in zip(starts, stops, steps, strict=True)
+    )
+    return xs[0][index]
+
+
+def _slice_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    (x,) = args
+    start, step = attr_ints(op, "start"), attr_ints(op, "step")
+
+    def load(i: Indices) -> Expr:
+        # An axis that keeps one element needs no var: it reads `start` whatever the step.
+        return x[
+            tuple(
+                IntImm(b) if n == 1 else affine([(v, s)], b)
+                for v, b, s, n in zip(i, start, step, out.shape, strict=True)
+            )
+        ]
+
+    k.compute("slice", out, load)
+
+
+def _slice_export(ex: Exporter, op: Op) -> None:
+    out = op.result.name
+    starts, stops, steps = (attr_ints(op, k) for k in ("start", "stop", "step"))
+    # In normal form a stop of -1 with a negative step means "through index 0"; to ONNX a -1
+    # counts from the end, so say "before the start" with the most negative int64.
+    ends = tuple(
+        np.iinfo(np.int64).min if b == -1 and c < 0 else b
+        for b, c in zip(stops, steps, strict=True)
+    )
+    axes = tuple(range(len(starts)))
+    inputs = [
+        ex.ints(v, f"{out}.{k}")
+        for k, v in zip(
+            ("starts", "ends", "axes", "steps"), (starts, ends, axes, steps), strict=True
+        )
+    ]
+    ex.node("Slice", [op.operands[0].name, *inputs], out)
+
+
+def _slice_cheap(op: Op) -> bool:
+    """A slice with a unit step on the innermost axis."""
+    ndim = len(op.operands[0].type.shape)
+    step = op.attr("step")
+    return isinstance(step, tuple) and (ndim == 0 or step[-1] == 1)
+
+
+SLICE = OpDef(
+    "slice",
+    "x[start:stop:step] per axis, in slice's normal form",
+    ("x",),
+    ("start", "stop", "step"),
+    infer=_slice_infer,
+    fusion=Pattern.INJECTIVE,
+    evaluate=_slice_evaluate,
+    lower=_slice_lower,
+    export=_slice_export,
+    build=_slice_build,
+    cheap=_slice_cheap,
+)
+
+
+# --- pad --------------------------------------------------------------------------------------
+
+
+def _pad_infer(c: Check) -> TensorType:
+    (x,) = c.types
+    ndim = len(x.shape)
+    before = at_least("before", c.ints("before", length=ndim), 0)
+    after = at_least("after", c.ints("after", length=ndim), 0)
+    c.real("value", 0.0)
+    return TensorType(
+        tuple(d + b + a for d, b, a in zip(x.shape, before, after, strict=True)), x.dtype
+    )
+
+
+def _pad_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    widths = list(zip(get_ints(attrs, "before"), get_ints(attrs, "after"), strict=True))
+    return np.pad(xs[0], widths, constant_values=np.asarray(attrs["value"]).astype(xs[0].dtype))
+
+
+def _pad_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    (x,) = args
+    before = attr_ints(op, "before")
+    fill = const(attr_float(op, "value"), x.dtype)
+
+    def load(i: Indices) -> Expr:
+        cond, value = guarded_load(k, x, [add(v, -b) for v, b in zip(i, before, strict=True)])
+        return value if cond is None else Select(cond, value, fill)
+
+    k.compute("pad", out, load)
+
+
+def _pad_export(ex: Exporter, op: Op) -> None:
+    out, x = op.result.name, op.operands[0]
+    pads = ex.ints(attr_ints(op, "before") + attr_ints(op, "after"), f"{out}.pads")
+    value = ex.scalar(attr_float(op, "value"), x, f"{out}.value")
+    ex.node("Pad", [x.name, pads, value], out, mode="constant")
+
+
+PAD = OpDef(
+    "pad",
+    "x with before/after elements of value added on each axis",
+    ("x",),
+    ("before", "after", "value"),
+    infer=_pad_infer,
+    fusion=Pattern.INJECTIVE,
+    evaluate=_pad_evaluate,
+    lower=_pad_lower,
+    export=_pad_export,
+    cheap=_always,
+)
+
+OPS: tuple[OpDef, ...] = (TRANSPOSE, RESHAPE, CONCAT, SLICE, PAD, CONSTANT)

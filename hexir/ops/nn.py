@@ -1,0 +1,448 @@
+"""Neural-network ops on channels and images: bias_add, batch_norm, conv2d and the pools.
+
+bias_add and batch_norm are broadcast ops (a per-channel vector along one axis), so they fuse
+as epilogues; conv2d is a contraction anchor; the pools are reductions over a window. Padded
+windows read through `guarded_load`: a select on the in-bounds condition around a load at
+clamped indices, so nothing is read out of bounds however the select is evaluated. ONNX's
+Conv and pools take floats only: on ints they export as float64 between two Casts (exact
+while the results fit a float64 mantissa).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from hexir.ir.graph import Op, TensorType, Value
+from hexir.ir.op_attrs import Check, dims, fail
+from hexir.ir.tir import Binary, Buffer, Call, Expr, Select, const
+from hexir.ops.base import Export, Exporter, OpDef, Pattern, at_least, onnx_same, operand_names
+from hexir.ops.compute import (
+    Kernel,
+    affine,
+    attr_float,
+    attr_int,
+    attr_ints,
+    floordiv,
+    guarded_load,
+    limit,
+    lowest,
+    mean,
+)
+from hexir.ops.numeric import (
+    Attrs,
+    f64,
+    get_float,
+    get_int,
+    get_ints,
+    lowest_value,
+    mean_of,
+    on_axis,
+    pad_hw,
+    wide,
+    windows,
+)
+
+
+def _onnx_on_axis(ex: Exporter, vector: str, axis: int, ndim: int) -> str:
+    """A [C] vector reshaped to broadcast along `axis` of an ndim-d tensor."""
+    if axis == ndim - 1:
+        return vector
+    shape = (-1,) + (1,) * (ndim - 1 - axis)
+    return ex.node("Reshape", [vector, ex.ints(shape, f"{vector}.shape")])
+
+
+def float_only(export: Export) -> Export:
+    """`export` for floats; on ints, the op computed in float64 between two Casts (for ops
+    whose ONNX counterparts take floats only)."""
+
+    def export_any(ex: Exporter, op: Op) -> None:
+        if op.result.type.dtype.startswith("float"):
+            export(ex, op)
+            return
+        double = ex.elem_type("float64")
+
+        def wide_value(v: Value, name: str) -> Value:
+            return Value(name, TensorType(v.type.shape, "float64"))
+
+        operands = tuple(wide_value(v, ex.node("Cast", [v.name], to=double)) for v in op.operands)
+        result = wide_value(op.result, ex.fresh(f"{op.result.name}.f64"))
+        export(ex, replace(op, operands=operands, result=result))
+        ex.node("Cast", [result.name], op.result.name, to=ex.elem_type(op.result.type.dtype))
+
+    return export_any
+
+
+# --- bias_add ---------------------------------------------------------------------------------
+
+
+def _bias_add_infer(c: Check) -> TensorType:
+    x, b = c.types
+    dtype = c.same_dtype()
+    c.dtype_in("numeric", 0)
+    axis = c.axis("axis", len(x.shape), 1)
+    if b.shape != (x.shape[axis],):
+        fail(
+            f"b must have shape [{x.shape[axis]}] (x.shape[{axis}]), x is {dims(x)}, b is {dims(b)}"
+        )
+    return TensorType(x.shape, dtype)
+
+
+def _bias_add_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return xs[0] + on_axis(xs[1], get_int(attrs, "axis"), xs[0].ndim)
+
+
+def _bias_add_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    x, b = args
+    axis = attr_int(op, "axis")
+    k.compute("bias_add", out, lambda i: x[i] + b[i[axis]])
+
+
+def _bias_add_export(ex: Exporter, op: Op) -> None:
+    names = operand_names(op)
+    bias = _onnx_on_axis(ex, names[1], attr_int(op, "axis"), len(op.operands[0].type.shape))
+    ex.node("Add", [names[0], bias], op.result.name)
+
+
+BIAS_ADD = OpDef(
+    "bias_add",
+    "x + b[C] along axis",
+    ("x", "b"),
+    ("axis",),
+    infer=_bias_add_infer,
+    fusion=Pattern.BROADCAST,
+    evaluate=_bias_add_evaluate,
+    lower=_bias_add_lower,
+    export=_bias_add_export,
+)
+
+
+# --- batch_norm -------------------------------------------------------------------------------
+
+
+def _batch_norm_infer(c: Check) -> TensorType:
+    x = c.types[0]
+    c.same_dtype()
+    c.dtype_in("float", 0)
+    axis = c.axis("axis", len(x.shape), 1)
+    c.real("epsilon", 1e-5)
+    for name, t in zip(c.names[1:], c.types[1:], strict=True):
+        if t.shape != (x.shape[axis],):
+            fail(f"{name} must have shape [{x.shape[axis]}] (x.shape[{axis}]), got {dims(t)}")
+    return x
+
+
+def _batch_norm_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, scale, shift, mean, var = (f64(v) for v in xs)
+    axis, eps = get_int(attrs, "axis"), get_float(attrs, "epsilon")
+    inv = scale / np.sqrt(var + eps)
+    return (x - on_axis(mean, axis, x.ndim)) * on_axis(inv, axis, x.ndim) + on_axis(
+        shift, axis, x.ndim
+    )
+
+
+def _batch_norm_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    x, scale, shift, mean, var = args
+    axis = attr_int(op, "axis")
+    eps = const(attr_float(op, "epsilon"), x.dtype)
+
+    def value(i: tuple[Expr, ...]) -> Expr:
+        c = i[axis]
+        norm = (x[i] - mean[c]) / Call("sqrt", (var[c] + eps,))
+        return norm * scale[c] + shift[c]
+
+    k.compute("batch_norm", out, value)
+
+
+def _batch_norm_export(ex: Exporter, op: Op) -> None:
+    """BatchNormalization on axis 1, arithmetic on any other axis."""
+    names = operand_names(op)
+    x, out = op.operands[0], op.result.name
+    axis, eps = attr_int(op, "axis"), attr_float(op, "epsilon")
+    ndim = len(x.type.shape)
+    if axis == 1 and ndim >= 2:
+        ex.node("BatchNormalization", names, out, epsilon=eps)
+        return
+    _, scale, shift, mean, var = (_onnx_on_axis(ex, n, axis, ndim) for n in names)
+    std = ex.node("Sqrt", [ex.node("Add", [var, ex.scalar(eps, x, f"{out}.eps")])])
+    inv = ex.node("Div", [scale, std])
+    centered = ex.node("Sub", [names[0], mean])
+    ex.node("Add", [ex.node("Mul", [centered, inv]), shift], out)
+
+
+BATCH_NORM = OpDef(
+    "batch_norm",
+    "(x - mean) / sqrt(var + epsilon) · scale + shift, per channel along axis",
+    ("x", "scale", "shift", "mean", "var"),
+    ("axis", "epsilon"),
+    infer=_batch_norm_infer,
+    fusion=Pattern.BROADCAST,
+    evaluate=_batch_norm_evaluate,
+    lower=_batch_norm_lower,
+    export=_batch_norm_export,
+)
+
+
+# --- conv2d -----------------------------------------------------------------------------------
+
+
+def window_extent(size: int, kernel: int, stride: int, pad: int, dilation: int = 1) -> int:
+    """The output extent of a window sliding over a padded axis."""
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _conv2d_infer(c: Check) -> TensorType:
+    x, w = c.ranks(4, 4)
+    c.dtype_in("numeric", 0)
+    dtype = c.same_dtype()
+    stride = at_least("stride", c.ints("stride", 1, length=2), 1)
+    padding = at_least("padding", c.ints("padding", 0, length=2), 0)
+    dilation = at_least("dilation", c.ints("dilation", 1, length=2), 1)
+    groups = c.integer("groups", 1, minimum=1)
+    n, ch, h, wd = x.shape
+    k, cg, r, s = w.shape
+    if ch % groups or k % groups:
+        fail(f"groups={groups} must divide x's {ch} channels and w's {k} filters")
+    if cg * groups != ch:
+        fail(f"w has {cg} channels per group, x has {ch} channels in {groups} group(s)")
+    oh = window_extent(h, r, stride[0], padding[0], dilation[0])
+    ow = window_extent(wd, s, stride[1], padding[1], dilation[1])
+    if oh < 1 or ow < 1:
+        fail(f"the {r}x{s} kernel (dilation {dilation}) does not fit x's padded {h}x{wd} image")
+    return TensorType((n, k, oh, ow), dtype)
+
+
+def _conv2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, w = wide(xs[0]), wide(xs[1])
+    groups = get_int(attrs, "groups")
+    n, k = x.shape[0], w.shape[0]
+    kg, cg, r, s = k // groups, w.shape[1], w.shape[2], w.shape[3]
+    padded = pad_hw(x, get_ints(attrs, "padding"), 0)
+    win = windows(padded, (r, s), get_ints(attrs, "stride"), get_ints(attrs, "dilation"))
+    oh, ow = win.shape[2], win.shape[3]
+    # im2col per group, then one batched matmul: [N, G, OH*OW, Cg*R*S] @ [G, Cg*R*S, Kg].
+    cols = win.reshape(n, groups, cg, oh, ow, r, s).transpose(0, 1, 3, 4, 2, 5, 6)
+    cols = cols.reshape(n, groups, oh * ow, cg * r * s)
+    filt = w.reshape(groups, kg, cg * r * s).transpose(0, 2, 1)
+    out = np.matmul(cols, filt)
+    return out.reshape(n, groups, oh, ow, kg).transpose(0, 1, 4, 2, 3).reshape(n, k, oh, ow)
+
+
+def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    x, w = args
+    (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
+    (dh, dw), groups = attr_ints(op, "dilation"), attr_int(op, "groups")
+    k_per_group, c_per_group = out.shape[1] // groups, w.shape[1]
+
+    def value(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
+        n, kk, oh, ow = s
+        c, rh, rw = r
+        channel = c if groups == 1 else affine([(floordiv(kk, k_per_group), c_per_group), (c, 1)])
+        h = affine([(oh, sh), (rh, dh)], -ph)
+        wi = affine([(ow, sw), (rw, dw)], -pw)
+        cond, load = guarded_load(k, x, (n, channel, h, wi))
+        pixel = load if cond is None else Select(cond, load, const(0, x.dtype))
+        return pixel * w[kk, c, rh, rw]
+
+    k.reduce("conv2d", out, w.shape[1:], value)
+
+
+def _conv2d_export(ex: Exporter, op: Op) -> None:
+    ex.node(
+        "Conv",
+        operand_names(op),
+        op.result.name,
+        kernel_shape=list(op.operands[1].type.shape[2:]),
+        strides=list(attr_ints(op, "stride")),
+        pads=list(attr_ints(op, "padding")) * 2,
+        dilations=list(attr_ints(op, "dilation")),
+        group=attr_int(op, "groups"),
+    )
+
+
+CONV2D = OpDef(
+    "conv2d",
+    "NCHW x convolved with KCRS w (C/groups channels per filter)",
+    ("x", "w"),
+    ("stride", "padding", "dilation", "groups"),
+    infer=_conv2d_infer,
+    fusion=Pattern.OUT_FUSABLE,
+    evaluate=_conv2d_evaluate,
+    lower=_conv2d_lower,
+    export=float_only(_conv2d_export),
+)
+
+
+# --- pools ------------------------------------------------------------------------------------
+
+
+def _pool2d_infer(c: Check) -> TensorType:
+    (x,) = c.ranks(4)
+    c.dtype_in("numeric")
+    kernel = at_least("kernel", c.ints("kernel", length=2), 1)
+    stride = at_least("stride", c.ints("stride", kernel, length=2), 1)
+    padding = at_least("padding", c.ints("padding", 0, length=2), 0)
+    if padding[0] >= kernel[0] or padding[1] >= kernel[1]:
+        fail(f"padding {padding} must be smaller than the kernel {kernel}")
+    n, ch, h, w = x.shape
+    oh = window_extent(h, kernel[0], stride[0], padding[0])
+    ow = window_extent(w, kernel[1], stride[1], padding[1])
+    if oh < 1 or ow < 1:
+        fail(f"the {kernel[0]}x{kernel[1]} window does not fit x's padded {h}x{w} image")
+    return TensorType((n, ch, oh, ow), x.dtype)
+
+
+def _max_pool2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = xs[0]
+    # Padding with the lowest value leaves every max to in-bounds elements only.
+    padded = pad_hw(x, get_ints(attrs, "padding"), lowest_value(x.dtype))
+    kernel, stride = get_ints(attrs, "kernel"), get_ints(attrs, "stride")
+    return windows(padded, kernel, stride, (1, 1)).max(axis=(4, 5))
+
+
+def _avg_pool2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = wide(xs[0])
+    kernel, stride, padding = (
+        get_ints(attrs, "kernel"),
+        get_ints(attrs, "stride"),
+        get_ints(attrs, "padding"),
+    )
+    padded = pad_hw(x, padding, 0)
+    total = windows(padded, kernel, stride, (1, 1)).sum(axis=(4, 5))
+    # count_include_pad=False: divide by the in-bounds elements of each window.
+    ones = pad_hw(np.ones((1, 1) + x.shape[2:], np.int64), padding, 0)
+    count = windows(ones, kernel, stride, (1, 1)).sum(axis=(4, 5))
+    return mean_of(total, count)
+
+
+def _window(k: Kernel, op: Op, x: Buffer, s: tuple[Expr, ...], r: tuple[Expr, ...]):
+    """(cond or None, load) of the pool window element r at output position s."""
+    (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
+    n, c, oh, ow = s
+    h = affine([(oh, sh), (r[0], 1)], -ph)
+    w = affine([(ow, sw), (r[1], 1)], -pw)
+    return guarded_load(k, x, (n, c, h, w))
+
+
+def _max_pool2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    (x,) = args
+    low = lowest(x.dtype)
+
+    def value(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
+        cond, load = _window(k, op, x, s, r)
+        return load if cond is None else Select(cond, load, low)
+
+    k.reduce("max_pool2d", out, attr_ints(op, "kernel"), value, combine="max", init=low)
+
+
+def _avg_pool2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    (x,) = args
+    kh, kw = attr_ints(op, "kernel")
+
+    def term(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
+        cond, load = _window(k, op, x, s, r)
+        return load if cond is None else Select(cond, load, const(0, x.dtype))
+
+    padded = any(attr_ints(op, "padding"))
+    count = (lambda s: _in_bounds_count(k, op, x, s)) if padded else kh * kw
+    mean(k, "avg_pool2d", out, (kh, kw), term, count)
+
+
+def _in_bounds_count(k: Kernel, op: Op, x: Buffer, s: tuple[Expr, ...]) -> Expr:
+    """How many elements of the window at output position s lie inside the input
+    (count_include_pad=False), as an expression of the output position."""
+    extents = []
+    for pos, stride, pad, size, extent in zip(
+        s[2:],
+        attr_ints(op, "stride"),
+        attr_ints(op, "padding"),
+        attr_ints(op, "kernel"),
+        x.shape[2:],
+        strict=True,
+    ):
+        start = limit(k, affine([(pos, stride)], -pad), 0, extent)
+        end = limit(k, affine([(pos, stride)], size - pad), 0, extent)
+        extents.append(Binary("-", end, start))
+    return Binary("*", extents[0], extents[1])
+
+
+def _pool_export(ex: Exporter, op: Op) -> None:
+    common = {
+        "kernel_shape": list(attr_ints(op, "kernel")),
+        "strides": list(attr_ints(op, "stride")),
+        "pads": list(attr_ints(op, "padding")) * 2,
+    }
+    if op.kind == "max_pool2d":
+        ex.node("MaxPool", operand_names(op), op.result.name, **common)
+    else:  # hexir averages over the in-bounds elements only
+        ex.node("AveragePool", operand_names(op), op.result.name, count_include_pad=0, **common)
+
+
+def _pool(name: str, doc: str, evaluate, lower) -> OpDef:
+    return OpDef(
+        name,
+        doc,
+        ("x",),
+        ("kernel", "stride", "padding"),
+        infer=_pool2d_infer,
+        fusion=Pattern.REDUCTION,
+        evaluate=evaluate,
+        lower=lower,
+        export=float_only(_pool_export),
+    )
+
+
+MAX_POOL2D = _pool(
+    "max_pool2d",
+    "the max over each NCHW window's in-bounds elements",
+    _max_pool2d_evaluate,
+    _max_pool2d_lower,
+)
+AVG_POOL2D = _pool(
+    "avg_pool2d",
+    "the mean over each NCHW window's in-bounds elements (count_include_pad=False)",
+    _avg_pool2d_evaluate,
+    _avg_pool2d_lower,
+)
+
+
+def _global_avg_pool2d_infer(c: Check) -> TensorType:
+    (x,) = c.ranks(4)
+    c.dtype_in("numeric")
+    return TensorType(x.shape[:2] + (1, 1), x.dtype)
+
+
+def _global_avg_pool2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = xs[0]
+    total = np.sum(wide(x), axis=(2, 3), keepdims=True)
+    return mean_of(total, x.shape[2] * x.shape[3])
+
+
+def _global_avg_pool2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    (x,) = args
+    h, w = x.shape[2:]
+    term = lambda s, r: x[s[0], s[1], r[0], r[1]]  # noqa: E731
+    mean(k, "global_avg_pool2d", out, (h, w), term, h * w)
+
+
+GLOBAL_AVG_POOL2D = OpDef(
+    "global_avg_pool2d",
+    "the mean over each NCHW image: [N,C,1,1]",
+    ("x",),
+    (),
+    infer=_global_avg_pool2d_infer,
+    fusion=Pattern.REDUCTION,
+    evaluate=_global_avg_pool2d_evaluate,
+    lower=_global_avg_pool2d_lower,
+    export=float_only(onnx_same("GlobalAveragePool")),
+)
+
+OPS: tuple[OpDef, ...] = (
+    BIAS_ADD,
+    CONV2D,
+    BATCH_NORM,
+    MAX_POOL2D,
+    AVG_POOL2D,
+    GLOBAL_AVG_POOL2D,
+)

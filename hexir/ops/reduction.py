@@ -1,0 +1,273 @@
+"""Reductions and the multi-stage normalizations: reduce_sum/mean/max, softmax (max, exp, sum,
+norm) and layer_norm (mean, var, norm).
+
+A reduction ends the fusion group it joins; softmax and layer_norm are single ops, so each is
+one kernel with its elementwise producers. Their numpy semantics reduce in float64 (int64 for
+ints; integer means truncate toward zero, as the kernels' C division does).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+
+from hexir.ir.graph import Op, TensorType
+from hexir.ir.op_attrs import Check, dims, fail, normalize_axis
+from hexir.ir.tir import Buffer, Call, Expr, const
+from hexir.ops.base import Evaluate, Exporter, Infer, Lower, OpDef, Pattern, operand_names
+from hexir.ops.compute import Kernel, ReduceFn, attr_float, attr_int, attr_ints, lowest, mean
+from hexir.ops.numeric import Attrs, f64, get_float, get_int, get_ints, lowest_value, mean_of, wide
+
+Indices = tuple[Expr, ...]
+T = TypeVar("T")
+# One reduction stage: (kernel, out, the reduced extents, the input element, its dtype).
+Stage = Callable[[Kernel, Buffer, tuple[int, ...], ReduceFn, str], None]
+
+# --- reduce_sum, reduce_mean, reduce_max -------------------------------------------------------
+
+
+def _reduce_infer(allowed: str) -> Infer:
+    def infer(c: Check) -> TensorType:
+        (x,) = c.types
+        c.dtype_in(allowed)
+        ndim = len(x.shape)
+        if not isinstance(c.raw.get("axes"), bool) and hasattr(c.raw.get("axes"), "__index__"):
+            c.raw["axes"] = (c.raw["axes"],)
+        given = c.ints("axes", tuple(range(ndim)))
+        axes = tuple(sorted(normalize_axis(a, ndim) for a in given))
+        if len(set(axes)) != len(axes):
+            fail(f"attribute 'axes' repeats an axis: {given}")
+        c.out["axes"] = axes
+        if c.flag("keepdims", False):
+            return TensorType(tuple(1 if k in axes else d for k, d in enumerate(x.shape)), x.dtype)
+        return TensorType(tuple(d for k, d in enumerate(x.shape) if k not in axes), x.dtype)
+
+    return infer
+
+
+def _reduced_index(ndim: int, axes: tuple[int, ...], keepdims: bool, s: Indices, r: Indices):
+    """The input index of a reduction: reduce vars on `axes`, spatial vars elsewhere."""
+    index, s_at, r_at = [], 0, 0
+    for d in range(ndim):
+        if d in axes:
+            index.append(r[r_at])
+            r_at += 1
+            s_at += keepdims  # a kept axis has an extent-1 spatial var that the input ignores
+        else:
+            index.append(s[s_at])
+            s_at += 1
+    return tuple(index)
+
+
+def _reduce_lower(stage: Stage) -> Lower:
+    def lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+        (x,) = args
+        axes = attr_ints(op, "axes")
+        keepdims = op.attr("keepdims") is True
+        extents = tuple(x.shape[a] for a in axes)
+
+        def load(s: Indices, r: Indices) -> Expr:
+            return x[_reduced_index(len(x.shape), axes, keepdims, s, r)]
+
+        stage(k, out, extents, load, x.dtype)
+
+    return lower
+
+
+def _sum_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn, dt: str) -> None:
+    k.reduce("reduce_sum", out, extents, load)
+
+
+def _max_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn, dt: str) -> None:
+    k.reduce("reduce_max", out, extents, load, combine="max", init=lowest(dt))
+
+
+def _mean_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn, dt: str) -> None:
+    mean(k, "reduce_mean", out, extents, load, math.prod(extents))
+
+
+def _reduce_sum_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return np.sum(wide(xs[0]), axis=get_ints(attrs, "axes"), keepdims=bool(attrs["keepdims"]))
+
+
+def _reduce_mean_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, axes = xs[0], get_ints(attrs, "axes")
+    count = math.prod(x.shape[a] for a in axes)
+    return mean_of(np.sum(wide(x), axis=axes, keepdims=bool(attrs["keepdims"])), count)
+
+
+def _reduce_max_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = xs[0]
+    # The initial value makes an empty reduction give the kernels' identity, not a numpy error.
+    return np.max(
+        x,
+        axis=get_ints(attrs, "axes"),
+        keepdims=bool(attrs["keepdims"]),
+        initial=lowest_value(x.dtype),
+    )
+
+
+def _reduce_export(ex: Exporter, op: Op) -> None:
+    names, out = operand_names(op), op.result.name
+    axes = attr_ints(op, "axes")
+    keepdims = int(bool(op.attr("keepdims")))
+    if not axes:  # no axis reduced; to ONNX empty axes would mean every axis
+        ex.node("Identity", names, out)
+    elif op.kind == "reduce_sum":  # axes became an input in opset 13, for ReduceSum only
+        ex.node("ReduceSum", [names[0], ex.ints(axes, f"{out}.axes")], out, keepdims=keepdims)
+    else:
+        onnx_op = "ReduceMean" if op.kind == "reduce_mean" else "ReduceMax"
+        ex.node(onnx_op, names, out, axes=list(axes), keepdims=keepdims)
+
+
+def _reduce(name: str, doc: str, allowed: str, evaluate: Evaluate, stage: Stage) -> OpDef:
+    return OpDef(
+        name,
+        doc,
+        ("x",),
+        ("axes", "keepdims"),
+        infer=_reduce_infer(allowed),
+        fusion=Pattern.REDUCTION,
+        evaluate=evaluate,
+        lower=_reduce_lower(stage),
+        export=_reduce_export,
+    )
+
+
+REDUCE_SUM = _reduce("reduce_sum", "the sum over axes", "numeric", _reduce_sum_evaluate, _sum_stage)
+REDUCE_MEAN = _reduce(
+    "reduce_mean", "the mean over axes", "numeric", _reduce_mean_evaluate, _mean_stage
+)
+REDUCE_MAX = _reduce("reduce_max", "the max over axes", "any", _reduce_max_evaluate, _max_stage)
+
+
+# --- softmax ----------------------------------------------------------------------------------
+
+
+def _drop(i: tuple[T, ...], axis: int) -> tuple[T, ...]:
+    return i[:axis] + i[axis + 1 :]
+
+
+def _insert(s: Indices, axis: int, r: Indices) -> Indices:
+    return s[:axis] + r + s[axis:]
+
+
+def _softmax_infer(c: Check) -> TensorType:
+    (x,) = c.types
+    c.dtype_in("float")
+    c.axis("axis", len(x.shape), len(x.shape) - 1)
+    return x
+
+
+def _softmax_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, axis = f64(xs[0]), get_int(attrs, "axis")
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _softmax_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """max, exp(x - max), sum, divide: the numerically stable form."""
+    (x,) = args
+    axis = attr_int(op, "axis")
+    n, rest, dt = x.shape[axis], _drop(x.shape, axis), x.dtype
+    mx = k.alloc("softmax_max", rest, dt)
+    k.reduce("softmax_max", mx, (n,), lambda s, r: x[_insert(s, axis, r)], "max", lowest(dt))
+    e = k.alloc("softmax_exp", x.shape, dt)
+    k.compute("softmax_exp", e, lambda i: Call("exp", (x[i] - mx[_drop(i, axis)],)))
+    total = k.alloc("softmax_sum", rest, dt)
+    k.reduce("softmax_sum", total, (n,), lambda s, r: e[_insert(s, axis, r)])
+    k.compute("softmax_norm", out, lambda i: e[i] / total[_drop(i, axis)])
+
+
+def _softmax_export(ex: Exporter, op: Op) -> None:
+    ex.node("Softmax", operand_names(op), op.result.name, axis=attr_int(op, "axis"))
+
+
+SOFTMAX = OpDef(
+    "softmax",
+    "exp(x) / sum(exp(x)) along axis",
+    ("x",),
+    ("axis",),
+    infer=_softmax_infer,
+    fusion=Pattern.REDUCTION,
+    evaluate=_softmax_evaluate,
+    lower=_softmax_lower,
+    export=_softmax_export,
+)
+
+
+# --- layer_norm -------------------------------------------------------------------------------
+
+
+def _layer_norm_infer(c: Check) -> TensorType:
+    x = c.types[0]
+    dtype = c.same_dtype()
+    c.dtype_in("float", 0)
+    axis = c.axis("axis", len(x.shape), len(x.shape) - 1)
+    c.real("epsilon", 1e-5)
+    for name, t in zip(c.names[1:], c.types[1:], strict=True):
+        if t.shape != x.shape[axis:]:
+            want = "x".join(map(str, x.shape[axis:]))
+            fail(f"{name} must have shape {want} (x.shape[{axis}:]), got {dims(t)}")
+    return TensorType(x.shape, dtype)
+
+
+def _layer_norm_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, gamma, beta = (f64(v) for v in xs)
+    axes = tuple(range(get_int(attrs, "axis"), x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = np.square(x - mean).mean(axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(var + get_float(attrs, "epsilon")) * gamma + beta
+
+
+def _layer_norm_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """mean, then the variance around it (two passes: stable), then normalize and scale."""
+    x, gamma, beta = args
+    axis = attr_int(op, "axis")
+    eps = const(attr_float(op, "epsilon"), x.dtype)
+    outer, inner, dt = x.shape[:axis], x.shape[axis:], x.dtype
+    scale = const(1 / math.prod(inner), dt)
+    mean = k.alloc("layer_norm_mean", outer, dt)
+    k.reduce("layer_norm_mean", mean, inner, lambda s, r: x[s + r] * scale)
+    var = k.alloc("layer_norm_var", outer, dt)
+
+    def square(s: Indices, r: Indices) -> Expr:
+        d = x[s + r] - mean[s]
+        return d * d * scale
+
+    k.reduce("layer_norm_var", var, inner, square)
+
+    def norm(i: Indices) -> Expr:
+        o, j = i[:axis], i[axis:]
+        centered = (x[i] - mean[o]) * Call("rsqrt", (var[o] + eps,))
+        return centered * gamma[j] + beta[j]
+
+    k.compute("layer_norm_norm", out, norm)
+
+
+def _layer_norm_export(ex: Exporter, op: Op) -> None:
+    ex.node(
+        "LayerNormalization",
+        operand_names(op),
+        op.result.name,
+        axis=attr_int(op, "axis"),
+        epsilon=attr_float(op, "epsilon"),
+    )
+
+
+LAYER_NORM = OpDef(
+    "layer_norm",
+    "x normalized over axes axis..ndim-1, then · gamma + beta",
+    ("x", "gamma", "beta"),
+    ("axis", "epsilon"),
+    infer=_layer_norm_infer,
+    fusion=Pattern.REDUCTION,
+    evaluate=_layer_norm_evaluate,
+    lower=_layer_norm_lower,
+    export=_layer_norm_export,
+)
+
+OPS: tuple[OpDef, ...] = (SOFTMAX, LAYER_NORM, REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX)
