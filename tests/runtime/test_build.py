@@ -174,7 +174,7 @@ def test_read_only_output(kernel, arrays):
 def test_time_returns_a_positive_median(kernel, arrays):
     with knobs.scope(timing_warmup=1, timing_repeats=3, timing_min_seconds=0.001):
         seconds = kernel.time(*arrays)
-    assert 0 < seconds < 1
+    assert seconds > 0
     np.testing.assert_allclose(arrays[2], 2 * arrays[0] + arrays[1], rtol=1e-6)
 
 
