@@ -23,10 +23,13 @@ CudaKernel, which pickles with its CUBIN. Every node must have the driver's CPU 
 key): a node that does not refuses the work with a MeasureError.
 
 Nothing of Ray leaves this module: results are MeasureResults, an exception raised in a task
-or actor is raised here as itself (a HexirError stays a HexirError), and a failure of the
-cluster (a node or actor lost) is a MeasureError. After any exception, KeyboardInterrupt
-included, the executor cancels its builds and kills its runner actors; the next `measure`
-starts new ones.
+or actor is raised here as itself (a HexirError stays a HexirError), and any other failure of
+the cluster is a MeasureError. A runner lost while it times a candidate (its node left the
+cluster, its process was killed) costs that candidate a "crash" record: the other runners
+take the rest of the batch, or new ones where none is left, and the next batch starts a full
+set on the nodes alive then. (Builds are Ray tasks, which Ray retries on another worker.)
+After any exception, KeyboardInterrupt included, the executor cancels its builds and kills its
+runner actors; the next `measure` starts new ones.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ RUNNER_NAME = "hexir-runner"
 CLOSE_TIMEOUT = 10.0
 # The same after an exception in `measure` (a runner busy with a candidate will not answer).
 RESET_TIMEOUT = 1.0
+# Seconds to wait for an address to join to accept a connection at all.
+CONNECT_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -77,9 +82,12 @@ class RayExecutor:
     machine's); `"auto"` joins the cluster running on this machine, `"ray://host:port"` a
     remote one through Ray Client (`runtime_env` then says how its workers get Hexir, e.g.
     `{"pip": ["hexir"]}`). Where Ray is already initialized in this process, the executor
-    uses that connection. `num_builders` caps the builds in flight (default: every CPU of the
-    cluster). `close()` kills the runner actors and, where this executor called `ray.init`,
-    `ray.shutdown()`: a local cluster it started stops, a joined one keeps running."""
+    uses that connection. An address where nothing listens is a MeasureError within
+    CONNECT_TIMEOUT seconds; one where something else listens is Ray's to give up on (20
+    attempts of about half a minute; Ray's RAY_gcs_server_port_wait_time_s sets how many).
+    `num_builders` caps the builds in flight (default: every CPU of the cluster). `close()`
+    kills the runner actors and, where this executor called `ray.init`, `ray.shutdown()`: a
+    local cluster it started stops, a joined one keeps running."""
 
     def __init__(
         self,
@@ -192,7 +200,8 @@ class RayExecutor:
     def _run_all(
         self, wire: list[Candidate], builds: list[ShippedBuild], values: Any
     ) -> list[MeasureResult]:
-        """Each built candidate timed by the next free runner; failed builds are records."""
+        """Each built candidate timed by the next free runner; failed builds are records, and so
+        is a candidate whose runner was lost."""
         ray = _ray()
         results: list[MeasureResult | None] = [None] * len(wire)
         queue: deque[int] = deque()
@@ -203,16 +212,32 @@ class RayExecutor:
                 results[index] = MeasureResult.from_build(shipped.build)
         idle = list(self._actors or [])
         busy: dict[Any, Any] = {}
+        lost = False
         while queue or busy:
+            if queue and not idle and not busy:  # every runner lost: new ones for the rest
+                idle = self._restart_runners()
             while queue and idle:
                 index, actor = queue.popleft(), idle.pop()
                 busy[actor.run.remote(wire[index], builds[index], values)] = (index, actor)
             done, _ = ray.wait(list(busy), num_returns=1)
             for ref in done:
                 index, actor = busy.pop(ref)
-                results[index] = ray.get(ref)
-                idle.append(actor)
+                try:
+                    results[index] = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    results[index] = _lost_runner(e, builds[index].build)
+                    lost = True
+                else:
+                    idle.append(actor)
+        if lost:  # the next batch starts a runner on every node alive then
+            self._stop_runners(CLOSE_TIMEOUT)
         return [r for r in results if r is not None]
+
+    def _restart_runners(self) -> list[Any]:
+        """New runners, on the nodes alive now, in place of this executor's (all lost)."""
+        self._stop_runners(RESET_TIMEOUT)
+        self._actors = self._start_runners()
+        return list(self._actors)
 
     def _reset(self) -> None:
         """Cancel the builds in flight and stop the runners, busy ones too: nothing of this
@@ -363,14 +388,59 @@ def _connect(address: str | None, num_cpus: int | None, runtime_env: dict[str, A
             # "local": a new cluster even where one already runs on this machine.
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet)
         else:
+            _check_listening(address)
             ray.init(address=address, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as e:
-        where = "start a local Ray cluster" if address is None else f"join {address!r}"
-        raise MeasureError(
-            f"could not {where}: {e}. Check the address and that the cluster runs "
-            "(`ray status`), or leave address=None to start a local cluster"
-        ) from None
+        raise _connect_error(address, str(e)) from None
     return True
+
+
+def _connect_error(address: str | None, reason: str) -> MeasureError:
+    where = "start a local Ray cluster" if address is None else f"join {address!r}"
+    token = ""
+    if address not in (None, "auto") and "Failed to connect" in reason:
+        # Ray sends its token only to a cluster it found itself ("auto"), never to an address.
+        token = (
+            ", and where it asks for a token (as `ray start` makes it do), that "
+            "RAY_AUTH_MODE=token is set here"
+        )
+    return MeasureError(
+        f"could not {where}: {reason.rstrip('.')}. Check the address and that the cluster runs "
+        f"(`ray status`){token}; or leave address=None to start a local cluster"
+    )
+
+
+def _check_listening(address: str) -> None:
+    """MeasureError at once where nothing listens at a `host:port` or `ray://host:port`
+    address: Ray itself retries one for a quarter of an hour. ("auto" is Ray's to find; it
+    refuses at once where no cluster runs on this machine.)"""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not port.isdigit():
+        return
+    if host in ("", "localhost", "127.0.0.1", "::1") and not address.startswith("ray://"):
+        host = _ray().util.get_node_ip_address()  # where Ray joins a cluster of this machine
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as e:
+        raise _connect_error(address, f"nothing answers at {host}:{port} ({e})") from None
+
+
+def _lost_runner(error: BaseException, build: BuildResult) -> MeasureResult:
+    """The record of a candidate whose runner actor died under it."""
+    return MeasureResult.error(
+        "crash",
+        f"the Ray runner timing this candidate was lost ({type(error).__name__}: "
+        f"{_first_line(error)}): its node left the cluster or its process was killed. The "
+        "rest of the batch went to the other runners, or new ones; check the cluster's nodes "
+        "(`ray status`) and its logs (/tmp/ray/session_latest/logs). Library "
+        f"{build.path}, its C source beside it",
+        dict(build.info),
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def _unwrapped(error: BaseException) -> BaseException:
@@ -381,9 +451,9 @@ def _unwrapped(error: BaseException) -> BaseException:
     if isinstance(error, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
         cause.add_note(f"(raised in a Ray worker; its traceback:)\n{error}")
         return cause
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return MeasureError(
-        f"the Ray cluster failed while measuring ({type(error).__name__}: {first}); the "
+        f"the Ray cluster failed while measuring ({type(error).__name__}: "
+        f"{_first_line(error)}); the "
         "executor stopped its runners and starts new ones on the next measure. Check the "
         "cluster's nodes (`ray status`) and its logs (/tmp/ray/session_latest/logs)"
     )

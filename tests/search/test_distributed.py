@@ -13,6 +13,7 @@ import random
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from hexir.ir.tir import PrimFunc
 from hexir.ops.parse import parse
 from hexir.runtime.target import Target
 from hexir.schedule import Schedule, Trace
+from hexir.search.builders import CpuBuilder
 from hexir.search.distributed import NodeRunner, RayExecutor, ShippedBuild, build_one
 from hexir.search.executor import LocalExecutor, MeasureExecutor
 from hexir.search.measure import Candidate, MeasureResult
@@ -176,14 +178,12 @@ def test_a_cuda_build_crosses_the_cluster_with_its_cubin():
 @pytest.mark.slow
 def test_ray_measures_what_the_local_executor_measures(cluster):
     cands, kinds = mixed()
-    start = time.perf_counter()
     results = cluster.measure(cands)
-    ray_seconds = time.perf_counter() - start
     with LocalExecutor("cpu") as local:
         expected = local.measure(cands)
     assert [r.error_kind for r in expected] == kinds
     assert [r.error_kind for r in results] == kinds, [r.error_message for r in results]
-    assert cluster.workers == 2 and ray_seconds < 30
+    assert cluster.workers == 2
     for r in results:
         assert type(r) is MeasureResult and r.ok == (r.median is not None)
         assert r.build_info["build_node"] and r.build_info["run_node"]
@@ -225,20 +225,88 @@ def test_an_error_raised_on_a_worker_is_raised_as_itself(cluster):
 
 @pytest.mark.slow
 def test_keyboard_interrupt_leaves_no_runner_behind(cluster):
+    cand = hanging()
+    library = library_of(cand)
+    seen: list[int] = []
+
     def interrupt() -> None:
-        time.sleep(4.0)  # the build is done and the runner is inside the hanging kernel
-        os.kill(os.getpid(), signal.SIGINT)
+        seen.append(measuring(library))
+        if seen[0]:
+            os.kill(os.getpid(), signal.SIGINT)
 
     thread = threading.Thread(target=interrupt)
-    start = time.perf_counter()
     with knobs.scope(measure_timeout=60.0), pytest.raises(KeyboardInterrupt):
         thread.start()
-        cluster.measure([hanging()])
+        cluster.measure([cand])
     thread.join()
-    assert time.perf_counter() - start < 30
+    assert seen[0], "no measurement worker loaded the hanging candidate"
     assert runners(0) == 0, "the runner actor survived the interrupt"
     (ok,) = cluster.measure(sampled(WORKLOAD, 1, seed=5))
     assert ok.ok and runners(1) == 1
+
+
+@pytest.mark.slow
+def test_a_runner_lost_mid_measure_costs_its_candidate_one_crash_record(cluster):
+    # What a node that leaves the cluster does to the driver: the runner actor's process
+    # ends while it times a candidate (here the hanging one, so it surely is timing it).
+    cand = hanging()
+    library = library_of(cand)
+    killed: list[str] = []
+
+    def kill_the_runner() -> None:
+        worker = measuring(library)
+        if worker:
+            runner = parent_of(worker)
+            killed.append(Path(f"/proc/{runner}/cmdline").read_text())
+            os.kill(runner, signal.SIGKILL)
+
+    thread = threading.Thread(target=kill_the_runner)
+    thread.start()
+    with knobs.scope(measure_timeout=60.0):
+        results = cluster.measure([cand, *sampled(WORKLOAD, 2, seed=9)])
+    thread.join()
+    assert killed and "NodeRunner" in killed[0], killed
+    assert [r.error_kind for r in results] == ["crash", None, None]
+    assert "runner timing this candidate was lost" in (results[0].error_message or "")
+    assert all(len(r.latencies) == REPEATS for r in results[1:])
+    # The next batch gets a full set of runners again.
+    assert runners(0) == 0
+    (ok,) = cluster.measure(sampled(WORKLOAD, 1, seed=10))
+    assert ok.ok and runners(1) == 1
+
+
+def library_of(cand: Candidate) -> str:
+    """The path of the candidate's library in the module's build cache: built here first, the
+    cluster's build finds it there, and the runner (on this machine) loads it from there."""
+    (build,) = CpuBuilder(workers=1).build([cand])
+    assert build.ok and build.path, build.error_message
+    return build.path
+
+
+def measuring(library: str) -> int:
+    """The pid of a measurement worker process that has loaded `library`, which it does only
+    to call it: a runner is then inside that kernel. Waits for one (60 s at most; 0 if none)."""
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and _worker_with(proc, library):
+                return int(proc.name)
+        time.sleep(0.1)
+    return 0
+
+
+def _worker_with(proc: Path, library: str) -> bool:
+    try:
+        if "hexir.search.worker import serve" not in (proc / "cmdline").read_text():
+            return False
+        return library in (proc / "maps").read_text()
+    except OSError:  # a process that ended meanwhile, or one of another user
+        return False
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rpartition(")")[2].split()[1])  # after "pid (name) state"
 
 
 def runners(expected: int) -> int:

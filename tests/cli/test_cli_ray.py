@@ -1,0 +1,134 @@
+"""`hexir tune --ray-address` as a user meets it: joining a cluster that `ray start` runs, its
+measurements recorded in the database; and an address where no cluster listens refused at
+once, in one paragraph, by the command and by RayExecutor alike."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+from cli_helpers import run_hexir
+
+from hexir.database import Database
+from hexir.errors import MeasureError
+from hexir.search.distributed import RayExecutor
+
+WORKLOAD = "matmul:M=32,N=32,K=32"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def answers(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5.0).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[tuple[str, Path]]:
+    """A cluster of two CPUs that `ray start --head --block` runs, as a user starts one: its
+    address and its temp folder. It runs in a session of its own, and ends as a user ends it,
+    with Ctrl-C (then SIGKILL for anything of its process group still there)."""
+    port = free_port()
+    folder = Path(tempfile.mkdtemp(prefix="hexir-ray-"))  # short: Ray's sockets live in it
+    log = folder / "ray-start.log"
+    command = [
+        str(Path(sys.executable).with_name("ray")), "start", "--head", f"--port={port}",
+        "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+        f"--temp-dir={folder}", "--block",
+    ]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    address = f"{ray.util.get_node_ip_address()}:{port}"
+    try:
+        started(proc, log)
+        yield address, folder
+    finally:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not answers(address), "the cluster outlived its test"
+
+
+def started(proc: subprocess.Popen, log: Path) -> None:
+    """Wait until `ray start` says the cluster runs (120 s at most)."""
+    deadline = time.monotonic() + 120.0
+    while "Ray runtime started" not in log.read_text():
+        assert proc.poll() is None, f"ray start ended:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"ray start did not finish:\n{log.read_text()}"
+        time.sleep(0.2)
+
+
+def drivers(folder: Path) -> list[Path]:
+    """The logs of the drivers (the `ray.init` callers) that joined the cluster."""
+    return list(folder.glob("session_latest/logs/python-core-driver-*.log"))
+
+
+@pytest.mark.slow
+def test_tune_joins_a_running_cluster_and_records_its_measurements(head, tmp_path, monkeypatch):
+    address, folder = head
+    assert drivers(folder) == []
+    # `ray start` makes the cluster ask for its token, which Ray sends to an address that is
+    # given (not found, as "auto" is) only where RAY_AUTH_MODE says so.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    url = f"sqlite:///{tmp_path / 'joined.db'}"
+    done = run_hexir(
+        tmp_path, "tune", WORKLOAD, "--trials", "4", "--target", "cpu", "--db", url,
+        "--ray-address", address, "--seed", "0", "--report", "json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (task,) = json.loads(done.stdout)["tasks"]
+    assert task["trials"] == 4 and task["best_latency"] is not None
+    records = Database(url).records(task["workload_key"], "cpu")
+    assert len({r.candidate_key for r in records}) == len(records) == 4
+    assert min(r.median for r in records if r.is_valid) == task["best_latency"]
+    assert len(drivers(folder)) == 1  # the tune ran on this cluster, not on one of its own
+    assert answers(address)  # and left it running
+
+
+def test_an_address_where_no_cluster_listens_is_one_paragraph(tmp_path):
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    address = f"127.0.0.1:{free_port()}"
+    done = run_hexir(
+        tmp_path, "tune", WORKLOAD, "--trials", "4", "--target", "cpu", "--db", url,
+        "--ray-address", address, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.startswith(f"hexir: error: could not join '{address}': nothing answers")
+    assert "Traceback" not in done.stderr and done.stderr.strip().count("\n") == 0
+    assert Database(url).stats().records == 0
+
+
+@pytest.mark.parametrize("form", ["127.0.0.1:{}", "localhost:{}", "ray://127.0.0.1:{}"])
+def test_ray_executor_refuses_an_address_where_no_cluster_listens(form):
+    if ray.is_initialized():  # a connection left by another module would be used instead
+        ray.shutdown()
+    address = form.format(free_port())
+    with pytest.raises(MeasureError, match="nothing answers at .*Connection refused") as info:
+        RayExecutor("cpu", address=address)
+    assert f"could not join {address!r}" in str(info.value) and "`ray status`" in str(info.value)
+    assert not ray.is_initialized()
