@@ -14,8 +14,6 @@ from hexir.frontend.zoo import mlp
 from hexir.graph.evaluate import evaluate
 from hexir.search.tune import Progress, tune
 
-pytestmark = pytest.mark.slow
-
 # A small search and quick timing: these tests check the plumbing, not the speed.
 SMALL = dict(
     search_population=24,
@@ -54,6 +52,32 @@ def _keys(db, func):
     return [r.candidate_key for r in db.records(hexir.workload_key(func), "cpu")]
 
 
+def test_a_tiny_tune_end_to_end_in_this_process(db, rng):
+    # The quick loop's (`-m "not slow"`) one whole tune: search, build, check, time, record,
+    # then the best record replayed and compiled into a model. No Ray: LocalExecutor.
+    func = hexir.workload("matmul", M=16, N=16, K=16)
+    result = hexir.tune(func, "cpu", trials=4, database=db, seed=0)
+    (task,) = result.tasks
+    records = db.records(hexir.workload_key(func), "cpu")
+    assert result.trials == task.trials == 4
+    assert len({r.candidate_key for r in records}) == len(records) == 4
+    (best,) = db.best(task.workload_key, "cpu", k=1)
+    replayed = task.best_trace.apply(func).func
+    assert hexir.candidate_key(replayed) == best.candidate_key and task.best_latency == best.median
+    a, b = (rng.standard_normal((16, 16)).astype("float32") for _ in range(2))
+    c = np.full((16, 16), np.nan, "float32")
+    hexir.build(replayed, "cpu")(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+    builder = hexir.GraphBuilder("one_matmul")
+    x, y = builder.input("a", (16, 16)), builder.input("b", (16, 16))
+    graph = builder.build(builder.matmul(x, y))
+    module = hexir.compile(graph, "cpu", database=db)
+    assert [r.schedule for r in module.report] == ["tuned"]
+    (out,) = module.run([a, b])
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_tune_a_matmul_records_every_trial_and_its_best_replays(db):
     seen: list[Progress] = []
     result = tune(_matmul(), "cpu", trials=10, database=db, seed=0, callbacks=[seen.append])
@@ -69,6 +93,7 @@ def test_tune_a_matmul_records_every_trial_and_its_best_replays(db):
     assert result.profile["building"] > 0 and result.profile["measuring"] > 0
 
 
+@pytest.mark.slow
 def test_tune_a_graph_spends_the_budget_across_its_tasks(db):
     graph = mlp(batch=4, sizes=(16, 16, 8))
     result = tune(graph, "cpu", trials=9, database=db, seed=0, model=XGBModel(seed=0))
@@ -83,6 +108,7 @@ def test_tune_a_graph_spends_the_budget_across_its_tasks(db):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_stopped_tune_resumes_without_measuring_anything_twice(db):
     def stop(progress: Progress) -> None:
         if progress.trials_done >= 4:
@@ -99,6 +125,7 @@ def test_a_stopped_tune_resumes_without_measuring_anything_twice(db):
     assert after[:4] == before
 
 
+@pytest.mark.slow
 def test_a_seeded_tune_proposes_the_same_candidates(tmp_path):
     def run(name):
         db = Database(f"sqlite:///{tmp_path / name}")
@@ -108,6 +135,7 @@ def test_a_seeded_tune_proposes_the_same_candidates(tmp_path):
     assert run("a.db") == run("b.db")
 
 
+@pytest.mark.slow
 def test_tune_on_a_local_ray_cluster(db):
     pytest.importorskip("ray")
     result = tune(_matmul(), "cpu", trials=6, database=db, seed=0, ray_address="local")
