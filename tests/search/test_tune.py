@@ -137,7 +137,6 @@ def test_a_seeded_tune_proposes_the_same_candidates(tmp_path):
 
 @pytest.mark.slow
 def test_tune_on_a_local_ray_cluster(db):
-    pytest.importorskip("ray")
     result = tune(_matmul(), "cpu", trials=6, database=db, seed=0, ray_address="local")
     (task,) = result.tasks
     assert task.trials == 6 and len(_keys(db, _matmul())) == 6
