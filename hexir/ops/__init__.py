@@ -2,6 +2,7 @@
 
     OPS["softmax"].infer, .evaluate, .lower, .fusion, .export   # every facet of one op
     op_def("hexir.matmul")                                      # by name; None if unknown
+    op_flops(op)                                                # its floating-point operations
     make_op("matmul", [x, w], {}, "0")                          # %0 = hexir.matmul %x, %w ...
     make_op("reduce_sum", [y], {"axes": -1}, "1")               # axes=(1,), keepdims=False
 
@@ -36,6 +37,7 @@ __all__ = [
     "Pattern",
     "make_op",
     "op_def",
+    "op_flops",
     "slice_indices",
 ]
 
@@ -48,6 +50,14 @@ OPS: dict[str, OpDef] = {d.name: d for family in FAMILIES for d in family.OPS}
 def op_def(name: str) -> OpDef | None:
     """The definition of op `name` ("matmul" or "hexir.matmul"); None for an unknown op."""
     return OPS.get(name.removeprefix("hexir."))
+
+
+def op_flops(op: Op) -> int:
+    """The floating-point operations of `op` (its definition's `flops`, else the default of its
+    fusion role): 2 per multiply-add of a contraction or convolution, one per element of an
+    elementwise op, none for data movement."""
+    spec = OPS[op.kind]
+    return spec.flop_count(op)
 
 
 def make_op(

@@ -7,15 +7,16 @@
         evaluate=_matmul_evaluate,                       # numpy
         lower=_matmul_lower,                             # hextir, through the Kernel DSL
         export=onnx_same("MatMul"),                      # ONNX nodes, through an Exporter
+        flops=_contraction_flops,                        # 2 per multiply-add
     )
 
 The facets are plain functions over IR values, read by the stages that need them: `infer` by
 `make_op` (so by the builder and the parser), `evaluate` by the numpy evaluator and constant
 evaluation, `lower` by `hexir.graph.lower`, `fusion` by `hexir.graph.fusion` (and the executor,
-through `pointwise`), `export` by `hexir.frontend.onnx_export`. Nothing here imports a stage:
-the lowering writes through the `Kernel` DSL (`hexir.ops.compute`), the export through the
-`Exporter` protocol below, which the ONNX exporter implements, so `hexir.ops` never imports
-onnx.
+through `pointwise`), `export` by `hexir.frontend.onnx_export`, `flops` by `Module.profile`.
+Nothing here imports a stage: the lowering writes through the `Kernel` DSL
+(`hexir.ops.compute`), the export through the `Exporter` protocol below, which the ONNX
+exporter implements, so `hexir.ops` never imports onnx.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ Infer = Callable[[Check], TensorType]
 Lower = Callable[[Kernel, Op, tuple[Buffer, ...], Buffer], None]
 # ONNX export: the op as nodes written through the exporter.
 Export = Callable[["Exporter", Op], None]
+# Floating-point operations of one op, from its operand and result types and attributes.
+Flops = Callable[[Op], int]
 # The builder method's Python arguments (after the builder's own `placement` and `name`) as
 # the op's operands and attributes; for ops whose method is not "operands, then attributes".
 BuildArgs = Callable[..., tuple[Sequence[Value], dict[str, object]]]
@@ -87,6 +90,8 @@ class OpDef:
     `evaluate` and `lower` are None only for `constant`, whose value is the graph's data.
     `cheap` (injective ops only) says whether computing the op inside its consumer's kernel is
     cheap (the consumer still reads the operand row by row); None means never.
+    `flops` counts the op's floating-point operations (what a profile's GFLOP/s divides); None
+    means the default of its fusion role, `default_flops`.
     """
 
     name: str
@@ -101,6 +106,11 @@ class OpDef:
     variadic: bool = False  # one or more operands, all named after operands[0]
     build: BuildArgs | None = None
     cheap: Callable[[Op], bool] | None = None
+    flops: Flops | None = None
+
+    def flop_count(self, op: Op) -> int:
+        """The floating-point operations of `op`, an op of this definition."""
+        return self.flops(op) if self.flops is not None else default_flops(self.fusion, op)
 
     @property
     def pointwise(self) -> bool:
@@ -108,6 +118,26 @@ class OpDef:
         (elementwise and broadcast ops): a kernel made of these alone may write its output
         over such an operand."""
         return self.fusion in (Pattern.ELEMENTWISE, Pattern.BROADCAST)
+
+
+def default_flops(fusion: Pattern, op: Op) -> int:
+    """FLOPs of an op without its own count: one per result element for elementwise and
+    broadcast ops, one per element read for reductions (reduce_*), none for data movement."""
+    if fusion == Pattern.INJECTIVE:
+        return 0
+    if fusion == Pattern.REDUCTION:
+        return op.operands[0].type.size
+    return op.result.type.size
+
+
+def multiply_adds(n: int) -> int:
+    """FLOPs of `n` multiply-adds (a contraction's or a convolution's): 2 each."""
+    return 2 * n
+
+
+def no_flops(op: Op) -> int:
+    """The count of an op that moves or converts data and computes nothing."""
+    return 0
 
 
 def operand_names(op: Op) -> list[str]:

@@ -12,9 +12,15 @@ import numpy as np
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Buffer
-from hexir.ops.base import Exporter, OpDef, Pattern, onnx_same, operand_names
+from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, onnx_same, operand_names
 from hexir.ops.compute import Kernel
 from hexir.ops.numeric import Attrs, wide
+
+
+def _contraction_flops(op: Op) -> int:
+    """2 per multiply-add: each output element sums K products (K = the first operand's last
+    axis, for all three ops)."""
+    return multiply_adds(op.result.type.size * op.operands[0].type.shape[-1])
 
 
 def _matmul_infer(c: Check) -> TensorType:
@@ -45,6 +51,7 @@ MATMUL = OpDef(
     evaluate=_matmul_evaluate,
     lower=_matmul_lower,
     export=onnx_same("MatMul"),
+    flops=_contraction_flops,
 )
 
 
@@ -79,6 +86,7 @@ BATCH_MATMUL = OpDef(
     evaluate=_matmul_evaluate,
     lower=_batch_matmul_lower,
     export=onnx_same("MatMul"),
+    flops=_contraction_flops,
 )
 
 
@@ -119,6 +127,7 @@ DENSE = OpDef(
     evaluate=_dense_evaluate,
     lower=_dense_lower,
     export=_dense_export,
+    flops=_contraction_flops,
 )
 
 OPS: tuple[OpDef, ...] = (MATMUL, BATCH_MATMUL, DENSE)

@@ -23,6 +23,7 @@ from hexir.ops.base import (
     Lower,
     OpDef,
     Pattern,
+    no_flops,
     onnx_same,
     operand_names,
 )
@@ -350,6 +351,7 @@ CAST = OpDef(
     evaluate=_cast_evaluate,
     lower=_cast_lower,
     export=_cast_export,
+    flops=no_flops,
 )
 
 OPS: tuple[OpDef, ...] = (*_ARITHMETIC, WHERE, *_COMPARISONS, *_UNARIES, GELU, CAST)

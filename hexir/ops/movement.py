@@ -24,7 +24,7 @@ from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, Check, dims, fail, normalize_axis
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, const
-from hexir.ops.base import Exporter, OpDef, Pattern, at_least, operand_names
+from hexir.ops.base import Exporter, OpDef, Pattern, at_least, no_flops, operand_names
 from hexir.ops.compute import (
     Kernel,
     add,
@@ -70,6 +70,7 @@ CONSTANT = OpDef(
     evaluate=None,
     lower=None,
     export=_constant_export,
+    flops=no_flops,
 )
 
 

@@ -17,7 +17,16 @@ import numpy as np
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Call, Expr, Select, const
-from hexir.ops.base import Export, Exporter, OpDef, Pattern, at_least, onnx_same, operand_names
+from hexir.ops.base import (
+    Export,
+    Exporter,
+    OpDef,
+    Pattern,
+    at_least,
+    multiply_adds,
+    onnx_same,
+    operand_names,
+)
 from hexir.ops.compute import (
     Kernel,
     affine,
@@ -248,6 +257,12 @@ def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
     k.reduce("conv2d", out, w.shape[1:], value)
 
 
+def _conv2d_flops(op: Op) -> int:
+    """2 per multiply-add: each output element sums C/groups x R x S products."""
+    c_per_group, r, s = op.operands[1].type.shape[1:]
+    return multiply_adds(op.result.type.size * c_per_group * r * s)
+
+
 def _conv2d_export(ex: Exporter, op: Op) -> None:
     ex.node(
         "Conv",
@@ -271,6 +286,7 @@ CONV2D = OpDef(
     evaluate=_conv2d_evaluate,
     lower=_conv2d_lower,
     export=float_only(_conv2d_export),
+    flops=_conv2d_flops,
 )
 
 
@@ -367,6 +383,12 @@ def _in_bounds_count(k: Kernel, op: Op, x: Buffer, s: tuple[Expr, ...]) -> Expr:
     return Binary("*", extents[0], extents[1])
 
 
+def _pool_flops(op: Op) -> int:
+    """One per window element of each output (a max or an add)."""
+    kh, kw = attr_ints(op, "kernel")
+    return op.result.type.size * kh * kw
+
+
 def _pool_export(ex: Exporter, op: Op) -> None:
     common = {
         "kernel_shape": list(attr_ints(op, "kernel")),
@@ -390,6 +412,7 @@ def _pool(name: str, doc: str, evaluate, lower) -> OpDef:
         evaluate=evaluate,
         lower=lower,
         export=float_only(_pool_export),
+        flops=_pool_flops,
     )
 
 

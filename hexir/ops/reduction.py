@@ -196,6 +196,7 @@ SOFTMAX = OpDef(
     evaluate=_softmax_evaluate,
     lower=_softmax_lower,
     export=_softmax_export,
+    flops=lambda op: 5 * op.result.type.size,  # per element: max, subtract, exp, sum, divide
 )
 
 
@@ -268,6 +269,9 @@ LAYER_NORM = OpDef(
     evaluate=_layer_norm_evaluate,
     lower=_layer_norm_lower,
     export=_layer_norm_export,
+    # Per element: the mean's add; the variance's subtract, square and add; normalizing's
+    # subtract and multiply; the scale and the shift.
+    flops=lambda op: 8 * op.result.type.size,
 )
 
 OPS: tuple[OpDef, ...] = (SOFTMAX, LAYER_NORM, REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX)
