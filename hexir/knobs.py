@@ -48,6 +48,11 @@ class Knobs:
     timing_min_seconds: float = field(
         default_factory=lambda: float(_env("HEXIR_TIMING_MIN_SECONDS", "0.05"))
     )
+    # The CPU's fp32 peak in GFLOP/s, the ceiling a profile's "of peak" column divides by;
+    # 0 means derive it, with the clock measured once per machine (hexir/runtime/peak.py).
+    cpu_peak_gflops: float = field(
+        default_factory=lambda: float(_env("HEXIR_CPU_PEAK_GFLOPS", "0"))
+    )
     # Measurement (hexir/search/measure.py): parallel builds (0 = one per core); seconds one
     # candidate may run (check and timing) before it is killed; seconds the unscheduled
     # reference kernel may take; tolerances of the check against it.

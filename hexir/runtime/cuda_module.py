@@ -4,13 +4,15 @@ The first run allocates every device buffer once — one allocation per storage 
 plan, with each intermediate at its offset in one, and one per graph input, graph output and
 constant — and uploads the constants. Every run then copies the inputs in, launches the
 kernels of the command list in order on precomputed device pointers, and copies the outputs
-out. Without a GPU (or without pycuda) the first run raises `TargetError` saying so; building
+out; a timed run (`Module.run_timed`, for profiles) records a CUDA event after each launch.
+Without a GPU (or without pycuda) the first run raises `TargetError` saying so; building
 needs neither (NVRTC compiles anywhere).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,16 +27,17 @@ if TYPE_CHECKING:
     from hexir.runtime.cuda_kernel import CudaKernel
     from hexir.runtime.module import Module
 
-__all__ = ["kernel_launch", "load_kernel", "run_cuda"]
+__all__ = ["cuda_buffers", "kernel_launch", "load_kernel"]
 
 
-def run_cuda(module: Module, bound: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Run `module` (a CUDA target) on bound inputs; the outputs as numpy arrays."""
+def cuda_buffers(module: Module) -> _CudaBuffers:
+    """The device buffers of `module` (a CUDA target), allocated on first use; `.run(bound,
+    outputs)` runs it, `.run_timed(bound, outputs)` also times each launch."""
     state = getattr(module, "_cuda_buffers", None)
     if state is None:
         state = _CudaBuffers(module)
         module._cuda_buffers = state  # type: ignore[attr-defined]
-    return state.run(bound, module.graph.outputs)
+    return state
 
 
 class _CudaBuffers:
@@ -89,19 +92,43 @@ class _CudaBuffers:
     def run(self, bound: dict[str, np.ndarray], outputs: Sequence[Value]) -> list[np.ndarray]:
         driver = self.gpu.driver
         with self.gpu.current():
-            for name, array in bound.items():
-                driver.memcpy_htod(self.pointers[name], array)
-            for function, kernel, pointers in self.calls:
-                function.prepared_call(
-                    kernel.grid, kernel.block, *pointers, shared_size=kernel.shared_bytes
-                )
+            self._copy_in(bound)
+            for call in self.calls:
+                _launch(*call)
             driver.Context.synchronize()
-            results = []
-            for v in outputs:
-                out = np.empty(v.type.shape, numpy_dtype(v.type.dtype))
-                driver.memcpy_dtoh(out, self.pointers[v.name])
-                results.append(out)
+            return self._copy_out(outputs)
+
+    def run_timed(
+        self, bound: dict[str, np.ndarray], outputs: Sequence[Value]
+    ) -> tuple[list[np.ndarray], list[float]]:
+        """As `run`, with each launch's seconds between the CUDA events around it."""
+        driver = self.gpu.driver
+        with self.gpu.current():
+            events = [driver.Event() for _ in range(len(self.calls) + 1)]
+            self._copy_in(bound)
+            events[0].record()
+            for call, event in zip(self.calls, events[1:], strict=True):
+                _launch(*call)
+                event.record()
+            events[-1].synchronize()
+            seconds = [end.time_since(start) * 1e-3 for start, end in pairwise(events)]
+            return self._copy_out(outputs), seconds
+
+    def _copy_in(self, bound: dict[str, np.ndarray]) -> None:
+        for name, array in bound.items():
+            self.gpu.driver.memcpy_htod(self.pointers[name], array)
+
+    def _copy_out(self, outputs: Sequence[Value]) -> list[np.ndarray]:
+        results = []
+        for v in outputs:
+            out = np.empty(v.type.shape, numpy_dtype(v.type.dtype))
+            self.gpu.driver.memcpy_dtoh(out, self.pointers[v.name])
+            results.append(out)
         return results
+
+
+def _launch(function: Any, kernel: CudaKernel, pointers: list[int]) -> None:
+    function.prepared_call(kernel.grid, kernel.block, *pointers, shared_size=kernel.shared_bytes)
 
 
 def _nbytes(v: Value) -> int:

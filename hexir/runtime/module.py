@@ -4,6 +4,7 @@ its memory plan; `Module.run` runs it, `Module.save` writes it as one artifact f
     module = hexir.compile(graph)
     outputs = module.run([x])                  # buffers from the memory plan, allocated once
     outputs = module.run([x], plan=False)      # a fresh buffer per value: the same bits
+    print(module.profile([x]))                 # per command: time, share, GFLOP/s, of peak
     module.save("model.hxa"); hexir.runtime.load("model.hxa")
 
 A planned run allocates every buffer once per module — the plan's storages, with each
@@ -14,9 +15,11 @@ the outputs out. The buffers belong to the module, so one module runs one call a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +29,9 @@ from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, TensorType, Value
 from hexir.runtime.target import Target
 from hexir.schedule.trace import Trace
+
+if TYPE_CHECKING:
+    from hexir.runtime.profile import Profile
 
 __all__ = ["Command", "Module", "TaskReport"]
 
@@ -102,12 +108,37 @@ class Module:
         if not plan:
             return self._run_unplanned(bound)
         if self.target.kind != "cpu":
-            from hexir.runtime.cuda_module import run_cuda
+            from hexir.runtime.cuda_module import cuda_buffers
 
-            return run_cuda(self, bound)
-        if self._buffers is None:
-            self._buffers = _CpuBuffers(self)
-        return self._buffers.run(bound, self.graph.outputs)
+            return cuda_buffers(self).run(bound, self.graph.outputs)
+        return self._cpu_buffers().run(bound, self.graph.outputs)
+
+    def run_timed(
+        self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
+    ) -> tuple[list[np.ndarray], list[float]]:
+        """A planned run, as `run`, that also gives each command's seconds, timed in place:
+        the clock read between calls on the CPU, CUDA events between launches on a GPU."""
+        bound = _bind_inputs(self.graph, inputs)
+        if self.target.kind != "cpu":
+            from hexir.runtime.cuda_module import cuda_buffers
+
+            return cuda_buffers(self).run_timed(bound, self.graph.outputs)
+        self._sync_threads()
+        return self._cpu_buffers().run_timed(bound, self.graph.outputs)
+
+    def profile(
+        self,
+        inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+        *,
+        repeats: int = 10,
+        warmup: int = 2,
+    ) -> Profile:
+        """Where the time goes, command by command (hexir/runtime/profile.py): the median over
+        `repeats` planned runs, after `warmup` runs, of each command timed in place, with the
+        end-to-end time of plain runs in between; `print` it for the table."""
+        from hexir.runtime.profile import profile
+
+        return profile(self, inputs, repeats=repeats, warmup=warmup)
 
     def save(self, path: str | Path) -> Path:
         """Write the module as one artifact file (hexir/runtime/artifact.py); its path."""
@@ -125,6 +156,11 @@ class Module:
                 env[name] = _empty(self._types[name])
             self.kernels[command.kernel](*(env[name] for name in command.args))
         return [np.array(env[v.name]) for v in self.graph.outputs]
+
+    def _cpu_buffers(self) -> _CpuBuffers:
+        if self._buffers is None:
+            self._buffers = _CpuBuffers(self)
+        return self._buffers
 
     def _sync_threads(self) -> None:
         for kernel in self.kernels:
@@ -174,6 +210,19 @@ class _CpuBuffers:
         for fn, pointers in self.calls:
             fn(*pointers)
         return [self.arrays[v.name].copy() for v in outputs]
+
+    def run_timed(
+        self, bound: dict[str, np.ndarray], outputs: Sequence[Value]
+    ) -> tuple[list[np.ndarray], list[float]]:
+        for name, array in bound.items():
+            np.copyto(self.arrays[name], array)
+        clock = time.perf_counter
+        seconds = []
+        for fn, pointers in self.calls:
+            start = clock()
+            fn(*pointers)
+            seconds.append(clock() - start)
+        return [self.arrays[v.name].copy() for v in outputs], seconds
 
 
 def _aligned(nbytes: int) -> np.ndarray:

@@ -5,6 +5,7 @@
     Target("cuda -arch=sm_80")
     Target("cpu").key              # "cpu-avx2-avx512f-fma": never a host name
     Target(str(t)) == t            # str() gives back a parsable string
+    Target("cpu").peak()           # fp32 peak FLOP/s, and how it was obtained
 
 The key holds only what generated code depends on (DESIGN.md §2, Keys): the CPU's
 instruction-set features that matter to codegen, or the CUDA arch.
@@ -16,9 +17,13 @@ import functools
 import os
 import subprocess
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hexir import knobs
 from hexir.errors import TargetError
+
+if TYPE_CHECKING:
+    from hexir.runtime.peak import Peak
 
 # The instruction-set features that change the code we generate, in key order. Others
 # (avx512vnni, bmi2, ...) do not change our C, so they stay out of the key.
@@ -81,6 +86,17 @@ class Target:
         if self.kind == "cuda":
             return f"cuda-{self.arch}"
         return "-".join(("cpu", *self.features)) if self.features else "cpu-generic"
+
+    def peak(self) -> Peak:
+        """The fp32 peak FLOP/s and how it was obtained (hexir/runtime/peak.py): on the CPU
+        derived from the cores, lanes and a clock measured once per machine (or the
+        `cpu_peak_gflops` knob); on CUDA from a reference GPU of the arch."""
+        from hexir.runtime.peak import cpu_peak, cuda_peak
+
+        if self.kind == "cuda":
+            return cuda_peak(self.arch)
+        k = knobs.get()
+        return cpu_peak(self, k.cpu_peak_gflops, k.cache_dir)
 
     @property
     def cflags(self) -> tuple[str, ...]:

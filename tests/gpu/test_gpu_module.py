@@ -1,6 +1,9 @@
-"""A whole compiled module on the GPU: the memory plan, fused and unfused, against numpy."""
+"""A whole compiled module on the GPU: the memory plan, fused and unfused, against numpy; its
+profile, every launch timed by CUDA events."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -28,3 +31,18 @@ def test_a_cuda_module_runs_on_the_gpu_from_its_plan(fusion):
         np.testing.assert_array_equal(out, same)
         np.testing.assert_array_equal(out, other)
         np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+def test_a_cuda_module_profiles_every_launch_in_place(rng):
+    graph = zoo.mlp(batch=8, sizes=(64, 32, 10))
+    inputs = [rng.standard_normal(v.type.shape).astype("float32") for v in graph.inputs]
+    module = hexir.compile(graph, target="cuda")
+    profile = module.profile(inputs, repeats=3, warmup=1)
+    assert sorted(r.index for r in profile.rows) == list(range(len(module.commands)))
+    assert all(r.seconds > 0 and math.isfinite(r.seconds) for r in profile.rows)
+    assert sum(r.share for r in profile.rows) == pytest.approx(1.0)
+    assert "SMs" in profile.peak.how and "sum of commands" in str(profile)
+    expected = evaluate(graph, inputs)
+    for got in (profile.outputs, module.run(inputs)):
+        for out, ref in zip(got, expected, strict=True):
+            np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)

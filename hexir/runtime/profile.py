@@ -1,0 +1,231 @@
+"""`Module.profile`: where a module's time goes, command by command.
+
+    profile = module.profile([x], repeats=10)
+    print(profile)                     # the table: one row per command, slowest first
+    row = profile.rows[0]              # .index, .kernel, .ops, .shapes, .seconds, .share,
+                                       # .flops, .gflops, .peak_fraction, .schedule
+    profile.command_seconds, profile.end_to_end, profile.ratio, profile.peak
+
+Each repeat is a real planned run of the module (`Module.run_timed`): the inputs copied into
+its buffers and every command called in order on the memory plan's buffers, with the clock
+read between commands (CUDA events on a GPU), so each command reads what a real run hands it,
+the data its producer just wrote, in the cache state that leaves. Beside each profiled run one
+plain `Module.run` is timed end to end, what `hexir run --bench` reports; the totals compare
+the sum of the commands' medians with its median (the difference is copying the inputs in and
+the outputs out, and calling the kernels from Python).
+
+FLOPs come from the ops each command computes (`hexir.ops.op_flops`: 2 per multiply-add of a
+contraction or convolution, one per element of an elementwise op, none for data movement); a
+command that only moves data shows no GFLOP/s. The peak is the target's (`Target.peak()`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hexir.errors import HexirError
+from hexir.ir.graph import Graph, Op
+from hexir.ops import op_flops
+from hexir.runtime.peak import Peak
+
+if TYPE_CHECKING:
+    from hexir.runtime.module import Command, Module
+
+__all__ = ["Profile", "ProfileRow", "command_ops", "profile"]
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    """One command: its place in the command list, its kernel, what it computes and its time
+    (the median over the profiled runs)."""
+
+    index: int
+    kernel: str
+    ops: tuple[str, ...]  # the op kinds it fuses, in graph order
+    shapes: tuple[tuple[int, ...], ...]  # of its outputs
+    seconds: float
+    share: float  # of the sum of every command's seconds
+    flops: int
+    peak_fraction: float | None  # achieved FLOP/s over the target's peak; None without FLOPs
+    schedule: str  # "tuned" (from the database) or "default"
+
+    @property
+    def gflops(self) -> float | None:
+        return self.flops / self.seconds / 1e9 if self.flops else None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Every command's row, slowest first, and the totals; `str()` is the table."""
+
+    model: str
+    target: str
+    rows: tuple[ProfileRow, ...]
+    end_to_end: float  # median seconds of a plain run, timed between the profiled ones
+    repeats: int
+    peak: Peak
+    outputs: list[np.ndarray] = field(repr=False, compare=False)  # of the last profiled run
+
+    @property
+    def command_seconds(self) -> float:
+        """The sum of the commands' median seconds."""
+        return sum(r.seconds for r in self.rows)
+
+    @property
+    def ratio(self) -> float:
+        """The sum of the commands' times over the end-to-end time."""
+        return self.command_seconds / self.end_to_end
+
+    @property
+    def flops(self) -> int:
+        return sum(r.flops for r in self.rows)
+
+    def __str__(self) -> str:
+        return format_profile(self)
+
+
+def profile(
+    module: Module,
+    inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+    *,
+    repeats: int = 10,
+    warmup: int = 2,
+) -> Profile:
+    """Profile `module` on `inputs` (see the module docstring)."""
+    if repeats < 1 or warmup < 0:
+        raise HexirError(f"a profile takes repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    for _ in range(warmup):
+        module.run(inputs)
+        module.run_timed(inputs)
+    per_command: list[list[float]] = [[] for _ in module.commands]
+    end_to_end: list[float] = []
+    outputs: list[np.ndarray] = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        module.run(inputs)
+        end_to_end.append(time.perf_counter() - start)
+        outputs, seconds = module.run_timed(inputs)
+        for times, s in zip(per_command, seconds, strict=True):
+            times.append(s)
+    medians = [statistics.median(times) for times in per_command]
+    peak = module.target.peak()
+    rows = [_row(module, i, s, sum(medians), peak) for i, s in enumerate(medians)]
+    rows.sort(key=lambda r: (-r.seconds, r.index))
+    return Profile(
+        module.graph.name,
+        f"{module.target} ({module.target.key})",
+        tuple(rows),
+        statistics.median(end_to_end),
+        repeats,
+        peak,
+        outputs,
+    )
+
+
+def _row(module: Module, index: int, seconds: float, total: float, peak: Peak) -> ProfileRow:
+    command = module.commands[index]
+    ops = command_ops(module.graph, command)
+    flops = sum(op_flops(op) for op in ops)
+    report = module.report[index] if index < len(module.report) else None
+    return ProfileRow(
+        index=index,
+        kernel=module.kernels[command.kernel].func.name,
+        ops=tuple(op.kind for op in ops),
+        shapes=tuple(tuple(module.value_type(n).shape) for n in command.outputs),
+        seconds=seconds,
+        share=seconds / total if total > 0 else 0.0,
+        flops=flops,
+        peak_fraction=flops / seconds / peak.flops if flops and seconds > 0 else None,
+        schedule=report.schedule if report is not None else "-",
+    )
+
+
+def command_ops(graph: Graph, command: Command) -> tuple[Op, ...]:
+    """The ops `command` computes, in graph order: those its outputs depend on, back to its
+    inputs (a fusion group's ops; constants are the kernel's parameters, not its work)."""
+    producers = {op.result.name: op for op in graph.ops}
+    stop = set(command.inputs)
+    inside: set[str] = set()
+    todo = list(command.outputs)
+    while todo:
+        name = todo.pop()
+        if name in inside or name in stop or name not in producers:
+            continue
+        inside.add(name)
+        todo.extend(v.name for v in producers[name].operands)
+    return tuple(op for op in graph.ops if op.result.name in inside and op.kind != "constant")
+
+
+# -- the table --------------------------------------------------------------------------------
+
+HEADER = ("#", "kernel", "ops", "output", "ms", "share", "GFLOP/s", "of peak", "schedule")
+# Which columns align right (numbers) and which left (names).
+RIGHT = (True, False, False, False, True, True, True, True, False)
+
+
+def format_profile(p: Profile) -> str:
+    """The profile as aligned text: a title, the peak, the rows and the totals."""
+    body = [
+        (
+            str(r.index),
+            r.kernel,
+            "+".join(r.ops) or "-",
+            ",".join(_shape(s) for s in r.shapes),
+            _ms(r.seconds),
+            _percent(r.share),
+            _number(r.gflops),
+            _percent(r.peak_fraction),
+            r.schedule,
+        )
+        for r in p.rows
+    ]
+    seconds = p.command_seconds
+    rate = p.flops / seconds if p.flops and seconds > 0 else None
+    totals = [
+        ("", "sum of commands", "", "", _ms(seconds), _percent(1.0 if seconds > 0 else 0.0),
+         _number(rate and rate / 1e9), _percent(rate and rate / p.peak.flops), ""),
+        ("", "end to end", "", "", _ms(p.end_to_end), "", "", "", ""),
+    ]  # fmt: skip
+    lines = [
+        f"profile of @{p.model} on {p.target}: {len(p.rows)} commands, median of "
+        f"{p.repeats} runs each",
+        f"peak {p.peak}",
+        *_align([HEADER, *body, *totals], RIGHT),
+        f"sum of commands / end to end = {p.ratio:.2f}",
+    ]
+    return "\n".join(lines)
+
+
+def _align(rows: list[tuple[str, ...]], right: tuple[bool, ...]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(right))]
+    return [
+        "  ".join(
+            cell.rjust(w) if r else cell.ljust(w)
+            for cell, w, r in zip(row, widths, right, strict=True)
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _ms(seconds: float) -> str:
+    # Four decimals below a millisecond: small kernels take microseconds.
+    return f"{seconds * 1e3:.3f}" if seconds >= 1e-3 else f"{seconds * 1e3:.4f}"
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None or not math.isfinite(fraction) else f"{fraction * 100:.1f}%"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.1f}"
