@@ -2,6 +2,7 @@
 
     hexir run resnet18.hxa --bench            # the artifact `hexir build` wrote, timed end to end
     hexir run resnet18 --db URL --bench       # compiled here with the database's best schedules
+    hexir run resnet18 --profile              # per command: time, share, GFLOP/s, of peak
     hexir run matmul:M=1024,N=1024,K=1024     # one kernel, checked against numpy and timed
 
 Inputs are random (seeded, never zeros) or read from an .npz file by input name.
@@ -70,8 +71,15 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
     p.add_argument("--bench", action="store_true", help="time end to end: median of repeats")
     p.add_argument(
+        "--profile", action="store_true",
+        help="a model or an artifact: time every command in place, inside real runs, and print "
+        "a table, slowest first: kernel, the ops it fuses, output shape, median ms, share, "
+        "GFLOP/s, fraction of the target's peak, tuned or default schedule; then the sum of "
+        "the commands against the end-to-end time of the same sitting",
+    )  # fmt: skip
+    p.add_argument(
         "--repeats", type=positive_int, metavar="N",
-        help="timed runs (default: 10 with --bench; 3 for a workload)",
+        help="timed runs (default: 10 with --bench or --profile; 3 for a workload)",
     )  # fmt: skip
     p.add_argument(
         "--check", action="store_true", help="compare a model's outputs with numpy's evaluation"
@@ -80,6 +88,7 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    _check_flags(args)
     if is_workload_spec(args.what):
         return _run_workload(args)
     module = _module(args)
@@ -101,7 +110,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.bench:
         seconds = bench(module, inputs, args.repeats or 10)
         print(f"bench      {seconds * 1e3:.3f} ms end to end (median of {args.repeats or 10})")
+    if args.profile:
+        print()
+        print(module.profile(inputs, repeats=args.repeats or 10))
     return 0 if ok else 1
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse flags that do not go together, before anything is compiled."""
+    if args.profile and is_workload_spec(args.what):
+        raise HexirError(
+            f"--profile times the commands of a whole model, and {args.what!r} is a single "
+            f"workload, one kernel: `hexir run {args.what}` already times it (add --repeats N), "
+            "or profile a model (a zoo name, a .hexir or .onnx file, or an .hxa artifact)."
+        )
+    if args.profile and args.bench:
+        raise HexirError(
+            "--profile and --bench both time the model end to end: the profile's last lines "
+            "give the end-to-end median of plain runs (what --bench prints) beside the sum of "
+            "the commands; drop --bench."
+        )
 
 
 def _module(args: argparse.Namespace) -> Module:

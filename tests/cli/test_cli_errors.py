@@ -76,6 +76,8 @@ CASES = [
     (["run", "foreign.hxa"], "rebuild it on this machine"),
     (["run", "tiny.hexir", "--inputs", "garbage.onnx"], "cannot read inputs from garbage.onnx"),
     (["export", "matmul:M=4,N=4,K=4"], "is a single workload"),
+    (["run", "matmul:M=4,N=4,K=4", "--profile"], "--profile times the commands of a whole model"),
+    (["run", "tiny.hexir", "--profile", "--bench"], "--profile and --bench both time the model"),
 ]  # fmt: skip
 
 

@@ -76,3 +76,35 @@ def test_run_a_zoo_model_on_random_inputs(capsys):
     assert "model      mlp (mlp)" in out and "output     probs  64x10 float32" in out
     assert "mean 0.1 " in out  # rows of probabilities: 10 classes
     assert "ms end to end (median of 2)" in out
+
+
+def test_run_profile_prints_a_row_per_command(tmp_path):
+    done = run_hexir(tmp_path, "run", "mlp", "--profile", "--repeats", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("profile of @mlp on "))
+    assert lines[start + 1].startswith("peak ") and "GFLOP/s fp32" in lines[start + 1]
+    assert lines[start + 2].split()[:4] == ["#", "kernel", "ops", "output"]
+    rows = [line.split() for line in lines[start + 3 : start + 7]]
+    assert sorted(row[0] for row in rows) == ["0", "1", "2", "3"]
+    assert sorted(row[2] for row in rows) == [
+        "dense+bias_add", "dense+bias_add+relu", "dense+bias_add+relu", "softmax"
+    ]  # fmt: skip
+    assert all(row[-1] == "default" for row in rows)
+    assert lines[start + 7].split()[:3] == ["sum", "of", "commands"]
+    assert lines[start + 8].split()[:3] == ["end", "to", "end"]
+    assert lines[start + 9].startswith("sum of commands / end to end = ")
+
+
+def test_run_profile_of_an_artifact(tmp_path, capsys):
+    graph = hexir.load_model(str(save_tiny_mlp(tmp_path)))
+    path = hexir.compile(graph, "cpu").save(tmp_path / "tiny.hxa")
+    assert main(["run", str(path), "--profile", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "profile of @mlp on cpu" in out and "median of 2 runs each" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("#  kernel"))
+    rows = [line.split() for line in lines[header + 1 : header + 4]]  # three commands
+    assert sorted(row[0] for row in rows) == ["0", "1", "2"]
+    assert all(row[-1] == "default" for row in rows)
+    assert lines[header + 4].split()[:3] == ["sum", "of", "commands"]
