@@ -70,6 +70,11 @@ class Knobs:
     )
     measure_rtol: float = field(default_factory=lambda: float(_env("HEXIR_MEASURE_RTOL", "1e-3")))
     measure_atol: float = field(default_factory=lambda: float(_env("HEXIR_MEASURE_ATOL", "1e-3")))
+    # CPU builds: exp, log, erf, tanh, sigmoid, sqrt, rsqrt and pow in vectorized loops as SIMD
+    # helpers (hexir/codegen/c_math.py); off, such a loop runs libm's scalar calls (to compare).
+    vector_math: bool = field(
+        default_factory=lambda: _env("HEXIR_VECTOR_MATH", "1") not in ("0", "false")
+    )
     # CUDA builds: NVRTC's --use_fast_math (approximate exp, division, ...), and keeping the PTX.
     cuda_fast_math: bool = field(
         default_factory=lambda: _env("HEXIR_CUDA_FAST_MATH", "0") not in ("0", "false")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hexir.codegen.c_lower import flat_index, loop_lanes, lower_for_c, register_buffers
+from hexir.codegen.c_math import MATH_NEEDS, math_helper
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
 from hexir.codegen.c_vector import HELPER_NEEDS, VECTOR_HELPERS, BodyPrinter, emit_vector_loop
 from hexir.errors import BuildError
@@ -110,9 +111,11 @@ def _outermost_loops(stmt: Stmt) -> list[For]:
     return [f for child in inner for f in _outermost_loops(child)]  # type: ignore[arg-type]
 
 
-def generate_c(func: PrimFunc, target: Target | None = None) -> str:
-    """The C source of `func`, exporting `void <kernel_symbol(func)>(T* restrict ..., ...)`."""
-    return CPrinter(target).print_func(func)
+def generate_c(func: PrimFunc, target: Target | None = None, *, vector_math: bool = True) -> str:
+    """The C source of `func`, exporting `void <kernel_symbol(func)>(T* restrict ..., ...)`.
+    `vector_math`: exp, erf, ... in a vectorized loop as SIMD helpers (c_math.py); off, such a
+    loop stays a scalar `omp simd` loop of libm calls (the `vector_math` knob)."""
+    return CPrinter(target, vector_math=vector_math).print_func(func)
 
 
 class CPrinter:
@@ -129,8 +132,9 @@ class CPrinter:
     stack_limit_bytes = 64 * 1024  # larger shared/local buffers go to the heap
     alignment = 64
 
-    def __init__(self, target: Target | None = None) -> None:
+    def __init__(self, target: Target | None = None, *, vector_math: bool = True) -> None:
         self.target = target
+        self.vector_math = vector_math
         self.vector_bytes = 4 * (target.vector_width if target is not None else 16)
         self._lines: list[str] = []
         self._depth = 0
@@ -240,6 +244,11 @@ class CPrinter:
             return name
         for need in HELPER_NEEDS.get(kind, ()):
             self.vector_helper(need, dtype, lanes)
+        if kind not in VECTOR_HELPERS:  # exp, erf, ...
+            for need, need_dtype in MATH_NEEDS.get((kind, dtype), ()):
+                self.vector_helper(need, need_dtype, lanes)
+            self._helpers[name] = math_helper(self, kind, dtype, lanes)
+            return name
         template = VECTOR_HELPERS[kind]
         mask = "int32" if itemsize(dtype) == 4 else "int64"
         fields = dict(

@@ -8,7 +8,9 @@ scalar that GCC broadcasts, any other load a gather of `lanes` scalar loads; a c
 mask, `select` and min/max blend through it. At most `MAX_STRAIGHT_CHUNKS` chunks print as
 straight-line code, more as a loop stepping by `lanes`; the remainder of the extent runs as a
 scalar tail. A local buffer kept in registers (`register_buffers`) is an array of vectors
-indexed by chunk.
+indexed by chunk. Math calls with a vector form (float32 exp, log, erf, tanh, sigmoid, sqrt,
+rsqrt and pow; float64 sqrt and rsqrt) call SIMD helpers (c_math.py), unless the printer's
+`vector_math` is off; the scalar tail keeps libm's calls.
 
 Anything else (a nested loop, an allocation, a condition or a store index that depends on x
 other than by unit stride, a math call without a vector form, bools in memory) raises
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hexir.codegen.c_lower import MAX_STRAIGHT_CHUNKS
+from hexir.codegen.c_math import has_vector_form
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import is_float, itemsize
 from hexir.ir.tir import (
@@ -217,6 +220,9 @@ class _Chunk:
                 v = self.value(a)
                 kind = "abs" if is_float(a.dtype) else "iabs"
                 return VValue(f"{self.helper(kind, a.dtype)}({v.text})", True, a.dtype)
+            case Call(name, (a,)) if self.p.vector_math and has_vector_form(name, a.dtype):
+                v = self.vector(self.value(a), a.dtype)
+                return VValue(f"{self.helper(name, a.dtype)}({v})", True, a.dtype)
         raise Unvectorizable(f"no vector form for {e!r}")
 
     def binary(self, op: str, a: Expr, b: Expr) -> VValue:
@@ -238,7 +244,8 @@ class _Chunk:
                 text = f"({x.text} {'/' if op == 'floordiv' else '%'} {y.text})"
                 return VValue(text, True, dtype)
             op = f"i{op}"  # C's truncating / and %, corrected where the signs differ
-        if op in ("min", "max", "ifloordiv", "ifloormod"):
+        vector_pow = op == "pow" and self.p.vector_math and has_vector_form(op, dtype)
+        if op in ("min", "max", "ifloordiv", "ifloormod") or vector_pow:
             text = f"{self.helper(op, dtype)}({self.vector(x, dtype)}, {self.vector(y, dtype)})"
             return VValue(text, True, dtype)
         raise Unvectorizable(f"no vector form for {op} on {dtype}")

@@ -24,7 +24,7 @@ def build(func: PrimFunc, target: Target | str = "cpu") -> CpuKernel | CudaKerne
     if target.kind == "cuda":
         return _build_cuda(func, target)
     # Caches placed by the schedule shrink to the tiles they hold (a lowering step).
-    source = generate_c(compact_buffers(func), target)
+    source = generate_c(compact_buffers(func), target, vector_math=knobs.get().vector_math)
     path = compile_c(source, target)
     return CpuKernel(func, source, path, target)
 

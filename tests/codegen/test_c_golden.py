@@ -15,6 +15,7 @@ import pytest
 import hexir
 from hexir import knobs
 from hexir.codegen.c import generate_c
+from hexir.ops.numeric import erf
 from hexir.runtime.build import build
 
 HERE = Path(__file__).parent / "golden"
@@ -49,7 +50,19 @@ hextir.func @leaky(%A: buffer<2x32xf32>, %B: buffer<2x32xf32>) {
 #    registers, the k loop outside the unrolled rows.
 MATMUL = (Path(__file__).parent / "golden" / "matmul_tile.hextir").read_text()
 
-CASES = {"axpb": AXPB, "leaky": LEAKY, "matmul_tile": MATMUL}
+# 4. A vectorized gelu: erf as a SIMD helper (hexir/codegen/c_math.py) and the helpers it calls,
+#    two 16-lane chunks in straight-line code.
+GELU = """
+hextir.func @gelu(%A: buffer<32xf32>, %B: buffer<32xf32>) {
+  for %i in 0..32 vectorized {
+    block @gelu(vi = spatial(32) %i) reads(%A[vi]) writes(%B[vi]) {
+      %B[vi] = 0.5 * %A[vi] * (1.0 + erf(%A[vi] * 0.70710677))
+    }
+  }
+}
+"""
+
+CASES = {"axpb": AXPB, "leaky": LEAKY, "matmul_tile": MATMUL, "gelu": GELU}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,6 +87,7 @@ def test_golden_kernel_runs(name, rng):
         "axpb": lambda a, b, s: a * s[0] + b + np.float32(0.5),
         "leaky": lambda a: np.where(a > 0, a, a * np.float32(0.125)),
         "matmul_tile": lambda a, b: a @ b,
+        "gelu": lambda a: 0.5 * a * (1 + erf(a * np.float32(0.70710677))),
     }[name](*inputs)
     np.testing.assert_allclose(out, expect, rtol=1e-5, atol=1e-6)
 

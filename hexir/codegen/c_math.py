@@ -1,0 +1,296 @@
+"""Vector math for the C printer: exp, log, erf, tanh, sigmoid, sqrt, rsqrt and pow on GCC
+vectors of float32 lanes, emitted as `static inline` helpers only where a vectorized loop uses
+them (c_vector.py), in place of a scalar loop of libm calls.
+
+    name = printer.vector_helper("erf", "float32", 8)   # "hx_erf_f32x8", its C in the preamble
+
+One C source serves every width (4, 8 or 16 lanes): GCC vector extensions only, no intrinsics,
+so GCC lowers it to SSE, AVX2 or AVX-512. (On AVX2 a 16-lane vector's arithmetic runs in two
+halves and its comparisons lane by lane: slow, with the same results, which is how the 16-lane
+source is tested on an AVX2 machine. Hence no double comparisons in pow, whose double vectors
+are twice the width.) No branches: every lane computes every case, and selects pick. The
+scalar tail of a vectorized loop keeps libm's calls. Algorithms (coefficients from
+scripts/fit_math.py, minimax fits; GCC contracts a*b + c into an FMA where the target has one):
+
+- exp: n = round(x·log2 e) by the 1.5·2^23 trick, r = x − n·ln2 in two parts (Cody-Waite),
+  |r| ≤ ln2/2, exp(r) = 1 + r + r²·P4(r); 2^n from exponent bits, in two halves, so that the
+  last multiply overflows to inf and underflows to denormals and 0 as IEEE rounding does.
+- log: x = 2^e·m with m in [√½, √2) from the bits (denormals scaled by 2^23 first),
+  log1p(f) = f − f²/2 + f³·P8(f) for f = m − 1, plus e·ln2 in two parts; 0 → −inf,
+  x < 0 → NaN, inf → inf.
+- tanh: a + a³·P4(a²) for a = |x| < 0.625, else 1 − 2/(exp(2a) + 1), which saturates at 1;
+  then x's sign (so tanh(−0) = −0).
+- sigmoid: e = exp(−|x|), 1/(1 + e) for x ≥ 0 and e/(1 + e) below: no overflow, and tiny
+  results keep their precision (the scalar form 1/(1 + exp(−x)) gives 0 below −88.7).
+- erf: a + a·P5(a²) for a = |x| < 0.875; 1 − Q10(a − c) beyond, Q fit to erfc on [0.875, 2.25)
+  (c = 1.5) and [2.25, 3.92) (c = 3); 1 from 3.919206, where erf rounds to 1; x's sign.
+- sqrt: a loop over the lanes of __builtin_sqrtf, which GCC turns into one vsqrtps (with
+  -fno-math-errno, which hexir always passes): exact. rsqrt: 1/sqrt(x).
+- pow: exp(y·log|x|) with both in double (the float inputs widened exactly) and one rounding
+  to float at the end, then C99's special cases: pow(x, ±0) = pow(1, y) = 1, pow(−1, ±inf) =
+  1, NaN for x < 0 (other than −inf) with y not an integer, x's sign for odd integer y.
+
+Largest error in float32 ulp against the double-precision function, over every 97th float32
+input (scripts/check_math.py; docs/math.md has the table, tests/codegen/test_c_math.py the
+bounds): exp 0.98, log 0.78, tanh 1.31, sigmoid 2.62, erf 1.05, sqrt 0.5 (correctly
+rounded), rsqrt 1.49, pow 0.5 (over a grid of x and y). NaN gives NaN (pow: as C99), and
+±inf, ±0 and denormals give what numpy gives.
+
+float64 lanes: sqrt and rsqrt only; the others keep the scalar `omp simd` loop of libm calls.
+"""
+
+from __future__ import annotations
+
+from string import Template
+from typing import TYPE_CHECKING
+
+from hexir.ir.dtype import short_name
+
+if TYPE_CHECKING:
+    from hexir.codegen.c import CPrinter
+
+# The calls (and "pow", a Binary) with a vector form, per element type.
+VECTOR_MATH: dict[str, frozenset[str]] = {
+    "float32": frozenset({"exp", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "pow"}),
+    "float64": frozenset({"sqrt", "rsqrt"}),
+}
+
+
+def has_vector_form(name: str, dtype: str) -> bool:
+    return name in VECTOR_MATH.get(dtype, frozenset())
+
+
+def math_helper(p: CPrinter, kind: str, dtype: str, lanes: int) -> str:
+    """The C of helper `kind` on `lanes` lanes of `dtype`, declaring the vector types it uses.
+    Its template's fields: q (the qualifier), v (the vector type), m (ints of its width: masks
+    and bits), sv (the name suffix, f32x8), lanes, fs and one (sqrtf's f, 1.0f), and the
+    float64 vector of as many lanes: d, dm (its ints), dsv (its suffix)."""
+    template = _TEMPLATES[kind, dtype]
+    f32 = dtype == "float32"
+    fields = dict(
+        q=p.helper_qualifier,
+        v=p.vector_type(dtype, lanes),
+        m=p.vector_type("int32" if f32 else "int64", lanes) if "$m" in template else "",
+        sv=f"{short_name(dtype)}x{lanes}",
+        lanes=str(lanes),
+        fs="f" if f32 else "",
+        one="1.0f" if f32 else "1.0",
+    )
+    if "$d" in template:
+        fields.update(
+            d=p.vector_type("float64", lanes),
+            dm=p.vector_type("int64", lanes),
+            dsv=f"{short_name('float64')}x{lanes}",
+        )
+    return Template(template).substitute(fields)
+
+
+def _lit(c: float, suffix: str) -> str:
+    return f"{c!r}{suffix}"
+
+
+def _horner(var: str, t: str, coeffs: tuple[float, ...], vtype: str, suffix: str = "f") -> str:
+    """Lines declaring `var` = sum coeffs[k] t^k (lowest degree first), by Horner's rule."""
+    *rest, last = coeffs
+    lines = [f"  {vtype} {var} = {_lit(last, suffix)} * {t}"]
+    for c in reversed(rest):
+        sign = "-" if c < 0 else "+"
+        lines[-1] += f" {sign} {_lit(abs(c), suffix)};"
+        lines.append(f"  {var} = {var} * {t}")
+    lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+# --- float32 ----------------------------------------------------------------------------------
+
+EXP_P = (0.49999994, 0.16666521, 0.04166839, 0.00836871, 0.0013814613)
+LOG_P = (
+    0.33333313, -0.2500001, 0.20002119, -0.16667996, 0.14219552, -0.124055885, 0.11888162,
+    -0.11675652, 0.06746642,
+)  # fmt: skip
+TANH_P = (-0.3333328, 0.13331442, -0.053739715, 0.020639088, -0.0057049873)
+ERF_P = (0.12837915, -0.3761255, 0.11282455, -0.026791463, 0.0050321813, -0.0006203255)
+# erfc(x) on [0.875, 2.25) in t = x - 1.5, and on [2.25, 3.92) in t = x - 3.
+ERFC_NEAR = (
+    0.03389485, -0.11893026, 0.17839569, -0.13875353, 0.044593748, 0.014886065, -0.019292198,
+    0.0046348255, 0.0022792632, -0.0014417974, 0.00013042685,
+)  # fmt: skip
+ERFC_FAR = (
+    2.2089653e-05, -0.00013924399, 0.00041783325, -0.00078937726, 0.0010433912, -0.0010140585,
+    0.00074265455, -0.000400109, 0.00012682313, 2.6381015e-06, -1.2683269e-05,
+)  # fmt: skip
+# log(m) = 2 atanh(s) = 2s + s·z·(2/3 + 2z/5 + ...), z = s², |s| < 0.1716: to z^8, 1e-13 relative.
+ATANH_SERIES = tuple(2.0 / (2 * k + 3) for k in range(8))
+EXP_TAYLOR = tuple(1.0 / _f for _f in (1, 1, 2, 6, 24, 120, 720, 5040, 40320, 362880, 3628800))
+EXP_TAYLOR += (1.0 / 39916800,)  # to r^11: below 1e-14 relative for |r| <= ln2/2
+
+_EXP = (
+    "$q $v hx_exp_$sv($v x) {\n"
+    "  /* exp(x) = 2^n exp(r), n = round(x log2(e)), r = x - n ln2 (hexir/codegen/c_math.py) */\n"
+    "  /* clamped so that n fits (NaN stays NaN) */\n"
+    "  x = hx_min_$sv(hx_splat_$sv(89.0f), hx_max_$sv(hx_splat_$sv(-104.0f), x));\n"
+    "  $v k = x * 1.44269504f + 12582912.0f;  /* + 1.5*2^23: rounds x*log2(e) to an integer */\n"
+    "  $m n = ($m)k - 0x4B400000;\n"
+    "  $v fn = k - 12582912.0f;\n"
+    "  $v r = x - fn * 0.693359375f;  /* exact: ln2's leading 9 bits times n */\n"
+    "  r = r - fn * -2.12194440e-4f;  /* and the rest of ln2 */\n"
+    + _horner("p", "r", EXP_P, "$v")
+    + "  p = (r * r) * p + r + 1.0f;\n"
+    "  /* 2^n = 2^n1 * 2^n2, both normal for n in [-150, 128] (the masks: a NaN's n) */\n"
+    "  $m n1 = n >> 1, n2 = n - n1;\n"
+    "  $v s1 = ($v)(((n1 + 127) & 0xFF) << 23), s2 = ($v)(((n2 + 127) & 0xFF) << 23);\n"
+    "  return (p * s1) * s2;\n"
+    "}"
+)
+
+_LOG = (
+    "$q $v hx_log_$sv($v x) {\n"
+    "  /* log(x) = e ln2 + log1p(f) for x = 2^e (1 + f) */\n"
+    "  $m tiny = (($m)x & INT32_MAX) < 0x00800000;  /* |x| zero or denormal: scale by 2^23 */\n"
+    "  $v a = hx_select_$sv(tiny, hx_abs_$sv(x) * 8388608.0f, hx_abs_$sv(x));\n"
+    "  $m i = ($m)a - 0x3F3504F3;  /* the bits of sqrt(1/2): m = 1 + f in [sqrt(1/2), sqrt(2)) */\n"
+    "  $v e = __builtin_convertvector((i >> 23) + (tiny & -23), $v);\n"
+    "  $v f = ($v)((i & 0x007FFFFF) + 0x3F3504F3) - 1.0f;\n"
+    "  $v z = f * f;\n"
+    + _horner("p", "f", LOG_P, "$v")
+    + "  $v y = (f * z) * p + e * -2.12194440e-4f - 0.5f * z;\n"
+    "  y = f + y + e * 0.693359375f;\n"
+    "  y = hx_select_$sv(x == INFINITY, x, y);\n"
+    "  y = hx_select_$sv(x == 0.0f, hx_splat_$sv(-INFINITY), y);\n"
+    "  return hx_select_$sv(x >= 0.0f, y, hx_splat_$sv(NAN));  /* x < 0 or NaN */\n"
+    "}"
+)
+
+_TANH = (
+    "$q $v hx_tanh_$sv($v x) {\n"
+    "  /* a polynomial below 0.625, 1 - 2 / (exp(2|x|) + 1) above; x's sign */\n"
+    "  $v a = hx_abs_$sv(x), z = a * a;\n"
+    + _horner("p", "z", TANH_P, "$v")
+    + "  $v small = (a * z) * p + a;\n"
+    "  $v big = 1.0f - 2.0f / (hx_exp_$sv(a + a) + 1.0f);  /* exp overflows: 1 */\n"
+    "  $v r = hx_select_$sv(a < 0.625f, small, big);\n"
+    "  return ($v)(($m)r | (($m)x & INT32_MIN));  /* x's sign, -0 too */\n"
+    "}"
+)
+
+_SIGMOID = (
+    "$q $v hx_sigmoid_$sv($v x) {\n"
+    "  /* e = exp(-|x|): 1 / (1 + e) for x >= 0, e / (1 + e) below */\n"
+    "  $v e = hx_exp_$sv(-hx_abs_$sv(x)), r = 1.0f / (1.0f + e);\n"
+    "  return hx_select_$sv(x < 0.0f, e * r, r);\n"
+    "}"
+)
+
+_ERF = (
+    "$q $v hx_erf_$sv($v x) {\n"
+    "  /* a + a P(a^2) below 0.875, 1 - erfc's polynomials in a - 1.5 and a - 3 above (a = |x|);\n"
+    "     x's sign */\n"
+    "  $v a = hx_abs_$sv(x), z = a * a, t = a - 1.5f, u = a - 3.0f;\n"
+    + _horner("p", "z", ERF_P, "$v")
+    + _horner("q", "t", ERFC_NEAR, "$v")
+    + _horner("w", "u", ERFC_FAR, "$v")
+    + "  $v big = 1.0f - hx_select_$sv(a < 2.25f, q, w);\n"
+    "  big = hx_select_$sv(a >= 3.919206f, hx_splat_$sv(1.0f), big);  /* erf rounds to 1 */\n"
+    "  $v r = hx_select_$sv(a < 0.875f, a * p + a, big);\n"
+    "  return ($v)(($m)r | (($m)x & INT32_MIN));  /* x's sign, -0 too */\n"
+    "}"
+)
+
+_SQRT = (
+    "$q $v hx_sqrt_$sv($v x) {\n"
+    "  /* GCC makes this loop one vector square root (vsqrtps): no vector sqrt in C */\n"
+    "  for (int i = 0; i < $lanes; ++i) x[i] = __builtin_sqrt$fs(x[i]);\n"
+    "  return x;\n"
+    "}"
+)
+
+_RSQRT = "$q $v hx_rsqrt_$sv($v x) { return $one / hx_sqrt_$sv(x); }"
+
+_POW = (
+    "$q $v hx_pow_$sv($v x, $v y) {\n"
+    "  /* exp(y log|x|) in double, rounded once to float; then C99's special cases */\n"
+    "  $v ay = hx_abs_$sv(y);\n"
+    "  $d t = __builtin_convertvector(y, $d) * hx_powlog_$sv(hx_abs_$sv(x));\n"
+    "  $v r = hx_powexp_$sv(t);\n"
+    "  /* y an integer (every float from 2^24 on is an even one, inf too), and odd */\n"
+    "  $v yc = hx_select_$sv(ay < 16777216.0f, y, hx_splat_$sv(0.0f));\n"
+    "  $m yi = __builtin_convertvector(yc, $m);\n"
+    "  $m integer = (__builtin_convertvector(yi, $v) == yc) & (y == y);\n"
+    "  $m odd = ((yi & 1) != 0) & integer;\n"
+    "  r = ($v)(($m)r ^ (odd & ($m)x & INT32_MIN));  /* x's sign for odd y: -0, -inf too */\n"
+    "  $m invalid = (x < 0.0f) & (x != -INFINITY) & ~integer;\n"
+    "  r = hx_select_$sv(invalid, hx_splat_$sv(NAN), r);\n"
+    "  $m one = (x == 1.0f) | (y == 0.0f) | ((x == -1.0f) & (ay == INFINITY));\n"
+    "  return hx_select_$sv(one, hx_splat_$sv(1.0f), r);\n"
+    "}"
+)
+
+# log(a) in double for float lanes a = |x|: 2^e·m from the float bits as in hx_log, then the
+# atanh series in double; 0 gives -inf, inf and NaN themselves.
+_POWLOG = (
+    "$q $d hx_powlog_$sv($v a) {\n"
+    "  /* log(a) in double for float lanes a >= 0: 2^e m as in hx_log, then 2 atanh(s) */\n"
+    "  $m tiny = ($m)a < 0x00800000;\n"
+    "  $v b = hx_select_$sv(tiny, a * 8388608.0f, a);\n"
+    "  $m i = ($m)b - 0x3F3504F3;\n"
+    "  $d e = __builtin_convertvector((i >> 23) + (tiny & -23), $d);\n"
+    "  $d m = __builtin_convertvector(($v)((i & 0x007FFFFF) + 0x3F3504F3), $d);\n"
+    "  $d s = (m - 1.0) / (m + 1.0), z = s * s;\n"
+    + _horner("p", "z", ATANH_SERIES, "$d", "")
+    + "  $d r = e * 0.6931471805599453 + ((s * z) * p + (s + s));\n"
+    "  $v special = hx_select_$sv(a == 0.0f, hx_splat_$sv(-INFINITY), a);\n"
+    "  $m use = (a == 0.0f) | (a == INFINITY) | (a != a);\n"
+    "  return hx_select_$dsv(__builtin_convertvector(use, $dm),\n"
+    "                        __builtin_convertvector(special, $d), r);\n"
+    "}"
+)
+
+# exp(t) for double lanes, rounded once to float (to denormals and inf as that rounding does).
+_POWEXP = (
+    "$q $v hx_powexp_$sv($d t) {\n"
+    "  /* exp(t) = 2^n exp(r) in double, exp(r) by its Taylor series, rounded once to float */\n"
+    "  /* clamped so that n fits (NaN stays): compared as floats, as AVX2 compares 8 doubles\n"
+    "     lane by lane */\n"
+    "  $v tf = __builtin_convertvector(t, $v);\n"
+    "  $dm lo = __builtin_convertvector(tf < -110.0f, $dm);\n"
+    "  $dm hi = __builtin_convertvector(tf > 100.0f, $dm);\n"
+    "  t = hx_select_$dsv(hi, hx_splat_$dsv(100.0), t);\n"
+    "  t = hx_select_$dsv(lo, hx_splat_$dsv(-110.0), t);\n"
+    "  $d k = t * 1.4426950408889634 + 6755399441055744.0;  /* + 1.5*2^52: round */\n"
+    "  $dm n = ($dm)k - 0x4338000000000000;\n"
+    "  $d fn = k - 6755399441055744.0;\n"
+    "  $d r = t - fn * 0.6931471803691238 - fn * 1.9082149292705877e-10;\n"
+    + _horner("p", "r", EXP_TAYLOR, "$d", "")
+    + "  return __builtin_convertvector(p * ($d)(((n + 1023) & 0x7FF) << 52), $v);\n"
+    "}"
+)
+
+_TEMPLATES: dict[tuple[str, str], str] = {
+    ("exp", "float32"): _EXP,
+    ("log", "float32"): _LOG,
+    ("tanh", "float32"): _TANH,
+    ("sigmoid", "float32"): _SIGMOID,
+    ("erf", "float32"): _ERF,
+    ("sqrt", "float32"): _SQRT,
+    ("rsqrt", "float32"): _RSQRT,
+    ("pow", "float32"): _POW,
+    ("powlog", "float32"): _POWLOG,
+    ("powexp", "float32"): _POWEXP,
+    ("sqrt", "float64"): _SQRT,
+    ("rsqrt", "float64"): _RSQRT,
+}
+
+# The helpers each helper calls, as (kind, dtype): registered first, so declared before use.
+_F32, _F64 = "float32", "float64"
+MATH_NEEDS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
+    ("exp", _F32): (("min", _F32), ("max", _F32), ("splat", _F32)),
+    ("log", _F32): (("select", _F32), ("abs", _F32), ("splat", _F32)),
+    ("tanh", _F32): (("exp", _F32), ("select", _F32), ("abs", _F32)),
+    ("sigmoid", _F32): (("exp", _F32), ("select", _F32), ("abs", _F32)),
+    ("erf", _F32): (("select", _F32), ("abs", _F32), ("splat", _F32)),
+    ("rsqrt", _F32): (("sqrt", _F32),),
+    ("rsqrt", _F64): (("sqrt", _F64),),
+    ("pow", _F32): (("powlog", _F32), ("powexp", _F32), ("abs", _F32)),
+    ("powlog", _F32): (("select", _F32), ("splat", _F32), ("select", _F64)),
+    ("powexp", _F32): (("select", _F64), ("splat", _F64)),
+}
