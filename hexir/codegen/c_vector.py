@@ -9,8 +9,8 @@ mask, `select` and min/max blend through it. At most `MAX_STRAIGHT_CHUNKS` chunk
 straight-line code, more as a loop stepping by `lanes`; the remainder of the extent runs as a
 scalar tail. A local buffer kept in registers (`register_buffers`) is an array of vectors
 indexed by chunk. Math calls with a vector form (float32 exp, log, erf, tanh, sigmoid, sqrt,
-rsqrt and pow; float64 sqrt and rsqrt) call SIMD helpers (c_math.py), unless the printer's
-`vector_math` is off; the scalar tail keeps libm's calls.
+rsqrt and pow; float64 exp, log, sigmoid, sqrt and rsqrt) call SIMD helpers (c_math.py),
+unless the printer's `vector_math` is off; the scalar tail keeps libm's calls.
 
 Anything else (a nested loop, an allocation, a condition or a store index that depends on x
 other than by unit stride, a math call without a vector form, bools in memory) raises
