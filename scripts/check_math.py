@@ -52,6 +52,7 @@ static void report(const char* name, result* rs, int n) {
   for (int t = 0; t < n; ++t) { over += rs[t].over; if (rs[t].worst >= w.worst) w = rs[t]; }
   printf("%-8s %8.3f ulp at x = %.9g (y = %.9g), %ld beyond 1 ulp\n", name, w.worst, w.at,
          w.at_y, over);
+  fflush(stdout);
 }
 """
 

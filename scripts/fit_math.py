@@ -63,7 +63,7 @@ def exp_fit() -> None:
     # exp(r) = 1 + r + r^2 P(r) for |r| <= ln2/2; relative error of exp.
     h = math.log(2) / 2
     p = _series(lambda r: (np.exp(r) - 1 - r) / r**2, lambda r: 1 / 2 + r / 6 + r**2 / 24)
-    show("exp P(r)", *remez(p, -h, h, 4, lambda r: r**2 / np.exp(r)))
+    show("exp P(r)", *remez(p, -h, h, 5, lambda r: r**2 / np.exp(r)))
 
 
 def log_fit() -> None:

@@ -13,7 +13,7 @@ scalar tail of a vectorized loop keeps libm's calls. Algorithms (coefficients fr
 scripts/fit_math.py, minimax fits; GCC contracts a*b + c into an FMA where the target has one):
 
 - exp: n = round(x·log2 e) by the 1.5·2^23 trick, r = x − n·ln2 in two parts (Cody-Waite),
-  |r| ≤ ln2/2, exp(r) = 1 + r + r²·P4(r); 2^n from exponent bits, in two halves, so that the
+  |r| ≤ ln2/2, exp(r) = 1 + r + r²·P5(r); 2^n from exponent bits, in two halves, so that the
   last multiply overflows to inf and underflows to denormals and 0 as IEEE rounding does.
 - log: x = 2^e·m with m in [√½, √2) from the bits (denormals scaled by 2^23 first),
   log1p(f) = f − f²/2 + f³·P8(f) for f = m − 1, plus e·ln2 in two parts; 0 → −inf,
@@ -30,11 +30,11 @@ scripts/fit_math.py, minimax fits; GCC contracts a*b + c into an FMA where the t
   to float at the end, then C99's special cases: pow(x, ±0) = pow(1, y) = 1, pow(−1, ±inf) =
   1, NaN for x < 0 (other than −inf) with y not an integer, x's sign for odd integer y.
 
-Largest error in float32 ulp against the double-precision function, over every 97th float32
-input (scripts/check_math.py; docs/math.md has the table, tests/codegen/test_c_math.py the
-bounds): exp 0.98, log 0.78, tanh 1.31, sigmoid 2.62, erf 1.05, sqrt 0.5 (correctly
-rounded), rsqrt 1.49, pow 0.5 (over a grid of x and y). NaN gives NaN (pow: as C99), and
-±inf, ±0 and denormals give what numpy gives.
+Largest error in float32 ulp against the double-precision function, over every float32
+input, 8 lanes with FMA (scripts/check_math.py; docs/math.md has the table, with SSE and no
+FMA too; tests/codegen/test_c_math.py the bounds): exp 0.99, log 0.83, tanh 1.33, sigmoid
+2.83, erf 1.10, sqrt 0.5 (correctly rounded), rsqrt 1.49, pow 0.5 (over a grid of x and y).
+NaN gives NaN (pow: as C99), and ±inf, ±0 and denormals give what numpy gives.
 
 float64 lanes: exp, log and sigmoid by the same algorithms in double (exp's Taylor series to
 r^13, log as fdlibm arranges the atanh series), sqrt and rsqrt; measured on 10 million random
@@ -108,7 +108,7 @@ def _horner(var: str, t: str, coeffs: tuple[float, ...], vtype: str, suffix: str
 
 # --- float32 ----------------------------------------------------------------------------------
 
-EXP_P = (0.49999994, 0.16666521, 0.04166839, 0.00836871, 0.0013814613)
+EXP_P = (0.5, 0.16666666, 0.041666295, 0.008333497, 0.0013944649, 0.00019790352)
 LOG_P = (
     0.33333313, -0.2500001, 0.20002119, -0.16667996, 0.14219552, -0.124055885, 0.11888162,
     -0.11675652, 0.06746642,
