@@ -11,9 +11,9 @@ order:
   consumers, and at most one reduction, which ends the group (`exp -> reduce_sum`);
 - an out-fusable op (matmul, batch_matmul, dense, conv2d) takes elementwise and broadcast
   epilogues (bias_add, batch_norm, activations, the residual add);
-- a cheap injective op (a reshape, pad, concat, a slice with unit inner step, a transpose that
-  keeps the innermost axis) takes elementwise and broadcast consumers; any other injective op,
-  a reduction, or an opaque op stands alone.
+- a cheap injective op (pad, concat, a slice with unit inner step, a transpose that keeps the
+  innermost axis) takes elementwise and broadcast consumers; any other injective op, a
+  reduction, or an opaque op stands alone, and so does a reshape (a view, below).
 
 A consumer joins the group of one of its operands (out-fusable groups first) only if the
 operands it reads from that group are not broadcast up (for a reduction: only its data
@@ -24,6 +24,10 @@ Softmax and layer_norm are single ops, so each is one kernel, with its elementwi
 
 With the `fusion` knob off, every op is its own group. Groups come out in a topological order:
 running them in order computes the graph.
+
+A reshape (`OpDef.view`) is always a group of its own, `is_view`, and no kernel: every buffer
+is contiguous row-major, so its result is its operand's storage under another shape (the
+memory plan aliases the two), and its consumers read that storage directly.
 """
 
 from __future__ import annotations
@@ -37,7 +41,15 @@ from hexir.ir.tir import PrimFunc
 from hexir.ops import op_def
 from hexir.ops.base import Pattern
 
-__all__ = ["Group", "Pattern", "cheap_injective", "pattern", "partition"]
+__all__ = [
+    "Group",
+    "Pattern",
+    "cheap_injective",
+    "fused_kernels",
+    "is_view",
+    "partition",
+    "pattern",
+]
 
 _E, _B, _R = Pattern.ELEMENTWISE, Pattern.BROADCAST, Pattern.REDUCTION
 
@@ -157,7 +169,11 @@ class _Partition:
 
 
 def _opens(op: Op, p: Pattern) -> frozenset[Pattern]:
-    """What a group that starts with `op` accepts as consumers."""
+    """What a group that starts with `op` accepts as consumers: nothing for a view op, which
+    stays a lone view (`is_view`) that its consumers read as another name of its operand."""
+    d = op_def(op.kind)
+    if d is not None and d.view:
+        return _CLOSED
     match p:
         case Pattern.ELEMENTWISE | Pattern.BROADCAST:
             return _CHAIN
@@ -222,12 +238,23 @@ def _groups(graph: Graph, members: list[list[Op]]) -> list[Group]:
     return groups
 
 
+def is_view(group: Group) -> bool:
+    """Whether `group` is a lone view op (a reshape, `OpDef.view`): no kernel computes it,
+    its result is its operand's storage under another shape (the memory plan aliases them)."""
+    if len(group.ops) != 1:
+        return False
+    d = op_def(group.ops[0].kind)
+    return d is not None and d.view
+
+
 def fused_kernels(graph: Graph) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
     """What a model compiles to, as `hexir.compile` builds it, `hexir.tune` tunes it and
     `hexir show --kernels` lists it: the graph simplified (constants evaluated, batch norm
-    folded, exact rewrites), and each fusion group with the PrimFunc it lowers to."""
+    folded, exact rewrites), and each fusion group but the views (`is_view`) with the PrimFunc
+    it lowers to."""
     from hexir.graph.lower import lower
     from hexir.graph.rewrite import simplify_graph
 
     graph = simplify_graph(graph)
-    return graph, [(group, lower(group.graph())) for group in partition(graph)]
+    groups = [group for group in partition(graph) if not is_view(group)]
+    return graph, [(group, lower(group.graph())) for group in groups]

@@ -33,6 +33,13 @@ The pool needs nothing but the past and suits chains; the best-fit arena packs t
 large and small buffers alternate (attention blocks). On the zoo both reach the bound or come
 close; neither is best on every model.
 
+Views. A view (a reshape that no kernel computes) is another name for a value's memory:
+`aliases` maps it to that value (the root of a chain of views). A step reading the view reads
+the value, so the value lives to the last use of either name, and an in-place step may take
+its memory only when that is the last use of every name (and the step reads it under one
+name only: a kernel reading one storage under two shapes may read an element it already
+overwrote). The view is placed where its value is.
+
 Sizes are rounded up to `ALIGN` (64) bytes: one cache line, and the alignment of a 512-bit
 vector, so every value starts aligned. Size classes are quarter steps between powers of two
 (…, 1024, 1280, 1536, 1792, 2048, 2560, …).
@@ -83,6 +90,7 @@ class MemoryPlan:
     lower_bound: int
     inplace: tuple[tuple[str, str], ...] = ()  # (value, the dying input whose memory it took)
     strategy: str = "pool"  # "pool" | "best-fit"
+    views: tuple[tuple[str, str], ...] = ()  # (view, the planned value whose memory it is)
 
     @property
     def peak_bytes(self) -> int:
@@ -104,8 +112,9 @@ class MemoryPlan:
         ratio = self.peak_bytes / self.lower_bound if self.lower_bound else 1.0
         return "\n".join(
             [
-                f"memory plan ({self.strategy}): {len(self.placements)} intermediates in "
-                f"{len(self.storage_sizes)} storages, {len(self.inplace)} in place",
+                f"memory plan ({self.strategy}): {len(self.placements) - len(self.views)} "
+                f"intermediates in {len(self.storage_sizes)} storages, {len(self.inplace)} in "
+                f"place, {len(self.views)} views",
                 f"  planned peak          {_mib(self.peak_bytes)}",
                 f"  liveness lower bound  {_mib(self.lower_bound)}   (peak / bound {ratio:.2f})",
                 f"  sum of intermediates  {_mib(self.total_bytes)}",
@@ -122,6 +131,7 @@ class MemoryPlan:
                 "lower_bound": self.lower_bound,
                 "inplace": [list(pair) for pair in self.inplace],
                 "strategy": self.strategy,
+                "views": [list(pair) for pair in self.views],
             }
         )
 
@@ -135,6 +145,7 @@ class MemoryPlan:
             int(data["lower_bound"]),
             tuple((str(a), str(b)) for a, b in data["inplace"]),
             str(data["strategy"]),
+            tuple((str(a), str(b)) for a, b in data["views"]),
         )
 
 
@@ -152,8 +163,13 @@ def align(nbytes: int) -> int:
     return max(-(-nbytes // ALIGN), 1) * ALIGN
 
 
-def plan_memory(steps: Sequence[Step], sizes: Mapping[str, int]) -> MemoryPlan:
-    """Place every value of `sizes` (its byte size) for the command list `steps`."""
+def plan_memory(
+    steps: Sequence[Step], sizes: Mapping[str, int], aliases: Mapping[str, str] | None = None
+) -> MemoryPlan:
+    """Place every value of `sizes` (its byte size) for the command list `steps`, and every
+    view of `aliases` (view -> the value whose memory it is) where its value is."""
+    aliases = aliases or {}
+    steps = [_through_views(step, aliases) for step in steps]
     first, last = _liveness(steps, sizes)
     missing = sorted(set(sizes) - set(first))
     if missing:
@@ -162,13 +178,27 @@ def plan_memory(steps: Sequence[Step], sizes: Mapping[str, int]) -> MemoryPlan:
     buffers = _buffers(owner, first, last, sizes)
     candidates = [("pool", _pool_place(buffers)), ("best-fit", _best_fit_place(buffers))]
     strategy, (where, storages) = min(candidates, key=lambda c: sum(c[1][1]))
-    placements = tuple(
-        (v, Placement(where[owner[v]].storage, where[owner[v]].offset, sizes[v])) for v in first
-    )
+    placed = {
+        v: Placement(where[owner[v]].storage, where[owner[v]].offset, sizes[v]) for v in first
+    }
+    views = tuple((view, root) for view, root in aliases.items() if root in placed)
+    placements = (*placed.items(), *((view, placed[root]) for view, root in views))
     lower = _lower_bound(first, last, sizes, len(steps))
     return MemoryPlan(
-        placements, tuple(storages), sum(sizes.values()), lower, tuple(inplace), strategy
+        placements, tuple(storages), sum(sizes.values()), lower, tuple(inplace), strategy, views
     )
+
+
+def _through_views(step: Step, aliases: Mapping[str, str]) -> Step:
+    """`step` reading each view's value instead of the view; an in-place pair whose input is
+    read under two names is dropped (see Views in the module docstring)."""
+    reads = tuple(aliases.get(v, v) for v in step.reads)
+    inplace = tuple(
+        (out, aliases.get(donor, donor))
+        for out, donor in step.inplace
+        if reads.count(aliases.get(donor, donor)) == 1
+    )
+    return Step(reads, step.writes, inplace)
 
 
 def _liveness(steps: Sequence[Step], sizes: Mapping[str, int]) -> tuple[dict, dict]:

@@ -90,6 +90,8 @@ class OpDef:
     `evaluate` and `lower` are None only for `constant`, whose value is the graph's data.
     `cheap` (injective ops only) says whether computing the op inside its consumer's kernel is
     cheap (the consumer still reads the operand row by row); None means never.
+    `view`: the result is the operand's elements in the same row-major order (reshape), so a
+    lone view op needs no kernel: the memory plan gives its result the operand's storage.
     `flops` counts the op's floating-point operations (what a profile's GFLOP/s divides); None
     means the default of its fusion role, `default_flops`.
     """
@@ -107,6 +109,7 @@ class OpDef:
     build: BuildArgs | None = None
     cheap: Callable[[Op], bool] | None = None
     flops: Flops | None = None
+    view: bool = False
 
     def flop_count(self, op: Op) -> int:
         """The floating-point operations of `op`, an op of this definition."""

@@ -217,6 +217,7 @@ RESHAPE = OpDef(
     lower=_reshape_lower,
     export=_reshape_export,
     cheap=_always,
+    view=True,
 )
 
 

@@ -41,7 +41,7 @@ from hexir.runtime.target import Target
 __all__ = ["FORMAT", "FORMAT_VERSION", "load", "save"]
 
 FORMAT = "hexir-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: views (reshapes no command computes) and the plan's "views"
 
 
 def save(module: Module, path: str | Path) -> Path:

@@ -2,9 +2,10 @@
 
 The first run allocates every device buffer once — one allocation per storage of the memory
 plan, with each intermediate at its offset in one, and one per graph input, graph output and
-constant — and uploads the constants. Every run then copies the inputs in, launches the
-kernels of the command list in order on precomputed device pointers, and copies the outputs
-out; a timed run (`Module.run_timed`, for profiles) records a CUDA event after each launch.
+constant — and uploads the constants; a view (`Module.views`) is its value's pointer. Every
+run then copies the inputs in, launches the kernels of the command list in order on
+precomputed device pointers, and copies the outputs out; a timed run (`Module.run_timed`, for
+profiles) records a CUDA event after each launch.
 Without a GPU (or without pycuda) the first run raises `TargetError` saying so; building
 needs neither (NVRTC compiles anywhere).
 """
@@ -87,6 +88,8 @@ class _CudaBuffers:
                 else:
                     t = module.value_type(name)
                     pointers[name] = alloc(t.size * np.dtype(numpy_dtype(t.dtype)).itemsize)
+        for view, root in module.views.items():
+            pointers[view] = pointers[root]  # a reshape: the same contiguous bytes
         return pointers
 
     def run(self, bound: dict[str, np.ndarray], outputs: Sequence[Value]) -> list[np.ndarray]:

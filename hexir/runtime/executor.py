@@ -9,7 +9,8 @@ partition it into fusion groups (the `fusion` knob turns fusion off), lower each
 PrimFunc, schedule it — the database's best record for its (workload key, target key) where
 there is one, else a default schedule — build it (kernels with the same candidate key are
 built once), and lay the groups out as a flat static command list whose intermediates the
-memory plan places.
+memory plan places. A lone reshape is no command: it is a view, its operand's buffer under
+another shape (`Module.views`), and the memory plan aliases the two.
 
 The default schedules (hexir/runtime/default_schedule.py) are simple and never fail a compile;
 a database trace that no longer replays falls back to the default too.
@@ -22,14 +23,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hexir.errors import HexirError
-from hexir.graph.memory import MemoryPlan, Step, plan_memory
+from hexir.graph.memory import MemoryPlan
 from hexir.ir.dtype import itemsize
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.keys import candidate_key, workload_key
 from hexir.ir.tir import PrimFunc
 from hexir.ops import op_def
 from hexir.runtime.default_schedule import default_schedule
-from hexir.runtime.module import Command, Module, TaskReport
+from hexir.runtime.module import Command, Module, TaskReport, plan_commands
 from hexir.runtime.target import Target
 from hexir.schedule import Trace
 
@@ -114,11 +115,11 @@ def simplify(graph: Graph) -> Graph:
 def plan_graph(graph: Graph) -> MemoryPlan:
     """The memory plan `compile` makes for `graph`, without lowering or building a kernel
     (for `hexir show MODEL --memory`)."""
-    from hexir.graph.fusion import partition
+    from hexir.graph.fusion import is_view, partition
 
     graph = simplify(graph)
     commands, inplace = [], []
-    for group in partition(graph):
+    for group in (g for g in partition(graph) if not is_view(g)):
         args = tuple(v.name for v in (*group.inputs, *group.outputs))
         commands.append(Command(0, args, len(group.outputs)))
         inplace.append(_inplace_pairs(group.graph()))
@@ -129,17 +130,9 @@ def plan_module(
     graph: Graph, commands: Sequence[Command], inplace: Sequence[tuple[tuple[str, str], ...]]
 ) -> MemoryPlan:
     """The memory plan of a command list: its intermediates (values some command writes that
-    the graph does not return) placed in a storage pool."""
-    types = {op.result.name: op.result.type for op in graph.ops}
-    returned = {v.name for v in graph.outputs}
-    sizes = {
-        name: types[name].size * itemsize(types[name].dtype)
-        for c in commands
-        for name in c.outputs
-        if name not in returned
-    }
-    steps = [Step(c.inputs, c.outputs, pairs) for c, pairs in zip(commands, inplace, strict=True)]
-    return plan_memory(steps, sizes)
+    the graph does not return) placed in a storage pool, and its views (reshapes no command
+    computes) where their values are (`hexir.runtime.module.plan_commands`)."""
+    return plan_commands(graph, commands, inplace)
 
 
 def _open_database(database: TuningDatabase | str | None) -> TuningDatabase | None:

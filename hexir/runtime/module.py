@@ -11,6 +11,12 @@ A planned run allocates every buffer once per module — the plan's storages, wi
 intermediate a view into one, the graph's inputs and outputs, the constants — and then only
 copies the inputs in, calls the kernels in command order on precomputed pointers, and copies
 the outputs out. The buffers belong to the module, so one module runs one call at a time.
+
+Views. A reshape that no command computes (`Module.views`: a value some command reads or the
+graph returns that is no command's output, input or constant) is its operand's buffer under
+another shape (every buffer is contiguous row-major), in planned and unplanned runs, on the CPU
+and the GPU; the memory plan keeps that buffer alive while either name is used. Outputs are
+always copied out, so a view returned by the graph is a fresh array too.
 """
 
 from __future__ import annotations
@@ -23,17 +29,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexir.errors import HexirError
 from hexir.graph.evaluate import bind_inputs
 from hexir.graph.memory import ALIGN, MemoryPlan, Step, plan_memory
 from hexir.ir.dtype import itemsize, numpy_dtype
-from hexir.ir.graph import Graph, TensorType, Value
+from hexir.ir.graph import Graph, Op, TensorType, Value
+from hexir.ops import op_def
 from hexir.runtime.target import Target
 from hexir.schedule.trace import Trace
 
 if TYPE_CHECKING:
     from hexir.runtime.profile import Profile
 
-__all__ = ["Command", "Module", "TaskReport"]
+__all__ = ["Command", "Module", "TaskReport", "plan_commands", "view_roots"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +78,8 @@ class TaskReport:
 class Module:
     """A compiled graph (see the module docstring). `kernels`: one per distinct scheduled
     kernel; `commands`: the calls in order; `plan`: where the intermediates live;
-    `report`: one TaskReport per command."""
+    `report`: one TaskReport per command; `views`: each view (a reshape no command computes)
+    and the value whose buffer it is (`view_roots`)."""
 
     def __init__(
         self,
@@ -87,7 +96,8 @@ class Module:
         self.kernels = kernels
         self.commands = commands
         self.constants = constants
-        self.plan = plan if plan is not None else _plan_without_inplace(graph, commands)
+        self.views = view_roots(graph, commands)
+        self.plan = plan if plan is not None else plan_commands(graph, commands)
         self.report = report
         self._types = _value_types(graph)
         self._buffers: _CpuBuffers | None = None
@@ -154,6 +164,9 @@ class Module:
         for command in self.commands:
             for name in command.outputs:
                 env[name] = _empty(self._types[name])
+        for view, root in self.views.items():
+            env[view] = env[root].reshape(self._types[view].shape)  # no copy: contiguous
+        for command in self.commands:
             self.kernels[command.kernel](*(env[name] for name in command.args))
         return [np.array(env[v.name]) for v in self.graph.outputs]
 
@@ -198,6 +211,8 @@ class _CpuBuffers:
                 else:
                     raw = self.storages[p.storage][p.offset : p.offset + p.nbytes]
                     arrays[name] = raw.view(numpy_dtype(t.dtype)).reshape(t.shape)
+        for view, root in module.views.items():
+            arrays[view] = arrays[root].reshape(module.value_type(view).shape)
         self.arrays = arrays
         self.calls = [
             (module.kernels[c.kernel]._fn, [arrays[n].ctypes.data for n in c.args])
@@ -242,16 +257,52 @@ def _value_types(graph: Graph) -> dict[str, TensorType]:
     return types
 
 
-def _plan_without_inplace(graph: Graph, commands: Sequence[Command]) -> MemoryPlan:
+def view_roots(graph: Graph, commands: Sequence[Command]) -> dict[str, str]:
+    """Each view -> the value whose buffer it is, the root of its chain of views (a command's
+    output, a graph input or a constant), in graph order. A view is a value some command reads
+    or the graph returns (or a view of it) that no command computes, made by a view op
+    (`OpDef.view`, a reshape); such a value made by any other op is an error."""
+    computed = {name for c in commands for name in c.outputs}
+    computed |= {v.name for v in graph.inputs}
+    needed = {name for c in commands for name in c.inputs} | {v.name for v in graph.outputs}
+    views: list[Op] = []
+    for op in reversed(graph.ops):
+        name = op.result.name
+        if op.kind == "constant" or name in computed or name not in needed:
+            continue
+        d = op_def(op.kind)
+        if d is None or not d.view:
+            raise HexirError(f"no command computes %{name} of @{graph.name} ({op.kind})")
+        views.append(op)
+        needed.add(op.operands[0].name)
+    roots: dict[str, str] = {}
+    for op in reversed(views):
+        operand = op.operands[0].name
+        roots[op.result.name] = roots.get(operand, operand)
+    return roots
+
+
+def plan_commands(
+    graph: Graph,
+    commands: Sequence[Command],
+    inplace: Sequence[tuple[tuple[str, str], ...]] | None = None,
+) -> MemoryPlan:
+    """The memory plan of a command list (with each command's in-place pairs, if given): its
+    intermediates (values some command writes that the graph does not return, nor a view of
+    them) placed in a storage pool, and its views where their values are."""
     types = _value_types(graph)
+    views = view_roots(graph, commands)
     returned = {v.name for v in graph.outputs}
+    returned |= {views[name] for name in returned if name in views}  # returned as a view
     sizes = {
         n: types[n].size * itemsize(types[n].dtype)
         for c in commands
         for n in c.outputs
         if n not in returned
     }
-    return plan_memory([Step(c.inputs, c.outputs) for c in commands], sizes)
+    pairs = inplace if inplace is not None else [()] * len(commands)
+    steps = [Step(c.inputs, c.outputs, p) for c, p in zip(commands, pairs, strict=True)]
+    return plan_memory(steps, sizes, views)
 
 
 def _bind_inputs(

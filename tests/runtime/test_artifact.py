@@ -86,6 +86,16 @@ def test_an_artifact_of_another_hexir_version_is_refused(saved, tmp_path):
         hexir.runtime.load(old)
 
 
+def test_an_artifact_of_an_older_format_is_refused(saved, tmp_path):
+    # Format 1 ran every reshape as a command; format 2 keeps views in the plan instead.
+    _, path = saved
+    old = tmp_path / "format1.hxa"
+    old.write_bytes(path.read_bytes())
+    rewrite_manifest(old, lambda m: m.update(format_version=1))
+    with pytest.raises(ArtifactError, match="of format hexir-artifact 2 .found hexir-artifact 1"):
+        hexir.runtime.load(old)
+
+
 def test_an_artifact_for_missing_cpu_features_is_refused(saved, tmp_path):
     _, path = saved
     foreign = tmp_path / "arm.hxa"

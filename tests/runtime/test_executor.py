@@ -142,6 +142,7 @@ SMALL_ZOO = {
 def test_small_zoo_models_match_numpy_planned_and_unplanned(name, fusion, rng):
     module = _check_model(SMALL_ZOO[name](), fusion, rng)
     assert all(task.schedule == "default" for task in module.report)
+    assert not any("reshape" in task.ops for task in module.report)  # views, not kernels
 
 
 def test_fusion_more_than_halves_the_kernels_of_a_resnet():
