@@ -18,9 +18,10 @@ Rounds of these passes run until the graph no longer changes:
   value everywhere and broadcasting changes neither shape nor dtype (x+0 may turn a -0.0
   into +0.0, which compares equal); a reshape of a reshape is one reshape; a transpose of a
   transpose is one transpose of the composed permutation; a reshape or transpose that changes
-  nothing is dropped; a chain of broadcasts is one broadcast (this dialect has no broadcast op:
-  a broadcast is an add of zeros or a mul by ones that makes the shape larger, and two in a row
-  become one with a single constant);
+  nothing is dropped; a transpose that moves only axes of extent 1 is a reshape (so a view, no
+  kernel: hexir.graph.fusion); a chain of broadcasts is one broadcast (this dialect has no
+  broadcast op: a broadcast is an add of zeros or a mul by ones that makes the shape larger,
+  and two in a row become one with a single constant);
 - dead ops (and constants nobody uses) are removed (`remove_dead_ops`).
 
 Graph inputs, graph outputs and the type of every value stay as they were: a rewrite that
@@ -260,7 +261,8 @@ def _reshape(op: Op, p: _Pass) -> Value | list[Op] | None:
 
 
 def _transpose(op: Op, p: _Pass) -> Value | list[Op] | None:
-    """transpose(transpose(x, p1), p2) -> transpose(x, p1∘p2); an identity transpose -> x."""
+    """transpose(transpose(x, p1), p2) -> transpose(x, p1∘p2); an identity transpose -> x;
+    a transpose that moves only axes of extent 1 -> a reshape (the same row-major order)."""
     if op.kind != "transpose":
         return None
     x, perm = op.operands[0], _ints(op, "perm")
@@ -270,6 +272,10 @@ def _transpose(op: Op, p: _Pass) -> Value | list[Op] | None:
         perm = tuple(first[i] for i in perm)
     if perm == tuple(range(len(perm))) and not p.is_output(op.result):
         return x
+    moved = [a for a in perm if x.type.shape[a] != 1]
+    if moved == sorted(moved) and perm != tuple(range(len(perm))):
+        shape = {"shape": op.result.type.shape}
+        return [make_op("reshape", [x], shape, op.result.name, op.placement)]
     if x == op.operands[0]:
         return None
     return [make_op("transpose", [x], {"perm": perm}, op.result.name, op.placement)]

@@ -143,6 +143,18 @@ def test_transposes_compose_and_identity_goes():
     assert after.ops[2].operands == (x,)
 
 
+def test_a_transpose_moving_only_unit_axes_is_a_reshape():
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 12, 1, 64))
+    heads = b.transpose(b.reshape(x, (1, 12, 64)), perm=(1, 0, 2))  # 12x1x64: same order
+    moves_rows = b.transpose(x, perm=(0, 3, 2, 1))
+    back = b.transpose(b.transpose(x, perm=(2, 1, 0, 3)), perm=(1, 0, 2, 3))
+    after = simplified(b.build([b.relu(heads), b.exp(moves_rows), back]))
+    assert sorted(kinds(after)) == ["exp", "relu", "reshape", "reshape", "transpose"]
+    reshapes = {op.attr("shape"): op.operands for op in after.ops if op.kind == "reshape"}
+    assert reshapes == {(12, 1, 64): (x,), (12, 1, 1, 64): (x,)}
+
+
 def test_chain_of_broadcasts_is_one_broadcast_and_keeps_signed_zeros():
     b = GraphBuilder("g")
     x = b.input("x", (4,))
