@@ -20,7 +20,7 @@ from hexir.errors import CostModelError
 from hexir.ir.tir import For
 from hexir.ir.visit import walk
 from hexir.runtime.target import Target
-from hexir.search import Candidate, CpuBuilder, CpuRunner, MeasureResult, measure
+from hexir.search import Candidate, MeasureResult
 from hexir.search.space import SearchSpace
 
 
@@ -33,22 +33,12 @@ def sample(func, n: int, seed: int) -> list[Candidate]:
     return list(unique.values())
 
 
-def measured(funcs_and_counts, seed: int) -> tuple[list[Candidate], list[MeasureResult]]:
-    """Sampled schedules of each workload, built and timed for real (one thread: timings
-    are steadier on a shared machine)."""
-    cands = [c for func, n in funcs_and_counts for c in sample(func, n, seed)]
-    with (
-        knobs.scope(num_threads=1, timing_warmup=1, timing_repeats=5, timing_min_seconds=0.002),
-        CpuRunner() as runner,
-    ):
-        results = measure(cands, CpuBuilder(), runner)
-    return cands, results
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    """A few dozen tiny matmul kernels, measured: the cheap dataset of the quick tests."""
-    return measured([(hexir.workload("matmul", M=48, N=64, K=64), 28)], seed=1)
+    """A few dozen tiny matmul kernels with the latencies `scaled` gives them: the cheap
+    dataset of the quick tests (nothing is compiled)."""
+    cands = sample(hexir.workload("matmul", M=48, N=64, K=64), 28, seed=1)
+    return cands, scaled(cands)
 
 
 def labels_of(cands: list[Candidate], results: list[MeasureResult]) -> np.ndarray:
