@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from hexir.ir.dtype import is_float
 from hexir.ir.graph import Op
+from hexir.ir.names import unique_name
 from hexir.ir.tir import (
     Allocate,
     Binary,
@@ -55,7 +56,7 @@ class Kernel:
 
     def fresh(self, base: str) -> str:
         """`base`, or `base_1`, `base_2`, ... whichever is still free among the % names."""
-        return _unique(base, self._names)
+        return unique_name(base, self._names)
 
     def alloc(self, name: str, shape: Sequence[int], dtype: str) -> Buffer:
         """A global intermediate buffer, declared at the top of the body."""
@@ -123,20 +124,11 @@ class Kernel:
     ) -> None:
         spatial = tuple(iv.var for iv in iter_vars if iv.kind == "spatial")
         writes = (BufferRegion(out, spatial),)
-        stmt: Stmt = Block(_unique(name, self._blocks), iter_vars, reads, writes, body, init)
+        stmt: Stmt = Block(unique_name(name, self._blocks), iter_vars, reads, writes, body, init)
         for iv in reversed(iter_vars):
             assert isinstance(iv.binding, Var)
             stmt = For(iv.binding, iv.dom, "serial", stmt)
         self.stages.append(stmt)
-
-
-def _unique(base: str, taken: set[str]) -> str:
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    taken.add(name)
-    return name
 
 
 def _checked(value: Expr, out: Buffer, name: str) -> Expr:

@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
+from hexir.ir.names import unique_name
 from hexir.ir.tir import (
     SCOPES,
     Allocate,
@@ -42,7 +43,6 @@ from hexir.schedule.common import (
     schedule_error,
     sub_stmts,
     taken_names,
-    unique_name,
 )
 from hexir.schedule.state import ScheduleBase, primitive
 from hexir.schedule.trace import BlockRV

@@ -119,16 +119,6 @@ def taken_names(func: PrimFunc) -> set[str]:
     return names
 
 
-def unique_name(base: str, taken: set[str]) -> str:
-    """`base`, or `base_1`, `base_2`... whichever is free first; the result is added to `taken`."""
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    taken.add(name)
-    return name
-
-
 # ---------------------------------------------------------------------------------------------
 # Rewriting
 

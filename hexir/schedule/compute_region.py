@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hexir.ir import arith
+from hexir.ir.names import unique_name
 from hexir.ir.tir import (
     Allocate,
     Binary,
@@ -32,7 +33,7 @@ from hexir.ir.tir import (
     seq,
 )
 from hexir.ir.visit import free_vars, substitute, walk
-from hexir.schedule.common import all_blocks, is_loop, replace_body, unique_name
+from hexir.schedule.common import all_blocks, is_loop, replace_body
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from hexir.ir import arith
+from hexir.ir.names import unique_name
 from hexir.ir.tir import (
     Binary,
     Block,
@@ -38,7 +39,6 @@ from hexir.schedule.common import (
     sub_stmts,
     substitute_simplify,
     taken_names,
-    unique_name,
 )
 from hexir.schedule.state import ScheduleBase, primitive
 from hexir.schedule.trace import ExprRV, LoopRV

@@ -17,6 +17,7 @@ import numpy as np
 
 from hexir.ir import arith
 from hexir.ir.dtype import is_float, is_int, numpy_dtype
+from hexir.ir.names import unique_name
 from hexir.ir.tir import (
     Allocate,
     Binary,
@@ -48,7 +49,6 @@ from hexir.schedule.common import (
     schedule_error,
     substitute_simplify,
     taken_names,
-    unique_name,
 )
 from hexir.schedule.state import ScheduleBase, primitive
 from hexir.schedule.trace import BlockRV, LoopRV
