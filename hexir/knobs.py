@@ -75,6 +75,11 @@ class Knobs:
     vector_math: bool = field(
         default_factory=lambda: _env("HEXIR_VECTOR_MATH", "1") not in ("0", "false")
     )
+    # Compile time: constant weights laid out for the kernels that read them (dense of a
+    # constant weight as a matmul of its transpose: hexir/graph/layout.py); off, as given.
+    pack_weights: bool = field(
+        default_factory=lambda: _env("HEXIR_PACK_WEIGHTS", "1") not in ("0", "false")
+    )
     # CUDA builds: NVRTC's --use_fast_math (approximate exp, division, ...), and keeping the PTX.
     cuda_fast_math: bool = field(
         default_factory=lambda: _env("HEXIR_CUDA_FAST_MATH", "0") not in ("0", "false")

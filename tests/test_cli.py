@@ -53,7 +53,7 @@ def test_show_reads_a_hexir_file_with_its_constants(tmp_path, capsys, rng):
     assert hexir.parse(capsys.readouterr().out, constants={"w": graph.constant("w")}) == graph
     assert main(["show", str(tmp_path / "tiny.hexir"), "--kernels"]) == 0
     out = capsys.readouterr().out
-    assert "1 kernels for 2 ops (fusion on)" in out and "dense+relu" in out
+    assert "1 kernels for 2 ops (fusion on)" in out and "matmul+relu" in out  # w laid out
 
 
 def test_show_lists_a_models_kernels_and_memory_plan(capsys):

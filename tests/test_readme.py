@@ -11,7 +11,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 # What each block's output shows, by the README section it sits in.
 PRINTS = {
     "using-it": "hextir.func @matmul",
-    "tuning-from-python": "dense",  # a task of the mlp is named after its ops
+    "tuning-from-python": "fused_matmul",  # a task of the mlp is named after its ops
     "schedules-are-data": 'sch.get_block(name="matmul")',
 }
 

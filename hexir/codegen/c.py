@@ -111,6 +111,19 @@ def _outermost_loops(stmt: Stmt) -> list[For]:
     return [f for child in inner for f in _outermost_loops(child)]  # type: ignore[arg-type]
 
 
+# A heap buffer kept per thread between calls (CPrinter.scratch_slot); it is never freed: a
+# kernel's threads (the caller's and OpenMP's pool) live as long as the process.
+_SCRATCH = """typedef struct {{ void* data; size_t size; }} hx_scratch_t;
+static inline void* hx_scratch(hx_scratch_t* s, size_t size) {{
+  if (s->size < size) {{
+    free(s->data);
+    s->data = aligned_alloc({align}, size);
+    s->size = s->data ? size : 0;
+  }}
+  return s->data;
+}}"""
+
+
 def generate_c(func: PrimFunc, target: Target | None = None, *, vector_math: bool = True) -> str:
     """The C source of `func`, exporting `void <kernel_symbol(func)>(T* restrict ..., ...)`.
     `vector_math`: exp, erf, ... in a vectorized loop as SIMD helpers (c_math.py); off, such a
@@ -377,11 +390,22 @@ class CPrinter:
             return []
         if buffer.scope == "global" or nbytes > self.stack_limit_bytes:
             padded = max(-(-nbytes // self.alignment) * self.alignment, self.alignment)
-            alloc = f"({t}*)aligned_alloc({self.alignment}, {padded})"
-            self.emit(f"{t}* {self.restrict} {name} = {alloc};")
-            return [f"free({name});"]
+            slot = self.scratch_slot()
+            self.emit(f"{t}* {self.restrict} {name} = ({t}*)hx_scratch(&{slot}, {padded});")
+            return []
         self.emit(f"{t} {name}[{max(buffer.size, 1)}] __attribute__((aligned({self.alignment})));")
         return []
+
+    def scratch_slot(self) -> str:
+        """A new thread-local scratch slot (`hx_scratch`): heap buffers are kept from one call
+        to the next, per thread, and grow when needed. Allocated and freed on every call (or
+        every parallel job), a buffer past malloc's mmap threshold (a conv's packed weights)
+        is fresh pages each time, and their faults cost as much as the copy into them."""
+        if "hx_scratch" not in self._helpers:
+            self._helpers["hx_scratch"] = _SCRATCH.format(align=self.alignment)
+        slot = f"hx_scratch_{sum(k.startswith('hx_scratch_') for k in self._helpers)}"
+        self._helpers[slot] = f"static _Thread_local hx_scratch_t {slot};"
+        return slot
 
     def barrier(self) -> None:
         # Thread-bound loops run one after another on the CPU: nothing to wait for.

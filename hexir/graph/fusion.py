@@ -250,11 +250,12 @@ def is_view(group: Group) -> bool:
 def fused_kernels(graph: Graph) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
     """What a model compiles to, as `hexir.compile` builds it, `hexir.tune` tunes it and
     `hexir show --kernels` lists it: the graph simplified (constants evaluated, batch norm
-    folded, exact rewrites), and each fusion group but the views (`is_view`) with the PrimFunc
-    it lowers to."""
+    folded, exact rewrites) with its constant weights laid out (hexir.graph.layout), and each
+    fusion group but the views (`is_view`) with the PrimFunc it lowers to."""
+    from hexir.graph.layout import layout_weights
     from hexir.graph.lower import lower
     from hexir.graph.rewrite import simplify_graph
 
-    graph = simplify_graph(graph)
+    graph = layout_weights(simplify_graph(graph))
     groups = [group for group in partition(graph) if not is_view(group)]
     return graph, [(group, lower(group.graph())) for group in groups]

@@ -239,20 +239,32 @@ def _conv2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 
 
 def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """Two stages when padded: `conv2d_pad` copies x into a zero-bordered buffer, and the
+    contraction reads it unguarded. Guarding every multiply-add instead (a select and two
+    clamps per input pixel, R x S x K times) costs more than the copy of one image."""
     x, w = args
     (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
     (dh, dw), groups = attr_ints(op, "dilation"), attr_int(op, "groups")
     k_per_group, c_per_group = out.shape[1] // groups, w.shape[1]
+    if ph or pw:
+        n, c, h, wd = x.shape
+        padded = k.alloc("conv2d_pad", (n, c, h + 2 * ph, wd + 2 * pw), x.dtype)
+
+        def border(i: tuple[Expr, ...]) -> Expr:
+            cond, load = guarded_load(k, x, (i[0], i[1], affine([(i[2], 1)], -ph),
+                                             affine([(i[3], 1)], -pw)))  # fmt: skip
+            return load if cond is None else Select(cond, load, const(0, x.dtype))
+
+        k.compute("conv2d_pad", padded, border)
+        x = padded
 
     def value(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
         n, kk, oh, ow = s
         c, rh, rw = r
         channel = c if groups == 1 else affine([(floordiv(kk, k_per_group), c_per_group), (c, 1)])
-        h = affine([(oh, sh), (rh, dh)], -ph)
-        wi = affine([(ow, sw), (rw, dw)], -pw)
-        cond, load = guarded_load(k, x, (n, channel, h, wi))
-        pixel = load if cond is None else Select(cond, load, const(0, x.dtype))
-        return pixel * w[kk, c, rh, rw]
+        h = affine([(oh, sh), (rh, dh)])
+        wi = affine([(ow, sw), (rw, dw)])
+        return x[n, channel, h, wi] * w[kk, c, rh, rw]
 
     k.reduce("conv2d", out, w.shape[1:], value)
 

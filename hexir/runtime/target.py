@@ -54,6 +54,7 @@ class Target:
     arch: str = field(init=False)  # CUDA: "sm_90"; CPU: the -march value ("native")
     features: tuple[str, ...] = field(init=False)  # sorted; CPU only
     vector_width: int = field(init=False)  # fp32 lanes of one vector
+    vector_registers: int = field(init=False)  # CPU: architectural vector registers (CUDA: 0)
     num_cores: int = field(init=False)  # CPU cores (CUDA: 0)
     # GPU limits; None on the CPU, where GPU-bound loops run serially and nothing limits them.
     max_threads_per_block: int | None = field(init=False)
@@ -123,6 +124,7 @@ def _cpu_fields() -> dict[str, object]:
         arch="native",
         features=features,
         vector_width=width,
+        vector_registers=32 if "avx512f" in features else 16,  # x86-64: zmm0-31 or ymm/xmm0-15
         num_cores=_num_cores(),
         max_threads_per_block=None,
         max_shared_memory_per_block=None,
@@ -147,6 +149,7 @@ def _cuda_fields(text: str, options: list[str]) -> dict[str, object]:
         arch=arch,
         features=(),
         vector_width=4,
+        vector_registers=0,
         num_cores=0,
         max_threads_per_block=1024,
         max_shared_memory_per_block=STATIC_SHARED_BYTES,

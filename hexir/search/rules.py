@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from hexir.errors import ScheduleError
-from hexir.ir.tir import AUTO_UNROLL_KEY, Block, For
+from hexir.ir.tir import AUTO_UNROLL_KEY, Block, BufferStore, For, PrimFunc, Select
 from hexir.schedule import INLINE, ROOT, BlockRV, LoopRV, Schedule
 from hexir.search.analysis import (
     block_named,
+    consumers,
+    has_reuse,
     is_elementwise,
     leaf_blocks,
     producers,
@@ -33,17 +35,21 @@ def attempt(fn: Callable[..., object], *args: object) -> bool:
     return True
 
 
-def auto_inline(sch: Schedule) -> None:
+def auto_inline(sch: Schedule, keep_padding: bool = False) -> None:
     """Inline every elementwise producer of an intermediate into its consumers, then fold
-    every elementwise consumer into an elementwise producer, until neither applies."""
-    while _inline_one(sch):
+    every elementwise consumer into an elementwise producer, until neither applies. With
+    `keep_padding` (the CPU), a zero border feeding a contraction stays a stage of its own
+    (conv2d's `conv2d_pad`): inlined, its guard would run at every multiply-add."""
+    while _inline_one(sch, keep_padding):
         pass
 
 
-def _inline_one(sch: Schedule) -> bool:
+def _inline_one(sch: Schedule, keep_padding: bool) -> bool:
     """One inline step, if any applies (the block list is stale after it)."""
     func = sch.func
     for block in leaf_blocks(func):
+        if keep_padding and _pads_a_contraction(func, block):
+            continue
         if is_elementwise(func, block) and writes_intermediate(func, block):
             if attempt(sch.compute_inline, sch.get_block(block.name)):
                 return True
@@ -54,6 +60,14 @@ def _inline_one(sch: Schedule) -> bool:
                 if attempt(sch.reverse_compute_inline, sch.get_block(block.name)):
                     return True
     return False
+
+
+def _pads_a_contraction(func: PrimFunc, block: Block) -> bool:
+    """A guarded copy (a select of a load, as padding stores) read by a block with reuse."""
+    body = block.body
+    if not isinstance(body, BufferStore) or not isinstance(body.value, Select):
+        return False
+    return any(has_reuse(c) for c in consumers(func, block))
 
 
 def inline_epilogue(sch: Schedule, writer: BlockRV) -> None:

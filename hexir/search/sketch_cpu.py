@@ -20,8 +20,10 @@ The "columns" are the vector axis (`vector_iter_var`): a spatial axis that every
 either skips or indexes with unit stride in one axis. An operand indexed along it in another
 axis is always packed, transposed (`cache_read(..., axes=...)`) so that the vector loop reads
 it contiguously, and the accumulator is laid out with the vector axis last (`cache_write(...,
-axes=...)`): dense packs W[n, k] as [k, n]; a padded conv2d, whose input is read through
-min/max along rows and columns, vectorizes output channels with W packed channels-last.
+axes=...)`): dense packs W[n, k] as [k, n]; conv2d, whose input is read through windows along
+rows and columns, vectorizes output channels with W packed channels-last. A padded conv2d's
+zero-bordered copy of its input (`conv2d_pad`) stays a stage of its own (auto-inline keeps
+it), so that no multiply-add evaluates the border's guard.
 
 `cpu_sketch(sch, target, fixed=True)` draws nothing: the default schedule of a kernel the
 database does not know (hexir/runtime/default_schedule.py).
@@ -78,7 +80,7 @@ def cpu_sketch(sch: Schedule, target: Target, fixed: bool = False) -> None:
     database does not know): the tiles of `default_tiles`, a pack of each operand the vector
     loop reads at the parallel loop, no compute location drawn, no rfactor, no unroll
     annotation."""
-    auto_inline(sch)
+    auto_inline(sch, keep_padding=True)
     tiled = [b.name for b in leaf_blocks(sch.func) if _wants_tiling(sch, b)]
     done = set(tiled)
     for name in tiled:
@@ -122,8 +124,12 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     vector = 4 * target.vector_width
     limits = [MAX_UNROLLED_ROWS] * (len(spatial) - 1) + [vector]
     extents = [loop_of(sch, lp).extent for lp in spatial]
-    tiles = default_tiles(extents, target) if fixed else None
-    s = split_all(sch, spatial, 4, limits, tiles)
+    if fixed:
+        tiles = default_tiles(extents, target, ragged=len(reduce_) == 1)
+        fixed_tiles = zip(spatial, tiles, limits, strict=True)
+        s = [_split_fixed(sch, lp, tile, limit) for lp, tile, limit in fixed_tiles]
+    else:
+        s = split_all(sch, spatial, 4, limits)
     whole = [[loop_of(sch, lp).extent, 1] for lp in reduce_] if fixed else None
     r = split_all(sch, reduce_, 2, [0] * len(reduce_), whole)
     sch.reorder(*_level(s, 0), *_level(s, 1), *_level(r, 0), *_level(s, 2), *_level(r, 1),
@@ -146,28 +152,72 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
         annotate_unroll(sch, outer)
 
 
-def default_tiles(extents: list[int], target: Target) -> list[list[int]]:
+def default_tiles(extents: list[int], target: Target, ragged: bool = True) -> list[list[int]]:
     """Fixed 4-level tiles of the spatial loops (the vector loop last), in the shape of
-    benchmarks/matmul_cpu.py's hand schedule: the vector loop in panels of up to four vectors
-    (the panel loop outermost, where its pack goes), rows of the innermost other loop in the
-    register tile, as many as the vector registers allow, and enough of the outer loops in the
-    parallel level to give every core several jobs; the rest in the cache level."""
-    lanes = target.vector_width
+    benchmarks/matmul_cpu.py's hand schedule: the register tile of `register_tile` (a panel of
+    the vector loop by rows of the innermost other loop; the panel loop outermost, where its
+    pack goes), and enough of the outer loops in the parallel level to give every core several
+    jobs; the rest in the cache level. With `ragged`, the row loop's tiles may cover more
+    than its extent: the last row tile is then guarded."""
     *others, vector = extents
-    panel = _largest_divisor(vector, 4 * lanes, multiple=lanes)
-    vectors = max(1, panel // lanes)
-    rows = _largest_divisor(others[-1], min(MAX_UNROLLED_ROWS, 24 // vectors)) if others else 1
+    panel, rows = register_tile(vector, others[-1] if others else 1, target, ragged)
     jobs = vector // panel
     want = DEFAULT_JOBS_PER_CORE * max(1, target.num_cores)
     tiles = []
     for n, extent in enumerate(others):
         inner = rows if n == len(others) - 1 else 1
-        rest = extent // inner
+        rest = -(-extent // inner)
         enough = (d for d in range(1, rest + 1) if rest % d == 0 and jobs * d >= want)
         outer = 1 if jobs >= want else next(enough, rest)
         jobs *= outer
         tiles.append([outer, rest // outer, 1, inner])
     return [*tiles, [vector // panel, 1, 1, panel]]
+
+
+def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -> tuple[int, int]:
+    """The register tile (panel, rows) for a vector loop of extent `vector` by a row loop of
+    extent `rows`: the most multiply-adds per reduction step the vector registers hold. A step
+    keeps rows x panel/lanes accumulators, one vector of the packed operand per column vector,
+    a broadcast and one spare in registers (AVX2's 16: 6 rows x 2 vectors; AVX-512's 32: 6 x
+    4; a tile that fills every register spills: 4 x 3 vectors runs 0.84x 6 x 2 on AVX2). The
+    panel is a multiple of the lanes dividing `vector` (else its largest divisor up to four
+    vectors); with `ragged` the rows need not divide `rows` (the last tile is guarded), and
+    are scored by the multiply-adds per step averaged over the tiles, the guarded tail
+    included; ties go to the tile that computes fewer guarded-off rows. The default schedule
+    lets only a single reduction (matmul, dense) be ragged: 6 x 2 runs 1024^3 at 1.9x 4 x 2 on
+    AVX2, but under conv2d's three reduction loops the guard costs more than it saves."""
+    lanes, registers = target.vector_width, max(target.vector_registers, 16)
+    panels = [v * lanes for v in range(1, 5) if vector % (v * lanes) == 0]
+    if not panels:
+        panels = [_largest_divisor(vector, 4 * lanes, multiple=lanes)]
+    best: tuple[float, int, int, int] | None = None
+    for panel in panels:
+        vectors = -(-panel // lanes)
+        most = max(1, min(MAX_UNROLLED_ROWS, (registers - vectors - 2) // vectors, rows))
+        for r in range(1, most + 1):
+            tiles = -(-rows // r)
+            if not ragged and rows % r:
+                continue
+            score = (vectors * rows / tiles, -(tiles * r - rows), panel, r)
+            best = score if best is None or score > best else best
+    assert best is not None
+    return best[2], best[3]
+
+
+def _split_fixed(sch: Schedule, loop: LoopRV, tile: list[int], limit: int) -> list[LoopRV]:
+    """`loop` split by a fixed tile of `default_tiles`: a perfect tile, or a ragged one (the
+    innermost factor split off first, the rest a perfect tile of what remains)."""
+    extent = loop_of(sch, loop).extent
+    if extent == 1:
+        return [loop]
+    if math.prod(tile) == extent:
+        factors = sch.sample_perfect_tile(loop, n=len(tile), max_innermost_factor=limit,
+                                          decision=tile)  # fmt: skip
+        return sch.split(loop, factors)
+    outer, inner = sch.split(loop, [None, tile[-1]])
+    factors = sch.sample_perfect_tile(outer, n=len(tile) - 1, max_innermost_factor=0,
+                                      decision=tile[:-1])  # fmt: skip
+    return [*sch.split(outer, factors), inner]
 
 
 def _largest_divisor(n: int, limit: int, multiple: int = 1) -> int:
@@ -224,11 +274,14 @@ def _register_tile(sch: Schedule, loops: list[LoopRV], limit: int = MAX_UNROLLED
 def vector_iter_var(block: Block) -> Var | None:
     """The spatial iter var the register tile vectorizes: one that every read either skips
     or indexes with unit stride in one axis (a pack then makes it contiguous), preferring the
-    innermost axis of the output, then the longest. Conv2d's padded input is indexed through
-    min/max and a select along the image's rows and columns, so it vectorizes along output
-    channels, its weight packed with them innermost; dense and matmul along the columns."""
+    innermost axis of the output, then the longest, and an axis no read slides a window
+    along: conv2d reads its input at oh + rh and ow + rw (image widths of 7, 14 or 28 would
+    not fill the vectors either), so it vectorizes along output channels, its weight packed
+    with them innermost; dense and matmul along the columns."""
     spatial = [iv for iv in block.iter_vars if iv.kind == "spatial" and iv.dom > 1]
     clean = [iv for iv in spatial if all(_unit_stride(r, iv.var) for r in block.reads)]
+    # A window axis (conv2d's output columns, read as x[ow + rw]) only where nothing else is.
+    clean = [iv for iv in clean if not _windowed(block, iv.var)] or clean
     out = block.writes[0].region
     last = next((iv for iv in clean if out and iv.var in index_vars(out[-1])), None)
     if last is not None:
@@ -236,6 +289,16 @@ def vector_iter_var(block: Block) -> Var | None:
     if clean:
         return max(clean, key=lambda iv: iv.dom).var
     return spatial[-1].var if spatial else None
+
+
+def _windowed(block: Block, var: Var) -> bool:
+    """Whether a read indexes along `var` together with a reduction var in one axis."""
+    reduce_vars = {iv.var for iv in block.iter_vars if iv.kind == "reduce"}
+    return any(
+        var in used and used & reduce_vars
+        for region in block.reads
+        for used in (index_vars(e) for e in region.region)
+    )
 
 
 def _unit_stride(region: BufferRegion, var: Var) -> bool:
@@ -298,6 +361,8 @@ def _place_other(sch: Schedule, block: Block) -> None:
     rv = sch.get_block(block.name)
     if consumers(sch.func, block) and not any(w.buffer in sch.func.params for w in block.writes):
         sample_location(sch, rv)
+        if block.name not in _names(sch):  # inlined (conv2d's padding may be)
+            return
     block = block_named(sch.func, block.name)
     if has_kind(block, "reduce") and sch.rng.random() < RFACTOR_PROBABILITY:
         _rfactor_inner(sch, rv, block)

@@ -35,7 +35,8 @@ def run_hexir(cwd: Path, *args: str, timeout: float = 240) -> subprocess.Complet
 
 
 def save_tiny_mlp(folder: Path) -> Path:
-    """A three-task MLP (dense+bias+relu, dense+bias, softmax) as tiny.hexir + tiny.npz."""
+    """A three-task MLP (dense+bias+relu, dense+bias, softmax: matmuls once the weights are laid
+    out) as tiny.hexir + tiny.npz."""
     path = folder / "tiny.hexir"
     save_model(mlp(batch=4, sizes=(32, 16, 8)), path)
     return path

@@ -56,7 +56,7 @@ def test_a_plain_line_per_round_with_speedup_and_eta(setup):
         display.update(_progress(tasks, [seconds / 2, None, None], 4, 0))
         display.update(_progress(tasks, [seconds / 2, seconds, seconds], 12, 2))
     first, last = out.getvalue().splitlines()
-    assert first.startswith("[ 4/12] 3s ETA 6s | task 0 fused_dense_bias_add_relu (x1)")
+    assert first.startswith("[ 4/12] 3s ETA 6s | task 0 fused_matmul_bias_add_relu (x1)")
     assert "2.00x over default" in first and "(2 tasks without a valid measurement yet)" in first
     assert last.startswith("[12/12]") and "model est." in last
     assert display.trials == {tasks[0].workload_key: 4, tasks[1].workload_key: 4,

@@ -44,7 +44,7 @@ def _db(url: str) -> Database:
 def test_tune_reports_each_task_and_the_model_before_and_after(tuned):
     folder, url, report = tuned
     tasks = report["tasks"]
-    assert [t["name"] for t in tasks] == ["fused_dense_bias_add_relu", "fused_dense_bias_add",
+    assert [t["name"] for t in tasks] == ["fused_matmul_bias_add_relu", "fused_matmul_bias_add",
                                           "softmax"]  # fmt: skip
     assert report["trials"] == sum(t["trials"] for t in tasks) == TRIALS
     assert _db(url).stats().records == TRIALS  # every trial committed

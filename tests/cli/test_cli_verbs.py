@@ -88,7 +88,7 @@ def test_run_profile_prints_a_row_per_command(tmp_path):
     rows = [line.split() for line in lines[start + 3 : start + 7]]
     assert sorted(row[0] for row in rows) == ["0", "1", "2", "3"]
     assert sorted(row[2] for row in rows) == [
-        "dense+bias_add", "dense+bias_add+relu", "dense+bias_add+relu", "softmax"
+        "matmul+bias_add", "matmul+bias_add+relu", "matmul+bias_add+relu", "softmax"
     ]  # fmt: skip
     assert all(row[-1] == "default" for row in rows)
     assert lines[start + 7].split()[:3] == ["sum", "of", "commands"]

@@ -41,7 +41,7 @@ def test_named_workloads_params_and_blocks():
         (
             workload("conv2d", N=1, C=4, H=8, W=8, K=6, R=3, S=3, stride=2, padding=1, groups=2),
             [("X", (1, 4, 8, 8), f32), ("W", (6, 2, 3, 3), f32), ("Y", (1, 6, 4, 4), f32)],
-            ["conv2d"],
+            ["conv2d_pad", "conv2d"],  # padded: a zero-bordered copy, then the contraction
         ),
         (
             workload("softmax", M=4, N=8),

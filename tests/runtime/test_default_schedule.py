@@ -1,5 +1,7 @@
 """Default schedules: what kernels run with when the database has nothing for them."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,9 @@ from hexir.graph.fusion import partition
 from hexir.runtime.default_schedule import default_schedule
 from hexir.runtime.executor import simplify
 from hexir.runtime.target import Target
+from hexir.schedule.common import all_blocks
 from hexir.schedule.compact import compact_buffers
+from hexir.search.sketch_cpu import register_tile
 
 
 def check_on_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc, rng: np.random.Generator) -> None:
@@ -30,32 +34,66 @@ def _loops(func: hexir.PrimFunc):
 
 def test_cpu_matmul_gets_the_hand_schedule_shape_with_no_draw(rng):
     """Column panels and row tiles in parallel (enough jobs for the cores), B packed per
-    job, a register tile of 8 rows by up to four vectors (rows unrolled, columns vectorized:
-    8 x 48 with AVX-512's 16 lanes, 8 x 24 with AVX2's 8), the whole reduction inside; the
-    same schedule every time."""
+    job, the register tile of `register_tile` (rows unrolled, columns vectorized: 6 rows x 2
+    vectors with AVX2's 16 registers, 8 x 3 with AVX-512's 32), the whole reduction inside;
+    the same schedule every time."""
     func = hexir.workload("matmul", M=32, N=48, K=16)
-    lanes = Target("cpu").vector_width
-    cols = max(c for c in range(lanes, 4 * lanes + 1, lanes) if 48 % c == 0)
+    target = Target("cpu")
+    cols, rows = register_tile(48, 32, target)
     sch = default_schedule(func, "cpu")
     assert str(sch.trace) == str(default_schedule(func, "cpu").trace)
     text = str(sch.trace)
-    assert "decision=[4, 1, 1, 8]" in text and f"decision=[{48 // cols}, 1, 1, {cols}]" in text
+    assert f"decision=[{48 // cols}, 1, 1, {cols}]" in text
+    if 32 % rows:  # ragged: the row tile split off first, guarded
+        assert f"factors=[None, {rows}]" in text
+    else:
+        assert f"decision=[{32 // rows}, 1, 1, {rows}]" in text
     assert 'cache_read(block=b0, read_buffer_index=1, storage_scope="global")' in text
     assert "sample_categorical" not in text  # no unroll draw
     compact = compact_buffers(sch.func)
-    assert f"buffer<8x{cols}xf32, local>" in str(compact)
+    assert f"buffer<{rows}x{cols}xf32, local>" in str(compact)
     kinds = [lp.kind for lp in _loops(sch.func)]
     assert "parallel" in kinds and "vectorized" in kinds and "unrolled" in kinds
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize(
+    "lanes, registers, cols, rows, expect",
+    [
+        (8, 16, 1024, 1024, (16, 6)),  # AVX2: 12 accumulators, the last row tile guarded
+        (8, 16, 768, 128, (16, 6)),
+        (8, 16, 512, 7, (8, 7)),  # 7 rows exactly beat 6 + a guarded 1
+        (8, 16, 1000, 1, (8, 1)),  # 1000 = 125 x 8: one vector panels
+        (16, 32, 1024, 1024, (64, 6)),  # AVX-512: 24 accumulators
+        (16, 32, 48, 32, (48, 8)),
+    ],
+)
+def test_the_register_tile_fits_the_vector_registers(lanes, registers, cols, rows, expect):
+    target = SimpleNamespace(vector_width=lanes, vector_registers=registers)
+    panel, tile_rows = register_tile(cols, rows, target)  # type: ignore[arg-type]
+    assert (panel, tile_rows) == expect
+    vectors = panel // lanes
+    assert tile_rows * vectors + vectors + 2 <= registers  # accumulators, operand, broadcast
+
+
+@pytest.mark.parametrize("M, N, K", [(7, 16, 5), (13, 40, 9), (128, 24, 3)])
+def test_ragged_register_rows_compute_the_same_values(M, N, K, rng):
+    # Row extents the register tile does not divide: the last tile is guarded.
+    func = hexir.workload("matmul", M=M, N=N, K=K)
+    check_on_cpu(func, default_schedule(func, "cpu").func, rng)
+
+
 def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weight(rng):
-    # The padded input is read through min/max along rows and columns: the vector loop runs
-    # over output channels, W packed channels-last per parallel job.
+    # The input is read through windows along rows and columns: the vector loop runs over
+    # output channels, W packed channels-last per parallel job. The zero border is a stage of
+    # its own (loops i0..i3), so the contraction (iter vars vi4..vi7) reads it unguarded.
     func = hexir.workload("conv2d", N=1, C=4, H=8, W=8, K=16, R=3, S=3, padding=1)
     sch = default_schedule(func, "cpu")
     text = str(sch.func)
-    assert "W_global[vk0, vk1, vk2, vi1]" in text and "Y_local[vi0, vi2, vi3, vi1]" in text
+    assert "W_global[vk0, vk1, vk2, vi5]" in text and "Y_local[vi4, vi6, vi7, vi5]" in text
+    assert "block @conv2d_pad" in text
+    conv = next(b for b in all_blocks(sch.func.body) if b.name == "conv2d")
+    assert "select" not in str(conv.body)
     kinds = [lp.kind for lp in _loops(sch.func)]
     assert "parallel" in kinds and "vectorized" in kinds
     check_on_cpu(func, sch.func, rng)

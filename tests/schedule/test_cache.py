@@ -221,7 +221,8 @@ def test_cache_write_channels_last_accumulator():
     wb = sch.cache_write(conv, 0, "local", axes=(0, 2, 3, 1))
     (local,) = sch.get(conv).writes
     assert local.buffer.shape == (1, 6, 6, 8)
-    assert [str(e) for e in local.region] == ["%vi0", "%vi2", "%vi3", "%vi1"]
+    n, k, h, w = (str(iv.var) for iv in sch.get(conv).iter_vars[:4])
+    assert [str(e) for e in local.region] == [n, h, w, k]
     (store,) = sch.get(wb).writes
     assert [str(e) for e in store.region] == ["%v0", "%v3", "%v1", "%v2"]
     check(sch, before)

@@ -24,7 +24,7 @@ def test_a_graph_yields_distinct_workloads_weighted_by_occurrence():
     tasks = extract_tasks(mlp(batch=4, sizes=(16, 16, 16, 8)))
     assert [t.weight for t in tasks] == [2, 1, 1]
     assert len({t.workload_key for t in tasks}) == 3
-    assert tasks[0].name.startswith("fused_dense") and tasks[-1].name == "softmax"
+    assert tasks[0].name.startswith("fused_matmul") and tasks[-1].name == "softmax"
 
 
 def test_first_round_scales_down_to_the_budget():

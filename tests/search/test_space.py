@@ -221,11 +221,12 @@ def _feeds_reduce(sch: Schedule, loop) -> bool:
         # dense reads W[n, k]: the vector loop over n needs it packed as [k, n].
         ("dense", lambda: hexir.workload("dense", M=32, N=64, K=48, activation="relu"),
          "W_global[vk0, vi1]", "dense_local[vi0, vi1]"),
-        # padded conv2d indexes X through min/max along rows and columns: it vectorizes over
-        # the output channels, with W packed channels-last and the accumulator too.
+        # conv2d reads X through windows along rows and columns: it vectorizes over the
+        # output channels, with W packed channels-last and the accumulator too (its iter vars
+        # are vi4..vi7: i0..i3 are the loops of the padding stage).
         ("conv2d", lambda: hexir.workload("conv2d", N=1, C=8, H=10, W=10, K=32, R=3, S=3,
                                           padding=1),
-         "W_global[vk0, vk1, vk2, vi1]", "Y_local[vi0, vi2, vi3, vi1]"),
+         "W_global[vk0, vk1, vk2, vi5]", "Y_local[vi4, vi6, vi7, vi5]"),
     ],
 )  # fmt: skip
 def test_cpu_sketch_vectorizes_an_axis_every_operand_reads_well(name, func, pack, local):
