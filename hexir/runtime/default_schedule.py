@@ -12,7 +12,9 @@ it was, and the default does less.
   reduction inside.
 - CPU, any other kernel, per block: where legal, the innermost spatial loop moves inside the
   reduction loops and is vectorized (elementwise ops: the last axis); the spatial loops
-  outside it are fused and run in parallel (OpenMP).
+  outside it are fused and run in parallel (OpenMP). A window reduction that does not
+  vectorize (a pool with stride 2) runs per output row: the outer loops in parallel, each
+  output accumulated in a register over its window, unrolled.
 - GPU: the hand-written reference schedule (hexir/schedule/handwritten.py: tiled
   contractions with shared-memory operands, one thread block per row of a row reduction,
   flat elementwise kernels) where it applies and passes the GPU verifier; otherwise
@@ -28,6 +30,7 @@ it was, and the default does less.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 from hexir.errors import HexirError, ScheduleError
@@ -45,7 +48,7 @@ def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
     """A simple schedule of `func` for `target` (see the module docstring)."""
     target = Target.of(target)
     if target.kind == "cpu":
-        return _cpu_tiled(func, target) or _cpu_simple(func)
+        return _cpu_tiled(func, target) or _cpu_simple(func, target)
     return _gpu_schedule(func, target)
 
 
@@ -97,14 +100,14 @@ def _cpu_tiled(func: PrimFunc, target: Target) -> Schedule | None:
     return sch
 
 
-def _cpu_simple(func: PrimFunc) -> Schedule:
+def _cpu_simple(func: PrimFunc, target: Target) -> Schedule:
     sch = Schedule(func)
     for name in [b.name for b in all_blocks(func.body)]:
-        sch = _cpu_block(sch, name)
+        sch = _cpu_block(sch, name, target)
     return sch
 
 
-def _cpu_block(sch: Schedule, name: str) -> Schedule:
+def _cpu_block(sch: Schedule, name: str, target: Target) -> Schedule:
     loops, kinds, _ = _loops(sch, name)
     if not loops or "" in kinds or "spatial" not in kinds:
         return sch
@@ -120,11 +123,41 @@ def _cpu_block(sch: Schedule, name: str) -> Schedule:
 
     if _attempt(vectorize_innermost):
         sch, outer = trial, spatial[:-1]
+    elif len(reduce) > 1 and kinds[-len(reduce) :] == ["reduce"] * len(reduce):
+        rows = sch.copy()
+        if _attempt(lambda: _window_rows(rows, name, spatial, reduce, target)):
+            return rows
+        outer = _leading_spatial(loops, kinds)
     else:
         outer = _leading_spatial(loops, kinds)
     if outer:
         _attempt(lambda: sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0]))
     return sch
+
+
+MAX_UNROLLED_WINDOW = 16
+
+
+def _window_rows(
+    sch: Schedule, name: str, spatial: list[LoopRV], reduce: list[LoopRV], target: Target
+) -> None:
+    """A window reduction (a pool): the outer spatial loops in parallel, each output of a row
+    accumulated in a register (a local cache, its init split off) over the window, unrolled
+    when small. Fused whole into one parallel loop, every window element would redo the
+    divisions of the fused index and load and store the output."""
+    from hexir.search.sketch_cpu import DEFAULT_JOBS_PER_CORE
+
+    outer = spatial[:-1]
+    if math.prod(_extent(sch, lp) for lp in outer) < DEFAULT_JOBS_PER_CORE * target.num_cores:
+        raise ScheduleError("too few rows to share among the cores", "window_rows")
+    block = sch.get_block(name)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, spatial[-1])
+    sch.decompose_reduction(block, reduce[0])
+    if math.prod(_extent(sch, lp) for lp in reduce) <= MAX_UNROLLED_WINDOW:
+        for loop in reduce:
+            sch.unroll(loop)
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
 # -- GPU --------------------------------------------------------------------------------------

@@ -99,6 +99,20 @@ def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weigh
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
+def test_cpu_strided_pools_run_per_output_row_with_the_window_unrolled(op, rng):
+    # A 3x3 stride-2 window does not vectorize along the row: the outer loops run in
+    # parallel, each output accumulates in a register over its unrolled window.
+    func = hexir.workload(op, shape=(1, 8, 15, 15), kernel=(3, 3), stride=(2, 2), padding=(1, 1))
+    sch = default_schedule(func, "cpu")
+    text = str(sch.trace)
+    assert 'storage_scope="local"' in text and "decompose_reduction" in text
+    assert text.count("sch.unroll(") == 2 and "sch.parallel(" in text
+    kinds = {lp.var.name: lp.kind for lp in _loops(sch.func)}
+    assert "parallel" in kinds.values() and kinds["i3"] == "serial"  # the output row
+    check_on_cpu(func, sch.func, rng)
+
+
 def test_cpu_defaults_of_elementwise_and_row_reductions_stay_simple():
     func = hexir.workload("softmax", M=16, N=40)
     text = str(default_schedule(func, "cpu").trace)
