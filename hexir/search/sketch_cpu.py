@@ -171,7 +171,13 @@ def default_tiles(extents: list[int], target: Target, ragged: bool = True) -> li
         outer = 1 if jobs >= want else next(enough, rest)
         jobs *= outer
         tiles.append([outer, rest // outer, 1, inner])
-    return [*tiles, [vector // panel, 1, 1, panel]]
+    panels = vector // panel
+    if math.prod(others) == 1 and panels > want:
+        # A matrix-vector product: each job's columns inside the reduction, so that every
+        # step of it reads one contiguous stretch of the weight row.
+        jobs = next(d for d in range(want, panels + 1) if panels % d == 0)
+        return [*tiles, [jobs, 1, panels // jobs, panel]]
+    return [*tiles, [panels, 1, 1, panel]]
 
 
 def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -> tuple[int, int]:
@@ -330,7 +336,8 @@ def _pack_operands(
     An operand the vector loop would read with a stride (dense's weight, W[n, k] under a loop
     over n) is always packed, transposed so that the vector loop reads it contiguously;
     `fixed`, every operand the vector loop reads is, at the first loop of `within` (a panel
-    of the vector loop: matmul's B per column panel)."""
+    of the vector loop: matmul's B per column panel), unless it is contiguous already and
+    read only once (the weight of a matrix-vector product)."""
     node = sch.get(block)
     assert isinstance(node, Block)
     for index in reused_reads(node):
@@ -339,6 +346,8 @@ def _pack_operands(
         if fixed:
             if not any(vector_var in index_vars(e) for e in region.region):
                 continue
+            if axes is None and not _reread(node, region):
+                continue  # read once (a matrix-vector product's weight): a copy buys nothing
         elif axes is None and sch.rng.random() >= PACK_PROBABILITY:
             continue
         try:
@@ -353,6 +362,12 @@ def _pack_operands(
             pack_loops = sch.get_loops(pack)
             if pack_loops:
                 attempt(sch.vectorize, pack_loops[-1])
+
+
+def _reread(block: Block, region: BufferRegion) -> bool:
+    """Whether a spatial loop of more than one iteration reads the same elements again."""
+    used = set().union(*(index_vars(e) for e in region.region))
+    return any(iv.kind == "spatial" and iv.dom > 1 and iv.var not in used for iv in block.iter_vars)
 
 
 def _place_other(sch: Schedule, block: Block) -> None:

@@ -1,0 +1,134 @@
+"""Every distinct convolution of ResNet-18 and ResNet-50 on the CPU: Hexir's default schedule
+against im2col + numpy's matmul, side by side in one run.
+
+    python benchmarks/conv_cpu.py [--models resnet18 resnet50] [--rounds 3]
+
+For each distinct conv2d of the models (input shape, weight shape, stride, padding; batch
+norm folded, as compiled), it times the conv2d workload (`hexir.workload("conv2d", ...)`, no
+epilogue) with the default schedule, and the fused kernel the model compiles it into (with
+its bias, residual add and relu); it prints GFLOP/s, the fraction of the target's peak
+(`Target.peak()`), and im2col + numpy (the window view copied into columns, then one
+matmul) timed in a subprocess (OpenBLAS's spinning threads slow whatever runs next in-process).
+Medians over `--rounds` alternating rounds; numpy's matmul 1024^3 is printed first and last:
+quote a run only when both are at the machine's quiet level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+from quiet import numpy_matmul_line
+
+import hexir
+from hexir.graph.fusion import fused_kernels
+from hexir.ops import op_flops
+from hexir.runtime.default_schedule import default_schedule
+
+NUMPY_CHILD = """
+import json, statistics, sys, time
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+rng = np.random.default_rng(0)
+results = []
+for (n, c, h, w), (k, _, r, s), stride, pad in json.loads(sys.argv[1]):
+    x = rng.standard_normal((n, c, h, w), dtype=np.float32)
+    wt = rng.standard_normal((k, c * r * s), dtype=np.float32)
+    def conv():
+        xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        win = sliding_window_view(xp, (r, s), axis=(2, 3))[:, :, ::stride, ::stride]
+        cols = np.ascontiguousarray(win.transpose(1, 4, 5, 0, 2, 3)).reshape(c * r * s, -1)
+        return wt @ cols
+    conv(); conv()
+    times = []
+    while len(times) < 10 or sum(times) < 0.2:
+        t = time.perf_counter(); conv(); times.append(time.perf_counter() - t)
+    results.append(statistics.median(times))
+print(json.dumps(results))
+"""
+
+
+def distinct_convs(models: list[str]) -> tuple[list[tuple], dict[tuple, object], Counter]:
+    """The distinct convs (x shape, w shape, stride, padding) of the models, the fused kernel
+    (group, func) each first appears in, and how many times each occurs."""
+    convs: list[tuple] = []
+    kernels: dict[tuple, object] = {}
+    count: Counter = Counter()
+    for name in models:
+        _, groups = fused_kernels(hexir.load_model(name))
+        for group, func in groups:
+            for op in group.ops:
+                if op.kind != "conv2d" or op.attr("groups") != 1:
+                    continue
+                x, w = (v.type.shape for v in op.operands)
+                key = (tuple(x), tuple(w), op.attr("stride")[0], op.attr("padding")[0])
+                count[key] += 1
+                if key not in kernels:
+                    convs.append(key)
+                    kernels[key] = (func, op_flops(op))
+    return convs, kernels, count
+
+
+def time_func(func: hexir.PrimFunc, rng: np.random.Generator) -> float:
+    kernel = hexir.build(default_schedule(func, "cpu").func)
+    arrays = [rng.standard_normal(b.shape).astype(b.dtype) for b in func.params]
+    kernel(*arrays)
+    return kernel.time(*arrays)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(numpy_matmul_line(), flush=True)
+    convs, kernels, count = distinct_convs(args.models)
+    rng = np.random.default_rng(0)
+    plain = {
+        key: hexir.workload("conv2d", N=x[0], C=x[1], H=x[2], W=x[3], K=w[0], R=w[2], S=w[3],
+                            stride=stride, padding=pad)
+        for key in convs
+        for x, w, stride, pad in [key]
+    }  # fmt: skip
+    ours: dict[tuple, list[float]] = {key: [] for key in convs}
+    fused: dict[tuple, list[float]] = {key: [] for key in convs}
+    peer: dict[tuple, list[float]] = {key: [] for key in convs}
+    for _ in range(args.rounds):
+        done = subprocess.run(
+            [sys.executable, "-c", NUMPY_CHILD, json.dumps(convs)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        for key, seconds in zip(convs, json.loads(done.stdout), strict=True):
+            peer[key].append(seconds)
+        for key in convs:
+            ours[key].append(time_func(plain[key], rng))
+            fused[key].append(time_func(kernels[key][0], rng))
+    peak = hexir.Target("cpu").peak()
+    print(f"\nconv2d, float32, batch 1, default schedules; peak {peak.flops / 1e9:.1f} GFLOP/s")
+    print(
+        f"{'input':>16} {'weight':>16} {'s':>2} {'p':>2} {'x':>3} | {'ms':>7} {'GFLOP/s':>8} "
+        f"{'of peak':>8} | {'fused kernel':>28} {'ms':>7} {'of peak':>8} | "
+        f"{'im2col+numpy':>12} {'x numpy':>8}"
+    )
+    for key in convs:
+        x, w, stride, pad = key
+        func, flops = kernels[key]
+        t, tf, tp = (statistics.median(d[key]) for d in (ours, fused, peer))
+        g, gf = flops / t / 1e9, flops / tf / 1e9
+        of, off = g * 1e9 / peak.flops, gf * 1e9 / peak.flops
+        print(
+            f"{'x'.join(map(str, x)):>16} {'x'.join(map(str, w)):>16} {stride:>2} {pad:>2} "
+            f"{count[key]:>3} | {t * 1e3:7.3f} {g:8.1f} {of:8.0%} | "
+            f"{func.name.removeprefix('fused_'):>28} {tf * 1e3:7.3f} {off:8.0%} | "
+            f"{tp * 1e3:12.3f} {tp / t:8.2f}"
+        )
+    print(numpy_matmul_line())
+
+
+if __name__ == "__main__":
+    main()
