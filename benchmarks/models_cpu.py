@@ -8,7 +8,8 @@ For resnet18, bert-base, gpt2 and gpt2-decode it prints two tables:
 
 - kernels and peak intermediate memory, with and without fusion and with and without memory
   planning (unplanned: every intermediate in a buffer of its own, their sum);
-- end-to-end latency (median of repeats, batch 1 / one sequence) of Hexir with default
+- end-to-end latency (median over `--rounds` rounds that alternate the peer and Hexir, each
+  a median of repeats; batch 1 / one sequence) of Hexir with default
   schedules, Hexir with the database's best schedules, and ONNX Runtime (CPU provider, 2
   intra-op threads, all graph optimizations) running `hexir.export_onnx` of the same graph,
   whose outputs are compared with Hexir's; ratios are ONNX Runtime's time over Hexir's (above
@@ -18,7 +19,8 @@ Tuning happens once: the database (default sqlite:///tuning_logs/hexir.db) is re
 runs, and a model is tuned only for the trials it lacks there (`--trials N` means N trials of
 that model's tasks in the database). ONNX Runtime is timed in a subprocess of its own, first,
 because a runtime's spinning worker threads slow whatever is timed next (PERFORMANCE.md).
-Needs `pip install onnxruntime` (the `bench` extra).
+Needs `pip install onnxruntime` (the `bench` extra). numpy's matmul 1024^3 is printed first
+and last (benchmarks/quiet.py): quote a run only when both are at the machine's quiet level.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from quiet import numpy_matmul_line
 
 import hexir
 from hexir import knobs
@@ -165,23 +168,33 @@ def bench_model(name: str, args: argparse.Namespace, db) -> tuple[Memory, Memory
     graph = hexir.load_model(name)
     fused, unfused = memory(graph, True), memory(graph, False)
     inputs = inputs_of(graph)
-    with tempfile.TemporaryDirectory() as tmp:
-        ort = onnxruntime_run(graph, inputs, Path(tmp))
     trials = tune_to(graph, db, target, args.trials, args.seed) if args.trials else 0
     if not args.trials:
         trials = tuned_trials(graph, db, target)
     default = hexir.compile(graph, target)
-    ours = default.run(inputs)
-    default_s = time_module(default, inputs)
-    del default
-    tuned_s = None
-    outputs = [ours]
-    if trials:
-        tuned = hexir.compile(graph, target, database=db)
-        outputs.append(tuned.run(inputs))
-        tuned_s = time_module(tuned, inputs)
+    tuned = hexir.compile(graph, target, database=db) if trials else None
+    outputs = [default.run(inputs)] + ([tuned.run(inputs)] if tuned else [])
+    # Rounds alternate the peer and Hexir, so that a noisy spell hits both; medians.
+    ort_s: list[float] = []
+    default_s: list[float] = []
+    tuned_s: list[float] = []
+    ort = None
+    for _ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            ort = onnxruntime_run(graph, inputs, Path(tmp))
+        if ort:
+            ort_s.append(ort[0])
+        default_s.append(time_module(default, inputs))
+        if tuned:
+            tuned_s.append(time_module(tuned, inputs))
     error = max(relative_error(o, ort[1]) for o in outputs) if ort else None
-    latency = Latency(default_s, tuned_s, trials, ort[0] if ort else None, error)
+    latency = Latency(
+        statistics.median(default_s),
+        statistics.median(tuned_s) if tuned_s else None,
+        trials,
+        statistics.median(ort_s) if ort_s else None,
+        error,
+    )
     return fused, unfused, latency, ort[2] if ort else "not installed"
 
 
@@ -230,8 +243,11 @@ def main() -> None:
     parser.add_argument("--db", default="sqlite:///tuning_logs/hexir.db", help="database URL")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     args = parser.parse_args()
     from hexir.database import Database
+
+    print(numpy_matmul_line(), flush=True)
 
     db = Database(args.db)
     memory_rows, latency_rows, version = {}, {}, "-"
@@ -243,6 +259,7 @@ def main() -> None:
     print(f"\nwhole models on the CPU ({os.cpu_count()} cores), float32, batch 1")
     print_memory(memory_rows)
     print_latency(latency_rows, version)
+    print(numpy_matmul_line())
 
 
 if __name__ == "__main__":
