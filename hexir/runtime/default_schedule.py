@@ -10,6 +10,9 @@ it was, and the default does less.
   instead of draws: panels of the vector loop in parallel with the operand it reads strided
   packed transposed per panel, a register tile of rows by up to four vectors, the whole
   reduction inside.
+- CPU, a chain of row-wise stages (softmax, layer_norm: every stage over the same rows with
+  one loop along the row): the rows in parallel, every stage computed per row, reductions
+  accumulated in vector lanes (rfactor), the other stages vectorized.
 - CPU, any other kernel, per block: where legal, the innermost spatial loop moves inside the
   reduction loops and is vectorized (elementwise ops: the last axis); the spatial loops
   outside it are fused and run in parallel (OpenMP). A window reduction that does not
@@ -48,7 +51,7 @@ def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
     """A simple schedule of `func` for `target` (see the module docstring)."""
     target = Target.of(target)
     if target.kind == "cpu":
-        return _cpu_tiled(func, target) or _cpu_simple(func, target)
+        return _cpu_tiled(func, target) or _cpu_rows(func, target) or _cpu_simple(func, target)
     return _gpu_schedule(func, target)
 
 
@@ -98,6 +101,47 @@ def _cpu_tiled(func: PrimFunc, target: Target) -> Schedule | None:
     except ScheduleError:
         return None
     return sch
+
+
+def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
+    """A chain of stages over the same rows, each with one loop along the row (softmax's max,
+    exp, sum and norm; layer_norm's mean, variance and norm): the rows in parallel, every
+    stage computed per row (so a row stays in L1 and the stages share one parallel region),
+    each reduction's partial sums in vector lanes (rfactor), each other stage vectorized.
+    None when the stages do not have that shape or a primitive refuses."""
+    names = [b.name for b in all_blocks(func.body)]
+    if len(names) < 2:
+        return None
+    sch = Schedule(func)
+    shared = _shared_prefix(sch, names)
+    if shared == 0 or any(len(_loops(sch, n)[0]) != shared + 1 for n in names):
+        return None
+    try:
+        rows = sch.get_loops(sch.get_block(names[-1]))[:shared]
+        outer = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+        sch.parallel(outer)
+        for name in reversed(names[:-1]):
+            sch.compute_at(sch.get_block(name), outer)
+    except ScheduleError:
+        return None
+    for name in names:
+        _, kinds, _ = _loops(sch, name)
+        if kinds[-1] == "reduce":
+            _attempt(functools.partial(_reduce_in_lanes, sch, name, target.vector_width))
+        else:
+            _attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
+    return sch
+
+
+def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
+    """The block's innermost reduction loop split by the vector lanes, the inner part
+    rfactored into a vector of partial results, which a short serial loop then combines."""
+    inner = sch.get_loops(sch.get_block(name))[-1]
+    if _extent(sch, inner) % lanes or _extent(sch, inner) < 2 * lanes:
+        raise ScheduleError(f"a reduction of {_extent(sch, inner)} does not fill the lanes", "")
+    _, lane = sch.split(inner, [None, lanes])
+    partial = sch.rfactor(lane, -1)
+    sch.vectorize(sch.get_loops(partial)[-1])
 
 
 def _cpu_simple(func: PrimFunc, target: Target) -> Schedule:

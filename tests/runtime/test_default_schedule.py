@@ -113,6 +113,36 @@ def test_cpu_strided_pools_run_per_output_row_with_the_window_unrolled(op, rng):
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize(
+    "func",
+    [
+        lambda: hexir.workload("softmax", shape=(3, 8, 64), axis=2),
+        lambda: hexir.workload("layer_norm", M=6, N=48),
+        lambda: hexir.workload("softmax", M=5, N=12),  # 12: too short for the lanes
+    ],
+)
+def test_cpu_row_chains_run_every_stage_per_row_in_one_parallel_loop(func, rng):
+    func = func()
+    sch = default_schedule(func, "cpu")
+    roots = _root_loops(sch.func)
+    assert [lp.kind for lp in roots] == ["parallel"]  # one parallel region, the rows
+    names = {b.name for b in all_blocks(func.body)}
+    inside = {b.name for b in all_blocks(roots[0].body)}
+    assert names <= inside  # every stage (and its partial sums) is computed per row
+    lanes = Target("cpu").vector_width
+    if func.inputs[0].shape[-1] >= 2 * lanes:
+        assert "rfactor" in str(sch.trace)
+    check_on_cpu(func, sch.func, rng)
+
+
+def _root_loops(func: hexir.PrimFunc):
+    from hexir.ir.tir import For
+    from hexir.ir.visit import walk
+
+    top = [n for n in walk(func.body) if isinstance(n, For)]
+    return [lp for lp in top if not any(lp is not o and lp in list(walk(o.body)) for o in top)]
+
+
 def test_cpu_defaults_of_elementwise_and_row_reductions_stay_simple():
     func = hexir.workload("softmax", M=16, N=40)
     text = str(default_schedule(func, "cpu").trace)
