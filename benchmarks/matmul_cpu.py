@@ -18,11 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 
 import numpy as np
-from quiet import has_avx512
+from quiet import has_avx512, numpy_matmul_gflops
 
 import hexir
 from hexir import knobs
@@ -36,30 +34,11 @@ def schedule(func: hexir.PrimFunc, mr: int, nr: int) -> hexir.Schedule:
     return cpu_schedule(func, mr, nr)
 
 
-NUMPY_CHILD = f"""
-import time, statistics, numpy as np
-rng = np.random.default_rng(1)
-a = rng.standard_normal(({SIZE}, {SIZE}), dtype=np.float32)
-b = rng.standard_normal(({SIZE}, {SIZE}), dtype=np.float32)
-a @ b; a @ b
-times = []
-while len(times) < 10 or sum(times) < 0.3:
-    t = time.perf_counter(); a @ b; times.append(time.perf_counter() - t)
-print(statistics.median(times))
-"""
-
-
 def numpy_subprocess(coretype: str | None = None) -> float:
-    """numpy's median seconds in a fresh process: the environment as it is, or with
-    OPENBLAS_CORETYPE set. In-process, OpenBLAS's threads keep spinning after each call and
-    halve the speed of whatever runs next on these 2 cores, so no peer runs here."""
-    env = dict(os.environ)
-    if coretype is not None:
-        env["OPENBLAS_CORETYPE"] = coretype
-    out = subprocess.run(
-        [sys.executable, "-c", NUMPY_CHILD], env=env, capture_output=True, text=True, check=True
-    )
-    return float(out.stdout.strip())
+    """numpy's median seconds in a fresh process (benchmarks/quiet.py): the environment as it
+    is, or with OPENBLAS_CORETYPE set. In-process, OpenBLAS's threads keep spinning after each
+    call and halve the speed of whatever runs next on these 2 cores, so no peer runs here."""
+    return FLOP / (numpy_matmul_gflops(coretype) * 1e9)
 
 
 def gflops(seconds: float) -> float:

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hexir.codegen.c_lower import flat_index, loop_lanes, lower_for_c, register_buffers
+from hexir.codegen.c_lower import (
+    flat_index,
+    loop_lanes,
+    lower_for_c,
+    register_buffers,
+    unroll_factor,
+)
 from hexir.codegen.c_math import MATH_NEEDS, math_helper
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
 from hexir.codegen.c_vector import HELPER_NEEDS, VECTOR_HELPERS, BodyPrinter, emit_vector_loop
@@ -371,7 +377,7 @@ class CPrinter:
             self._in_simd = True
             return ["#pragma omp simd"]
         if loop.kind == "unrolled":  # too large to unroll in the source (c_lower)
-            return [f"#pragma GCC unroll {min(loop.extent, 65534)}"]
+            return [f"#pragma GCC unroll {unroll_factor(loop)}"]
         if loop.kind in GPU_KINDS:
             return [f"// {loop.kind}: serial on the CPU"]
         if self.auto_unrolls(loop):

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import hexir
 from hexir import knobs
 from hexir.codegen.c import generate_c, kernel_symbol
 from hexir.errors import BuildError
@@ -413,3 +414,21 @@ def test_auto_unroll_step_unrolls_the_small_nests_inside(step, pragmas, rng):
     c = np.full((16, 24), np.nan, np.float32)
     build(sch.func)(a, b, c)
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_large_unrolled_loop_unrolls_only_as_far_as_the_source_stays_small(rng):
+    # 960 iterations of a 20-statement body: a full `#pragma GCC unroll 960` took GCC minutes.
+    from hexir.codegen.c_lower import UNROLL_MAX_NODES
+
+    func = hexir.workload("matmul", M=24, N=40, K=20)
+    sch = hexir.Schedule(func, seed=0)
+    i, j, k = sch.get_loops(sch.get_block("matmul"))
+    fused = sch.fuse(i, j)
+    sch.unroll(k)  # expanded in the source: the body of the fused loop is 20 statements
+    sch.unroll(fused)
+    source = generate_c(sch.func)
+    (factor,) = [int(line.split()[-1]) for line in source.splitlines() if "GCC unroll" in line]
+    assert 1 < factor < 960 and factor * 20 <= UNROLL_MAX_NODES
+    a = rng.standard_normal((24, 20), dtype=np.float32)
+    b = rng.standard_normal((20, 40), dtype=np.float32)
+    np.testing.assert_allclose(run(sch.func, a, b), a @ b, rtol=1e-5, atol=1e-5)
