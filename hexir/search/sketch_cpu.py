@@ -189,7 +189,8 @@ def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -
     panel is a multiple of the lanes dividing `vector` (else its largest divisor up to four
     vectors); with `ragged` the rows need not divide `rows` (the last tile is guarded), and
     are scored by the multiply-adds per step averaged over the tiles, the guarded tail
-    included; ties go to the tile that computes fewer guarded-off rows. The default schedule
+    included; ties go to the tile that computes fewer guarded-off rows, then to the narrower
+    panel (more rows: conv2d 64x56x56 runs 8 x 8 at 1.2x 32 x 2 on AVX2). The default schedule
     lets only a single reduction (matmul, dense) be ragged: 6 x 2 runs 1024^3 at 1.9x 4 x 2 on
     AVX2, but under conv2d's three reduction loops the guard costs more than it saves."""
     lanes, registers = target.vector_width, max(target.vector_registers, 16)
@@ -204,10 +205,10 @@ def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -
             tiles = -(-rows // r)
             if not ragged and rows % r:
                 continue
-            score = (vectors * rows / tiles, -(tiles * r - rows), panel, r)
+            score = (vectors * rows / tiles, -(tiles * r - rows), -panel, r)
             best = score if best is None or score > best else best
     assert best is not None
-    return best[2], best[3]
+    return -best[2], best[3]
 
 
 def _split_fixed(sch: Schedule, loop: LoopRV, tile: list[int], limit: int) -> list[LoopRV]:
