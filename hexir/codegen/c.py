@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hexir.codegen.c_lower import (
+    UNROLL_MAX_NODES,
     flat_index,
     loop_lanes,
     lower_for_c,
@@ -59,7 +60,7 @@ from hexir.ir.tir import (
     Unary,
     Var,
 )
-from hexir.ir.visit import children
+from hexir.ir.visit import children, walk
 
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
@@ -355,8 +356,12 @@ class CPrinter:
 
     def auto_unrolls(self, loop: For) -> bool:
         """Whether a serial `loop` is small enough to unroll under the enclosing loop's
-        AUTO_UNROLL_KEY: its nest makes at most that many iterations."""
-        return loop.kind == "serial" and 1 < nest_iterations(loop) <= self._unroll_step
+        AUTO_UNROLL_KEY: its nest makes at most that many iterations, and its copies stay
+        within UNROLL_MAX_NODES (8 x 6 x 4 nested pragmas around 8 `omp simd` loops, 127
+        lines of C, took GCC over a minute)."""
+        if loop.kind != "serial" or not 1 < nest_iterations(loop) <= self._unroll_step:
+            return False
+        return nest_iterations(loop) * sum(1 for _ in walk(loop.body)) <= UNROLL_MAX_NODES
 
     @contextmanager
     def bind_ranges(self, extents: dict[Var, int]) -> Iterator[None]:
