@@ -31,6 +31,7 @@ from hexir.ir.tir import (
     For,
     IntImm,
     IterVar,
+    Select,
     Stmt,
     Var,
     const,
@@ -257,6 +258,13 @@ def guarded_load(k: Kernel, buf: Buffer, indices: Sequence[Expr]) -> tuple[Expr 
     if cond is None:
         return None, buf[tuple(indices)]
     return cond, buf[tuple(clamp(k, i, n) for i, n in zip(indices, buf.shape, strict=True))]
+
+
+def guarded_value(k: Kernel, buf: Buffer, indices: Sequence[Expr], fill: Expr) -> Expr:
+    """`buf` at `indices` where they are in bounds, `fill` elsewhere (padding): a select
+    around a load at clamped indices (`guarded_load`), or the plain load when always in."""
+    cond, load = guarded_load(k, buf, indices)
+    return load if cond is None else Select(cond, load, fill)
 
 
 def conjunction(conds: Iterable[Expr | None]) -> Expr | None:

@@ -34,7 +34,7 @@ from hexir.ops.compute import (
     attr_ints,
     clamp,
     floordiv,
-    guarded_load,
+    guarded_value,
 )
 from hexir.ops.numeric import Attrs, get_int, get_ints
 
@@ -438,8 +438,7 @@ def _pad_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None
     fill = const(attr_float(op, "value"), x.dtype)
 
     def load(i: Indices) -> Expr:
-        cond, value = guarded_load(k, x, [add(v, -b) for v, b in zip(i, before, strict=True)])
-        return value if cond is None else Select(cond, value, fill)
+        return guarded_value(k, x, [add(v, -b) for v, b in zip(i, before, strict=True)], fill)
 
     k.compute("pad", out, load)
 

@@ -2,7 +2,7 @@
 
 bias_add and batch_norm are broadcast ops (a per-channel vector along one axis), so they fuse
 as epilogues; conv2d is a contraction anchor; the pools are reductions over a window. Padded
-windows read through `guarded_load`: a select on the in-bounds condition around a load at
+windows read through `guarded_value`: a select on the in-bounds condition around a load at
 clamped indices, so nothing is read out of bounds however the select is evaluated. ONNX's
 Conv and pools take floats only: on ints they export as float64 between two Casts (exact
 while the results fit a float64 mantissa).
@@ -16,7 +16,7 @@ import numpy as np
 
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import Check, dims, fail
-from hexir.ir.tir import Binary, Buffer, Call, Expr, Select, const
+from hexir.ir.tir import Binary, Buffer, Call, Expr, const
 from hexir.ops.base import (
     Export,
     Exporter,
@@ -34,7 +34,7 @@ from hexir.ops.compute import (
     attr_int,
     attr_ints,
     floordiv,
-    guarded_load,
+    guarded_value,
     limit,
     lowest,
     mean,
@@ -251,9 +251,8 @@ def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
         padded = k.alloc("conv2d_pad", (n, c, h + 2 * ph, wd + 2 * pw), x.dtype)
 
         def border(i: tuple[Expr, ...]) -> Expr:
-            cond, load = guarded_load(k, x, (i[0], i[1], affine([(i[2], 1)], -ph),
-                                             affine([(i[3], 1)], -pw)))  # fmt: skip
-            return load if cond is None else Select(cond, load, const(0, x.dtype))
+            inner = (i[0], i[1], affine([(i[2], 1)], -ph), affine([(i[3], 1)], -pw))
+            return guarded_value(k, x, inner, const(0, x.dtype))
 
         k.compute("conv2d_pad", padded, border)
         x = padded
@@ -344,13 +343,15 @@ def _avg_pool2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return mean_of(total, count)
 
 
-def _window(k: Kernel, op: Op, x: Buffer, s: tuple[Expr, ...], r: tuple[Expr, ...]):
-    """(cond or None, load) of the pool window element r at output position s."""
+def _window(
+    k: Kernel, op: Op, x: Buffer, s: tuple[Expr, ...], r: tuple[Expr, ...], fill: Expr
+) -> Expr:
+    """The pool window element r at output position s (`fill` in the padding)."""
     (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
     n, c, oh, ow = s
     h = affine([(oh, sh), (r[0], 1)], -ph)
     w = affine([(ow, sw), (r[1], 1)], -pw)
-    return guarded_load(k, x, (n, c, h, w))
+    return guarded_value(k, x, (n, c, h, w), fill)
 
 
 def _max_pool2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
@@ -358,8 +359,7 @@ def _max_pool2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) 
     low = lowest(x.dtype)
 
     def value(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        cond, load = _window(k, op, x, s, r)
-        return load if cond is None else Select(cond, load, low)
+        return _window(k, op, x, s, r, low)
 
     k.reduce("max_pool2d", out, attr_ints(op, "kernel"), value, combine="max", init=low)
 
@@ -369,8 +369,7 @@ def _avg_pool2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) 
     kh, kw = attr_ints(op, "kernel")
 
     def term(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        cond, load = _window(k, op, x, s, r)
-        return load if cond is None else Select(cond, load, const(0, x.dtype))
+        return _window(k, op, x, s, r, const(0, x.dtype))
 
     padded = any(attr_ints(op, "padding"))
     count = (lambda s: _in_bounds_count(k, op, x, s)) if padded else kh * kw
