@@ -74,6 +74,13 @@ def distinct_convs(models: list[str]) -> tuple[list[tuple], dict[tuple, object],
     return convs, kernels, count
 
 
+def conv_workload(x: tuple, w: tuple, stride: int, pad: int) -> hexir.PrimFunc:
+    """The plain conv2d (no epilogue) of input shape `x` and weight shape `w`."""
+    n, c, h, wd = x
+    return hexir.workload("conv2d", N=n, C=c, H=h, W=wd, K=w[0], R=w[2], S=w[3],
+                          stride=stride, padding=pad)  # fmt: skip
+
+
 def time_func(func: hexir.PrimFunc, rng: np.random.Generator) -> float:
     kernel = hexir.build(default_schedule(func, "cpu").func)
     arrays = [rng.standard_normal(b.shape).astype(b.dtype) for b in func.params]
@@ -89,12 +96,7 @@ def main() -> None:
     print(numpy_matmul_line(), flush=True)
     convs, kernels, count = distinct_convs(args.models)
     rng = np.random.default_rng(0)
-    plain = {
-        key: hexir.workload("conv2d", N=x[0], C=x[1], H=x[2], W=x[3], K=w[0], R=w[2], S=w[3],
-                            stride=stride, padding=pad)
-        for key in convs
-        for x, w, stride, pad in [key]
-    }  # fmt: skip
+    plain = {key: conv_workload(*key) for key in convs}
     ours: dict[tuple, list[float]] = {key: [] for key in convs}
     fused: dict[tuple, list[float]] = {key: [] for key in convs}
     peer: dict[tuple, list[float]] = {key: [] for key in convs}

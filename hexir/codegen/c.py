@@ -26,6 +26,7 @@ from hexir.codegen.c_lower import (
     flat_index,
     loop_lanes,
     lower_for_c,
+    nodes,
     register_buffers,
     unroll_factor,
 )
@@ -60,7 +61,7 @@ from hexir.ir.tir import (
     Unary,
     Var,
 )
-from hexir.ir.visit import children, walk
+from hexir.ir.visit import children
 
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
@@ -359,9 +360,12 @@ class CPrinter:
         AUTO_UNROLL_KEY: its nest makes at most that many iterations, and its copies stay
         within UNROLL_MAX_NODES (8 x 6 x 4 nested pragmas around 8 `omp simd` loops, 127
         lines of C, took GCC over a minute)."""
-        if loop.kind != "serial" or not 1 < nest_iterations(loop) <= self._unroll_step:
+        if loop.kind != "serial":
             return False
-        return nest_iterations(loop) * sum(1 for _ in walk(loop.body)) <= UNROLL_MAX_NODES
+        iterations = nest_iterations(loop)
+        return 1 < iterations <= self._unroll_step and (
+            iterations * nodes(loop.body) <= UNROLL_MAX_NODES
+        )
 
     @contextmanager
     def bind_ranges(self, extents: dict[Var, int]) -> Iterator[None]:

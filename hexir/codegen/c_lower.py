@@ -104,15 +104,19 @@ def _fold(stmt: Stmt) -> Stmt:
 def _small(loop: For) -> bool:
     if not 0 < loop.extent <= UNROLL_MAX_EXTENT:
         return False
-    return loop.extent * sum(1 for _ in walk(loop.body)) <= UNROLL_MAX_NODES
+    return loop.extent * nodes(loop.body) <= UNROLL_MAX_NODES
+
+
+def nodes(stmt: Stmt) -> int:
+    """The IR nodes of `stmt`: what one copy of an unrolled body costs (UNROLL_MAX_NODES)."""
+    return sum(1 for _ in walk(stmt))
 
 
 def unroll_factor(loop: For) -> int:
     """How far GCC may unroll an `unrolled` loop too large to expand in the source: as many
     iterations as keep the copies within UNROLL_MAX_NODES (a full `#pragma GCC unroll 960` of
     a 20-statement body took GCC 8 minutes)."""
-    nodes = max(1, sum(1 for _ in walk(loop.body)))
-    return max(1, min(loop.extent, UNROLL_MAX_NODES // nodes, 65534))
+    return max(1, min(loop.extent, UNROLL_MAX_NODES // max(1, nodes(loop.body)), 65534))
 
 
 def _scoped(stmt: Stmt) -> Stmt:

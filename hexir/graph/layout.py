@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from hexir import knobs
-from hexir.graph.rewrite import _Pass, remove_dead_ops
+from hexir.graph.rewrite import RewritePass, remove_dead_ops
 from hexir.ir.graph import Graph, Op
 from hexir.ops import make_op
 
@@ -34,14 +34,14 @@ def layout_weights(graph: Graph) -> Graph:
     module docstring); `graph` itself when the `pack_weights` knob is off."""
     if not knobs.get().pack_weights:
         return graph
-    p = _Pass(graph)
+    p = RewritePass(graph)
     ops: list[Op] = []
     for op in graph.ops:
         ops.extend(_transposed_dense(op, p) or [op])
     return remove_dead_ops(p.finish(ops))
 
 
-def _transposed_dense(op: Op, p: _Pass) -> list[Op] | None:
+def _transposed_dense(op: Op, p: RewritePass) -> list[Op] | None:
     if op.kind != "dense" or op.operands[1].name not in p.data:
         return None
     x, w = op.operands

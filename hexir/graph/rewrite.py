@@ -42,7 +42,7 @@ from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
 from hexir.ops import make_op
 
-__all__ = ["simplify_graph", "fold_batch_norms", "remove_dead_ops"]
+__all__ = ["RewritePass", "fold_batch_norms", "remove_dead_ops", "simplify_graph"]
 
 # Each round removes or shrinks something, so a fixed point comes within about as many rounds
 # as the graph has ops; this bound only stops a bug from looping forever.
@@ -88,7 +88,7 @@ def remove_dead_ops(graph: Graph) -> Graph:
 
 
 @dataclass
-class _Pass:
+class RewritePass:
     """What rewrites of one op need: producers, constants' data, uses, fresh names."""
 
     graph: Graph
@@ -143,7 +143,7 @@ class _Pass:
 def fold_batch_norms(graph: Graph) -> Graph:
     """Every conv2d [-> bias_add] -> batch_norm with constant weights and parameters, and no
     other use of the intermediate results, as conv2d -> bias_add with constant weights."""
-    p = _Pass(graph)
+    p = RewritePass(graph)
     ops: list[Op] = []
     replaced: set[Op] = set()
     for op in graph.ops:
@@ -157,7 +157,7 @@ def fold_batch_norms(graph: Graph) -> Graph:
     return remove_dead_ops(p.finish([op for op in ops if op not in replaced]))
 
 
-def _conv_chain(bn: Op, p: _Pass) -> tuple[Op, Op | None] | None:
+def _conv_chain(bn: Op, p: RewritePass) -> tuple[Op, Op | None] | None:
     """(conv2d, bias_add or None) computing the batch norm's input, when they fold into it."""
     x, *params = bn.operands
     if bn.attr("axis") != 1 or len(x.type.shape) != 4 or any(v.name not in p.data for v in params):
@@ -173,7 +173,7 @@ def _conv_chain(bn: Op, p: _Pass) -> tuple[Op, Op | None] | None:
     return (op, bias) if op.operands[1].name in p.data else None
 
 
-def _fold_batch_norm(bn: Op, conv: Op, bias: Op | None, p: _Pass) -> list[Op]:
+def _fold_batch_norm(bn: Op, conv: Op, bias: Op | None, p: RewritePass) -> list[Op]:
     scale, shift, mean, var = (p.data[v.name].astype(np.float64) for v in bn.operands[1:])
     inv = scale / np.sqrt(var + _number(bn, "epsilon"))
     dtype = numpy_dtype(bn.result.type.dtype)
@@ -195,11 +195,11 @@ def _fold_batch_norm(bn: Op, conv: Op, bias: Op | None, p: _Pass) -> list[Op]:
 
 # A rewrite of one op (its operands already renamed): None when it does not apply, a Value
 # that replaces the op's result everywhere, or ops whose last computes the op's result.
-Rewrite = Callable[[Op, _Pass], "Value | list[Op] | None"]
+Rewrite = Callable[[Op, RewritePass], "Value | list[Op] | None"]
 
 
 def _exact_rewrites(graph: Graph) -> Graph:
-    p = _Pass(graph)
+    p = RewritePass(graph)
     renamed: dict[str, Value] = {}
     ops: list[Op] = []
     for op in graph.ops:
@@ -218,19 +218,19 @@ def _exact_rewrites(graph: Graph) -> Graph:
     return p.finish(ops)
 
 
-def _keep(op: Op, x: Value, p: _Pass) -> Value | None:
+def _keep(op: Op, x: Value, p: RewritePass) -> Value | None:
     """`x` in place of the result of `op`, when that keeps the graph's outputs and types."""
     if x.type != op.result.type or p.is_output(op.result):
         return None
     return x
 
 
-def _filled(v: Value, value: float, p: _Pass) -> bool:
+def _filled(v: Value, value: float, p: RewritePass) -> bool:
     array = p.data.get(v.name)
     return array is not None and array.size > 0 and bool(np.all(array == value))
 
 
-def _identity(op: Op, p: _Pass) -> Value | None:
+def _identity(op: Op, p: RewritePass) -> Value | None:
     """x·1, 1·x, x/1, x+0, 0+x, x-0 -> x."""
     match op.kind, op.operands:
         case ("mul", (a, b)) | ("add", (a, b)):
@@ -245,7 +245,7 @@ def _identity(op: Op, p: _Pass) -> Value | None:
     return None
 
 
-def _reshape(op: Op, p: _Pass) -> Value | list[Op] | None:
+def _reshape(op: Op, p: RewritePass) -> Value | list[Op] | None:
     """reshape(reshape(x)) -> reshape(x); a reshape to x's own shape -> x."""
     if op.kind != "reshape":
         return None
@@ -260,7 +260,7 @@ def _reshape(op: Op, p: _Pass) -> Value | list[Op] | None:
     return [make_op("reshape", [x], dict(op.attrs), op.result.name, op.placement)]
 
 
-def _transpose(op: Op, p: _Pass) -> Value | list[Op] | None:
+def _transpose(op: Op, p: RewritePass) -> Value | list[Op] | None:
     """transpose(transpose(x, p1), p2) -> transpose(x, p1∘p2); an identity transpose -> x;
     a transpose that moves only axes of extent 1 -> a reshape (the same row-major order)."""
     if op.kind != "transpose":
@@ -281,7 +281,7 @@ def _transpose(op: Op, p: _Pass) -> Value | list[Op] | None:
     return [make_op("transpose", [x], {"perm": perm}, op.result.name, op.placement)]
 
 
-def _broadcasts(op: Op, p: _Pass) -> list[Op] | None:
+def _broadcasts(op: Op, p: RewritePass) -> list[Op] | None:
     """(x + z1) + z2 -> x + (z1 + z2) and (x·1)·1 -> x·1 for constants z1, z2 of zeros and
     ones: exact, since adding zeros only broadcasts (and sums the signs of zero the same way)."""
     if op.kind not in ("add", "mul"):
@@ -298,7 +298,7 @@ def _broadcasts(op: Op, p: _Pass) -> list[Op] | None:
     return [const, make_op(op.kind, [x, const.result], {}, op.result.name, op.placement)]
 
 
-def _split_broadcast(op: Op, p: _Pass) -> tuple[Value, Value] | None:
+def _split_broadcast(op: Op, p: RewritePass) -> tuple[Value, Value] | None:
     """(x, c) when `op` is x + c or c + x with c all zeros (x·c, c·x with c all ones)."""
     unit = 0.0 if op.kind == "add" else 1.0
     a, b = op.operands

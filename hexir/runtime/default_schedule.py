@@ -137,8 +137,9 @@ def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
     """The block's innermost reduction loop split by the vector lanes, the inner part
     rfactored into a vector of partial results, which a short serial loop then combines."""
     inner = sch.get_loops(sch.get_block(name))[-1]
-    if _extent(sch, inner) % lanes or _extent(sch, inner) < 2 * lanes:
-        raise ScheduleError(f"a reduction of {_extent(sch, inner)} does not fill the lanes", "")
+    extent = _extent(sch, inner)
+    if extent % lanes or extent < 2 * lanes:
+        raise ScheduleError(f"a reduction of {extent} does not fill the lanes", "reduce_in_lanes")
     _, lane = sch.split(inner, [None, lanes])
     partial = sch.rfactor(lane, -1)
     sch.vectorize(sch.get_loops(partial)[-1])
@@ -167,12 +168,11 @@ def _cpu_block(sch: Schedule, name: str, target: Target) -> Schedule:
 
     if _attempt(vectorize_innermost):
         sch, outer = trial, spatial[:-1]
-    elif len(reduce) > 1 and kinds[-len(reduce) :] == ["reduce"] * len(reduce):
-        rows = sch.copy()
-        if _attempt(lambda: _window_rows(rows, name, spatial, reduce, target)):
-            return rows
-        outer = _leading_spatial(loops, kinds)
     else:
+        if len(reduce) > 1 and kinds[-len(reduce) :] == ["reduce"] * len(reduce):
+            rows = sch.copy()  # a window reduction, on a copy: a refusal leaves sch as it was
+            if _attempt(lambda: _window_rows(rows, name, spatial, reduce, target)):
+                return rows
         outer = _leading_spatial(loops, kinds)
     if outer:
         _attempt(lambda: sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0]))

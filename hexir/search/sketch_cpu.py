@@ -197,18 +197,18 @@ def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -
     panels = [v * lanes for v in range(1, 5) if vector % (v * lanes) == 0]
     if not panels:
         panels = [_largest_divisor(vector, 4 * lanes, multiple=lanes)]
-    best: tuple[float, int, int, int] | None = None
+    candidates = []
     for panel in panels:
         vectors = -(-panel // lanes)
         most = max(1, min(MAX_UNROLLED_ROWS, (registers - vectors - 2) // vectors, rows))
-        for r in range(1, most + 1):
-            tiles = -(-rows // r)
-            if not ragged and rows % r:
-                continue
-            score = (vectors * rows / tiles, -(tiles * r - rows), -panel, r)
-            best = score if best is None or score > best else best
-    assert best is not None
-    return -best[2], best[3]
+        candidates += [(panel, r) for r in range(1, most + 1) if ragged or rows % r == 0]
+
+    def score(tile: tuple[int, int]) -> tuple[float, int, int]:
+        panel, r = tile
+        tiles = -(-rows // r)  # the last one guarded when r does not divide rows
+        return -(-panel // lanes) * rows / tiles, rows - tiles * r, -panel
+
+    return max(candidates, key=score)
 
 
 def _split_fixed(sch: Schedule, loop: LoopRV, tile: list[int], limit: int) -> list[LoopRV]:
