@@ -14,7 +14,7 @@ from hexir.runtime.executor import simplify
 from hexir.runtime.target import Target
 from hexir.schedule.common import all_blocks
 from hexir.schedule.compact import compact_buffers
-from hexir.search.sketch_cpu import register_tile
+from hexir.search.sketch_cpu import GEMV_REDUCE_STEPS, register_tile
 
 
 def check_on_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc, rng: np.random.Generator) -> None:
@@ -81,6 +81,36 @@ def test_ragged_register_rows_compute_the_same_values(M, N, K, rng):
     # Row extents the register tile does not divide: the last tile is guarded.
     func = hexir.workload("matmul", M=M, N=N, K=K)
     check_on_cpu(func, default_schedule(func, "cpu").func, rng)
+
+
+@pytest.mark.parametrize("N, K", [(768, 96), (200, 30)])
+def test_cpu_matrix_vector_products_give_each_core_one_stretch_of_every_weight_row(N, K, rng):
+    # One job per core (its columns inside the reduction), and GEMV_REDUCE_STEPS weight rows
+    # unrolled per pass over the accumulator (K = 30: the largest divisor up to it, 3).
+    func = hexir.workload("matmul", M=1, N=N, K=K)
+    target = Target("cpu")
+    sch = default_schedule(func, target)
+    panel, _ = register_tile(N, 1, target)
+    jobs = next(d for d in range(target.num_cores, N // panel + 1) if (N // panel) % d == 0)
+    text = str(sch.trace)
+    assert f"decision=[{jobs}, 1, {N // panel // jobs}, {panel}]" in text
+    steps = max(d for d in range(1, GEMV_REDUCE_STEPS + 1) if K % d == 0)
+    assert f"decision=[{K // steps}, {steps}]" in text
+    parallel = [lp for lp in _loops(sch.func) if lp.kind == "parallel"]
+    assert [lp.extent for lp in parallel] == [jobs]
+    assert any(lp.kind == "unrolled" and lp.extent == steps for lp in _loops(sch.func))
+    check_on_cpu(func, sch.func, rng)
+
+
+def test_cpu_permuting_copies_fuse_only_the_loops_the_cores_need(rng):
+    # A transpose reads across its vector loop: it does not vectorize. Only the outer loops
+    # that give the cores enough jobs are fused and run in parallel; the inner ones stay
+    # nested, free of the fused index's divisions.
+    func = hexir.workload("transpose", shape=(12, 128, 64), perm=(0, 2, 1))
+    sch = default_schedule(func, "cpu")
+    kinds = [(lp.kind, lp.extent) for lp in _loops(sch.func)]
+    assert kinds == [("parallel", 12), ("serial", 64), ("serial", 128)]
+    check_on_cpu(func, sch.func, rng)
 
 
 def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weight(rng):

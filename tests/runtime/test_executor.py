@@ -190,6 +190,27 @@ def test_buffers_are_reused_and_outputs_are_fresh_arrays(rng):
     np.testing.assert_allclose(out2, evaluate(graph, [x2])[0], rtol=1e-4, atol=1e-6)
 
 
+def test_a_run_reads_the_callers_inputs_in_place_and_writes_each_output_fresh(rng):
+    g = hexir.GraphBuilder("bound")
+    x = g.input("x", (8, 16))
+    h = g.matmul(x, g.constant(rng.standard_normal((16, 16)).astype("float32")))
+    graph = g.build([h, g.relu(h), h, x])  # an output read by a later command, twice, an input
+    module = hexir.compile(graph)
+    wide = rng.standard_normal((8, 32)).astype("float32")
+    strided = wide[:, ::2]  # not contiguous: the run reads a contiguous copy of it
+    for xv in (rng.standard_normal((8, 16)).astype("float32"), strided):
+        kept = xv.copy()
+        outs = module.run([xv])
+        np.testing.assert_array_equal(xv, kept)
+        for out, ref in zip(outs, evaluate(graph, [kept]), strict=True):
+            np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+        first, _, twice, same_x = outs
+        assert not np.shares_memory(first, twice) and not np.shares_memory(same_x, xv)
+        later = module.run([xv])
+        first[:] = 0.0  # an output is the caller's: neither a later run nor the module's
+        np.testing.assert_allclose(later[0], outs[2], rtol=0, atol=0)
+
+
 def test_default_schedules_parallelize_and_vectorize(rng):
     g = hexir.GraphBuilder("mm")
     a = g.input("a", (64, 32))
