@@ -76,6 +76,22 @@ def test_the_register_tile_fits_the_vector_registers(lanes, registers, cols, row
     assert tile_rows * vectors + vectors + 2 <= registers  # accumulators, operand, broadcast
 
 
+@pytest.mark.parametrize(
+    "lanes, registers, cols, rows, expect",
+    [
+        (8, 16, 256, 14, (8, 7)),  # AVX2 conv 256x14x14: 7 rows x 1 vector, not 2 x 4
+        (8, 16, 64, 56, (8, 8)),
+        (8, 16, 512, 7, (8, 7)),
+        (16, 32, 64, 56, (32, 8)),  # AVX-512: 8 rows, then as many vectors as still fit
+    ],
+)
+def test_a_conv_register_tile_takes_the_most_rows_first(lanes, registers, cols, rows, expect):
+    # Without ragged rows (a conv's several reduction loops), the packed weight panel streams
+    # once per tile: the bytes per multiply-add fall with the rows.
+    target = SimpleNamespace(vector_width=lanes, vector_registers=registers)
+    assert register_tile(cols, rows, target, ragged=False) == expect  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("M, N, K", [(7, 16, 5), (13, 40, 9), (128, 24, 3)])
 def test_ragged_register_rows_compute_the_same_values(M, N, K, rng):
     # Row extents the register tile does not divide: the last tile is guarded.
