@@ -432,3 +432,25 @@ def test_a_large_unrolled_loop_unrolls_only_as_far_as_the_source_stays_small(rng
     a = rng.standard_normal((24, 20), dtype=np.float32)
     b = rng.standard_normal((20, 40), dtype=np.float32)
     np.testing.assert_allclose(run(sch.func, a, b), a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("M, unrolled", [(13, True), (10, False)])
+def test_a_ragged_tile_loop_is_split_where_its_guards_stop_holding(M, unrolled, rng):
+    # Rows in tiles of 4, the last tile guarded (13 = 3 x 4 + 1; 10 = 2 x 4 + 2): the full
+    # tiles run in a loop of their own without the guard, the last after it. Unrolled, the
+    # tail's guards are decided when the C is written; a loop inside keeps its one guard.
+    func = hexir.workload("matmul", M=M, N=8, K=6)
+    sch = hexir.Schedule(func, seed=0)
+    i, j, k = sch.get_loops(sch.get_block("matmul"))
+    outer, inner = sch.split(i, [None, 4])
+    if unrolled:
+        sch.reorder(outer, j, k, inner)
+        sch.unroll(inner)
+    source = generate_c(sch.func)
+    lines = [line.strip() for line in source.splitlines()]
+    assert f"for (int32_t i0_0 = 0; i0_0 < {M // 4}; ++i0_0) {{" in lines
+    guards = [line for line in lines if line.startswith("if (") and f"< {M})" in line]
+    assert len(guards) == (0 if unrolled else 1)
+    a = rng.standard_normal((M, 6), dtype=np.float32)
+    b = rng.standard_normal((6, 8), dtype=np.float32)
+    np.testing.assert_allclose(run(sch.func, a, b), a @ b, rtol=1e-5, atol=1e-5)
