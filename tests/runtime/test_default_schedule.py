@@ -118,6 +118,23 @@ def test_cpu_matrix_vector_products_give_each_core_one_stretch_of_every_weight_r
     check_on_cpu(func, sch.func, rng)
 
 
+def test_a_1x1_conv_takes_the_matmul_register_tile_with_ragged_rows(rng):
+    # One reduction loop of more than one step (the channels): the tile of a matmul, rows
+    # ragged over the 14 output columns (6 + 6 + 2, the last tile guarded), not 7 x 1.
+    func = hexir.workload("conv2d", N=1, C=16, H=14, W=14, K=32, R=1, S=1)
+    target = Target("cpu")
+    panel, rows = register_tile(32, 14, target)
+    sch = default_schedule(func, target)
+    text = str(sch.trace)
+    if 14 % rows:
+        assert f"factors=[None, {rows}]" in text
+    assert f"decision=[{32 // panel}, 1, 1, {panel}]" in text
+    check_on_cpu(func, sch.func, rng)
+    three = default_schedule(hexir.workload("conv2d", N=1, C=16, H=14, W=14, K=32, R=3, S=3))
+    assert register_tile(32, 14, target, ragged=False) == (target.vector_width, 7)
+    assert "factors=[None," not in str(three.trace)  # a window: rows divide, rows first
+
+
 def test_cpu_permuting_copies_fuse_only_the_loops_the_cores_need(rng):
     # A transpose reads across its vector loop: it does not vectorize. Only the outer loops
     # that give the cores enough jobs are fused and run in parallel; the inner ones stay
