@@ -28,6 +28,7 @@ from quiet import numpy_matmul_line
 import hexir
 from hexir.graph.fusion import fused_kernels
 from hexir.ops import op_flops
+from hexir.ops.nn import conv_weight_shape
 from hexir.runtime.default_schedule import default_schedule
 
 NUMPY_CHILD = """
@@ -54,8 +55,9 @@ print(json.dumps(results))
 
 
 def distinct_convs(models: list[str]) -> tuple[list[tuple], dict[tuple, object], Counter]:
-    """The distinct convs (x shape, w shape, stride, padding) of the models, the fused kernel
-    (group, func) each first appears in, and how many times each occurs."""
+    """The distinct convs (x shape, KCRS w shape, stride, padding) of the models, the fused
+    kernel (func), its FLOPs and the conv's weight block where each first appears, and how
+    many times each occurs."""
     convs: list[tuple] = []
     kernels: dict[tuple, object] = {}
     count: Counter = Counter()
@@ -65,17 +67,24 @@ def distinct_convs(models: list[str]) -> tuple[list[tuple], dict[tuple, object],
             for op in group.ops:
                 if op.kind != "conv2d" or op.attr("groups") != 1:
                     continue
-                x, w = (v.type.shape for v in op.operands)
+                x = op.operands[0].type.shape
+                w = conv_weight_shape(op.operands[1].type.shape)  # KCRS, even if blocked
                 key = (tuple(x), tuple(w), op.attr("stride")[0], op.attr("padding")[0])
                 count[key] += 1
                 if key not in kernels:
                     convs.append(key)
-                    kernels[key] = (func, op_flops(op))
+                    kernels[key] = (func, op_flops(op), op.attr("weight_block") or 0)
     return convs, kernels, count
 
 
-def conv_workload(x: tuple, w: tuple, stride: int, pad: int) -> hexir.PrimFunc:
-    """The plain conv2d (no epilogue) of input shape `x` and weight shape `w`."""
+def conv_workload(x: tuple, w: tuple, stride: int, pad: int, block: int) -> hexir.PrimFunc:
+    """The plain conv2d (no epilogue) of input shape `x` and KCRS weight shape `w`, its
+    weight in blocks of `block` filters as the model compiles it (0: KCRS)."""
+    if block:
+        k, c, r, s = w
+        shapes = [x, (k // block, c, r, s, block)]
+        return hexir.workload("conv2d", shapes=shapes, stride=stride, padding=pad,
+                              weight_block=block)  # fmt: skip
     n, c, h, wd = x
     return hexir.workload("conv2d", N=n, C=c, H=h, W=wd, K=w[0], R=w[2], S=w[3],
                           stride=stride, padding=pad)  # fmt: skip
@@ -96,7 +105,7 @@ def main() -> None:
     print(numpy_matmul_line(), flush=True)
     convs, kernels, count = distinct_convs(args.models)
     rng = np.random.default_rng(0)
-    plain = {key: conv_workload(*key) for key in convs}
+    plain = {key: conv_workload(*key, kernels[key][2]) for key in convs}
     ours: dict[tuple, list[float]] = {key: [] for key in convs}
     fused: dict[tuple, list[float]] = {key: [] for key in convs}
     peer: dict[tuple, list[float]] = {key: [] for key in convs}
@@ -119,7 +128,7 @@ def main() -> None:
     )
     for key in convs:
         x, w, stride, pad = key
-        func, flops = kernels[key]
+        func, flops, _ = kernels[key]
         t, tf, tp = (statistics.median(d[key]) for d in (ours, fused, peer))
         g, gf = flops / t / 1e9, flops / tf / 1e9
         of, off = g * 1e9 / peak.flops, gf * 1e9 / peak.flops

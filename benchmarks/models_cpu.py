@@ -95,7 +95,7 @@ def tuned_trials(graph: hexir.Graph, db, target: hexir.Target) -> int:
     """Records of the model's tasks on the target in the database."""
     from hexir.search.scheduler import extract_tasks
 
-    return sum(len(db.records(t.workload_key, target)) for t in extract_tasks(graph))
+    return sum(len(db.records(t.workload_key, target)) for t in extract_tasks(graph, target))
 
 
 def tune_to(graph: hexir.Graph, db, target: hexir.Target, trials: int, seed: int) -> int:

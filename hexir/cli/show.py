@@ -79,7 +79,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         from hexir.search.scheduler import extract_tasks
 
         db = require_database(args.db) if args.schedule == "best" else None
-        for i, task in enumerate(extract_tasks(graph)):
+        for i, task in enumerate(extract_tasks(graph, target)):
             print(f"# task {i}: @{task.name}, runs {task.weight}x, workload {task.workload_key}")
             print_schedule(task.func, target, db)
     return 0

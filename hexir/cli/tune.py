@@ -115,7 +115,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     target = resolve_target(args.target)
     _check_device(target, args)
     subject = load_subject(args.model)
-    tasks = extract_tasks(subject.tunable)
+    tasks = extract_tasks(subject.tunable, target)
     db = open_database(args.db, create=True)
     assert db is not None
     out = sys.stderr if args.report == "json" else sys.stdout

@@ -34,12 +34,16 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hexir import knobs
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.tir import PrimFunc
 from hexir.ops import op_def
 from hexir.ops.base import Pattern
+
+if TYPE_CHECKING:
+    from hexir.runtime.target import Target
 
 __all__ = [
     "Group",
@@ -247,15 +251,19 @@ def is_view(group: Group) -> bool:
     return d is not None and d.view
 
 
-def fused_kernels(graph: Graph) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
-    """What a model compiles to, as `hexir.compile` builds it, `hexir.tune` tunes it and
-    `hexir show --kernels` lists it: the graph simplified (constants evaluated, batch norm
-    folded, exact rewrites) with its constant weights laid out (hexir.graph.layout), and each
-    fusion group but the views (`is_view`) with the PrimFunc it lowers to."""
+def fused_kernels(
+    graph: Graph, target: Target | str = "cpu"
+) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
+    """What a model compiles to for `target`, as `hexir.compile` builds it, `hexir.tune` tunes
+    it and `hexir show --kernels` lists it: the graph simplified (constants evaluated, batch
+    norm folded, exact rewrites) with its constant weights laid out for the target's kernels
+    (hexir.graph.layout), and each fusion group but the views (`is_view`) with the PrimFunc
+    it lowers to."""
     from hexir.graph.layout import layout_weights
     from hexir.graph.lower import lower
     from hexir.graph.rewrite import simplify_graph
+    from hexir.runtime.target import Target
 
-    graph = layout_weights(simplify_graph(graph))
+    graph = layout_weights(simplify_graph(graph), Target.of(target))
     groups = [group for group in partition(graph) if not is_view(group)]
     return graph, [(group, lower(group.graph())) for group in groups]

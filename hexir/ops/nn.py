@@ -16,7 +16,7 @@ import numpy as np
 
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import Check, dims, fail
-from hexir.ir.tir import Binary, Buffer, Call, Expr, const
+from hexir.ir.tir import Binary, Buffer, Call, Expr, IntImm, const
 from hexir.ops.base import (
     Export,
     Exporter,
@@ -202,7 +202,9 @@ def window_extent(size: int, kernel: int, stride: int, pad: int, dilation: int =
 
 
 def _conv2d_infer(c: Check) -> TensorType:
-    x, w = c.ranks(4, 4)
+    # Recorded only when set: a plain conv2d prints (and keys) as it always has.
+    block = c.integer("weight_block", minimum=1) if c.raw.get("weight_block") else 0
+    x, w = c.ranks(4, 5 if block else 4)
     c.dtype_in("numeric", 0)
     dtype = c.same_dtype()
     stride = at_least("stride", c.ints("stride", 1, length=2), 1)
@@ -210,7 +212,12 @@ def _conv2d_infer(c: Check) -> TensorType:
     dilation = at_least("dilation", c.ints("dilation", 1, length=2), 1)
     groups = c.integer("groups", 1, minimum=1)
     n, ch, h, wd = x.shape
-    k, cg, r, s = w.shape
+    if block and w.shape[4] != block:
+        fail(
+            f"weight_block={block} needs w of shape [K/{block}, C/groups, R, S, {block}], "
+            f"w is {dims(w)}"
+        )
+    k, cg, r, s = conv_weight_shape(w.shape)
     if ch % groups or k % groups:
         fail(f"groups={groups} must divide x's {ch} channels and w's {k} filters")
     if cg * groups != ch:
@@ -222,8 +229,32 @@ def _conv2d_infer(c: Check) -> TensorType:
     return TensorType((n, k, oh, ow), dtype)
 
 
+def conv_weight_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """A conv2d weight's (K, C/groups, R, S), KCRS or blocked ([K/b, C/groups, R, S, b])."""
+    if len(shape) == 5:
+        blocks, cg, r, s, b = shape
+        return blocks * b, cg, r, s
+    k, cg, r, s = shape
+    return k, cg, r, s
+
+
+def block_conv_weight(w: np.ndarray, block: int) -> np.ndarray:
+    """A KCRS conv2d weight with its filters in blocks of `block`, innermost: [K/b, C, R, S, b]
+    (what a conv2d of weight_block=b reads: one vector of filters per input pixel, contiguous)."""
+    k, cg, r, s = w.shape
+    return np.ascontiguousarray(w.reshape(k // block, block, cg, r, s).transpose(0, 2, 3, 4, 1))
+
+
+def unblock_conv_weight(w: np.ndarray) -> np.ndarray:
+    """The KCRS weight of a blocked one ([K/b, C, R, S, b])."""
+    blocks, cg, r, s, b = w.shape
+    return w.transpose(0, 4, 1, 2, 3).reshape(blocks * b, cg, r, s)
+
+
 def _conv2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     x, w = wide(xs[0]), wide(xs[1])
+    if w.ndim == 5:
+        w = unblock_conv_weight(w)
     groups = get_int(attrs, "groups")
     n, k = x.shape[0], w.shape[0]
     kg, cg, r, s = k // groups, w.shape[1], w.shape[2], w.shape[3]
@@ -246,6 +277,7 @@ def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
     (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
     (dh, dw), groups = attr_ints(op, "dilation"), attr_int(op, "groups")
     k_per_group, c_per_group = out.shape[1] // groups, w.shape[1]
+    block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
     if ph or pw:
         n, c, h, wd = x.shape
         padded = k.alloc("conv2d_pad", (n, c, h + 2 * ph, wd + 2 * pw), x.dtype)
@@ -263,23 +295,31 @@ def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
         channel = c if groups == 1 else affine([(floordiv(kk, k_per_group), c_per_group), (c, 1)])
         h = affine([(oh, sh), (rh, dh)])
         wi = affine([(ow, sw), (rw, dw)])
+        if block:
+            filt = w[floordiv(kk, block), c, rh, rw, Binary("floormod", kk, IntImm(block))]
+            return x[n, channel, h, wi] * filt
         return x[n, channel, h, wi] * w[kk, c, rh, rw]
 
-    k.reduce("conv2d", out, w.shape[1:], value)
+    k.reduce("conv2d", out, w.shape[1:4], value)
 
 
 def _conv2d_flops(op: Op) -> int:
     """2 per multiply-add: each output element sums C/groups x R x S products."""
-    c_per_group, r, s = op.operands[1].type.shape[1:]
+    _, c_per_group, r, s = conv_weight_shape(op.operands[1].type.shape)
     return multiply_adds(op.result.type.size * c_per_group * r * s)
 
 
 def _conv2d_export(ex: Exporter, op: Op) -> None:
+    names = operand_names(op)
+    k, cg, r, s = conv_weight_shape(op.operands[1].type.shape)
+    if op.attr("weight_block"):  # back to KCRS (ONNX Runtime folds it at load time)
+        moved = ex.node("Transpose", [names[1]], perm=[0, 4, 1, 2, 3])
+        names[1] = ex.node("Reshape", [moved, ex.ints((k, cg, r, s), f"{op.result.name}.w")])
     ex.node(
         "Conv",
-        operand_names(op),
+        names,
         op.result.name,
-        kernel_shape=list(op.operands[1].type.shape[2:]),
+        kernel_shape=[r, s],
         strides=list(attr_ints(op, "stride")),
         pads=list(attr_ints(op, "padding")) * 2,
         dilations=list(attr_ints(op, "dilation")),
@@ -289,9 +329,10 @@ def _conv2d_export(ex: Exporter, op: Op) -> None:
 
 CONV2D = OpDef(
     "conv2d",
-    "NCHW x convolved with KCRS w (C/groups channels per filter)",
+    "NCHW x convolved with KCRS w (C/groups channels per filter; weight_block=b: w's filters in "
+    "blocks of b, innermost, [K/b, C/groups, R, S, b])",
     ("x", "w"),
-    ("stride", "padding", "dilation", "groups"),
+    ("stride", "padding", "dilation", "groups", "weight_block"),
     infer=_conv2d_infer,
     fusion=Pattern.OUT_FUSABLE,
     evaluate=_conv2d_evaluate,

@@ -78,7 +78,7 @@ def compile(
 
     target = Target.of(target)
     db = _open_database(database)
-    graph, kernels_of_groups = fused_kernels(graph)
+    graph, kernels_of_groups = fused_kernels(graph, target)
     tasks = [_bind_group(group.graph(), func) for group, func in kernels_of_groups]
     kernels: list = []
     built: dict[str, int] = {}  # candidate key -> kernel index

@@ -29,12 +29,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hexir import knobs
 from hexir.ir.analysis import flop_count
 from hexir.ir.graph import Graph
 from hexir.ir.keys import workload_key
 from hexir.ir.tir import PrimFunc
+
+if TYPE_CHECKING:
+    from hexir.runtime.target import Target
 
 __all__ = ["Task", "TaskScheduler", "extract_tasks", "first_round", "gradient_gains"]
 
@@ -53,15 +57,15 @@ class Task:
         return self.func.name
 
 
-def extract_tasks(func_or_graph: PrimFunc | Graph) -> list[Task]:
+def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu") -> list[Task]:
     """The distinct workloads of a PrimFunc (one task) or a Graph (simplified, partitioned and
-    lowered as `hexir.compile` does), in order of first occurrence."""
+    lowered as `hexir.compile` does for `target`), in order of first occurrence."""
     if isinstance(func_or_graph, PrimFunc):
         funcs = [func_or_graph]
     else:
         from hexir.graph.fusion import fused_kernels
 
-        funcs = [func for _, func in fused_kernels(func_or_graph)[1]]
+        funcs = [func for _, func in fused_kernels(func_or_graph, target)[1]]
     found: dict[str, tuple[PrimFunc, int]] = {}
     for func in funcs:
         key = workload_key(func)

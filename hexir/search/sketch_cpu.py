@@ -36,7 +36,7 @@ import math
 from hexir.codegen.c_lower import MAX_REGISTER_VECTORS
 from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients
-from hexir.ir.tir import Block, BufferRegion, Range, Var
+from hexir.ir.tir import Binary, Block, BufferRegion, IntImm, Range, Var
 from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import BlockRV, LoopRV, Schedule
@@ -352,13 +352,30 @@ def _windowed(block: Block, var: Var) -> bool:
 
 def _unit_stride(region: BufferRegion, var: Var) -> bool:
     uses = [e for e in region.region if var in index_vars(e)]
-    if not uses:
+    if not uses or blocked_along(region, var):
         return True
     if len(uses) > 1 or isinstance(uses[0], Range):
         return False
     # Not affine (None): a min/max clamp, a division, a product of vars.
     coeffs = affine_coefficients(uses[0], [var])
     return coeffs is not None and coeffs[var] == 1
+
+
+def blocked_along(region: BufferRegion, var: Var) -> int | None:
+    """b when `region` reads along `var` in blocks of b: [.., var // b, .., var % b] with the
+    remainder innermost (a conv2d's weight of weight_block=b); None otherwise. Read by a
+    vector loop of b lanes (or a multiple of b per block), each block is contiguous."""
+    uses = [(d, e) for d, e in enumerate(region.region) if var in index_vars(e)]
+    if len(uses) != 2 or uses[1][0] != len(region.region) - 1:
+        return None
+    (_, high), (_, low) = uses
+    match high, low:
+        case (
+            Binary("floordiv", a, IntImm(b)),
+            Binary("floormod", c, IntImm(d)),
+        ) if a == var and c == var and b == d:
+            return b
+    return None
 
 
 def _vector_last(region: BufferRegion, var: Var | None) -> tuple[int, ...] | None:
@@ -389,6 +406,8 @@ def _pack_operands(
         if fixed:
             if not any(vector_var in index_vars(e) for e in region.region):
                 continue
+            if vector_var is not None and blocked_along(region, vector_var):
+                continue  # laid out in panels already (at compile time): nothing to copy
             if axes is None and not _reread(node, region):
                 continue  # read once (a matrix-vector product's weight): a copy buys nothing
         elif axes is None and sch.rng.random() >= PACK_PROBABILITY:

@@ -137,7 +137,7 @@ def tune(
     this target."""
     target = Target.of(target)
     db = _database(database)
-    tasks = extract_tasks(func_or_graph)
+    tasks = extract_tasks(func_or_graph, target)
     model = model if model is not None else _default_model(db, target)
     own = executor is None
     executor = executor if executor is not None else _executor(target, ray_address)

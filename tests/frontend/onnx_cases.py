@@ -8,6 +8,7 @@ import numpy as np
 
 from hexir.ir.graph import Graph, Value
 from hexir.ops.builder import GraphBuilder
+from hexir.ops.nn import block_conv_weight
 
 # The cases' constants are built at import time: a fixed seed, the same in every test.
 WEIGHTS = np.random.default_rng(0)
@@ -65,6 +66,13 @@ CASES: dict[str, Graph] = {
         "conv2d",
         [((1, 4, 9, 9), F)],
         lambda b, x: b.conv2d(x, b.constant(_w(6, 2, 3, 3)), stride=2, padding=1, groups=2),
+    ),
+    "conv2d_blocked": one_op(
+        "conv2d_blocked",
+        [((1, 3, 9, 9), F)],
+        lambda b, x: b.conv2d(
+            x, b.constant(block_conv_weight(_w(8, 3, 3, 3), 4)), padding=1, weight_block=4
+        ),
     ),
     "conv2d_dilated": one_op(
         "conv2d_dilated",

@@ -68,3 +68,42 @@ def test_the_knob_keeps_the_weights_as_they_are(rng):
     (got,) = module.run([x])
     (want,) = hexir.compile(graph).run([x])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _convs(rng: np.random.Generator) -> hexir.Graph:
+    """A 3x3 conv (laid out in blocks), a 1x1 and a grouped one (kept KCRS)."""
+    b = GraphBuilder("convs")
+    x = b.input("x", (1, 8, 10, 10))
+    w3 = rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+    w1 = rng.standard_normal((16, 16, 1, 1), dtype=np.float32)
+    wg = rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+    h = b.relu(b.conv2d(x, b.constant(w3, name="w3"), padding=1))
+    h = b.conv2d(h, b.constant(w1, name="w1"))
+    return b.build(b.conv2d(h, b.constant(wg, name="wg"), padding=1, groups=2))
+
+
+def test_a_windowed_conv_takes_its_constant_weight_in_panels_of_the_vector_width(rng):
+    from hexir.ops.nn import unblock_conv_weight
+    from hexir.runtime.target import Target
+
+    graph = _convs(rng)
+    lanes = Target("cpu").vector_width
+    after = layout_weights(graph, Target("cpu"))
+    convs = [op for op in after.ops if op.kind == "conv2d"]
+    assert [op.attr("weight_block") for op in convs] == [lanes, None, None]
+    packed = after.constant(convs[0].operands[1].name)
+    assert packed.shape == (16 // lanes, 8, 3, 3, lanes)
+    np.testing.assert_array_equal(unblock_conv_weight(packed), graph.constant("w3"))
+    assert after.outputs == graph.outputs
+    assert layout_weights(graph, Target("cuda")) == graph  # the GPU's kernels read KCRS
+    x = rng.standard_normal((1, 8, 10, 10), dtype=np.float32)
+    module = hexir.compile(graph)
+    (got,) = module.run([x])
+    (want,) = evaluate(graph, [x])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # Laid out once, here: the kernel of the blocked conv reads its weight in place, no pack.
+    assert any(a.shape == packed.shape for a in module.constants.values())
+    first = next(r for r in module.report if r.ops[0] == "conv2d")
+    assert "cache_read" not in str(first.trace)
+    with knobs.scope(pack_weights=False):
+        assert layout_weights(graph, Target("cpu")) == graph

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import hexir
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ops import OPS, make_op, slice_indices
@@ -126,6 +127,33 @@ def test_conv2d(xs, ws, attrs, normal) -> None:
     assert all(len(a[k]) == 2 for k in ("stride", "padding", "dilation"))
     if normal:
         assert (a["stride"], a["padding"], a["dilation"], a["groups"]) == normal
+
+
+@pytest.mark.parametrize("block, groups", [(4, 1), (8, 1), (4, 2)])
+def test_conv2d_with_its_filters_in_blocks_computes_the_same_convolution(block, groups, rng):
+    from hexir.graph.evaluate import evaluate
+    from hexir.ops.nn import block_conv_weight, unblock_conv_weight
+
+    x = rng.standard_normal((1, 4, 9, 9), dtype=np.float32)
+    w = rng.standard_normal((8, 4 // groups, 3, 3), dtype=np.float32)
+    packed = block_conv_weight(w, block)
+    assert packed.shape == (8 // block, 4 // groups, 3, 3, block)
+    np.testing.assert_array_equal(unblock_conv_weight(packed), w)
+    attrs = dict(stride=2, padding=1, groups=groups)
+    expected = conv2d_reference(x, w, (2, 2), (1, 1), (1, 1), groups)
+    op = check("conv2d", expected, x, packed, weight_block=block, **attrs)
+    assert op.attr("weight_block") == block
+    b = hexir.GraphBuilder("blocked")
+    xv = b.input("x", x.shape)
+    graph = b.build(b.conv2d(xv, b.constant(packed), weight_block=block, **attrs))
+    (got,) = evaluate(graph, [x])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    (built,) = hexir.compile(graph).run([x])
+    np.testing.assert_allclose(built, expected, rtol=1e-4, atol=1e-4)
+    # A plain conv2d records no block: its text (and workload key) is as before.
+    assert "weight_block" not in str(infer("conv2d", x, w, groups=groups))
+    bad("conv2d", x, w, weight_block=block, match="x must have rank|w must have rank")
+    bad("conv2d", x, packed[..., :2], weight_block=block, match="needs w of shape")
 
 
 def test_conv2d_errors() -> None:
