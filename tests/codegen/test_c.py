@@ -454,3 +454,14 @@ def test_a_ragged_tile_loop_is_split_where_its_guards_stop_holding(M, unrolled, 
     a = rng.standard_normal((M, 6), dtype=np.float32)
     b = rng.standard_normal((6, 8), dtype=np.float32)
     np.testing.assert_allclose(run(sch.func, a, b), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_zero_bordered_copy_is_a_plain_copy_inside_its_border(rng):
+    # pad's select (and the clamps of its load) hold for 1 <= i < 8 on both image axes: the
+    # loops split there, the interior copies without them, the border rows and columns store
+    # zeros with their guards decided when the C is written.
+    func = hexir.workload("pad", shape=(2, 3, 7, 7), before=(0, 0, 1, 1), after=(0, 0, 1, 1))
+    source = generate_c(func)
+    assert "?" not in source and "hx_max_i32" not in source
+    x = rng.standard_normal((2, 3, 7, 7), dtype=np.float32)
+    np.testing.assert_array_equal(run(func, x), np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))))
