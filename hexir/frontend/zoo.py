@@ -4,6 +4,7 @@
   classifier's dense+bias and a softmax (probabilities, so the model ends in a reduction).
 - `resnet18`, `resnet50`: `image` [1, 3, 224, 224] -> `logits` [1, 1000].
 - `bert-base`: `hidden` [128, 768] -> `out` [128, 768]; one encoder layer.
+- `vit`: `hidden` [197, 768] -> `out` [197, 768]; one ViT-B/16 encoder layer (pre-norm).
 - `gpt2`: `hidden` [128, 768] -> `out` [128, 768], `present_key`, `present_value`
   [12, 128, 64]; one block over a 128-token prompt.
 - `gpt2-decode`: `hidden` [1, 768], `past_key`, `past_value` [12, 127, 64] -> `out` [1, 768],
@@ -11,7 +12,8 @@
 
 The builders take keyword arguments for smaller variants with the same structure, for tests:
 `mlp(batch=4, sizes=(32, 16, 8))`, `resnet(18, image=32, width=8, classes=10)`,
-`bert(seq=8, hidden=32, heads=2, ffn=64)`, `gpt2(seq=8, hidden=32, heads=2)`,
+`bert(seq=8, hidden=32, heads=2, ffn=64)`, `vit(seq=9, hidden=32, heads=2, ffn=64)`,
+`gpt2(seq=8, hidden=32, heads=2)`,
 `gpt2_decode(past=7, hidden=32, heads=2)`.
 """
 
@@ -23,11 +25,11 @@ from collections.abc import Callable, Sequence
 
 from hexir.frontend.weights import Weights
 from hexir.frontend.zoo_cnn import resnet
-from hexir.frontend.zoo_transformer import bert, gpt2, gpt2_decode
+from hexir.frontend.zoo_transformer import bert, gpt2, gpt2_decode, vit
 from hexir.ir.graph import Graph
 from hexir.ops.builder import GraphBuilder
 
-__all__ = ["ZOO", "zoo_model", "mlp", "resnet", "bert", "gpt2", "gpt2_decode"]
+__all__ = ["ZOO", "zoo_model", "mlp", "resnet", "bert", "vit", "gpt2", "gpt2_decode"]
 
 
 def mlp(*, batch: int = 64, sizes: Sequence[int] = (784, 256, 256, 10), seed: int = 0) -> Graph:
@@ -51,6 +53,7 @@ ZOO: dict[str, Callable[[], Graph]] = {
     "resnet18": functools.partial(resnet, 18),
     "resnet50": functools.partial(resnet, 50),
     "bert-base": bert,
+    "vit": vit,
     "gpt2": gpt2,
     "gpt2-decode": gpt2_decode,
 }

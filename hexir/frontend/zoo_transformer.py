@@ -1,4 +1,5 @@
-"""Transformer blocks: a BERT-base encoder layer and a GPT-2 block (prefill and decode).
+"""Transformer blocks: a BERT-base encoder layer, a ViT-B/16 encoder layer and a GPT-2 block
+(prefill and decode).
 
 Batch 1 throughout, kept implicit: activations are [tokens, hidden]; attention splits heads
 with reshape and transpose into [heads, tokens, head_dim] and runs on batch_matmul. Weights
@@ -41,6 +42,26 @@ def bert(
     out = b.add(_dense(b, w, "output", f, ffn, hidden), h)
     gamma, beta = w.norm("output.layer_norm", hidden)
     return b.build(b.layer_norm(out, gamma, beta, epsilon=1e-12, name="out"))
+
+
+def vit(
+    *, seq: int = 197, hidden: int = 768, heads: int = 12, ffn: int = 3072, seed: int = 0
+) -> Graph:
+    """One ViT-B/16 encoder layer (pre-LayerNorm, exact GELU) over the 197 tokens of a
+    224x224 image (196 patches and the class token): `hidden` [seq, hidden] in, `out`
+    [seq, hidden] out. 197 rows divide no register tile: the odd-shape case."""
+    b = GraphBuilder("vit")
+    w = Weights(b, seed)
+    x = b.input("hidden", (seq, hidden))
+    n = b.layer_norm(x, *w.norm("layernorm_before", hidden), epsilon=1e-12)
+    q, k, v = (_dense(b, w, f"attention.{m}", n, hidden, hidden) for m in ("query", "key", "value"))
+    context = _attention(
+        b, _heads(b, q, heads), _heads(b, k, heads, keys=True), _heads(b, v, heads)
+    )
+    h = b.add(_dense(b, w, "attention.output", context, hidden, hidden), x)
+    n = b.layer_norm(h, *w.norm("layernorm_after", hidden), epsilon=1e-12)
+    f = b.gelu(_dense(b, w, "intermediate", n, hidden, ffn))
+    return b.build(b.add(_dense(b, w, "output", f, ffn, hidden), h, name="out"))
 
 
 def gpt2(*, seq: int = 128, hidden: int = 768, heads: int = 12, seed: int = 0) -> Graph:

@@ -11,7 +11,7 @@ from seeding import current_rng
 
 from hexir.frontend.onnx_export import export_onnx
 from hexir.frontend.onnx_import import import_onnx
-from hexir.frontend.zoo import ZOO, bert, gpt2, gpt2_decode, mlp, resnet, zoo_model
+from hexir.frontend.zoo import ZOO, bert, gpt2, gpt2_decode, mlp, resnet, vit, zoo_model
 from hexir.graph.evaluate import evaluate
 from hexir.ir.graph import Graph
 
@@ -21,6 +21,7 @@ SIGNATURES = {
     "resnet18": ([("image", (1, 3, 224, 224))], [("logits", (1, 1000))]),
     "resnet50": ([("image", (1, 3, 224, 224))], [("logits", (1, 1000))]),
     "bert-base": ([("hidden", (128, 768))], [("out", (128, 768))]),
+    "vit": ([("hidden", (197, 768))], [("out", (197, 768))]),
     "gpt2": (
         [("hidden", (128, 768))],
         [("out", (128, 768)), ("present_key", (12, 128, 64)), ("present_value", (12, 128, 64))],
@@ -132,6 +133,7 @@ def round_trips(graph: Graph) -> None:
         resnet(18, image=32, width=8, classes=10),
         resnet(50, image=32, width=4, classes=10),
         bert(seq=8, hidden=32, heads=2, ffn=64),
+        vit(seq=9, hidden=32, heads=2, ffn=64),
         gpt2(seq=8, hidden=32, heads=2),
         gpt2_decode(past=7, hidden=32, heads=2),
     ],

@@ -128,6 +128,7 @@ SMALL_ZOO = {
     "resnet18": lambda: zoo.resnet(18, image=32, width=8, classes=10),
     "resnet50": lambda: zoo.resnet(50, image=32, width=8, classes=10),
     "bert-base": lambda: zoo.bert(seq=8, hidden=32, heads=2, ffn=64),
+    "vit": lambda: zoo.vit(seq=9, hidden=32, heads=2, ffn=64),
     "gpt2": lambda: zoo.gpt2(seq=8, hidden=32, heads=2),
     "gpt2-decode": lambda: zoo.gpt2_decode(past=7, hidden=32, heads=2),
 }
@@ -159,7 +160,7 @@ def test_fusion_more_than_halves_the_kernels_of_a_resnet():
 @pytest.mark.slow
 @pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize(
-    "name", ["mlp", "resnet18", "resnet50", "bert-base", "gpt2", "gpt2-decode"]
+    "name", ["mlp", "resnet18", "resnet50", "bert-base", "vit", "gpt2", "gpt2-decode"]
 )
 def test_zoo_models_match_numpy_planned_and_unplanned(name, fusion, rng):
     module = _check_model(zoo.zoo_model(name), fusion, rng)
