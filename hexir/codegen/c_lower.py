@@ -115,7 +115,7 @@ def _fold(stmt: Stmt) -> Stmt:
 def _partition(stmt: Stmt) -> Stmt:
     """A serial loop split where its bound guards start and stop holding (see the module
     docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without."""
-    if not isinstance(stmt, For) or stmt.kind != "serial" or stmt.extent < 2:
+    if not isinstance(stmt, For) or stmt.kind not in ("serial", "vectorized") or stmt.extent < 2:
         return stmt
     inner = {n.var: n.extent for n in walk(stmt.body) if isinstance(n, For)}
     spans = {part: span for part in _guards(stmt.body) if (span := _holds(part, stmt.var, inner))}
@@ -127,20 +127,37 @@ def _partition(stmt: Stmt) -> Stmt:
         return stmt
     middle = map_stmt(stmt.body, expr_fn=lambda e: _assume_expr(e, held),
                       stmt_fn=lambda s: _assume(s, held))  # fmt: skip
-    parts = [_piece(stmt, middle, lo, hi, inner)]
+    # Where each guard holds at some inner iteration: outside, it is false throughout.
+    somewhere = {part: _holds(part, stmt.var, inner, every=False) for part in spans}
+    parts = [_piece(stmt, middle, lo, hi, inner, somewhere)]
     if lo > 0:
-        parts.insert(0, _piece(stmt, stmt.body, 0, lo, inner))
+        parts.insert(0, _piece(stmt, stmt.body, 0, lo, inner, somewhere))
     if hi < stmt.extent:
-        parts.append(_piece(stmt, stmt.body, hi, stmt.extent, inner))
+        parts.append(_piece(stmt, stmt.body, hi, stmt.extent, inner, somewhere))
     return seq(*parts)
 
 
-def _piece(loop: For, body: Stmt, start: int, stop: int, inner: dict[Var, int]) -> Stmt:
-    """`loop` over [start, stop) with `body`: one iteration inlined with its guards decided
-    and its indices simplified, or a loop of its own (its var shifted by `start`)."""
+def _piece(
+    loop: For,
+    body: Stmt,
+    start: int,
+    stop: int,
+    inner: dict[Var, int],
+    somewhere: dict[Expr, tuple[int, int] | None],
+) -> Stmt:
+    """`loop` over [start, stop) with `body`: the guards that never hold there decided false
+    (a vectorized loop's lanes past a ragged panel's edge), then one iteration inlined with
+    its guards decided and its indices simplified, or a loop of its own (its var shifted by
+    `start`)."""
+    never = {p for p, span in somewhere.items() if span and (stop <= span[0] or start >= span[1])}
+    if never:
+        body = map_stmt(body, expr_fn=lambda e: _refute_expr(e, never),
+                        stmt_fn=lambda s: _refute(s, never))  # fmt: skip
     if stop - start == 1:
         one = _substitute(body, {loop.var: IntImm(start)})
-        return _scoped(map_stmt(one, expr_fn=lambda e: _tighten(e, inner), stmt_fn=_decide))
+        one = map_stmt(one, expr_fn=lambda e: _tighten(e, inner), stmt_fn=_decide)
+        # With the var a constant, the inner loops' guards may bound their own vars alone.
+        return _scoped(map_stmt(one, stmt_fn=_partition))
     var = loop.var if start == 0 else Var(f"{loop.var.name}_{start}", loop.var.dtype)
     shifted = body if start == 0 else _substitute(body, {loop.var: _add(var, IntImm(start))})
     ranges = {**inner, var: stop - start}
@@ -171,10 +188,13 @@ def _conjuncts(cond: Expr) -> list[Expr]:
     return [cond]
 
 
-def _holds(cond: Expr, var: Var, inner: dict[Var, int]) -> tuple[int, int] | None:
+def _holds(
+    cond: Expr, var: Var, inner: dict[Var, int], every: bool = True
+) -> tuple[int, int] | None:
     """(lo, hi) when `cond`, an affine bound `a*var + sum(c*u) + b < 0` (a != 0; each u a
     loop var inside the partitioned loop, of known extent), holds at every inner iteration
-    exactly for lo <= var < hi (one end unbounded: -2^31 or 2^31); None for any other."""
+    (or, not `every`, at some) exactly for lo <= var < hi (one end unbounded: -2^31 or
+    2^31); None for any other condition."""
     if not isinstance(cond, Binary) or cond.op not in ("<", "<="):
         return None
     used = free_vars(cond)
@@ -185,7 +205,8 @@ def _holds(cond: Expr, var: Var, inner: dict[Var, int]) -> tuple[int, int] | Non
     if coeffs is None or coeffs[var] == 0:
         return None
     a, b = coeffs[var], coeffs[None]
-    b += sum(max(coeffs[u] * (inner[u] - 1), 0) for u in others)  # the inner loops' worst
+    pick = max if every else min  # the inner loops' worst case, or their best
+    b += sum(pick(coeffs[u] * (inner[u] - 1), 0) for u in others)
     if cond.op == "<=":  # a*v + b <= 0  <=>  a*v + b - 1 < 0
         b -= 1
     if a > 0:  # holds below the least v with a*v + b >= 0
@@ -206,6 +227,19 @@ def _assume_expr(e: Expr, held: set[Expr]) -> Expr:
         return e
     cond = _without(e.cond, held)
     return e.then if cond is None else Select(cond, e.then, e.else_)
+
+
+def _refute(stmt: Stmt, never: set[Expr]) -> Stmt:
+    """An if whose condition has a conjunct in `never` decided false."""
+    if isinstance(stmt, IfThenElse) and any(p in never for p in _conjuncts(stmt.cond)):
+        return stmt.else_ if stmt.else_ is not None else IfThenElse(FALSE, stmt.then)
+    return stmt
+
+
+def _refute_expr(e: Expr, never: set[Expr]) -> Expr:
+    if isinstance(e, Select) and any(p in never for p in _conjuncts(e.cond)):
+        return e.else_
+    return e
 
 
 def _without(cond: Expr, held: set[Expr]) -> Expr | None:

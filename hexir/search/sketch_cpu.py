@@ -139,17 +139,26 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     reduce_extents = [loop_of(sch, lp).extent for lp in reduce_]
     fixed_reduce = default_reduce_tiles(extents, reduce_extents, target) if fixed else None
     r = split_all(sch, reduce_, 2, [0] * len(reduce_), fixed_reduce)
-    sch.reorder(*_level(s, 0), *_level(s, 1), *_level(r, 0), *_level(s, 2), *_level(r, 1),
+    cache = _level(s, 1)
+    # Ragged columns (no panel divides them): the panels run serially inside each job, first
+    # of the cache level, so that the loop partitioning of the C backend can split off the
+    # guarded last panel (it cannot split a parallel loop) and each panel's pack is reused by
+    # all the job's row tiles.
+    ragged_columns = fixed and extents[-1] % tiles[-1][-1] != 0 and len(s[-1]) > 1
+    if ragged_columns:
+        cache = [s[-1][1], *(lp for lp in cache if lp != s[-1][1])]
+    sch.reorder(*_level(s, 0), *cache, *_level(r, 0), *_level(s, 2), *_level(r, 1),
                 *_level(s, 3))  # fmt: skip
     outer = fuse_or_one(sch, _level(s, 0))
     sch.parallel(outer)
     if writeback is not None:
-        sch.reverse_compute_at(writeback, _level(s, 1)[-1], True)
+        sch.reverse_compute_at(writeback, cache[-1], True)
         inline_epilogue(sch, writeback)
     # A pack goes outside the inner tiles: packing per register tile would copy more than the
     # tile computes. It comes before the register tile, whose vector loop may read only what
     # the pack made contiguous.
-    within = [outer] if fixed else [outer, *_level(s, 1), *_level(r, 0)]
+    first = [cache[0]] if ragged_columns else [outer]
+    within = first if fixed else [outer, *_level(s, 1), *_level(r, 0)]
     _pack_operands(sch, block, within, vector_var, fixed)
     _register_tile(sch, _level(s, 3))
     if fixed:
@@ -169,10 +178,12 @@ def default_tiles(extents: list[int], target: Target, ragged: bool = True) -> li
     the vector loop by rows of the innermost other loop; the panel loop outermost, where its
     pack goes), and enough of the outer loops in the parallel level to give every core several
     jobs; the rest in the cache level. With `ragged`, the row loop's tiles may cover more
-    than its extent: the last row tile is then guarded."""
+    than its extent: the last row tile is then guarded; so may the columns' panels where no
+    panel divides them, their loop then serial in the cache level (the jobs from the rows)."""
     *others, vector = extents
     panel, rows = register_tile(vector, others[-1] if others else 1, target, ragged)
-    jobs = vector // panel
+    ragged_columns = vector % panel != 0  # the last panel guarded; the jobs from the rows
+    jobs = 1 if ragged_columns else vector // panel
     want = DEFAULT_JOBS_PER_CORE * max(1, target.num_cores)
     tiles = []
     for n, extent in enumerate(others):
@@ -183,6 +194,8 @@ def default_tiles(extents: list[int], target: Target, ragged: bool = True) -> li
         jobs *= outer
         tiles.append([outer, rest // outer, 1, inner])
     panels = vector // panel
+    if ragged_columns:
+        return [*tiles, [1, -(-vector // panel), 1, panel]]
     if _matrix_vector(extents, target):
         # Each job's columns inside the reduction, so that every step of it reads one
         # contiguous stretch of the weight row, and one job per core: the longest stretches
@@ -234,7 +247,9 @@ def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -
     7 x 1 74%, 4 x 2 71%)."""
     lanes, registers = target.vector_width, max(target.vector_registers, 16)
     panels = [v * lanes for v in range(1, 5) if vector % (v * lanes) == 0]
-    if not panels:
+    if not panels and ragged and vector > 2 * lanes:
+        panels = [2 * lanes]  # ragged columns too (ViT's 197): the last panel guarded
+    elif not panels:
         panels = [_largest_divisor(vector, 4 * lanes, multiple=lanes)]
     candidates = []
     for panel in panels:

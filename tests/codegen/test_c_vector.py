@@ -150,8 +150,8 @@ def fallbacks() -> list[PrimFunc]:
     A, B = Buffer("A", (n,)), Buffer("B", (n,))
     sin = BufferStore(B, (i,), Call("sin", (A[i],)))  # a call without a vector form
     strided = BufferStore(B, (Binary("floormod", i * 3, IntImm(n)),), A[i])
-    lane_if = IfThenElse(Binary("<", i, IntImm(7)), BufferStore(B, (i,), A[i]))
-    lane_if = seq(BufferStore(B, (i,), -A[i]), lane_if)
+    lane_if = IfThenElse(Binary("<", i * i, IntImm(49)), BufferStore(B, (i,), A[i]))
+    lane_if = seq(BufferStore(B, (i,), -A[i]), lane_if)  # a guard no loop split can lift
     nested = For(j, 1, "serial", BufferStore(B, (i,), A[i] + 1.0))
     return [
         PrimFunc(name, (A, B), For(i, n, "vectorized", body))
@@ -175,6 +175,19 @@ def test_fallback_to_scalar_simd_loop(rng, func):
         "nest": lambda: a + 1,
     }[func.name]()
     np.testing.assert_allclose(run(func, a), expect, rtol=1e-6)
+
+
+def test_a_bound_on_the_lane_splits_the_vector_loop_instead_of_falling_back(rng):
+    # `if i < 7` inside a vectorized loop of 20: the loop partitioning of c_lower splits it
+    # at 7, so both parts vectorize without the guard (no scalar simd fallback).
+    A, B = Buffer("A", (20,)), Buffer("B", (20,))
+    guarded = IfThenElse(Binary("<", i, IntImm(7)), BufferStore(B, (i,), A[i]))
+    body = seq(BufferStore(B, (i,), -A[i]), guarded)
+    source = generate_c(PrimFunc("lane_bound", (A, B), For(i, 20, "vectorized", body)))
+    assert "#pragma omp simd" not in source and "if (" not in source
+    a = rng.standard_normal(20, dtype=np.float32)
+    func = PrimFunc("lane_bound", (A, B), For(i, 20, "vectorized", body))
+    np.testing.assert_allclose(run(func, a), np.where(np.arange(20) < 7, a, -a), rtol=1e-6)
 
 
 def test_unrolled_loops_leave_no_loop(rng):

@@ -135,6 +135,28 @@ def test_a_1x1_conv_takes_the_matmul_register_tile_with_ragged_rows(rng):
     assert "factors=[None," not in str(three.trace)  # a window: rows divide, rows first
 
 
+@pytest.mark.parametrize("N", [37, 197])
+def test_columns_no_panel_divides_take_ragged_panels_not_one_lane(N, rng):
+    # ViT's 12x197x197 attention scores: no multiple of the lanes divides 197. The columns
+    # take two-vector panels, the last guarded, run serially in each job (the batches and
+    # rows in parallel), so the C backend splits the guarded panel off: no 1-lane panel.
+    func = hexir.workload("batch_matmul", B=3, M=13, N=N, K=8)
+    target = Target("cpu")
+    sch = default_schedule(func, target)
+    lanes = target.vector_width
+    assert f"factors=[None, {2 * lanes}]" in str(sch.trace)
+    parallel = [lp for lp in _loops(sch.func) if lp.kind == "parallel"]
+    assert len(parallel) == 1 and parallel[0].extent % 3 == 0  # batches (and rows), no panels
+    check_on_cpu(func, sch.func, rng)
+
+
+def test_row_reductions_the_lanes_do_not_divide_still_reduce_in_lanes(rng):
+    func = hexir.workload("softmax", shape=(2, 5, 197), axis=2)
+    sch = default_schedule(func, "cpu")
+    assert "rfactor" in str(sch.trace)
+    check_on_cpu(func, sch.func, rng)
+
+
 def test_cpu_permuting_copies_fuse_only_the_loops_the_cores_need(rng):
     # A transpose reads across its vector loop: it does not vectorize. Only the outer loops
     # that give the cores enough jobs are fused and run in parallel; the inner ones stay
