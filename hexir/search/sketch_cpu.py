@@ -115,6 +115,10 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     roles = [r.role for r in loop_roles(sch.func, node)]
     vector_var = vector_iter_var(node)
     writeback = _try_cache_write(sch, block, _vector_last(node.writes[0], vector_var))
+    if writeback is not None:
+        # Before any split: a ragged tile would put a predicate on the write-back, which then
+        # takes no epilogue (bias, activation, residual add), leaving them a pass of their own.
+        inline_epilogue(sch, writeback)
     loops = sch.get_loops(block)
     spatial = [lp for lp, role in zip(loops, roles, strict=True) if role != "reduce"]
     reduce_ = [lp for lp, role in zip(loops, roles, strict=True) if role == "reduce"]
@@ -153,7 +157,6 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     sch.parallel(outer)
     if writeback is not None:
         sch.reverse_compute_at(writeback, cache[-1], True)
-        inline_epilogue(sch, writeback)
     # A pack goes outside the inner tiles: packing per register tile would copy more than the
     # tile computes. It comes before the register tile, whose vector loop may read only what
     # the pack made contiguous.

@@ -92,6 +92,18 @@ def test_a_conv_register_tile_takes_the_most_rows_first(lanes, registers, cols, 
     assert register_tile(cols, rows, target, ragged=False) == expect  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("M", [126, 128])  # 6-row tiles: exact, and ragged (the last guarded)
+def test_the_epilogue_folds_into_the_write_back_even_under_ragged_tiles(M, rng):
+    # bias and relu are computed where the accumulator tile is stored: no block of their own
+    # (a separate pass over the whole output), whether or not the row tiles are ragged.
+    func = hexir.workload("dense", M=M, N=64, K=32, bias=True, activation="relu")
+    sch = default_schedule(func, "cpu")
+    names = {b.name for b in all_blocks(sch.func.body)}
+    assert not names & {"bias_add", "relu"}, names
+    assert sum(lp.kind == "parallel" for lp in _loops(sch.func)) == 1
+    check_on_cpu(func, sch.func, rng)
+
+
 @pytest.mark.parametrize("M, N, K", [(7, 16, 5), (13, 40, 9), (128, 24, 3)])
 def test_ragged_register_rows_compute_the_same_values(M, N, K, rng):
     # Row extents the register tile does not divide: the last tile is guarded.
