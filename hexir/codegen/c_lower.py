@@ -49,6 +49,8 @@ from hexir.ir.visit import children, free_vars, map_stmt, substitute, walk
 UNROLL_MAX_EXTENT = 64
 # Nodes in the unrolled result: beyond this the source (and GCC's compile time) balloons.
 UNROLL_MAX_NODES = 8192
+# A partitioned loop's body is copied up to three times: only a body up to this size is.
+PARTITION_MAX_NODES = 8192
 
 TRUE = IntImm(1, "bool")
 FALSE = IntImm(0, "bool")
@@ -116,6 +118,8 @@ def _partition(stmt: Stmt) -> Stmt:
     """A serial loop split where its bound guards start and stop holding (see the module
     docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without."""
     if not isinstance(stmt, For) or stmt.kind not in ("serial", "vectorized") or stmt.extent < 2:
+        return stmt
+    if nodes(stmt.body) > PARTITION_MAX_NODES:
         return stmt
     inner = {n.var: n.extent for n in walk(stmt.body) if isinstance(n, For)}
     spans = {part: span for part in _guards(stmt.body) if (span := _holds(part, stmt.var, inner))}
