@@ -4,8 +4,8 @@ Hexir's own ONNX export of the very same model and weights, side by side in one 
     python benchmarks/models_cpu.py --trials 600 [--db URL] [--models resnet18 gpt2]
     python benchmarks/models_cpu.py --trials 0          # no tuning: default schedules only
 
-For each model (default: resnet18, resnet50, mlp, bert-base, vit, gpt2, gpt2-decode) it
-prints two tables:
+For each model (default: resnet18, resnet50, mobilenet-v2, mlp, bert-base, vit, gpt2,
+gpt2-decode) it prints two tables:
 
 - kernels and peak intermediate memory, with and without fusion and with and without memory
   planning (unplanned: every intermediate in a buffer of its own, their sum);
@@ -43,7 +43,7 @@ from quiet import numpy_matmul_line
 import hexir
 from hexir import knobs
 
-MODELS = ("resnet18", "resnet50", "mlp", "bert-base", "vit", "gpt2", "gpt2-decode")
+MODELS = ("resnet18", "resnet50", "mobilenet-v2", "mlp", "bert-base", "vit", "gpt2", "gpt2-decode")
 MIB = 1024 * 1024
 THREADS = 2
 

@@ -3,6 +3,8 @@
 - `mlp`: `x` [64, 784] -> `probs` [64, 10]; 784→256→256→10, dense+bias+relu, then the
   classifier's dense+bias and a softmax (probabilities, so the model ends in a reduction).
 - `resnet18`, `resnet50`: `image` [1, 3, 224, 224] -> `logits` [1, 1000].
+- `mobilenet-v2`: `image` [1, 3, 224, 224] -> `logits` [1, 1000]; depthwise separable
+  inverted residuals with relu6.
 - `bert-base`: `hidden` [128, 768] -> `out` [128, 768]; one encoder layer.
 - `vit`: `hidden` [197, 768] -> `out` [197, 768]; one ViT-B/16 encoder layer (pre-norm).
 - `gpt2`: `hidden` [128, 768] -> `out` [128, 768], `present_key`, `present_value`
@@ -12,6 +14,7 @@
 
 The builders take keyword arguments for smaller variants with the same structure, for tests:
 `mlp(batch=4, sizes=(32, 16, 8))`, `resnet(18, image=32, width=8, classes=10)`,
+`mobilenet_v2(image=32, width=0.25, classes=10)`,
 `bert(seq=8, hidden=32, heads=2, ffn=64)`, `vit(seq=9, hidden=32, heads=2, ffn=64)`,
 `gpt2(seq=8, hidden=32, heads=2)`,
 `gpt2_decode(past=7, hidden=32, heads=2)`.
@@ -24,12 +27,22 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from hexir.frontend.weights import Weights
-from hexir.frontend.zoo_cnn import resnet
+from hexir.frontend.zoo_cnn import mobilenet_v2, resnet
 from hexir.frontend.zoo_transformer import bert, gpt2, gpt2_decode, vit
 from hexir.ir.graph import Graph
 from hexir.ops.builder import GraphBuilder
 
-__all__ = ["ZOO", "zoo_model", "mlp", "resnet", "bert", "vit", "gpt2", "gpt2_decode"]
+__all__ = [
+    "ZOO",
+    "zoo_model",
+    "mlp",
+    "resnet",
+    "mobilenet_v2",
+    "bert",
+    "vit",
+    "gpt2",
+    "gpt2_decode",
+]
 
 
 def mlp(*, batch: int = 64, sizes: Sequence[int] = (784, 256, 256, 10), seed: int = 0) -> Graph:
@@ -52,6 +65,7 @@ ZOO: dict[str, Callable[[], Graph]] = {
     "mlp": mlp,
     "resnet18": functools.partial(resnet, 18),
     "resnet50": functools.partial(resnet, 50),
+    "mobilenet-v2": mobilenet_v2,
     "bert-base": bert,
     "vit": vit,
     "gpt2": gpt2,

@@ -1,4 +1,5 @@
-"""ResNets (He et al. 2016, torchvision's v1.5 layout: the stride sits in the 3x3 conv).
+"""ResNets (He et al. 2016, torchvision's v1.5 layout: the stride sits in the 3x3 conv) and
+MobileNetV2 (Sandler et al. 2018: inverted residuals, depthwise 3x3 convs, relu6).
 
 Batch norm is at inference (running mean and variance as constants). Conv weights are
 He-scaled; each residual branch's last batch norm has a smaller scale, as the zero-gamma
@@ -8,6 +9,8 @@ initialization does in spirit, so activations stay of order one through the resi
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from hexir.errors import ModelError
 from hexir.frontend.weights import Weights
@@ -70,14 +73,16 @@ def _conv_bn(
     kernel: int,
     stride: int = 1,
     last: bool = False,
+    groups: int = 1,
 ) -> Value:
-    """conv2d (no bias, 'same' padding) then batch_norm at inference."""
+    """conv2d (no bias, 'same' padding, `groups` groups) then batch_norm at inference."""
     # He scale (gain 2) where a relu follows; gain 1 into a residual add, which no relu halves
     gain = 1.0 if last else 2.0
+    fan_in = c_in // groups * kernel**2
     weight = w.normal(
-        f"{name}.weight", (c_out, c_in, kernel, kernel), math.sqrt(gain / (c_in * kernel**2))
+        f"{name}.weight", (c_out, c_in // groups, kernel, kernel), math.sqrt(gain / fan_in)
     )
-    y = b.conv2d(x, weight, stride=stride, padding=kernel // 2)
+    y = b.conv2d(x, weight, stride=stride, padding=kernel // 2, groups=groups)
     bn = name.replace("conv", "bn").replace("downsample.0", "downsample.1")
     low, high = (0.4, 0.6) if last else (0.8, 1.2)
     scale = w.uniform(f"{bn}.scale", (c_out,), low, high)
@@ -115,3 +120,58 @@ def _bottleneck(
     y = _conv_bn(b, w, f"{name}.conv3", y, planes, c_out, kernel=1, last=True)
     shortcut = _shortcut(b, w, name, x, c_in, c_out, stride)
     return b.relu(b.add(y, shortcut)), c_out
+
+
+# MobileNetV2's inverted residual stages: (expansion t, output channels c, blocks n, stride s)
+MOBILENET_V2_STAGES = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
+
+
+def mobilenet_v2(
+    *, batch: int = 1, image: int = 224, width: float = 1.0, classes: int = 1000, seed: int = 0
+) -> Graph:
+    """MobileNetV2 on `image` [batch, 3, image, image] -> `logits` [batch, classes]: a 3x3
+    stem, 17 inverted residual blocks (1x1 expansion, depthwise 3x3, linear 1x1 projection,
+    relu6 between) and a 1x1 conv to 1280 channels before the pool and the classifier.
+
+    `mobilenet_v2()` is the zoo's `mobilenet-v2`; `mobilenet_v2(image=32, width=0.25,
+    classes=10)` has the same structure at test size (channels scaled by `width`, at least 8).
+    """
+    b = GraphBuilder("mobilenet-v2")
+    w = Weights(b, seed)
+    six = b.constant(np.array(6.0, np.float32), name="six")
+
+    def relu6(v: Value) -> Value:
+        return b.minimum(b.relu(v), six)
+
+    def scaled(c: int) -> int:
+        return max(8, int(c * width + 4) // 8 * 8)
+
+    x = b.input("image", (batch, 3, image, image))
+    channels = scaled(32)
+    x = relu6(_conv_bn(b, w, "features.0", x, 3, channels, kernel=3, stride=2))
+    index = 1
+    for t, c, n, s in MOBILENET_V2_STAGES:
+        out = scaled(c)
+        for i in range(n):
+            name, stride, hidden = f"features.{index}", s if i == 0 else 1, channels * t
+            y = x
+            if t != 1:
+                y = relu6(_conv_bn(b, w, f"{name}.conv.0", y, channels, hidden, kernel=1))
+            y = relu6(_conv_bn(b, w, f"{name}.conv.1", y, hidden, hidden, kernel=3,
+                               stride=stride, groups=hidden))  # fmt: skip
+            y = _conv_bn(b, w, f"{name}.conv.2", y, hidden, out, kernel=1, last=True)
+            x = b.add(x, y) if stride == 1 and channels == out else y
+            channels, index = out, index + 1
+    last = scaled(1280)
+    x = relu6(_conv_bn(b, w, f"features.{index}", x, channels, last, kernel=1))
+    x = b.reshape(b.global_avg_pool2d(x), (batch, last))
+    weight, bias = w.dense("classifier", last, classes)
+    return b.build(b.bias_add(b.dense(x, weight), bias, name="logits"))

@@ -27,7 +27,7 @@ def test_unknown_names_suggest_close_ones(name, suggested):
         load_model(name)
     message = str(info.value)
     assert f"no model named {name!r}" in message and f"Did you mean {suggested}?" in message
-    assert "mlp, resnet18, resnet50, bert-base, vit, gpt2, gpt2-decode" in message
+    assert "mlp, resnet18, resnet50, mobilenet-v2, bert-base, vit, gpt2, gpt2-decode" in message
     assert "\n" not in message
 
 

@@ -11,7 +11,17 @@ from seeding import current_rng
 
 from hexir.frontend.onnx_export import export_onnx
 from hexir.frontend.onnx_import import import_onnx
-from hexir.frontend.zoo import ZOO, bert, gpt2, gpt2_decode, mlp, resnet, vit, zoo_model
+from hexir.frontend.zoo import (
+    ZOO,
+    bert,
+    gpt2,
+    gpt2_decode,
+    mlp,
+    mobilenet_v2,
+    resnet,
+    vit,
+    zoo_model,
+)
 from hexir.graph.evaluate import evaluate
 from hexir.ir.graph import Graph
 
@@ -20,6 +30,7 @@ SIGNATURES = {
     "mlp": ([("x", (64, 784))], [("probs", (64, 10))]),
     "resnet18": ([("image", (1, 3, 224, 224))], [("logits", (1, 1000))]),
     "resnet50": ([("image", (1, 3, 224, 224))], [("logits", (1, 1000))]),
+    "mobilenet-v2": ([("image", (1, 3, 224, 224))], [("logits", (1, 1000))]),
     "bert-base": ([("hidden", (128, 768))], [("out", (128, 768))]),
     "vit": ([("hidden", (197, 768))], [("out", (197, 768))]),
     "gpt2": (
@@ -31,7 +42,7 @@ SIGNATURES = {
         [("out", (1, 768)), ("present_key", (12, 128, 64)), ("present_value", (12, 128, 64))],
     ),
 }
-SLOW = {"resnet18", "resnet50"}
+SLOW = {"resnet18", "resnet50", "mobilenet-v2"}
 
 
 def inputs_for(graph: Graph) -> dict[str, np.ndarray]:
@@ -132,6 +143,7 @@ def round_trips(graph: Graph) -> None:
         mlp(),
         resnet(18, image=32, width=8, classes=10),
         resnet(50, image=32, width=4, classes=10),
+        mobilenet_v2(image=32, width=0.25, classes=10),
         bert(seq=8, hidden=32, heads=2, ffn=64),
         vit(seq=9, hidden=32, heads=2, ffn=64),
         gpt2(seq=8, hidden=32, heads=2),

@@ -168,7 +168,7 @@ def test_the_plan_prints_its_figures_and_round_trips_through_json():
 
 # -- the zoo ----------------------------------------------------------------------------------
 
-ZOO = ["mlp", "resnet18", "resnet50", "bert-base", "vit", "gpt2", "gpt2-decode"]
+ZOO = ["mlp", "resnet18", "resnet50", "mobilenet-v2", "bert-base", "vit", "gpt2", "gpt2-decode"]
 
 
 @pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])

@@ -127,6 +127,7 @@ SMALL_ZOO = {
     "mlp": lambda: zoo.mlp(batch=4, sizes=(32, 16, 8)),
     "resnet18": lambda: zoo.resnet(18, image=32, width=8, classes=10),
     "resnet50": lambda: zoo.resnet(50, image=32, width=8, classes=10),
+    "mobilenet-v2": lambda: zoo.mobilenet_v2(image=32, width=0.25, classes=10),
     "bert-base": lambda: zoo.bert(seq=8, hidden=32, heads=2, ffn=64),
     "vit": lambda: zoo.vit(seq=9, hidden=32, heads=2, ffn=64),
     "gpt2": lambda: zoo.gpt2(seq=8, hidden=32, heads=2),
@@ -160,7 +161,8 @@ def test_fusion_more_than_halves_the_kernels_of_a_resnet():
 @pytest.mark.slow
 @pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize(
-    "name", ["mlp", "resnet18", "resnet50", "bert-base", "vit", "gpt2", "gpt2-decode"]
+    "name",
+    ["mlp", "resnet18", "resnet50", "mobilenet-v2", "bert-base", "vit", "gpt2", "gpt2-decode"],
 )
 def test_zoo_models_match_numpy_planned_and_unplanned(name, fusion, rng):
     module = _check_model(zoo.zoo_model(name), fusion, rng)
