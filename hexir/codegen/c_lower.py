@@ -45,6 +45,7 @@ from hexir.ir.tir import (
     seq,
 )
 from hexir.ir.visit import children, free_vars, map_stmt, substitute, walk
+from hexir.schedule.common import conjoin, conjuncts
 
 UNROLL_MAX_EXTENT = 64
 # Nodes in the unrolled result: beyond this the source (and GCC's compile time) balloons.
@@ -119,10 +120,11 @@ def _partition(stmt: Stmt) -> Stmt:
     docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without."""
     if not isinstance(stmt, For) or stmt.kind not in ("serial", "vectorized") or stmt.extent < 2:
         return stmt
-    if nodes(stmt.body) > PARTITION_MAX_NODES:
+    guards = _guards(stmt.body)
+    if not guards or nodes(stmt.body) > PARTITION_MAX_NODES:
         return stmt
     inner = {n.var: n.extent for n in walk(stmt.body) if isinstance(n, For)}
-    spans = {part: span for part in _guards(stmt.body) if (span := _holds(part, stmt.var, inner))}
+    spans = {part: span for part in guards if (span := _holds(part, stmt.var, inner))}
     lo = max((a for a, _ in spans.values()), default=0)
     hi = min((b for _, b in spans.values()), default=stmt.extent)
     lo, hi = max(lo, 0), min(hi, stmt.extent)
@@ -182,14 +184,8 @@ def _guards(stmt: Stmt) -> list[Expr]:
     parts: list[Expr] = []
     for node in walk(stmt):
         if isinstance(node, IfThenElse) and node.else_ is None or isinstance(node, Select):
-            parts.extend(_conjuncts(node.cond))
+            parts.extend(conjuncts(node.cond))
     return parts
-
-
-def _conjuncts(cond: Expr) -> list[Expr]:
-    if isinstance(cond, Binary) and cond.op == "&&":
-        return _conjuncts(cond.a) + _conjuncts(cond.b)
-    return [cond]
 
 
 def _holds(
@@ -235,26 +231,20 @@ def _assume_expr(e: Expr, held: set[Expr]) -> Expr:
 
 def _refute(stmt: Stmt, never: set[Expr]) -> Stmt:
     """An if whose condition has a conjunct in `never` decided false."""
-    if isinstance(stmt, IfThenElse) and any(p in never for p in _conjuncts(stmt.cond)):
+    if isinstance(stmt, IfThenElse) and any(p in never for p in conjuncts(stmt.cond)):
         return stmt.else_ if stmt.else_ is not None else IfThenElse(FALSE, stmt.then)
     return stmt
 
 
 def _refute_expr(e: Expr, never: set[Expr]) -> Expr:
-    if isinstance(e, Select) and any(p in never for p in _conjuncts(e.cond)):
+    if isinstance(e, Select) and any(p in never for p in conjuncts(e.cond)):
         return e.else_
     return e
 
 
 def _without(cond: Expr, held: set[Expr]) -> Expr | None:
     """`cond` without its conjuncts in `held`; None when none is left."""
-    rest = [part for part in _conjuncts(cond) if part not in held]
-    if not rest:
-        return None
-    out = rest[0]
-    for part in rest[1:]:
-        out = Binary("&&", out, part)
-    return out
+    return conjoin([part for part in conjuncts(cond) if part not in held])
 
 
 def _decide(stmt: Stmt) -> Stmt:

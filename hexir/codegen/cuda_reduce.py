@@ -42,15 +42,15 @@ from hexir.ir.tir import (
     seq,
 )
 from hexir.ir.visit import free_vars, map_stmt, substitute
-from hexir.schedule.common import all_blocks, all_loops, reduce_fed_by, replace_at
-from hexir.schedule.reduction import (
-    Reduction,
-    binding_loops,
+from hexir.schedule.common import (
+    all_blocks,
+    all_loops,
     conjoin,
     conjuncts,
-    identity,
-    match_reduction,
+    reduce_fed_by,
+    replace_at,
 )
+from hexir.schedule.reduction import Reduction, binding_loops, identity, match_reduction
 
 
 @dataclass(frozen=True, slots=True, repr=False)

@@ -7,7 +7,7 @@ Every rewrite builds a new tree; nothing here records anything in a trace.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import cast
 
@@ -16,6 +16,7 @@ from hexir.ir import arith
 from hexir.ir.tir import (
     Allocate,
     Barrier,
+    Binary,
     Block,
     BufferLoad,
     BufferRegion,
@@ -192,6 +193,25 @@ def substitute_simplify(stmt: Stmt, mapping: Mapping[Var, Expr], ranges: dict) -
         return arith.simplify(subst(e, mapping), ranges)
 
     return map_top_exprs(stmt, fn)
+
+
+def conjuncts(cond: Expr | None) -> list[Expr]:
+    """The parts of `cond` joined by `&&` (none for None)."""
+    match cond:
+        case None:
+            return []
+        case Binary("&&", a, b):
+            return conjuncts(a) + conjuncts(b)
+        case _:
+            return [cond]
+
+
+def conjoin(conds: Iterable[Expr]) -> Expr | None:
+    """`conds` joined by `&&`, in order; None for none."""
+    out: Expr | None = None
+    for c in conds:
+        out = c if out is None else Binary("&&", out, c)
+    return out
 
 
 def subst(expr: Expr, mapping: Mapping[Var, Expr]) -> Expr:

@@ -33,7 +33,7 @@ from hexir.ir.tir import (
     seq,
 )
 from hexir.ir.visit import free_vars, substitute, walk
-from hexir.schedule.common import all_blocks, is_loop, replace_body
+from hexir.schedule.common import all_blocks, conjoin, is_loop, replace_body
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,13 +170,7 @@ def _predicate(block: Block, conds: list[Expr]) -> Expr | None:
     own = {iv.var for iv in block.iter_vars}
     old = block.predicate
     parts = [old] if old is not None and free_vars(old) <= own else []
-    parts += conds
-    if not parts:
-        return None
-    pred = parts[0]
-    for p in parts[1:]:
-        pred = Binary("&&", pred, p)
-    return pred
+    return conjoin([*parts, *conds])
 
 
 def insert_in_loop(

@@ -10,7 +10,7 @@ vars (what `split` writes), iter vars allowed too.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,6 +40,8 @@ from hexir.ir.tir import (
 from hexir.ir.visit import free_vars, substitute, walk
 from hexir.schedule.common import (
     all_blocks,
+    conjoin,
+    conjuncts,
     find_path,
     is_block,
     is_loop,
@@ -147,23 +149,6 @@ def binding_loops(block: Block, kind: str) -> set[Var]:
     for iv in block.iter_vars:
         if iv.kind == kind:
             out |= free_vars(iv.binding)
-    return out
-
-
-def conjuncts(cond: Expr | None) -> list[Expr]:
-    match cond:
-        case None:
-            return []
-        case Binary("&&", a, b):
-            return conjuncts(a) + conjuncts(b)
-        case _:
-            return [cond]
-
-
-def conjoin(conds: Iterable[Expr]) -> Expr | None:
-    out: Expr | None = None
-    for c in conds:
-        out = c if out is None else Binary("&&", out, c)
     return out
 
 
