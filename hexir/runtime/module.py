@@ -201,41 +201,45 @@ class _CpuBuffers:
 
     def __init__(self, module: Module):
         self.storages = [_aligned(n) for n in module.plan.storage_sizes]
+        self.types = module._types
+        self.root = module.views
+        computed = {name for c in module.commands for name in c.outputs}
+        returned = (self._root(v.name) for v in module.graph.outputs)
+        self.returned = [r for r in dict.fromkeys(returned) if r in computed]
+        # Bound per run, so given no array here: the graph's inputs and what it returns.
+        bound = {v.name for v in module.graph.inputs} | set(self.returned)
         placed = module.plan.as_dict()
         arrays: dict[str, np.ndarray] = {}
-        for v in module.graph.inputs:
-            arrays[v.name] = _empty(v.type)
         for name, data in module.constants.items():
             arrays[name] = np.ascontiguousarray(data)
         for command in module.commands:
             for name in command.outputs:
-                t = module.value_type(name)
-                p = placed.get(name)
+                if name in bound:
+                    continue
+                t, p = module.value_type(name), placed.get(name)
                 if p is None:
                     arrays[name] = _empty(t)
                 else:
                     raw = self.storages[p.storage][p.offset : p.offset + p.nbytes]
                     arrays[name] = raw.view(numpy_dtype(t.dtype)).reshape(t.shape)
         for view, root in module.views.items():
-            arrays[view] = arrays[root].reshape(module.value_type(view).shape)
+            if root not in bound:
+                arrays[view] = arrays[root].reshape(module.value_type(view).shape)
         self.arrays = arrays
-        self.types = {name: module.value_type(name) for name in module._types}
-        root = {**{n: n for n in arrays}, **module.views}
-        self.root = root
-        computed = {name for c in module.commands for name in c.outputs}
-        self.returned = [
-            r for r in dict.fromkeys(root[v.name] for v in module.graph.outputs) if r in computed
-        ]
-        bound = {v.name for v in module.graph.inputs} | set(self.returned)
-        # (entry point, pointers, [(argument position, the bound value it is)])
+        # (entry point, pointers, [(argument position, the bound value it is)]): a bound
+        # argument's pointer is filled in per run.
         self.calls = [
             (
                 module.kernels[c.kernel]._fn,
-                [arrays[n].ctypes.data for n in c.args],
-                [(i, root[n]) for i, n in enumerate(c.args) if root[n] in bound],
+                [0 if self._root(n) in bound else arrays[n].ctypes.data for n in c.args],
+                [(i, self._root(n)) for i, n in enumerate(c.args) if self._root(n) in bound],
             )
             for c in module.commands
         ]
+
+    def _root(self, name: str) -> str:
+        """The value whose buffer `name` is: itself, or the root of its view."""
+        return self.root.get(name, name)
 
     def run(self, bound: dict[str, np.ndarray], outputs: Sequence[Value]) -> list[np.ndarray]:
         fresh, calls = self._bind(bound)
@@ -277,12 +281,15 @@ class _CpuBuffers:
         the graph returns it twice), an input or a constant copied."""
         results, given = [], set()
         for v in outputs:
-            name = self.root[v.name]
+            name = self._root(v.name)
             if name in fresh and name not in given:
                 array = fresh[name]
                 given.add(name)
             else:
-                array = np.array(fresh.get(name, bound.get(name, self.arrays[name])))
+                source = fresh.get(name)
+                if source is None:
+                    source = bound[name] if name in bound else self.arrays[name]
+                array = np.array(source)
             results.append(array.reshape(v.type.shape))
         return results
 
