@@ -16,7 +16,10 @@
   still need, decided where an iteration stands alone. No guard is then evaluated in the
   main tiles' inner loops (a conv2d with 14-pixel rows in tiles of 6 ran at 0.56x 7 x 1 with
   its guards in its reduction loops), and a zero-bordered copy is a plain copy inside its
-  border (conv2d_pad of 64x56x56: 163 -> 18 us).
+  border (conv2d_pad of 64x56x56: 163 -> 18 us). A loop of a few iterations
+  (`PEEL_MAX_EXTENT`) whose var the guards of inner loops read but that splits no span off (the
+  phase q of a phase-split copy's `0 <= j*2 + q - 1`) is peeled instead, each iteration
+  inlined, so that the inner loops' guards bound their own vars alone and partition.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ UNROLL_MAX_EXTENT = 64
 UNROLL_MAX_NODES = 8192
 # A partitioned loop's body is copied up to three times: only a body up to this size is.
 PARTITION_MAX_NODES = 8192
+# A loop up to this extent is peeled where the guards of inner loops read its var.
+PEEL_MAX_EXTENT = 4
 
 TRUE = IntImm(1, "bool")
 FALSE = IntImm(0, "bool")
@@ -130,6 +135,8 @@ def _partition(stmt: Stmt) -> Stmt:
     lo, hi = max(lo, 0), min(hi, stmt.extent)
     held = {part for part, (a, b) in spans.items() if a <= lo and b >= hi}
     if hi - lo < 1 or not held:
+        if stmt.extent <= PEEL_MAX_EXTENT and _bounds_with(guards, stmt.var, inner):
+            return seq(*(_piece(stmt, stmt.body, i, i + 1, inner, {}) for i in range(stmt.extent)))
         return stmt
     middle = map_stmt(stmt.body, expr_fn=lambda e: _assume_expr(e, held),
                       stmt_fn=lambda s: _assume(s, held))  # fmt: skip
@@ -141,6 +148,15 @@ def _partition(stmt: Stmt) -> Stmt:
     if hi < stmt.extent:
         parts.append(_piece(stmt, stmt.body, hi, stmt.extent, inner, somewhere))
     return seq(*parts)
+
+
+def _bounds_with(guards: list[Expr], var: Var, inner: dict[Var, int]) -> bool:
+    """Whether a guard bounds `var` together with an inner loop's var (`j*2 + q - 1 < 56`)."""
+    for g in guards:
+        used = free_vars(g)
+        if isinstance(g, Binary) and g.op in ("<", "<=") and var in used and used & inner.keys():
+            return True
+    return False
 
 
 def _piece(

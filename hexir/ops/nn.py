@@ -29,6 +29,7 @@ from hexir.ops.base import (
 )
 from hexir.ops.compute import (
     Kernel,
+    add,
     affine,
     attr_float,
     attr_int,
@@ -38,6 +39,7 @@ from hexir.ops.compute import (
     limit,
     lowest,
     mean,
+    mul,
 )
 from hexir.ops.numeric import (
     Attrs,
@@ -272,35 +274,61 @@ def _conv2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     """Two stages when padded: `conv2d_pad` copies x into a zero-bordered buffer, and the
     contraction reads it unguarded. Guarding every multiply-add instead (a select and two
-    clamps per input pixel, R x S x K times) costs more than the copy of one image."""
+    clamps per input pixel, R x S x K times) costs more than the copy of one image.
+
+    A depthwise conv (one input channel per group) with a column stride s makes that copy
+    even unpadded, with its columns split by phase: [N, C, H', s, W'/s], column j * s + q at
+    [.., q, j], so that the conv reads the columns of each window offset with unit stride
+    in the output column (x[.., rw % s, ow + rw // s]): it vectorizes along output columns,
+    as its channels (each a plane of its own in NCHW) cannot without a transposing copy."""
     x, w = args
     (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
     (dh, dw), groups = attr_ints(op, "dilation"), attr_int(op, "groups")
     k_per_group, c_per_group = out.shape[1] // groups, w.shape[1]
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
-    if ph or pw:
-        n, c, h, wd = x.shape
-        padded = k.alloc("conv2d_pad", (n, c, h + 2 * ph, wd + 2 * pw), x.dtype)
-
-        def border(i: tuple[Expr, ...]) -> Expr:
-            inner = (i[0], i[1], affine([(i[2], 1)], -ph), affine([(i[3], 1)], -pw))
-            return guarded_value(k, x, inner, const(0, x.dtype))
-
-        k.compute("conv2d_pad", padded, border)
-        x = padded
+    phases = sw if groups > 1 and c_per_group == 1 and sw > 1 else 1
+    if ph or pw or phases > 1:
+        x = _padded_copy(k, x, ph, pw, phases)
 
     def value(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
         n, kk, oh, ow = s
         c, rh, rw = r
         channel = c if groups == 1 else affine([(floordiv(kk, k_per_group), c_per_group), (c, 1)])
         h = affine([(oh, sh), (rh, dh)])
-        wi = affine([(ow, sw), (rw, dw)])
+        if phases > 1:
+            offset = mul(rw, dw)
+            columns: tuple[Expr, ...] = (
+                Binary("floormod", offset, IntImm(phases)),
+                add(ow, floordiv(offset, phases)),
+            )
+        else:
+            columns = (affine([(ow, sw), (rw, dw)]),)
         if block:
             filt = w[floordiv(kk, block), c, rh, rw, Binary("floormod", kk, IntImm(block))]
-            return x[n, channel, h, wi] * filt
-        return x[n, channel, h, wi] * w[kk, c, rh, rw]
+            return x[(n, channel, h, *columns)] * filt
+        return x[(n, channel, h, *columns)] * w[kk, c, rh, rw]
 
     k.reduce("conv2d", out, w.shape[1:4], value)
+
+
+def _padded_copy(k: Kernel, x: Buffer, ph: int, pw: int, phases: int) -> Buffer:
+    """`conv2d_pad`: x with a zero border of ph rows and pw columns, its columns split by
+    `phases` when more than one ([N, C, H', phases, W'/phases], see `_conv2d_lower`)."""
+    n, c, h, wd = x.shape
+    height, width = h + 2 * ph, wd + 2 * pw
+    if phases == 1:
+        padded = k.alloc("conv2d_pad", (n, c, height, width), x.dtype)
+    else:
+        shape = (n, c, height, phases, -(-width // phases))
+        padded = k.alloc("conv2d_pad", shape, x.dtype)
+
+    def border(i: tuple[Expr, ...]) -> Expr:
+        column = i[3] if phases == 1 else affine([(i[4], phases), (i[3], 1)])
+        inner = (i[0], i[1], affine([(i[2], 1)], -ph), add(column, -pw))
+        return guarded_value(k, x, inner, const(0, x.dtype))
+
+    k.compute("conv2d_pad", padded, border)
+    return padded
 
 
 def _conv2d_flops(op: Op) -> int:

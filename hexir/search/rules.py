@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from hexir.errors import ScheduleError
-from hexir.ir.tir import AUTO_UNROLL_KEY, Block, BufferStore, For, PrimFunc, Select
+from hexir.ir.tir import AUTO_UNROLL_KEY, Block, BufferLoad, BufferStore, For, PrimFunc, Select
 from hexir.schedule import INLINE, ROOT, BlockRV, LoopRV, Schedule
 from hexir.search.analysis import (
     block_named,
@@ -39,7 +39,8 @@ def auto_inline(sch: Schedule, keep_padding: bool = False) -> None:
     """Inline every elementwise producer of an intermediate into its consumers, then fold
     every elementwise consumer into an elementwise producer, until neither applies. With
     `keep_padding` (the CPU), a zero border feeding a contraction stays a stage of its own
-    (conv2d's `conv2d_pad`): inlined, its guard would run at every multiply-add."""
+    (conv2d's `conv2d_pad`): inlined, its guard would run at every multiply-add (and a copy
+    split by phase would be read with a stride again)."""
     while _inline_one(sch, keep_padding):
         pass
 
@@ -63,9 +64,13 @@ def _inline_one(sch: Schedule, keep_padding: bool) -> bool:
 
 
 def _pads_a_contraction(func: PrimFunc, block: Block) -> bool:
-    """A guarded copy (a select of a load, as padding stores) read by a block with reuse."""
+    """A guarded copy (a select of a load, as padding stores), or a copy into more axes than
+    it reads (a depthwise conv's columns split by phase), read by a block with reuse."""
     body = block.body
-    if not isinstance(body, BufferStore) or not isinstance(body.value, Select):
+    if not isinstance(body, BufferStore):
+        return False
+    relaid = isinstance(body.value, BufferLoad) and len(body.value.indices) < len(body.indices)
+    if not isinstance(body.value, Select) and not relaid:
         return False
     return any(has_reuse(c) for c in consumers(func, block))
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import hexir
+from hexir.codegen.c import generate_c
 from hexir.codegen.gpu_verify import verify_gpu
 from hexir.frontend import zoo
 from hexir.graph.fusion import partition
@@ -193,6 +194,43 @@ def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weigh
     assert "select" not in str(conv.body)
     kinds = [lp.kind for lp in _loops(sch.func)]
     assert "parallel" in kinds and "vectorized" in kinds
+    check_on_cpu(func, sch.func, rng)
+
+
+@pytest.mark.parametrize(
+    "shape,stride,padding,dilation",
+    [
+        ((16, 19, 19), 1, 1, 1),
+        ((16, 19, 21), 2, 1, 1),  # odd widths: a ragged last phase column
+        ((8, 16, 16), 2, 0, 1),  # unpadded: the copy only splits the phases
+        ((8, 17, 17), 2, 2, 2),  # dilated: every window column in phase 0
+        ((24, 7, 7), 1, 1, 1),  # rows narrower than a vector: the window unrolled
+    ],
+)
+def test_cpu_depthwise_conv2d_vectorizes_output_columns_copying_its_planes_per_job(
+    shape, stride, padding, dilation, rng
+):
+    # Each channel is a plane of its own in NCHW: the vector loop runs along the output's
+    # columns, reading the zero-bordered copy with unit stride; with a column stride the copy
+    # splits the columns by phase ([.., q, j] holds column j*2 + q). The copy is made per
+    # parallel job (its channels), and its border guards partition away in the C.
+    c, h, w = shape
+    func = hexir.workload("conv2d", N=1, C=c, H=h, W=w, K=c, R=3, S=3, stride=stride,
+                          padding=padding, dilation=dilation, groups=c)  # fmt: skip
+    copy_shape = "x".join(map(str, (1, c, h + 2 * padding)))
+    split = f"x2x{-(-(w + 2 * padding) // 2)}" if stride > 1 else f"x{w + 2 * padding}"
+    assert f"alloc %conv2d_pad: buffer<{copy_shape}{split}xf32>" in str(func)
+    sch = default_schedule(func, "cpu")
+    loops = list(_loops(sch.func))
+    assert loops[0].kind == "parallel" and sum(lp.kind == "parallel" for lp in loops) == 1
+    assert {b.name for b in all_blocks(loops[0].body)} >= {"conv2d_pad", "conv2d"}
+    conv = next(b for b in all_blocks(sch.func.body) if b.name == "conv2d")
+    vector = {lp.var for lp in loops if lp.kind == "vectorized"}
+    (_, _, _, column, *_) = conv.iter_vars
+    assert vector & hexir.ir.visit.free_vars(column.binding)  # the output's columns
+    source = generate_c(sch.func)
+    copy = source[source.index("block conv2d_pad") : source.index("block conv2d_init")]
+    assert "?" not in copy  # the copy's border guards partitioned away
     check_on_cpu(func, sch.func, rng)
 
 
