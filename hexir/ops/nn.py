@@ -280,14 +280,22 @@ def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
     even unpadded, with its columns split by phase: [N, C, H', s, W'/s], column j * s + q at
     [.., q, j], so that the conv reads the columns of each window offset with unit stride
     in the output column (x[.., rw % s, ow + rw // s]): it vectorizes along output columns,
-    as its channels (each a plane of its own in NCHW) cannot without a transposing copy."""
+    as its channels (each a plane of its own in NCHW) cannot without a transposing copy.
+
+    A strided 1x1 conv (ResNet's projections) first gathers the pixels it reads into a compact
+    image (`conv2d_stride`) and then runs unstrided: every pass of the contraction over its
+    input then reads a quarter of the bytes (1024x14x14 -> 2048 with stride 2: 0.91x the
+    time)."""
     x, w = args
     (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
     (dh, dw), groups = attr_ints(op, "dilation"), attr_int(op, "groups")
     k_per_group, c_per_group = out.shape[1] // groups, w.shape[1]
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
     phases = sw if groups > 1 and c_per_group == 1 and sw > 1 else 1
-    if ph or pw or phases > 1:
+    if w.shape[2:4] == (1, 1) and not (ph or pw) and (sh, sw) != (1, 1):
+        x = _strided_copy(k, x, (sh, sw), out.shape[2:])
+        (sh, sw) = (1, 1)
+    elif ph or pw or phases > 1:
         x = _padded_copy(k, x, ph, pw, phases)
 
     def value(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
@@ -309,6 +317,15 @@ def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
         return x[(n, channel, h, *columns)] * w[kk, c, rh, rw]
 
     k.reduce("conv2d", out, w.shape[1:4], value)
+
+
+def _strided_copy(k: Kernel, x: Buffer, stride: tuple[int, int], size: tuple[int, ...]) -> Buffer:
+    """`conv2d_stride`: the pixels a strided 1x1 conv reads, gathered into a compact image."""
+    n, c = x.shape[:2]
+    picked = k.alloc("conv2d_stride", (n, c, *size), x.dtype)
+    k.compute("conv2d_stride", picked,
+              lambda i: x[i[0], i[1], mul(i[2], stride[0]), mul(i[3], stride[1])])  # fmt: skip
+    return picked
 
 
 def _padded_copy(k: Kernel, x: Buffer, ph: int, pw: int, phases: int) -> Buffer:

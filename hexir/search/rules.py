@@ -11,7 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 
 from hexir.errors import ScheduleError
-from hexir.ir.tir import AUTO_UNROLL_KEY, Block, BufferLoad, BufferStore, For, PrimFunc, Select
+from hexir.ir.tir import (
+    AUTO_UNROLL_KEY,
+    Binary,
+    Block,
+    BufferLoad,
+    BufferStore,
+    For,
+    PrimFunc,
+    Select,
+)
 from hexir.schedule import INLINE, ROOT, BlockRV, LoopRV, Schedule
 from hexir.search.analysis import (
     block_named,
@@ -64,12 +73,17 @@ def _inline_one(sch: Schedule, keep_padding: bool) -> bool:
 
 
 def _pads_a_contraction(func: PrimFunc, block: Block) -> bool:
-    """A guarded copy (a select of a load, as padding stores), or a copy into more axes than
-    it reads (a depthwise conv's columns split by phase), read by a block with reuse."""
+    """A guarded copy (a select of a load, as padding stores), a copy into more axes than it
+    reads (a depthwise conv's columns split by phase) or of every s-th element (a strided 1x1
+    conv's pixels), read by a block with reuse."""
     body = block.body
     if not isinstance(body, BufferStore):
         return False
-    relaid = isinstance(body.value, BufferLoad) and len(body.value.indices) < len(body.indices)
+    load = body.value
+    relaid = isinstance(load, BufferLoad) and (
+        len(load.indices) < len(body.indices)
+        or any(isinstance(i, Binary) and i.op == "*" for i in load.indices)
+    )
     if not isinstance(body.value, Select) and not relaid:
         return False
     return any(has_reuse(c) for c in consumers(func, block))

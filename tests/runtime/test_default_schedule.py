@@ -237,6 +237,20 @@ def test_cpu_depthwise_conv2d_vectorizes_output_columns_copying_its_planes_per_j
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize("stride", [(2, 2), (3, 1)])
+def test_cpu_strided_1x1_conv2d_gathers_its_pixels_then_runs_unstrided(stride, rng):
+    # The pixels a strided 1x1 conv reads are copied into a compact image once (a stage the
+    # default keeps), so each pass of the contraction reads only them.
+    func = hexir.workload("conv2d", N=1, C=8, H=15, W=14, K=32, R=1, S=1, stride=stride)
+    oh, ow = -(-15 // stride[0]), -(-14 // stride[1])
+    assert f"alloc %conv2d_stride: buffer<1x8x{oh}x{ow}xf32>" in str(func)
+    sch = default_schedule(func, "cpu")
+    assert {"conv2d_stride", "conv2d"} <= {b.name for b in all_blocks(sch.func.body)}
+    conv = next(b for b in all_blocks(sch.func.body) if b.name == "conv2d")
+    assert conv.reads[0].buffer.name == "conv2d_stride"
+    check_on_cpu(func, sch.func, rng)
+
+
 @pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
 def test_cpu_strided_pools_run_per_output_row_with_the_window_unrolled(op, rng):
     # A 3x3 stride-2 window does not vectorize along the row: the outer loops run in
