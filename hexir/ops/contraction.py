@@ -11,9 +11,9 @@ import numpy as np
 
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
-from hexir.ir.tir import Buffer
+from hexir.ir.tir import Binary, Buffer, Expr, IntImm
 from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, onnx_same, operand_names
-from hexir.ops.compute import Kernel
+from hexir.ops.compute import Kernel, floordiv
 from hexir.ops.numeric import Attrs, wide
 
 
@@ -24,33 +24,80 @@ def _contraction_flops(op: Op) -> int:
 
 
 def _matmul_infer(c: Check) -> TensorType:
-    a, b = c.ranks(2, 2)
+    block = c.integer("weight_block", minimum=1) if c.raw.get("weight_block") else 0
+    a, b = c.ranks(2, 3 if block else 2)
     c.dtype_in("numeric", 0)
     dtype = c.same_dtype()
-    if a.shape[1] != b.shape[0]:
+    if block and b.shape[2] != block:
+        fail(f"weight_block={block} needs b of shape [N/{block}, K, {block}], b is {dims(b)}")
+    k, n = matmul_weight_shape(b.shape)
+    if a.shape[1] != k:
         fail(f"inner dimensions differ: a is {dims(a)}, b is {dims(b)}")
-    return TensorType((a.shape[0], b.shape[1]), dtype)
+    return TensorType((a.shape[0], n), dtype)
+
+
+def matmul_weight_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """A matmul's b as (K, N), plain ([K, N]) or blocked ([N/b, K, b])."""
+    if len(shape) == 3:
+        blocks, k, b = shape
+        return k, blocks * b
+    k, n = shape
+    return k, n
+
+
+def block_matmul_weight(b: np.ndarray, block: int) -> np.ndarray:
+    """A [K, N] matmul operand with its columns in blocks of `block`, innermost: [N/b, K, b]
+    (what a matmul of weight_block=b reads: each column panel contiguous)."""
+    k, n = b.shape
+    return np.ascontiguousarray(b.reshape(k, n // block, block).transpose(1, 0, 2))
+
+
+def unblock_matmul_weight(b: np.ndarray) -> np.ndarray:
+    """The [K, N] operand of a blocked one ([N/b, K, b])."""
+    blocks, k, block = b.shape
+    return b.transpose(1, 0, 2).reshape(k, blocks * block)
 
 
 def _matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    return np.matmul(wide(xs[0]), wide(xs[1]))
+    """matmul's and batch_matmul's: a blocked b (matmul's weight_block) unblocked first."""
+    b = unblock_matmul_weight(xs[1]) if attrs.get("weight_block") else xs[1]
+    return np.matmul(wide(xs[0]), wide(b))
 
 
 def _matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     a, b = args
-    k.reduce("matmul", out, a.shape[-1:], lambda s, r: a[s[0], r[0]] * b[r[0], s[1]])
+    block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
+
+    def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
+        if block:
+            return (
+                a[s[0], r[0]]
+                * b[floordiv(s[1], block), r[0], Binary("floormod", s[1], IntImm(block))]
+            )
+        return a[s[0], r[0]] * b[r[0], s[1]]
+
+    k.reduce("matmul", out, a.shape[-1:], product)
+
+
+def _matmul_export(ex: Exporter, op: Op) -> None:
+    names = operand_names(op)
+    if op.attr("weight_block"):  # back to [K, N] (ONNX Runtime folds it at load time)
+        k, n = matmul_weight_shape(op.operands[1].type.shape)
+        moved = ex.node("Transpose", [names[1]], perm=[1, 0, 2])
+        names[1] = ex.node("Reshape", [moved, ex.ints((k, n), f"{op.result.name}.b")])
+    ex.node("MatMul", names, op.result.name)
 
 
 MATMUL = OpDef(
     "matmul",
-    "a[M,K] · b[K,N]",
+    "a[M,K] · b[K,N] (weight_block=b: b's columns in blocks of b, innermost, [N/b, K, b])",
     ("a", "b"),
-    (),
+    ("weight_block",),
     infer=_matmul_infer,
     fusion=Pattern.OUT_FUSABLE,
     evaluate=_matmul_evaluate,
     lower=_matmul_lower,
-    export=onnx_same("MatMul"),
+    export=_matmul_export,
     flops=_contraction_flops,
 )
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from hexir.ir.graph import Graph, Value
 from hexir.ops.builder import GraphBuilder
+from hexir.ops.contraction import block_matmul_weight
 from hexir.ops.nn import block_conv_weight
 
 # The cases' constants are built at import time: a fixed seed, the same in every test.
@@ -49,6 +50,11 @@ POSITIVE = {"log", "sqrt", "rsqrt", "power"}  # cases whose inputs must be posit
 # case id -> (graph, inputs positive?)
 CASES: dict[str, Graph] = {
     "matmul": one_op("matmul", [((4, 5), F), ((5, 3), F)], lambda b, x, y: b.matmul(x, y)),
+    "matmul_blocked": one_op(
+        "matmul_blocked",
+        [((4, 5), F)],
+        lambda b, x: b.matmul(x, b.constant(block_matmul_weight(_w(5, 12), 4)), weight_block=4),
+    ),
     "batch_matmul": one_op(
         "batch_matmul", [((2, 4, 5), F), ((2, 5, 3), F)], lambda b, x, y: b.batch_matmul(x, y)
     ),

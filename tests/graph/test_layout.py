@@ -10,11 +10,14 @@ from hexir.graph.evaluate import evaluate
 from hexir.graph.fusion import fused_kernels
 from hexir.graph.layout import layout_weights
 from hexir.ops.builder import GraphBuilder
+from hexir.runtime.default_schedule import default_schedule
 
 
-def _mlp(rng: np.random.Generator, weight_is_input: bool = False) -> tuple[hexir.Graph, dict]:
+def _mlp(
+    rng: np.random.Generator, weight_is_input: bool = False, rows: int = 6
+) -> tuple[hexir.Graph, dict]:
     b = GraphBuilder("mlp")
-    x = b.input("x", (6, 24))
+    x = b.input("x", (rows, 24))
     w1 = rng.standard_normal((40, 24), dtype=np.float32)
     w2 = rng.standard_normal((8, 40), dtype=np.float32)
     bias = rng.standard_normal(40, dtype=np.float32)
@@ -24,27 +27,59 @@ def _mlp(rng: np.random.Generator, weight_is_input: bool = False) -> tuple[hexir
     return graph, {"w1": w1, "w2": w2, "bias": bias}
 
 
-def test_dense_of_a_constant_weight_becomes_a_matmul_of_its_transpose(rng):
+def test_dense_of_a_constant_weight_becomes_a_matmul_of_its_transpose_in_panels(rng):
+    # 6 rows: the weight transposed to [K, N] and cut into panels of the register tile's
+    # width (8 columns: no 16 divides 40), [N/8, K, 8], each panel contiguous.
     graph, data = _mlp(rng)
     after = layout_weights(graph)
+    matmuls = [op for op in after.ops if op.kind == "matmul"]
     assert [op.kind for op in after.ops if op.kind != "constant"] == [
         "matmul", "bias_add", "relu", "matmul"
     ]  # fmt: skip
+    assert [op.attr("weight_block") for op in matmuls] == [8, 8]
     assert after.outputs == graph.outputs and after.inputs == graph.inputs
     names = {name for name, _ in after.constants}
-    assert "w1" not in names and "w2" not in names  # only the transposed copies are kept
-    np.testing.assert_array_equal(after.constant("w1_t"), data["w1"].T)
+    assert {"w1_t_8n", "w2_t_8n"} <= names and not {"w1", "w2", "w1_t"} & names
+    panels = after.constant("w1_t_8n")
+    assert panels.shape == (5, 24, 8) and panels.flags.c_contiguous
+    np.testing.assert_array_equal(panels[2], data["w1"].T[:, 16:24])
     x = rng.standard_normal((6, 24), dtype=np.float32)
     (got,) = hexir.compile(graph).run([x])
     (want,) = evaluate(graph, [x])  # numpy semantics of the graph as given
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_the_module_holds_the_transposed_constants_and_no_kernel_transposes_them(rng):
+def test_a_single_row_keeps_the_transposed_weight_whole(rng):
+    # A matrix-vector product reads each weight row once, contiguously: no panels.
+    graph, data = _mlp(rng, rows=1)
+    after = layout_weights(graph)
+    assert [op.attr("weight_block") for op in after.ops if op.kind == "matmul"] == [None, None]
+    np.testing.assert_array_equal(after.constant("w1_t"), data["w1"].T)
+    x = rng.standard_normal((1, 24), dtype=np.float32)
+    (got,) = hexir.compile(graph).run([x])
+    np.testing.assert_allclose(got, evaluate(graph, [x])[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_matmul_of_a_constant_takes_it_in_panels_that_its_kernel_reads_in_place(rng):
+    b = GraphBuilder("proj")
+    x = b.input("x", (12, 32))
+    w = rng.standard_normal((32, 48), dtype=np.float32)
+    graph = b.build(b.matmul(x, b.constant(w, name="w")))
+    module = hexir.compile(graph)
+    (panels,) = (a for a in module.constants.values() if a.ndim == 3)
+    assert panels.shape == (3, 32, 16)  # 16 columns: AVX2's 6 x 2-vector tile
+    _, kernels = fused_kernels(layout_weights(graph))
+    (func,) = (f for _, f in kernels)
+    assert "_global" not in str(default_schedule(func).func)  # nothing packed per call
+    a = rng.standard_normal((12, 32), dtype=np.float32)
+    np.testing.assert_allclose(module.run([a])[0], a @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_the_module_holds_the_laid_out_constants_and_no_kernel_transposes_them(rng):
     graph, data = _mlp(rng)
     module = hexir.compile(graph)
     shapes = sorted(a.shape for a in module.constants.values())
-    assert shapes == [(24, 40), (40,), (40, 8)]  # [K, N] each: laid out once, at compile time
+    assert shapes == [(1, 40, 8), (5, 24, 8), (40,)]  # laid out once, at compile time
     assert all("dense" not in r.name and "transpose" not in r.name for r in module.report)
     # Each matmul reads its weight along N with unit stride: its pack is a copy of a panel.
     _, kernels = fused_kernels(graph)
@@ -71,7 +106,8 @@ def test_the_knob_keeps_the_weights_as_they_are(rng):
 
 
 def _convs(rng: np.random.Generator) -> hexir.Graph:
-    """A 3x3 conv (laid out in blocks), a 1x1 and a grouped one (kept KCRS)."""
+    """A 3x3 conv (laid out in blocks of the vector width), a 1x1 (in its register tile's
+    panels) and a grouped one (kept KCRS)."""
     b = GraphBuilder("convs")
     x = b.input("x", (1, 8, 10, 10))
     w3 = rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
@@ -82,18 +118,24 @@ def _convs(rng: np.random.Generator) -> hexir.Graph:
     return b.build(b.conv2d(h, b.constant(wg, name="wg"), padding=1, groups=2))
 
 
-def test_a_windowed_conv_takes_its_constant_weight_in_panels_of_the_vector_width(rng):
+def test_convs_take_their_constant_weights_in_the_panels_their_kernels_read(rng):
     from hexir.ops.nn import unblock_conv_weight
     from hexir.runtime.target import Target
+    from hexir.search.sketch_cpu import register_tile
 
     graph = _convs(rng)
-    lanes = Target("cpu").vector_width
-    after = layout_weights(graph, Target("cpu"))
+    target = Target("cpu")
+    lanes = target.vector_width
+    panel, _ = register_tile(16, 10, target)  # the 1x1's: 16 filters by 10-pixel rows
+    after = layout_weights(graph, target)
     convs = [op for op in after.ops if op.kind == "conv2d"]
-    assert [op.attr("weight_block") for op in convs] == [lanes, None, None]
+    assert [op.attr("weight_block") for op in convs] == [lanes, panel, None]
     packed = after.constant(convs[0].operands[1].name)
     assert packed.shape == (16 // lanes, 8, 3, 3, lanes)
     np.testing.assert_array_equal(unblock_conv_weight(packed), graph.constant("w3"))
+    pointwise = after.constant(convs[1].operands[1].name)
+    assert pointwise.shape == (16 // panel, 16, 1, 1, panel)
+    np.testing.assert_array_equal(unblock_conv_weight(pointwise), graph.constant("w1"))
     assert after.outputs == graph.outputs
     assert layout_weights(graph, Target("cuda")) == graph  # the GPU's kernels read KCRS
     x = rng.standard_normal((1, 8, 10, 10), dtype=np.float32)
@@ -103,7 +145,8 @@ def test_a_windowed_conv_takes_its_constant_weight_in_panels_of_the_vector_width
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     # Laid out once, here: the kernel of the blocked conv reads its weight in place, no pack.
     assert any(a.shape == packed.shape for a in module.constants.values())
-    first = next(r for r in module.report if r.ops[0] == "conv2d")
-    assert "cache_read" not in str(first.trace)
+    blocked, pointwise_kernel = [r for r in module.report if r.ops[0] == "conv2d"][:2]
+    for report in (blocked, pointwise_kernel):
+        assert "read_buffer_index=1" not in str(report.trace)  # no pack of the weight
     with knobs.scope(pack_weights=False):
         assert layout_weights(graph, Target("cpu")) == graph
