@@ -277,11 +277,11 @@ def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -
     keeps rows x panel/lanes accumulators, one vector of the packed operand per column vector,
     a broadcast and one spare in registers (AVX2's 16: 6 rows x 2 vectors; AVX-512's 32: 6 x
     4; a tile that fills every register spills: 4 x 3 vectors runs 0.84x 6 x 2 on AVX2);
-    a two-vector panel also takes one row more where that row count divides the rows exactly,
+    a two-vector panel also takes one row more where the rows are one or two such tiles,
     GCC then feeding one panel vector to the FMAs from memory (AVX2's 7 x 2 on the 7 and 14
-    columns of a 1x1 conv's image: 2048x7x7 -> 512 at 1.3x, 512x7x7 -> 2048 at 1.5x the 6 x
-    2 tile and its guarded 1-row tail; on 1024^3, where 7 does not divide, 6 x 2 runs 1.15x
-    7 x 2). The
+    columns of a 1x1 conv's image: 2048x7x7 -> 512 at 1.4x, 512x7x7 -> 2048 at 1.4x,
+    256x14x14 -> 1024 at 1.1x the 6 x 2 tile and its guarded tail; on 56 columns, where
+    that tail is one tile in ten, 6 x 2 runs 1.1x 7 x 2, and 1.15x on 1024^3). The
     panel is a multiple of the lanes dividing `vector` (else its largest divisor up to four
     vectors); with `ragged` the rows need not divide `rows` (the last tile is guarded), and
     are scored by the multiply-adds per step averaged over the tiles, the guarded tail
@@ -305,8 +305,10 @@ def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -
         vectors = -(-panel // lanes)
         most = max(1, min(MAX_UNROLLED_ROWS, (registers - vectors - 2) // vectors, rows))
         candidates += [(panel, r) for r in range(1, most + 1) if ragged or rows % r == 0]
-        extra = most + 1  # every register taken: the FMA reads one panel vector from memory
-        if ragged and vectors == 2 and extra <= min(MAX_UNROLLED_ROWS, rows) and rows % extra == 0:
+        # Every register taken (the FMA reads one panel vector from memory): only where the
+        # guarded tail of `most` rows would waste a quarter of the tiles or more.
+        extra = most + 1
+        if ragged and vectors == 2 and extra <= MAX_UNROLLED_ROWS and rows in (extra, 2 * extra):
             candidates.append((panel, extra))
 
     def score(tile: tuple[int, int]) -> tuple[float, int, int]:

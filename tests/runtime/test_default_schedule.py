@@ -65,7 +65,7 @@ def test_cpu_matmul_gets_the_hand_schedule_shape_with_no_draw(rng):
         (8, 16, 768, 128, (16, 6)),
         (8, 16, 512, 7, (16, 7)),  # 7 rows exactly beat 6 + a guarded 1: 7 x 2, every register
         (8, 16, 2048, 14, (16, 7)),
-        (8, 16, 1024, 56, (16, 7)),
+        (8, 16, 1024, 56, (16, 6)),  # a guarded tail of 2 rows in ten tiles: 6 x 2
         (8, 16, 96, 1021, (16, 6)),  # 7 does not divide: 6 x 2 and a guarded tail
         (8, 16, 1000, 1, (8, 1)),  # 1000 = 125 x 8: one vector panels
         (16, 32, 1024, 1024, (64, 6)),  # AVX-512: 24 accumulators
