@@ -466,3 +466,23 @@ def test_a_zero_bordered_copy_is_a_plain_copy_inside_its_border(rng):
     assert "?" not in source and "hx_max_i32" not in source
     x = rng.standard_normal((2, 3, 7, 7), dtype=np.float32)
     np.testing.assert_array_equal(run(func, x), np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))))
+
+
+def test_the_pieces_of_a_partitioned_loop_keep_their_own_register_tiles(rng):
+    """A ragged last column panel is a piece of its own, with guarded scalar accesses to its
+    accumulator; the main panels' accumulator is a buffer of its own still, an array of
+    vectors (in registers), not memory shared with the tail."""
+    import re
+
+    from hexir.runtime.default_schedule import default_schedule
+
+    func = hexir.workload("matmul", M=600, N=197, K=16)
+    kernel = build(default_schedule(func, "cpu").func)
+    declared = set(re.findall(r"\n\s*((?:hx_f32x\d+|float) C_local\w*)\[", kernel.source))
+    assert any(d.startswith("hx_f32x") and d.endswith(" C_local") for d in declared)
+    assert any(d.endswith("C_local_p1") for d in declared)
+    a = rng.standard_normal((600, 16), dtype=np.float32)
+    b = rng.standard_normal((16, 197), dtype=np.float32)
+    c = np.full((600, 197), np.nan, np.float32)
+    kernel(a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
