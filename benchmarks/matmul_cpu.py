@@ -2,6 +2,11 @@
 
     python benchmarks/matmul_cpu.py [--mr 6] [--nr 16] [--rounds 3]   # AVX-512: --nr 64
 
+Then, for 1024^3, 2048^3 and the transformer shapes (M x N x K, the weight B a constant), the
+default schedule as a compiled model runs it: B laid out at compile time in the column panels
+of its register tile (hexir/graph/layout.py, `weight_block`), against numpy's A @ B (a fresh
+process per shape and round; `--no-shapes` skips this table).
+
 The schedule is a Trace written with the public primitives: B packed per NR-column panel
 (cache_read into a `global` buffer, compute_at the panel loop, so the panel [K][NR] sits in
 L2), an MR x NR accumulator tile in vector registers (cache_write `local`, reverse_compute_at
@@ -20,14 +25,27 @@ import os
 import statistics
 
 import numpy as np
-from quiet import has_avx512, numpy_matmul_gflops
+from quiet import has_avx512, numpy_matmul_gflops, numpy_matmul_seconds
 
 import hexir
 from hexir import knobs
+from hexir.graph.fusion import fused_kernels
+from hexir.runtime.default_schedule import default_schedule
+from hexir.runtime.kernel import CpuKernel
 from hexir.schedule.handwritten import cpu_schedule
 
 SIZE = 1024
 FLOP = 2 * SIZE**3
+# M x N x K: the square sizes, and bert's and ViT's projections and MLP (128 or 197 tokens).
+SHAPES = (
+    (1024, 1024, 1024),
+    (2048, 2048, 2048),
+    (128, 768, 768),
+    (128, 3072, 768),
+    (128, 768, 3072),
+    (197, 768, 768),
+    (197, 3072, 768),
+)
 
 
 def schedule(func: hexir.PrimFunc, mr: int, nr: int) -> hexir.Schedule:
@@ -50,6 +68,7 @@ def main() -> None:
     parser.add_argument("--mr", type=int, default=6)
     parser.add_argument("--nr", type=int, default=16 if not has_avx512() else 64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-shapes", action="store_true", help="skip the table of shapes")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -103,6 +122,42 @@ def main() -> None:
         g = gflops(seconds)
         print(f"{name:40} {seconds * 1e3:9.2f} {g:9.1f} {g / base:8.2f} {g / avx512:10.2f}")
     print(f"ratio {gflops(rows[list(rows)[-1]]) / base:.3f}")
+    if not args.no_shapes:
+        shapes_table(args.rounds)
+
+
+def compiled_kernel(m: int, n: int, k: int, b: np.ndarray) -> tuple[CpuKernel, np.ndarray]:
+    """The default-schedule kernel of x @ B for a constant B, as a model compiles it, and the
+    weight as that kernel reads it (laid out at compile time)."""
+    builder = hexir.GraphBuilder("matmul")
+    graph = builder.build(builder.matmul(builder.input("x", (m, k)), builder.constant(b)))
+    laid_out, groups = fused_kernels(graph, hexir.Target("cpu"))
+    ((_, func),) = groups
+    (weight,) = (laid_out.constant(name) for name, _ in laid_out.constants)
+    return hexir.build(default_schedule(func, "cpu").func), np.ascontiguousarray(weight)
+
+
+def shapes_table(rounds: int) -> None:
+    rng = np.random.default_rng(0)
+    print("\nfloat32 matmul, default schedule with B laid out as compiled, against numpy (medians)")
+    heads = ("hexir ms", "GFLOP/s", "numpy ms", "GFLOP/s", "x numpy")
+    print(f"{'M x N x K':>18} " + " ".join(f"{h:>9}" for h in heads))
+    for m, n, k in SHAPES:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        kernel, weight = compiled_kernel(m, n, k, b)
+        c = np.full((m, n), np.nan, np.float32)
+        kernel(a, weight, c)
+        np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-3)
+        ours, theirs = [], []
+        for _ in range(rounds):  # alternate, so drift on a shared machine hits both
+            theirs.append(numpy_matmul_seconds(m, n, k))
+            ours.append(kernel.time(a, weight, c))
+        t, tn = statistics.median(ours), statistics.median(theirs)
+        flop = 2 * m * n * k
+        name = f"{m} x {n} x {k}"
+        print(f"{name:>18} {t * 1e3:9.3f} {flop / t / 1e9:9.1f} {tn * 1e3:9.3f} "
+              f"{flop / tn / 1e9:9.1f} {tn / t:9.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,17 +20,18 @@ import sys
 import hexir
 
 SIZE = 1024
-CHILD = f"""
+SHAPED = """
 import time, statistics, numpy as np
 rng = np.random.default_rng(1)
-a = rng.standard_normal(({SIZE}, {SIZE}), dtype=np.float32)
-b = rng.standard_normal(({SIZE}, {SIZE}), dtype=np.float32)
-a @ b; a @ b
+a = rng.standard_normal(({m}, {k}), dtype=np.float32)
+b = rng.standard_normal(({k}, {n}), dtype=np.float32)
+c = a @ b; np.matmul(a, b, out=c)
 times = []
 while len(times) < 10 or sum(times) < 0.3:
-    t = time.perf_counter(); a @ b; times.append(time.perf_counter() - t)
+    t = time.perf_counter(); np.matmul(a, b, out=c); times.append(time.perf_counter() - t)
 print(statistics.median(times))
 """
+CHILD = SHAPED.format(m=SIZE, n=SIZE, k=SIZE)
 
 
 def has_avx512() -> bool:
@@ -47,6 +48,18 @@ def numpy_matmul_gflops(coretype: str | None = None) -> float:
         [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True
     )
     return 2 * SIZE**3 / float(out.stdout.strip()) / 1e9
+
+
+def numpy_matmul_seconds(m: int, n: int, k: int, coretype: str | None = None) -> float:
+    """numpy's median seconds for a float32 (m x k) @ (k x n), in a fresh process."""
+    env = dict(os.environ)
+    if coretype is not None:
+        env["OPENBLAS_CORETYPE"] = coretype
+    child = SHAPED.format(m=m, n=n, k=k)
+    out = subprocess.run(
+        [sys.executable, "-c", child], env=env, capture_output=True, text=True, check=True
+    )
+    return float(out.stdout.strip())
 
 
 def numpy_matmul_line() -> str:
