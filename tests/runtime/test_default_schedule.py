@@ -115,15 +115,21 @@ def test_ragged_register_rows_compute_the_same_values(M, N, K, rng):
     check_on_cpu(func, default_schedule(func, "cpu").func, rng)
 
 
-@pytest.mark.parametrize("N, K", [(768, 96), (200, 30)])
+@pytest.mark.parametrize("N, K", [(768, 96), (200, 30), (1000, 16)])
 def test_cpu_matrix_vector_products_give_each_core_one_stretch_of_every_weight_row(N, K, rng):
-    # One job per core (its columns inside the reduction), and GEMV_REDUCE_STEPS weight rows
-    # unrolled per pass over the accumulator (K = 30: the largest divisor up to it, 3).
+    # The fewest jobs the cores share evenly (their columns inside the reduction: one job per
+    # core where the panels allow; 1000 columns are 125 panels of 8, which 5 jobs would split
+    # 3 against 2 on 2 cores), and GEMV_REDUCE_STEPS weight rows unrolled per pass over the
+    # accumulator (K = 30: the largest divisor up to it, 3).
     func = hexir.workload("matmul", M=1, N=N, K=K)
     target = Target("cpu")
     sch = default_schedule(func, target)
     panel, _ = register_tile(N, 1, target)
-    jobs = next(d for d in range(target.num_cores, N // panel + 1) if (N // panel) % d == 0)
+    cores, panels = target.num_cores, N // panel
+    even = [
+        d for d in range(cores, panels + 1) if panels % d == 0 and -(-d // cores) * cores / d <= 1.1
+    ]
+    jobs = even[0]
     text = str(sch.trace)
     assert f"decision=[{jobs}, 1, {N // panel // jobs}, {panel}]" in text
     steps = max(d for d in range(1, GEMV_REDUCE_STEPS + 1) if K % d == 0)
