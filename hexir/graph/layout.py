@@ -49,6 +49,7 @@ from hexir.ops import make_op
 from hexir.ops.contraction import block_matmul_weight
 from hexir.ops.nn import block_conv_weight
 from hexir.runtime.target import Target
+from hexir.runtime.tiling import register_tile
 
 __all__ = ["layout_weights"]
 
@@ -101,8 +102,6 @@ def _panel(rows: int, columns: int, target: Target) -> int:
     """The column panel a CPU matmul of `rows` x `columns` tiles by (0: none, on other
     targets, for a single row, whose weight is read once in rows, or where no panel divides
     the columns)."""
-    from hexir.search.sketch_cpu import register_tile
-
     if target.kind != "cpu" or rows == 1:
         return 0
     panel, _ = register_tile(columns, rows, target)

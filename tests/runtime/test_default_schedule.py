@@ -13,9 +13,10 @@ from hexir.graph.fusion import partition
 from hexir.runtime.default_schedule import default_schedule
 from hexir.runtime.executor import simplify
 from hexir.runtime.target import Target
+from hexir.runtime.tiling import register_tile
 from hexir.schedule.common import all_blocks
 from hexir.schedule.compact import compact_buffers
-from hexir.search.sketch_cpu import GEMV_REDUCE_STEPS, register_tile
+from hexir.search.sketch_cpu import GEMV_REDUCE_STEPS
 
 
 def check_on_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc, rng: np.random.Generator) -> None:
