@@ -73,6 +73,8 @@ from hexir.search.rules import (
 )
 
 MAX_UNROLLED_WINDOW = 7
+# A windowed conv's reduction runs over blocks of this many input channels (`_channel_blocks`).
+CONV_CHANNEL_BLOCK = 64
 PACK_PROBABILITY = 0.5
 RFACTOR_PROBABILITY = 0.5
 MIN_RFACTOR_EXTENT = 32
@@ -139,18 +141,23 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     vector = 4 * target.vector_width
     limits = [MAX_UNROLLED_ROWS] * (len(spatial) - 1) + [vector]
     extents = [loop_of(sch, lp).extent for lp in spatial]
+    blocked_reduce = None
     if fixed:
         # One reduction (matmul, dense, a 1x1 conv) may take a ragged row tile; under a window
         # (a 3x3 conv) the rows-first tile runs faster (`register_tile`).
         single = sum(loop_of(sch, lp).extent > 1 for lp in reduce_) == 1
         windowed = vector_var is not None and _windowed(node, vector_var)
         tiles = default_tiles(extents, target, ragged=single, windowed=windowed)
+        if not single and not windowed:
+            blocked_reduce = _channel_blocks(tiles, [loop_of(sch, lp).extent for lp in reduce_])
         fixed_tiles = zip(spatial, tiles, limits, strict=True)
         s = [_split_fixed(sch, lp, tile, limit) for lp, tile, limit in fixed_tiles]
     else:
         s = split_all(sch, spatial, 4, limits)
     reduce_extents = [loop_of(sch, lp).extent for lp in reduce_]
     fixed_reduce = default_reduce_tiles(extents, reduce_extents, target) if fixed else None
+    if fixed and blocked_reduce:
+        fixed_reduce = blocked_reduce
     r = split_all(sch, reduce_, 2, [0] * len(reduce_), fixed_reduce)
     cache = _level(s, 1)
     # Ragged columns (no panel divides them): the panels run serially inside each job, first
@@ -177,7 +184,7 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     _register_tile(sch, _level(s, 3))
     if fixed:
         for loop in _level(r, 1):
-            if loop_of(sch, loop).extent > 1:
+            if 1 < loop_of(sch, loop).extent <= MAX_UNROLLED_WINDOW:
                 sch.unroll(loop)
         if windowed and tiles[-1][-1] < target.vector_width:
             # Rows narrower than a vector (7x7 images): the window unrolled runs its
@@ -191,6 +198,26 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
         _writeback_tile(sch, writeback, sch.get_loops(writeback)[-len(spatial) :], target)
     if not fixed:
         annotate_unroll(sch, outer)
+
+
+def _channel_blocks(tiles: list[list[int]], reduce_extents: list[int]) -> list[list[int]] | None:
+    """A windowed conv's reduction in blocks of CONV_CHANNEL_BLOCK input channels, the window
+    inside each block, and its image rows moved from the cache level to between the blocks
+    and the window (`tiles` changed in place): each job then sweeps every row of its output
+    channels per block of input channels, so the block's input rows and weight panel stay in
+    cache for all of them, the accumulators (rows x a register tile) in L1 between blocks.
+    None (nothing changed) unless the reduction is channels x rows x columns of a window with
+    more channels than a block, in whole blocks. 512x14x14 3x3 stride 2: 0.72x the time,
+    256x14x14 stride 1 0.82x; ResNet-18 0.89x, ResNet-50 0.93x (in one process, runs
+    alternating)."""
+    if len(reduce_extents) != 3 or len(tiles) < 3:
+        return None
+    channels, rows, columns = reduce_extents
+    if channels <= CONV_CHANNEL_BLOCK or channels % CONV_CHANNEL_BLOCK:
+        return None
+    outer, cached, inner, register = tiles[-3]  # the image rows (the vector loop is last)
+    tiles[-3] = [outer, 1, cached * inner, register]
+    return [[channels // CONV_CHANNEL_BLOCK, CONV_CHANNEL_BLOCK], [1, rows], [1, columns]]
 
 
 def _copies_per_job(sch: Schedule, block: BlockRV, outer: LoopRV) -> None:

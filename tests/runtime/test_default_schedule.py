@@ -244,6 +244,42 @@ def test_cpu_depthwise_conv2d_vectorizes_output_columns_copying_its_planes_per_j
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize("channels, stride", [(128, 1), (192, 2), (64, 1)])
+def test_cpu_conv2d_reduces_over_blocks_of_input_channels_with_its_rows_inside(
+    channels, stride, rng
+):
+    # More input channels than a block: the reduction runs over blocks of CONV_CHANNEL_BLOCK
+    # (the window inside each), and every output row of the job between the blocks and the
+    # window, its accumulators kept across blocks. 64 channels: one block, the plain order.
+    from hexir.search.sketch_cpu import CONV_CHANNEL_BLOCK
+
+    size = 9 * stride  # 9 or 10 output rows, more than the job loop takes
+    func = hexir.workload("conv2d", N=1, C=channels, H=size, W=size, K=64, R=3, S=3,
+                          stride=stride, padding=1)  # fmt: skip
+    sch = default_schedule(func, "cpu")
+    text = str(sch.trace)
+    blocks = channels // CONV_CHANNEL_BLOCK
+    if channels > CONV_CHANNEL_BLOCK:
+        assert f"decision=[{blocks}, {CONV_CHANNEL_BLOCK}]" in text
+        from hexir.ir.visit import free_vars
+        from hexir.search.analysis import loops_around
+
+        conv = next(b for b in all_blocks(sch.func.body) if b.name == "conv2d")
+        around = [lp.var for lp in loops_around(sch.func, conv)]
+        channel, row = conv.iter_vars[4].binding, conv.iter_vars[2].binding
+        c_loops = [around.index(v) for v in free_vars(channel)]
+        row_loops = [around.index(v) for v in free_vars(row) if v in around]
+        assert min(c_loops) < max(row_loops) < max(c_loops)  # rows between blocks and window
+    else:
+        assert f"decision=[{channels}, 1]" in text
+    x, w = (rng.standard_normal(b.shape).astype(b.dtype) for b in func.inputs)
+    (out,) = (np.full(b.shape, np.nan, b.dtype) for b in func.outputs)
+    hexir.build(sch.func, "cpu")(x, w, out)
+    (ref,) = hexir.reference(func, [x, w])
+    # Sums of channels x 9 products of unit normals: float32's error grows with their size.
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-6 * channels * 9)
+
+
 @pytest.mark.parametrize("stride", [(2, 2), (3, 1)])
 def test_cpu_strided_1x1_conv2d_gathers_its_pixels_then_runs_unstrided(stride, rng):
     # The pixels a strided 1x1 conv reads are copied into a compact image once (a stage the
