@@ -48,6 +48,7 @@ from hexir.ir.tir import (
     seq,
 )
 from hexir.ir.visit import children, free_vars, map_stmt, substitute, walk
+from hexir.schedule.cache import replace_buffer
 from hexir.schedule.common import conjoin, conjuncts
 
 UNROLL_MAX_EXTENT = 64
@@ -156,8 +157,6 @@ def _own_locals(parts: list[Stmt]) -> list[Stmt]:
     (`C_local`, `C_local_p1`, ...): one piece's guarded accesses (a ragged panel's scalar
     tail) then do not keep the others' register tiles in memory (`register_buffers` decides
     per buffer; a ragged matmul of 196 columns ran at 0.4x one of 192)."""
-    from hexir.schedule.cache import replace_buffer
-
     owned = [parts[0]]
     for n, part in enumerate(parts[1:], 1):
         for node in list(walk(part)):

@@ -14,7 +14,7 @@ from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm
 from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, onnx_same, operand_names
 from hexir.ops.compute import Kernel, floordiv
-from hexir.ops.numeric import Attrs, wide
+from hexir.ops.numeric import Attrs, block_axis, unblock_axis, unblock_perm, wide
 
 
 def _contraction_flops(op: Op) -> int:
@@ -48,14 +48,12 @@ def matmul_weight_shape(shape: tuple[int, ...]) -> tuple[int, int]:
 def block_matmul_weight(b: np.ndarray, block: int) -> np.ndarray:
     """A [K, N] matmul operand with its columns in blocks of `block`, innermost: [N/b, K, b]
     (what a matmul of weight_block=b reads: each column panel contiguous)."""
-    k, n = b.shape
-    return np.ascontiguousarray(b.reshape(k, n // block, block).transpose(1, 0, 2))
+    return block_axis(b, 1, block)
 
 
 def unblock_matmul_weight(b: np.ndarray) -> np.ndarray:
     """The [K, N] operand of a blocked one ([N/b, K, b])."""
-    blocks, k, block = b.shape
-    return b.transpose(1, 0, 2).reshape(k, blocks * block)
+    return unblock_axis(b, 1)
 
 
 def _matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
@@ -83,7 +81,7 @@ def _matmul_export(ex: Exporter, op: Op) -> None:
     names = operand_names(op)
     if op.attr("weight_block"):  # back to [K, N] (ONNX Runtime folds it at load time)
         k, n = matmul_weight_shape(op.operands[1].type.shape)
-        moved = ex.node("Transpose", [names[1]], perm=[1, 0, 2])
+        moved = ex.node("Transpose", [names[1]], perm=unblock_perm(1, 2))
         names[1] = ex.node("Reshape", [moved, ex.ints((k, n), f"{op.result.name}.b")])
     ex.node("MatMul", names, op.result.name)
 

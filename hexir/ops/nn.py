@@ -43,6 +43,7 @@ from hexir.ops.compute import (
 )
 from hexir.ops.numeric import (
     Attrs,
+    block_axis,
     f64,
     get_float,
     get_int,
@@ -51,6 +52,8 @@ from hexir.ops.numeric import (
     mean_of,
     on_axis,
     pad_hw,
+    unblock_axis,
+    unblock_perm,
     wide,
     windows,
 )
@@ -243,14 +246,12 @@ def conv_weight_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
 def block_conv_weight(w: np.ndarray, block: int) -> np.ndarray:
     """A KCRS conv2d weight with its filters in blocks of `block`, innermost: [K/b, C, R, S, b]
     (what a conv2d of weight_block=b reads: one vector of filters per input pixel, contiguous)."""
-    k, cg, r, s = w.shape
-    return np.ascontiguousarray(w.reshape(k // block, block, cg, r, s).transpose(0, 2, 3, 4, 1))
+    return block_axis(w, 0, block)
 
 
 def unblock_conv_weight(w: np.ndarray) -> np.ndarray:
     """The KCRS weight of a blocked one ([K/b, C, R, S, b])."""
-    blocks, cg, r, s, b = w.shape
-    return w.transpose(0, 4, 1, 2, 3).reshape(blocks * b, cg, r, s)
+    return unblock_axis(w, 0)
 
 
 def _conv2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
@@ -358,7 +359,7 @@ def _conv2d_export(ex: Exporter, op: Op) -> None:
     names = operand_names(op)
     k, cg, r, s = conv_weight_shape(op.operands[1].type.shape)
     if op.attr("weight_block"):  # back to KCRS (ONNX Runtime folds it at load time)
-        moved = ex.node("Transpose", [names[1]], perm=[0, 4, 1, 2, 3])
+        moved = ex.node("Transpose", [names[1]], perm=unblock_perm(0, 4))
         names[1] = ex.node("Reshape", [moved, ex.ints((k, cg, r, s), f"{op.result.name}.w")])
     ex.node(
         "Conv",

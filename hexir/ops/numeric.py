@@ -175,6 +175,34 @@ def windows(
     )
 
 
+def block_axis(a: np.ndarray, axis: int, block: int) -> np.ndarray:
+    """`a` with axis `axis` cut into blocks of `block`, the block index first and the place in
+    a block last (the `weight_block` layouts: conv2d's KCRS [K, C, R, S] on axis 0 ->
+    [K/b, C, R, S, b]; matmul's [K, N] on axis 1 -> [N/b, K, b])."""
+    shape = a.shape
+    split = a.reshape(*shape[:axis], shape[axis] // block, block, *shape[axis + 1 :])
+    rest = [d for d in range(a.ndim + 1) if d not in (axis, axis + 1)]
+    return np.ascontiguousarray(split.transpose(axis, *rest, axis + 1))
+
+
+def unblock_perm(axis: int, ndim: int) -> list[int]:
+    """The transpose that takes an array blocked on `axis` (`block_axis`, `ndim` axes before)
+    back to its axes' order, each block's index beside its place in the block: a reshape then
+    merges the two."""
+    others = [d for d in range(ndim) if d != axis]
+    perm: list[int] = []
+    for d in range(ndim):
+        perm += [0, ndim] if d == axis else [1 + others.index(d)]
+    return perm
+
+
+def unblock_axis(a: np.ndarray, axis: int) -> np.ndarray:
+    """The array `block_axis(x, axis, b)` was made from."""
+    moved = a.transpose(unblock_perm(axis, a.ndim - 1))
+    shape = moved.shape
+    return moved.reshape(*shape[:axis], shape[axis] * shape[axis + 1], *shape[axis + 2 :])
+
+
 def pad_hw(x: np.ndarray, padding: Sequence[int], value: float | int | bool) -> np.ndarray:
     ph, pw = padding
     return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)

@@ -84,7 +84,7 @@ def _pads_a_contraction(func: PrimFunc, block: Block) -> bool:
         len(load.indices) < len(body.indices)
         or any(isinstance(i, Binary) and i.op == "*" for i in load.indices)
     )
-    if not isinstance(body.value, Select) and not relaid:
+    if not isinstance(load, Select) and not relaid:
         return False
     return any(has_reuse(c) for c in consumers(func, block))
 

@@ -141,7 +141,8 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     vector = 4 * target.vector_width
     limits = [MAX_UNROLLED_ROWS] * (len(spatial) - 1) + [vector]
     extents = [loop_of(sch, lp).extent for lp in spatial]
-    blocked_reduce = None
+    reduce_extents = [loop_of(sch, lp).extent for lp in reduce_]
+    fixed_reduce = None
     if fixed:
         # One reduction (matmul, dense, a 1x1 conv) may take a ragged row tile; under a window
         # (a 3x3 conv) the rows-first tile runs faster (`register_tile`).
@@ -149,15 +150,13 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
         windowed = vector_var is not None and _windowed(node, vector_var)
         tiles = default_tiles(extents, target, ragged=single, windowed=windowed)
         if not single and not windowed:
-            blocked_reduce = _channel_blocks(tiles, [loop_of(sch, lp).extent for lp in reduce_])
+            fixed_reduce = _channel_blocks(tiles, reduce_extents)
+        if fixed_reduce is None:
+            fixed_reduce = default_reduce_tiles(extents, reduce_extents, target)
         fixed_tiles = zip(spatial, tiles, limits, strict=True)
         s = [_split_fixed(sch, lp, tile, limit) for lp, tile, limit in fixed_tiles]
     else:
         s = split_all(sch, spatial, 4, limits)
-    reduce_extents = [loop_of(sch, lp).extent for lp in reduce_]
-    fixed_reduce = default_reduce_tiles(extents, reduce_extents, target) if fixed else None
-    if fixed and blocked_reduce:
-        fixed_reduce = blocked_reduce
     r = split_all(sch, reduce_, 2, [0] * len(reduce_), fixed_reduce)
     cache = _level(s, 1)
     # Ragged columns (no panel divides them): the panels run serially inside each job, first
