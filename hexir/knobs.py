@@ -80,6 +80,11 @@ class Knobs:
     pack_weights: bool = field(
         default_factory=lambda: _env("HEXIR_PACK_WEIGHTS", "1") not in ("0", "false")
     )
+    # CPU modules: a planned run calls every command from one native function
+    # (hexir/runtime/native.py); off, Python calls each kernel in turn (to compare).
+    native_run: bool = field(
+        default_factory=lambda: _env("HEXIR_NATIVE_RUN", "1") not in ("0", "false")
+    )
     # CUDA builds: NVRTC's --use_fast_math (approximate exp, division, ...), and keeping the PTX.
     cuda_fast_math: bool = field(
         default_factory=lambda: _env("HEXIR_CUDA_FAST_MATH", "0") not in ("0", "false")

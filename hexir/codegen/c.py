@@ -378,6 +378,8 @@ class CPrinter:
 
     def loop_pragmas(self, loop: For) -> list[str]:
         """Pragmas before `loop`; they also mark what the loop's body runs inside."""
+        if loop.kind == "parallel" and loop.extent == 1:
+            return []  # one job: no threads to start
         if loop.kind == "parallel" and not (self._in_parallel or self._in_simd):
             self._uses_omp = self._in_parallel = True
             return ["#pragma omp parallel for num_threads(hx_num_threads())"]

@@ -11,6 +11,7 @@ An artifact is a zip archive (no pickle anywhere) holding:
     kernels/<i>.hextir     each scheduled kernel, in hextir text
     kernels/<i>.c|.cu      its generated source
     kernels/<i>.so|.cubin  its device image
+    runner/runner.c|.so    on the CPU, the native command runner (hexir/runtime/native.py)
     constants/<i>.npy      each constant blob of the graph (numpy format, allow_pickle=False)
 
 `load` refuses an artifact written by another hexir version (the kernels' calling convention
@@ -56,6 +57,8 @@ def save(module: Module, path: str | Path) -> Path:
         _kernel_entry(i, kernel, module.target, entries) for i, kernel in enumerate(module.kernels)
     ]
     manifest = _manifest(module, kernels, blobs)
+    if module.target.kind == "cpu":
+        manifest["runner"] = _runner_entry(module, entries)
     entries["manifest.json"] = json.dumps(manifest, indent=1).encode()
     _write_zip(path, entries)
     return path
@@ -76,6 +79,8 @@ def load(path: str | Path) -> Module:
 
         graph = parse_graph(archive.read("graph.hexir").decode(), constants=blobs)
         kernels = [_load_kernel(archive, k, target) for k in manifest["kernels"]]
+        runner = manifest.get("runner")  # absent on a GPU
+        runner_image = archive.read(runner["image"]) if runner else None
     commands = [Command(int(k), tuple(args), int(n)) for k, args, n in manifest["commands"]]
     constants = {
         op.result.name: graph.constant(str(op.attr("name")))
@@ -84,7 +89,8 @@ def load(path: str | Path) -> Module:
     }
     plan = MemoryPlan.from_json(json.dumps(manifest["plan"]))
     report = tuple(_report_from_json(r) for r in manifest["report"])
-    return Module(graph, target, kernels, commands, constants, plan, report)
+    runner_library = _image_file(runner_image, ".so") if runner_image is not None else None
+    return Module(graph, target, kernels, commands, constants, plan, report, runner_library)
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -112,6 +118,17 @@ def _manifest(module: Module, kernels: list[dict], blobs: dict[str, str]) -> dic
         "plan": json.loads(module.plan.to_json()),
         "report": [_report_to_json(r) for r in module.report],
     }
+
+
+def _runner_entry(module: Module, entries: dict[str, bytes]) -> dict[str, str]:
+    """Add the native command runner's source and image (hexir/runtime/native.py) to
+    `entries`; its manifest entry."""
+    from hexir.runtime.native import RUNNER_SOURCE, runner_library
+
+    library = module.runner_library or runner_library(module.target)  # the knob was off
+    entries["runner/runner.c"] = RUNNER_SOURCE.encode()
+    entries["runner/runner.so"] = library.read_bytes()
+    return {"source": "runner/runner.c", "image": "runner/runner.so"}
 
 
 def _kernel_entry(i: int, kernel: object, target: Target, entries: dict[str, bytes]) -> dict:

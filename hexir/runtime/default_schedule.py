@@ -17,7 +17,8 @@ it was, and the default does less.
   reduction loops and is vectorized (elementwise ops: the last axis); the spatial loops
   outside it are fused and run in parallel (OpenMP). A window reduction that does not
   vectorize (a pool with stride 2) runs per output row: the outer loops in parallel, each
-  output accumulated in a register over its window, unrolled.
+  output accumulated in a register over its window, unrolled. A kernel of fewer than
+  MIN_PARALLEL_ITERATIONS iterations in all (here and of row stages) runs on one core.
 - GPU: the hand-written reference schedule (hexir/schedule/handwritten.py: tiled
   contractions with shared-memory operands, one thread block per row of a row reduction,
   flat elementwise kernels) where it applies and passes the GPU verifier; otherwise
@@ -116,10 +117,12 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
     shared = _shared_prefix(sch, names)
     if shared == 0 or any(len(_loops(sch, n)[0]) != shared + 1 for n in names):
         return None
+    share = _worth_sharing(sch, names)
     try:
         rows = sch.get_loops(sch.get_block(names[-1]))[:shared]
         outer = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-        sch.parallel(outer)
+        if share:
+            sch.parallel(outer)
         for name in reversed(names[:-1]):
             sch.compute_at(sch.get_block(name), outer)
     except ScheduleError:
@@ -149,12 +152,29 @@ def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
 
 def _cpu_simple(func: PrimFunc, target: Target) -> Schedule:
     sch = Schedule(func)
-    for name in [b.name for b in all_blocks(func.body)]:
-        sch = _cpu_block(sch, name, target)
+    names = [b.name for b in all_blocks(func.body)]
+    share = _worth_sharing(sch, names)
+    for name in names:
+        sch = _cpu_block(sch, name, target, share)
     return sch
 
 
-def _cpu_block(sch: Schedule, name: str, target: Target) -> Schedule:
+# Below this many iterations of its blocks in all, a kernel runs on one core: starting and
+# joining the threads of a parallel loop costs about 2 us, more than the work (gpt2-decode's
+# layer_norm over 1x768 and slices of 768: 4-10 us a kernel in parallel; a relu over 3072
+# floats 2.9 us in parallel, 1.0 us on one core).
+MIN_PARALLEL_ITERATIONS = 32768
+
+
+def _worth_sharing(sch: Schedule, names: list[str]) -> bool:
+    """Whether the blocks `names` make enough iterations together to run in parallel."""
+    total = sum(
+        math.prod(_extent(sch, lp) for lp in sch.get_loops(sch.get_block(name))) for name in names
+    )
+    return total >= MIN_PARALLEL_ITERATIONS
+
+
+def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedule:
     loops, kinds, _ = _loops(sch, name)
     if not loops or "" in kinds or "spatial" not in kinds:
         return sch
@@ -173,10 +193,10 @@ def _cpu_block(sch: Schedule, name: str, target: Target) -> Schedule:
     else:
         if len(reduce) > 1 and kinds[-len(reduce) :] == ["reduce"] * len(reduce):
             rows = sch.copy()  # a window reduction, on a copy: a refusal leaves sch as it was
-            if _attempt(lambda: _window_rows(rows, name, spatial, reduce, target)):
+            if _attempt(lambda: _window_rows(rows, name, spatial, reduce, target, share)):
                 return rows
         outer = _enough_jobs(sch, _leading_spatial(loops, kinds), target)
-    if outer:
+    if outer and share:
         _attempt(lambda: sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0]))
     return sch
 
@@ -200,16 +220,22 @@ MAX_UNROLLED_WINDOW = 16
 
 
 def _window_rows(
-    sch: Schedule, name: str, spatial: list[LoopRV], reduce: list[LoopRV], target: Target
+    sch: Schedule,
+    name: str,
+    spatial: list[LoopRV],
+    reduce: list[LoopRV],
+    target: Target,
+    share: bool,
 ) -> None:
-    """A window reduction (a pool): the outer spatial loops in parallel, each output of a row
-    accumulated in a register (a local cache, its init split off) over the window, unrolled
-    when small. Fused whole into one parallel loop, every window element would redo the
-    divisions of the fused index and load and store the output."""
+    """A window reduction (a pool): the outer spatial loops in parallel (when `share`), each
+    output of a row accumulated in a register (a local cache, its init split off) over the
+    window, unrolled when small. Fused whole into one parallel loop, every window element
+    would redo the divisions of the fused index and load and store the output."""
     from hexir.search.sketch_cpu import DEFAULT_JOBS_PER_CORE
 
     outer = spatial[:-1]
-    if math.prod(_extent(sch, lp) for lp in outer) < DEFAULT_JOBS_PER_CORE * target.num_cores:
+    jobs = math.prod(_extent(sch, lp) for lp in outer)
+    if share and jobs < DEFAULT_JOBS_PER_CORE * target.num_cores:
         raise ScheduleError("too few rows to share among the cores", "window_rows")
     block = sch.get_block(name)
     acc = sch.cache_write(block, 0, "local")
@@ -218,7 +244,8 @@ def _window_rows(
     if math.prod(_extent(sch, lp) for lp in reduce) <= MAX_UNROLLED_WINDOW:
         for loop in reduce:
             sch.unroll(loop)
-    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    if share:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
 # -- GPU --------------------------------------------------------------------------------------

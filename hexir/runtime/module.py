@@ -11,7 +11,9 @@ A planned run allocates the intermediates once per module — the plan's storage
 intermediate a view into one, and the constants — and then per run only a fresh array for
 each output, and calls the kernels in command order on precomputed pointers, with the
 caller's input arrays and those outputs in place (no copy in or out; an input is only read).
-The intermediates belong to the module, so one module runs one call at a time.
+On the CPU one native call runs the whole command list (hexir/runtime/native.py; the
+`native_run` knob off, Python calls each kernel). The intermediates belong to the module, so
+one module runs one call at a time.
 
 Views. A reshape that no command computes (`Module.views`: a value some command reads or the
 graph returns that is no command's output, input or constant) is its operand's buffer under
@@ -31,12 +33,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexir import knobs
 from hexir.errors import HexirError
 from hexir.graph.evaluate import bind_inputs
 from hexir.graph.memory import ALIGN, MemoryPlan, Step, plan_memory
 from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, Op, TensorType, Value
 from hexir.ops import op_def
+from hexir.runtime import native
 from hexir.runtime.target import Target
 from hexir.schedule.trace import Trace
 
@@ -92,6 +96,7 @@ class Module:
         constants: dict[str, np.ndarray],
         plan: MemoryPlan | None = None,
         report: tuple[TaskReport, ...] = (),
+        runner_library: Path | None = None,
     ):
         self.graph = graph
         self.target = target
@@ -103,6 +108,12 @@ class Module:
         self.report = report
         self._types = _value_types(graph)
         self._buffers: _CpuBuffers | None = None
+        # The native command runner's library (hexir/runtime/native.py): an artifact's image,
+        # or built here (once, then from the build cache), so running needs no compiler.
+        if runner_library is None and target.kind == "cpu" and knobs.get().native_run:
+            runner_library = native.runner_library(target)
+        self.runner_library = runner_library
+        self._threaded: list | None = None
 
     def run(
         self,
@@ -178,8 +189,13 @@ class Module:
         return self._buffers
 
     def _sync_threads(self) -> None:
-        for kernel in self.kernels:
-            kernel._sync_threads()  # the thread count is set per library, once per change
+        # The thread count is set per library, once per change: one kernel per library with
+        # a parallel loop checks it.
+        if self._threaded is None:
+            threaded = (k for k in self.kernels if k._set_threads is not None)
+            self._threaded = list({k.path: k for k in threaded}.values())
+        for kernel in self._threaded:
+            kernel._sync_threads()
 
     def __repr__(self) -> str:
         lines = [
@@ -236,12 +252,31 @@ class _CpuBuffers:
             )
             for c in module.commands
         ]
+        self.runner = self._native_runner(module, sorted(bound))
+
+    def _native_runner(self, module: Module, bound: list[str]) -> native.NativeRunner | None:
+        """The commands as one native call (hexir/runtime/native.py), unless the knob is off
+        or a kernel takes more arguments than the runner calls with; `self.bound_names`: the
+        values whose pointers each run hands it, in the runner's order."""
+        if not knobs.get().native_run or not native.NativeRunner.fits(
+            [len(p) for _, p, _ in self.calls]
+        ):
+            return None
+        self.bound_names = bound
+        index = {name: i for i, name in enumerate(bound)}
+        calls = [(fn, p, [(i, index[name]) for i, name in slots]) for fn, p, slots in self.calls]
+        library = module.runner_library or native.runner_library(module.target)
+        return native.NativeRunner(calls, len(bound), library)
 
     def _root(self, name: str) -> str:
         """The value whose buffer `name` is: itself, or the root of its view."""
         return self.root.get(name, name)
 
     def run(self, bound: dict[str, np.ndarray], outputs: Sequence[Value]) -> list[np.ndarray]:
+        if self.runner is not None:
+            fresh = self._bind_native(bound)
+            self.runner.run()
+            return self._results(bound, fresh, outputs)
         fresh, calls = self._bind(bound)
         for fn, pointers in calls:
             fn(*pointers)
@@ -250,6 +285,10 @@ class _CpuBuffers:
     def run_timed(
         self, bound: dict[str, np.ndarray], outputs: Sequence[Value]
     ) -> tuple[list[np.ndarray], list[float]]:
+        if self.runner is not None:
+            fresh = self._bind_native(bound)
+            seconds = self.runner.run(timed=True)
+            return self._results(bound, fresh, outputs), seconds
         fresh, calls = self._bind(bound)
         clock = time.perf_counter
         seconds = []
@@ -258,6 +297,16 @@ class _CpuBuffers:
             fn(*pointers)
             seconds.append(clock() - start)
         return self._results(bound, fresh, outputs), seconds
+
+    def _bind_native(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Fresh arrays for the returned values, and the runner's bound pointers set to them
+        and to the inputs."""
+        fresh = {name: _empty(self.types[name]) for name in self.returned}
+        pointers = self.runner.bound  # type: ignore[union-attr]
+        for i, name in enumerate(self.bound_names):
+            array = fresh.get(name)
+            pointers[i] = (array if array is not None else bound[name]).ctypes.data
+        return fresh
 
     def _bind(self, bound: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list]:
         """Fresh arrays for the returned values, and each call's pointers with the inputs and

@@ -6,13 +6,13 @@
                                        # .flops, .gflops, .peak_fraction, .schedule
     profile.command_seconds, profile.end_to_end, profile.ratio, profile.peak
 
-Each repeat is a real planned run of the module (`Module.run_timed`): the inputs copied into
-its buffers and every command called in order on the memory plan's buffers, with the clock
-read between commands (CUDA events on a GPU), so each command reads what a real run hands it,
-the data its producer just wrote, in the cache state that leaves. Beside each profiled run one
-plain `Module.run` is timed end to end, what `hexir run --bench` reports; the totals compare
-the sum of the commands' medians with its median (the difference is copying the inputs in and
-the outputs out, and calling the kernels from Python).
+Each repeat is a real planned run of the module (`Module.run_timed`): every command called in
+order on the memory plan's buffers, with the clock read between commands (in the native
+command runner on the CPU, CUDA events on a GPU), so each command reads what a real run hands
+it, the data its producer just wrote, in the cache state that leaves. Beside each profiled run
+one plain `Module.run` is timed end to end, what `hexir run --bench` reports; the totals
+compare the sum of the commands' medians with its median (the difference is binding the inputs
+and fresh outputs, and the call from Python; on a GPU, the copies in and out).
 
 FLOPs come from the ops each command computes (`hexir.ops.op_flops`: 2 per multiply-add of a
 contraction or convolution, one per element of an elementwise op, none for data movement); a

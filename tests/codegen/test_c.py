@@ -156,6 +156,17 @@ def test_nested_parallel_loops_run_serially_inside(rng):
         np.testing.assert_array_equal(run(func, a), -a)
 
 
+def test_a_parallel_loop_of_one_job_starts_no_threads(rng):
+    A, B = Buffer("A", (1, 5)), Buffer("B", (1, 5))
+    body = block(
+        "neg", [(vi, "spatial", 1, i), (vj, "spatial", 5, j)], BufferStore(B, (vi, vj), -A[vi, vj])
+    )
+    func = PrimFunc("neg", (A, B), loops(body, (i, 1, "parallel"), (j, 5, "serial")))
+    assert "omp parallel" not in generate_c(func)
+    a = rng.standard_normal((1, 5), dtype=np.float32)
+    np.testing.assert_array_equal(run(func, a), -a)
+
+
 def test_gpu_kinds_run_serially(rng):
     # A transpose bound to blocks, virtual threads and threads; a barrier between stages.
     A, B = Buffer("A", (8, 12)), Buffer("B", (12, 8))

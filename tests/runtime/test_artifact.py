@@ -49,6 +49,9 @@ def test_a_module_round_trips_through_one_file(saved, tmp_path, monkeypatch, rng
         for out, again in zip(module.run(inputs), loaded.run(inputs), strict=True):
             np.testing.assert_array_equal(out, again)
         np.testing.assert_array_equal(loaded.run(inputs, plan=False)[0], module.run(inputs)[0])
+        # The native command runner came from the artifact too.
+        assert loaded._cpu_buffers().runner is not None
+        assert loaded.runner_library.is_relative_to(tmp_path / "fresh-cache")
     assert loaded.commands == module.commands
     assert loaded.plan == module.plan and loaded.plan.inplace
     assert [str(k.func) for k in loaded.kernels] == [str(k.func) for k in module.kernels]
@@ -70,6 +73,7 @@ def test_the_artifact_holds_images_commands_constants_plan_and_keys(saved):
     assert manifest["plan"]["storage_sizes"] == list(module.plan.storage_sizes)
     assert {"manifest.json", "graph.hexir"} <= names
     assert all(k["image"].endswith(".so") and k["image"] in names for k in manifest["kernels"])
+    assert {manifest["runner"]["source"], manifest["runner"]["image"]} <= names
     for name, data in module.graph.constants:
         np.testing.assert_array_equal(blobs[name], data.array)
     assert not any(n.endswith((".pkl", ".pickle")) for n in names)

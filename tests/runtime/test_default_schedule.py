@@ -298,7 +298,7 @@ def test_cpu_strided_1x1_conv2d_gathers_its_pixels_then_runs_unstrided(stride, r
 def test_cpu_strided_pools_run_per_output_row_with_the_window_unrolled(op, rng):
     # A 3x3 stride-2 window does not vectorize along the row: the outer loops run in
     # parallel, each output accumulates in a register over its unrolled window.
-    func = hexir.workload(op, shape=(1, 8, 15, 15), kernel=(3, 3), stride=(2, 2), padding=(1, 1))
+    func = hexir.workload(op, shape=(1, 32, 31, 31), kernel=(3, 3), stride=(2, 2), padding=(1, 1))
     sch = default_schedule(func, "cpu")
     text = str(sch.trace)
     assert 'storage_scope="local"' in text and "decompose_reduction" in text
@@ -311,9 +311,9 @@ def test_cpu_strided_pools_run_per_output_row_with_the_window_unrolled(op, rng):
 @pytest.mark.parametrize(
     "func",
     [
-        lambda: hexir.workload("softmax", shape=(3, 8, 64), axis=2),
-        lambda: hexir.workload("layer_norm", M=6, N=48),
-        lambda: hexir.workload("softmax", M=5, N=12),  # 12: too short for the lanes
+        lambda: hexir.workload("softmax", shape=(3, 64, 64), axis=2),
+        lambda: hexir.workload("layer_norm", M=256, N=48),
+        lambda: hexir.workload("softmax", M=1024, N=12),  # 12: too short for the lanes
     ],
 )
 def test_cpu_row_chains_run_every_stage_per_row_in_one_parallel_loop(func, rng):
@@ -339,9 +339,29 @@ def _root_loops(func: hexir.PrimFunc):
 
 
 def test_cpu_defaults_of_elementwise_and_row_reductions_stay_simple():
-    func = hexir.workload("softmax", M=16, N=40)
+    func = hexir.workload("softmax", M=256, N=40)
     text = str(default_schedule(func, "cpu").trace)
     assert "cache_read" not in text and "sch.parallel" in text
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        lambda: hexir.workload("layer_norm", M=1, N=768),  # gpt2-decode's
+        lambda: hexir.workload("softmax", shape=(12, 1, 128), axis=2),
+        lambda: hexir.workload("relu", shape=(1, 3072)),
+        lambda: hexir.workload(
+            "max_pool2d", shape=(1, 8, 15, 15), kernel=(3, 3), stride=(2, 2), padding=(1, 1)
+        ),
+    ],
+)
+def test_cpu_kernels_of_little_work_run_on_one_core(func, rng):
+    # Starting the threads of a parallel loop would cost more than the work.
+    func = func()
+    sch = default_schedule(func, "cpu")
+    assert not any(lp.kind == "parallel" for lp in _loops(sch.func))
+    assert "omp parallel" not in hexir.build(sch.func).source
+    check_on_cpu(func, sch.func, rng)
 
 
 def test_a_replayed_default_trace_gives_the_same_kernel():

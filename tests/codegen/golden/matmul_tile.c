@@ -2,13 +2,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <omp.h>
 #define HX_EXPORT __attribute__((visibility("default")))
-static int hx_threads = 0;
-HX_EXPORT void hexir_set_num_threads(int n) { hx_threads = n; }
-static inline int hx_num_threads(void) {
-  return hx_threads > 0 ? hx_threads : omp_get_num_procs();
-}
 typedef struct { void* data; size_t size; } hx_scratch_t;
 static inline void* hx_scratch(hx_scratch_t* s, size_t size) {
   if (s->size < size) {
@@ -33,7 +27,6 @@ static inline hx_f32x16 hx_loada_f32x16(const float* p) {
 static inline void hx_store_f32x16(float* p, hx_f32x16 x) { __builtin_memcpy(p, &x, 64); }
 
 HX_EXPORT void matmul(float* restrict A, float* restrict B, float* restrict C) {
-  #pragma omp parallel for num_threads(hx_num_threads())
   for (int32_t i1_0 = 0; i1_0 < 1; ++i1_0) {
     float* restrict B_global = (float*)hx_scratch(&hx_scratch_0, 256);
     for (int32_t ax0_1 = 0; ax0_1 < 4; ++ax0_1) {
