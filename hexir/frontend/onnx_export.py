@@ -11,6 +11,8 @@ definition's `export` (`hexir.ops`), which writes nodes through this module's ex
 - gelu (Gelu arrived in opset 20) is spelled with Erf, or with Tanh for approximate="tanh",
   in the forms `hexir.frontend.onnx_import` recognizes and turns back into one gelu;
   rsqrt is Reciprocal(Sqrt(x)), which the importer also turns back;
+- rms_norm (RMSNormalization arrived in opset 23) is Mul(x, x), ReduceMean, Add(epsilon), Sqrt,
+  Div and Mul(scale), which import back as those six ops;
 - dense is Gemm(transB=1) for floats and MatMul of the transposed weight for ints;
 - bias_add is Add with the bias reshaped to broadcast along its axis;
 - batch_norm is BatchNormalization on axis 1 and arithmetic on any other axis;

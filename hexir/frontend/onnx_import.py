@@ -1,4 +1,4 @@
-"""ONNX import: an ONNX model (default domain, opset 13–21, static shapes) as a Hexir graph.
+"""ONNX import: an ONNX model (default domain, opset 13–23, static shapes) as a Hexir graph.
 
     graph = import_onnx("model.onnx")                       # or an onnx.ModelProto
     graph = import_onnx("bert.onnx", input_shapes={"input_ids": (1, 128)})
@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 __all__ = ["import_onnx", "SUPPORTED", "OPSETS"]
 
-OPSETS = range(13, 22)
+# Opsets 22 and 23 change only the type constraints of the ops imported here (bfloat16 and
+# the 4-bit floats), and add RMSNormalization.
+OPSETS = range(13, 24)
 SUPPORTED: dict[str, Spec] = {**SPECS, **SHAPE_SPECS}
 _DOMAINS = ("", "ai.onnx")
 

@@ -201,8 +201,20 @@ def _layer_norm(ctx: Context) -> Sequence[Value]:
     return [ctx.op("layer_norm", x, scale, bias, axis=axis, epsilon=eps)]
 
 
+def _rms_norm(ctx: Context) -> Sequence[Value]:
+    """RMSNormalization (opset 23). A scale of another float type than X is cast to X's, which
+    is Y's (as onnx's shape inference has it)."""
+    x = ctx.input(0)
+    axis = int(ctx.attr("axis", -1)) % len(x.type.shape)
+    scale = _as_shape(ctx, ctx.input(1), x.type.shape[axis:], "scale")
+    if scale.type.dtype != x.type.dtype:
+        scale = ctx.op("cast", scale, dtype=x.type.dtype)
+    return [ctx.op("rms_norm", x, scale, axis=axis, epsilon=ctx.float_attr("epsilon", 1e-5))]
+
+
 def _as_shape(ctx: Context, v: Value, shape: tuple[int, ...], what: str) -> Value:
-    """A LayerNormalization parameter in the shape Hexir's layer_norm takes."""
+    """A LayerNormalization or RMSNormalization parameter in the shape Hexir's layer_norm and
+    rms_norm take."""
     if v.type.shape == shape:
         return v
     if int(np.prod(v.type.shape, dtype=np.int64)) == int(np.prod(shape, dtype=np.int64)):
@@ -374,6 +386,7 @@ SPECS: dict[str, Spec] = {
     "Gelu": Spec(_gelu, {"approximate": ("none", "tanh")}),
     "Softmax": Spec(_softmax, {"axis": None}),
     "LayerNormalization": Spec(_layer_norm, {"axis": None, "epsilon": None, "stash_type": None}),
+    "RMSNormalization": Spec(_rms_norm, {"axis": None, "epsilon": None, "stash_type": None}),
     "Identity": Spec(_identity),
     "Dropout": Spec(_identity, {"seed": None}),
     "MatMul": Spec(_matmul),

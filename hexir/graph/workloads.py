@@ -99,6 +99,12 @@ def _layer_norm(M: int, N: int, eps: float = 1e-5, *, dtype: str) -> PrimFunc:
     return _finish(b, b.layer_norm(x, gamma, beta, axis=1, epsilon=eps), "Y")
 
 
+def _rms_norm(M: int, N: int, eps: float = 1e-5, *, dtype: str) -> PrimFunc:
+    b = GraphBuilder("rms_norm")
+    x, scale = b.input("X", (M, N), dtype), b.input("scale", (N,), dtype)
+    return _finish(b, b.rms_norm(x, scale, axis=1, epsilon=eps), "Y")
+
+
 def _reduce_sum(M: int, N: int, *, dtype: str) -> PrimFunc:
     b = GraphBuilder("reduce_sum")
     return _finish(b, b.reduce_sum(b.input("X", (M, N), dtype), axes=(1,)), "Y")
@@ -112,6 +118,7 @@ WORKLOADS: dict[str, Callable[..., PrimFunc]] = {
     "conv2d": _conv2d,
     "softmax": _softmax,
     "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
     "reduce_sum": _reduce_sum,
 }
 _SHAPE_KEYWORDS = set("MNKBCHWRS")
@@ -128,7 +135,8 @@ def workload(name: str, dtype: str = "float32", **shape: object) -> PrimFunc:
       Y = act(X[M,K] · W[N,K]ᵀ + bias[N]), one PrimFunc
     - conv2d(N, C, H, W, K, R, S, stride=1, padding=0, dilation=1, groups=1): X[N,C,H,W],
       W[K,C/groups,R,S] -> Y
-    - softmax(M, N), layer_norm(M, N, eps=1e-5) (params X, gamma, beta, Y), reduce_sum(M, N)
+    - softmax(M, N), layer_norm(M, N, eps=1e-5) (params X, gamma, beta, Y), rms_norm(M, N,
+      eps=1e-5) (params X, scale, Y), reduce_sum(M, N)
 
     Any op of docs/ops.md also lowers alone, given its operand shapes: `shape=(4, 8)` for one
     operand, `shapes=[(4, 8), (8,)]` for several; other keywords are the op's attributes

@@ -1,9 +1,9 @@
 """Reductions and the multi-stage normalizations: reduce_sum/mean/max, softmax (max, exp, sum,
-norm) and layer_norm (mean, var, norm).
+norm), layer_norm (mean, var, norm) and rms_norm (mean square, norm).
 
-A reduction ends the fusion group it joins; softmax and layer_norm are single ops, so each is
-one kernel with its elementwise producers. Their numpy semantics reduce in float64 (int64 for
-ints; integer means truncate toward zero, as the kernels' C division does).
+A reduction ends the fusion group it joins; softmax, layer_norm and rms_norm are single ops, so
+each is one kernel with its elementwise producers. Their numpy semantics reduce in float64
+(int64 for ints; integer means truncate toward zero, as the kernels' C division does).
 """
 
 from __future__ import annotations
@@ -203,7 +203,9 @@ SOFTMAX = OpDef(
 # --- layer_norm -------------------------------------------------------------------------------
 
 
-def _layer_norm_infer(c: Check) -> TensorType:
+def _norm_infer(c: Check) -> TensorType:
+    """x and the parameters after it (layer_norm's gamma and beta, rms_norm's scale), each of
+    the normalized axes' shape x.shape[axis:]."""
     x = c.types[0]
     dtype = c.same_dtype()
     c.dtype_in("float", 0)
@@ -264,7 +266,7 @@ LAYER_NORM = OpDef(
     "x normalized over axes axis..ndim-1, then · gamma + beta",
     ("x", "gamma", "beta"),
     ("axis", "epsilon"),
-    infer=_layer_norm_infer,
+    infer=_norm_infer,
     fusion=Pattern.REDUCTION,
     evaluate=_layer_norm_evaluate,
     lower=_layer_norm_lower,
@@ -274,4 +276,58 @@ LAYER_NORM = OpDef(
     flops=lambda op: 8 * op.result.type.size,
 )
 
-OPS: tuple[OpDef, ...] = (SOFTMAX, LAYER_NORM, REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX)
+
+# --- rms_norm ---------------------------------------------------------------------------------
+
+
+def _rms_norm_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, scale = (f64(v) for v in xs)
+    axes = tuple(range(get_int(attrs, "axis"), x.ndim))
+    mean_square = np.square(x).mean(axis=axes, keepdims=True)
+    return x / np.sqrt(mean_square + get_float(attrs, "epsilon")) * scale
+
+
+def _rms_norm_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """The mean square of each row (one pass), then x · rsqrt(it + epsilon) · scale (one
+    more): layer_norm without the mean's pass and the centering."""
+    x, gain = args
+    axis = attr_int(op, "axis")
+    eps = const(attr_float(op, "epsilon"), x.dtype)
+    outer, inner, dt = x.shape[:axis], x.shape[axis:], x.dtype
+    scale = const(1 / math.prod(inner), dt)
+    ms = k.alloc("rms_norm_meansq", outer, dt)
+    k.reduce("rms_norm_meansq", ms, inner, lambda s, r: x[s + r] * x[s + r] * scale)
+
+    def norm(i: Indices) -> Expr:
+        o, j = i[:axis], i[axis:]
+        return x[i] * Call("rsqrt", (ms[o] + eps,)) * gain[j]
+
+    k.compute("rms_norm_norm", out, norm)
+
+
+def _rms_norm_export(ex: Exporter, op: Op) -> None:
+    """RMSNormalization is opset 23's, past the exporter's opset: the same arithmetic in
+    opset-17 ops, Mul(x, x) -> ReduceMean -> Add(epsilon) -> Sqrt -> Div -> Mul(scale)."""
+    (x, scale), out = op.operands, op.result.name
+    axes = list(range(attr_int(op, "axis"), len(x.type.shape)))
+    eps = ex.scalar(attr_float(op, "epsilon"), x, f"{out}.epsilon")
+    ms = ex.node("ReduceMean", [ex.node("Mul", [x.name, x.name])], axes=axes, keepdims=1)
+    rms = ex.node("Sqrt", [ex.node("Add", [ms, eps])])
+    ex.node("Mul", [ex.node("Div", [x.name, rms]), scale.name], out)
+
+
+RMS_NORM = OpDef(
+    "rms_norm",
+    "x / sqrt(mean(x²) over axes axis..ndim-1 + epsilon) · scale",
+    ("x", "scale"),
+    ("axis", "epsilon"),
+    infer=_norm_infer,
+    fusion=Pattern.REDUCTION,
+    evaluate=_rms_norm_evaluate,
+    lower=_rms_norm_lower,
+    export=_rms_norm_export,
+    # Per element: the square and the mean's add; normalizing's multiply; the scale.
+    flops=lambda op: 4 * op.result.type.size,
+)
+
+OPS: tuple[OpDef, ...] = (SOFTMAX, LAYER_NORM, RMS_NORM, REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX)

@@ -132,6 +132,14 @@ CASES: dict[str, Graph] = {
         [((2, 3, 4), F)],
         lambda b, x: b.layer_norm(x, b.constant(_w(3, 4)), b.constant(_w(3, 4)), axis=1),
     ),
+    "rms_norm": one_op(
+        "rms_norm",
+        [((2, 3, 4), F)],
+        lambda b, x: [
+            b.rms_norm(x, b.constant(_w(4))),
+            b.rms_norm(x, b.constant(_w(3, 4)), 1, 1e-3),
+        ],
+    ),
     "reduce": one_op(
         "reduce",
         [((2, 3, 4), F)],

@@ -63,7 +63,8 @@ def test_export_writes_a_file(tmp_path):
 
 
 def test_onnxruntime_agrees(rng):
-    for case in ("conv2d", "pools", "layer_norm", "gelu_tanh", "slice", "batch_norm_axis2"):
+    cases = ("conv2d", "pools", "layer_norm", "rms_norm", "gelu_tanh", "slice", "batch_norm_axis2")
+    for case in cases:
         graph = CASES[case]
         session = ort.InferenceSession(export_onnx(graph).SerializeToString())
         inputs = random_inputs(graph, rng)

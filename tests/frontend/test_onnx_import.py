@@ -117,7 +117,7 @@ def test_symbolic_dims_need_input_shapes():
 
 def test_opset_outside_the_range_is_refused():
     proto = model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], ["y"], opset=11)
-    with pytest.raises(ModelError, match="opset 11.*13-21"):
+    with pytest.raises(ModelError, match="opset 11.*13-23"):
         import_onnx(proto)
 
 
@@ -375,6 +375,55 @@ def test_layer_norm_and_softmax_attention():
     inits = [("g", w(8)), ("b", w(8)), ("heads", np.array([5, 2, 4], np.int64))]
     graph = agrees(model(nodes, [("x", [5, 8])], ["y"], inits))
     assert kinds(graph)["batch_matmul"] == 2 and kinds(graph)["layer_norm"] == 1
+
+
+@pytest.mark.parametrize(
+    "shape,scale,attrs",
+    [
+        ((4, 768), (768,), {}),
+        ((197, 768), (768,), {"axis": -1, "epsilon": 1e-6}),
+        ((2, 3, 8), (1, 8), {"axis": -2, "epsilon": 1e-3, "stash_type": 1}),  # broadcast scale
+        ((2, 3, 8), (3, 8), {"axis": 1}),
+    ],
+)
+def test_rms_normalization_of_opset_23(shape, scale, attrs):
+    import onnxruntime as ort
+
+    nodes = [
+        helper.make_node("Add", ["x", "r"], ["h"]),
+        helper.make_node("RMSNormalization", ["h", "s"], ["y"], **attrs),
+    ]
+    proto = model(nodes, [("x", list(shape)), ("r", list(shape))], ["y"], [("s", w(*scale))], 23)
+    proto.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", F, list(shape)))
+    onnx.checker.check_model(proto, full_check=True)
+    graph = agrees(proto)
+    assert kinds(graph)["rms_norm"] == 1
+    (op,) = [op for op in graph.ops if op.kind == "rms_norm"]
+    assert op.attr("axis") == attrs.get("axis", -1) % len(shape)
+    assert op.attr("epsilon") == pytest.approx(attrs.get("epsilon", 1e-5))
+    x, r = (current_rng().uniform(-2, 2, shape).astype(np.float32) for _ in range(2))
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {"x": x, "r": r})
+    np.testing.assert_allclose(evaluate(graph, [x, r])[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_exports_as_opset_17_arithmetic_and_imports_back(rng):
+    from hexir.frontend.onnx_export import export_onnx
+    from hexir.ops.builder import GraphBuilder
+
+    b = GraphBuilder("rms")
+    x = b.input("x", (197, 768))
+    graph = b.build(b.rms_norm(x, b.constant(w(768)), epsilon=1e-6))
+    exported = export_onnx(graph)
+    assert [n.op_type for n in exported.graph.node] == [
+        *("Mul", "ReduceMean", "Add", "Sqrt", "Div", "Mul")
+    ]
+    back = import_onnx(exported)
+    assert [op.kind for op in back.ops if op.kind != "constant"] == [
+        *("mul", "reduce_mean", "add", "sqrt", "div", "mul")
+    ]
+    inputs = [rng.uniform(-2, 2, (197, 768)).astype(np.float32)]
+    np.testing.assert_allclose(evaluate(back, inputs)[0], evaluate(graph, inputs)[0], rtol=1e-5)
 
 
 def test_initializers_become_named_constants():

@@ -260,6 +260,8 @@ CASES = [
     ("softmax", "float32", [(2, 3, 4)], {"axis": 0}, "normal"),
     ("layer_norm", "float32", [(3, 8), (8,), (8,)], {}, "normal"),
     ("layer_norm", "float32", [(2, 3, 4), (3, 4), (3, 4)], {"axis": 1, "epsilon": 1e-3}, "normal"),
+    ("rms_norm", "float32", [(3, 8), (8,)], {}, "normal"),
+    ("rms_norm", "float32", [(2, 3, 4), (3, 4)], {"axis": 1, "epsilon": 1e-3}, "normal"),
     *[(kind, "float32", [(3, 4, 5)], attrs, "normal")
       for kind in ("reduce_sum", "reduce_mean", "reduce_max")
       for attrs in ({"axes": (1,)}, {"axes": (0, 2), "keepdims": True}, {})],
@@ -288,6 +290,7 @@ CASES = [
     ("conv2d", "float64", [(1, 2, 5, 5), (3, 2, 3, 3)], {"padding": 1, "stride": 2}, "normal"),
     ("softmax", "float64", [(3, 5)], {}, "normal"),
     ("layer_norm", "float64", [(3, 8), (8,), (8,)], {}, "normal"),
+    ("rms_norm", "float64", [(3, 8), (8,)], {}, "normal"),
     ("gelu", "float64", [(4, 5)], {"approximate": "tanh"}, "normal"),
     ("avg_pool2d", "float64", [(1, 2, 5, 5)], {"kernel": 3, "padding": 1}, "normal"),
     # int32: exact, division and means truncate toward zero

@@ -54,6 +54,11 @@ def test_named_workloads_params_and_blocks():
             ["layer_norm_mean", "layer_norm_var", "layer_norm_norm"],
         ),
         (
+            workload("rms_norm", M=4, N=8),
+            [("X", (4, 8), f32), ("scale", (8,), f32), ("Y", (4, 8), f32)],
+            ["rms_norm_meansq", "rms_norm_norm"],
+        ),
+        (
             workload("reduce_sum", M=4, N=8),
             [("X", (4, 8), f32), ("Y", (4,), f32)],
             ["reduce_sum"],

@@ -215,6 +215,18 @@ def test_layer_norm(shape, axis) -> None:
     bad("layer_norm", x, arr(7), arr(7), match="gamma must have shape")
 
 
+@pytest.mark.parametrize("shape,axis", [((2, 3, 4), None), ((2, 3, 4), -2), ((6,), -1)])
+def test_rms_norm(shape, axis) -> None:
+    x = arr(*shape)
+    a = len(shape) - 1 if axis is None else axis % len(shape)
+    op = check("rms_norm", x * arr(*shape[a:]), x, arr(*shape[a:]), axis=axis)
+    assert dict(op.attrs) == {"axis": a, "epsilon": 1e-5}
+    bad("rms_norm", x, arr(7), match="scale must have shape")
+    bad("rms_norm", x, arr(*shape[a:]), axis=len(shape), match="out of range")
+    bad("rms_norm", x, arr(*shape[a:], dtype="float64"), match="dtypes differ")
+    bad("rms_norm", x.astype("int32"), arr(*shape[a:]).astype("int32"), match="float tensor")
+
+
 @pytest.mark.parametrize("shape", [(2, 5), (3, 1, 4)])
 def test_softmax(shape) -> None:
     x = arr(*shape)
