@@ -151,6 +151,9 @@ class CPrinter:
     helper_qualifier = "static inline"
     indent_unit = "  "
     stack_limit_bytes = 64 * 1024  # larger shared/local buffers go to the heap
+    # A global-scope intermediate this small (an rfactor's partial sums, a row of exp values)
+    # is a stack array too, which the compiler can keep in registers; larger ones, the heap.
+    small_global_bytes = 4096
     alignment = 64
 
     def __init__(self, target: Target | None = None, *, vector_math: bool = True) -> None:
@@ -405,7 +408,8 @@ class CPrinter:
             dims = "".join(f"[{d}]" for d in (*buffer.shape[:-1], buffer.shape[-1] // lanes))
             self.emit(f"{self.vector_type(buffer.dtype, lanes)} {name}{dims};")
             return []
-        if buffer.scope == "global" or nbytes > self.stack_limit_bytes:
+        limit = self.small_global_bytes if buffer.scope == "global" else self.stack_limit_bytes
+        if nbytes > limit:
             padded = max(-(-nbytes // self.alignment) * self.alignment, self.alignment)
             slot = self.scratch_slot()
             self.emit(f"{t}* {self.restrict} {name} = ({t}*)hx_scratch(&{slot}, {padded});")

@@ -106,17 +106,18 @@ def _cpu_tiled(func: PrimFunc, target: Target) -> Schedule | None:
 
 def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
     """A chain of stages over the same rows, each with one loop along the row (softmax's max,
-    exp, sum and norm; layer_norm's mean, variance and norm): the rows in parallel, every
+    exp, sum and norm; layer_norm's mean, variance and norm; a reduce_sum over the last axis
+    alone): the rows in parallel, every
     stage computed per row (so a row stays in L1 and the stages share one parallel region),
     each reduction's partial sums in vector lanes (rfactor), each other stage vectorized.
     None when the stages do not have that shape or a primitive refuses."""
     names = [b.name for b in all_blocks(func.body)]
-    if len(names) < 2:
-        return None
     sch = Schedule(func)
     shared = _shared_prefix(sch, names)
     if shared == 0 or any(len(_loops(sch, n)[0]) != shared + 1 for n in names):
         return None
+    if len(names) == 1 and _loops(sch, names[0])[1][-1] != "reduce":
+        return None  # one elementwise stage: _cpu_simple's
     share = _worth_sharing(sch, names)
     try:
         rows = sch.get_loops(sch.get_block(names[-1]))[:shared]

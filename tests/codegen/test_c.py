@@ -9,7 +9,7 @@ import pytest
 
 import hexir
 from hexir import knobs
-from hexir.codegen.c import generate_c, kernel_symbol
+from hexir.codegen.c import CPrinter, generate_c, kernel_symbol
 from hexir.errors import BuildError
 from hexir.ir.tir import (
     Allocate,
@@ -187,9 +187,9 @@ def test_gpu_kinds_run_serially(rng):
     np.testing.assert_array_equal(run(PrimFunc("transpose", (A, B), nest), a), a.T)
 
 
-def test_global_allocate_between_blocks(rng):
-    # T = exp(A) in a heap buffer, then S = T.sum(axis=1).
-    M, N = 6, 9
+@pytest.mark.parametrize("M,N", [(6, 9), (40, 33)])
+def test_global_allocate_between_blocks(M, N, rng):
+    # T = exp(A) in a buffer of its own, then S = T.sum(axis=1).
     A, S = Buffer("A", (M, N)), Buffer("S", (M,))
     T = Buffer("T", (M, N))
     exp = block(
@@ -209,9 +209,11 @@ def test_global_allocate_between_blocks(rng):
         loops(total, (i, M, "serial"), (k, N, "serial")),
     )
     func = PrimFunc("exp_sum", (A, S), body)
-    # A heap buffer is thread-local scratch, kept from one call to the next (not freed).
     source = generate_c(func)
-    assert "(float*)hx_scratch(&hx_scratch_0, 256)" in source and "free(T);" not in source
+    if M * N * 4 <= CPrinter.small_global_bytes:  # a small one is a stack array
+        assert f"float T[{M * N}]" in source and "hx_scratch(" not in source
+    else:  # a heap buffer is thread-local scratch, kept from one call to the next (not freed)
+        assert "(float*)hx_scratch(&hx_scratch_0, 5312)" in source and "free(T);" not in source
     a = rng.standard_normal((M, N), dtype=np.float32)
     np.testing.assert_allclose(run(func, a), np.exp(a).sum(axis=1), rtol=1e-5)
 

@@ -3,16 +3,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #define HX_EXPORT __attribute__((visibility("default")))
-typedef struct { void* data; size_t size; } hx_scratch_t;
-static inline void* hx_scratch(hx_scratch_t* s, size_t size) {
-  if (s->size < size) {
-    free(s->data);
-    s->data = aligned_alloc(64, size);
-    s->size = s->data ? size : 0;
-  }
-  return s->data;
-}
-static _Thread_local hx_scratch_t hx_scratch_0;
 typedef float hx_f32x16 __attribute__((vector_size(64)));
 static inline hx_f32x16 hx_load_f32x16(const float* p) {
   hx_f32x16 r; __builtin_memcpy(&r, p, 64); return r;
@@ -28,7 +18,7 @@ static inline void hx_store_f32x16(float* p, hx_f32x16 x) { __builtin_memcpy(p, 
 
 HX_EXPORT void matmul(float* restrict A, float* restrict B, float* restrict C) {
   for (int32_t i1_0 = 0; i1_0 < 1; ++i1_0) {
-    float* restrict B_global = (float*)hx_scratch(&hx_scratch_0, 256);
+    float B_global[64] __attribute__((aligned(64)));
     for (int32_t ax0_1 = 0; ax0_1 < 4; ++ax0_1) {
       {  // block B_global
         hx_storea_f32x16(&B_global[ax0_1 * 16], hx_load_f32x16(&B[ax0_1 * 16]));
