@@ -314,6 +314,8 @@ def test_cpu_strided_pools_run_per_output_row_with_the_window_unrolled(op, rng):
         lambda: hexir.workload("softmax", shape=(3, 64, 64), axis=2),
         lambda: hexir.workload("layer_norm", M=256, N=48),
         lambda: hexir.workload("softmax", M=1024, N=12),  # 12: too short for the lanes
+        lambda: hexir.workload("reduce_sum", M=256, N=197),  # one stage; a ragged last step
+        lambda: hexir.workload("reduce_max", shape=(4, 64, 160), axes=(2,)),
     ],
 )
 def test_cpu_row_chains_run_every_stage_per_row_in_one_parallel_loop(func, rng):
