@@ -72,3 +72,23 @@ def test_the_runner_calls_every_arity_it_claims():
     for n in range(MAX_ARGUMENTS + 1):
         assert f"case {n}:" in RUNNER_SOURCE
     assert f"case {MAX_ARGUMENTS + 1}:" not in RUNNER_SOURCE
+
+
+def test_outputs_a_caller_has_let_go_are_reused_and_held_ones_never_written(rng):
+    graph = zoo.mlp(batch=4, sizes=(16, 32, 8))
+    module = hexir.compile(graph)
+    first, second = _inputs(graph, rng), _inputs(graph, rng)
+    held = module.run(first)[0]
+    kept = held.copy()
+    view = module.run(first)[0][1:]  # a view holds its array too
+    for _ in range(5):
+        again = module.run(second)[0]
+        assert not np.may_share_memory(again, held) and not np.may_share_memory(again, view)
+        del again
+    np.testing.assert_array_equal(held, kept)  # no later run wrote into a held output
+    np.testing.assert_array_equal(view, kept[1:])
+    pool = next(iter(module._cpu_buffers().pools.values()))
+    assert len(pool) == 3  # the held one, the viewed one, one reused by the five runs
+    addresses = {module.run(second)[0].ctypes.data for _ in range(5)}
+    assert len(addresses) == 1
+    np.testing.assert_allclose(module.run(second)[0], evaluate(graph, second)[0], rtol=1e-5)
