@@ -190,6 +190,10 @@ def _softmax(ctx: Context) -> Sequence[Value]:
     return [ctx.op("softmax", ctx.input(0), axis=int(ctx.attr("axis", -1)))]
 
 
+def _log_softmax(ctx: Context) -> Sequence[Value]:
+    return [ctx.op("log_softmax", ctx.input(0), axis=int(ctx.attr("axis", -1)))]
+
+
 def _layer_norm(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
     axis = int(ctx.attr("axis", -1)) % len(x.type.shape)
@@ -385,6 +389,7 @@ SPECS: dict[str, Spec] = {
     "Cast": Spec(_cast, {"to": None, "saturate": None}),
     "Gelu": Spec(_gelu, {"approximate": ("none", "tanh")}),
     "Softmax": Spec(_softmax, {"axis": None}),
+    "LogSoftmax": Spec(_log_softmax, {"axis": None}),
     "LayerNormalization": Spec(_layer_norm, {"axis": None, "epsilon": None, "stash_type": None}),
     "RMSNormalization": Spec(_rms_norm, {"axis": None, "epsilon": None, "stash_type": None}),
     "Identity": Spec(_identity),

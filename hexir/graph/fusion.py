@@ -20,8 +20,8 @@ operands it reads from that group are not broadcast up (for a reduction: only it
 operand comes from the group), no other op of the group already reads them (each
 intermediate has one consumer inside its group, so inlining never recomputes), the placements
 agree, and no other operand depends on the group (which would make a cycle between groups).
-Softmax, layer_norm and rms_norm are single ops, so each is one kernel, with its elementwise
-producers.
+Softmax, log_softmax, layer_norm and rms_norm are single ops, so each is one kernel, with its
+elementwise producers.
 
 With the `fusion` knob off, every op is its own group. Groups come out in a topological order:
 running them in order computes the graph.

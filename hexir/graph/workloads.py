@@ -92,6 +92,11 @@ def _softmax(M: int, N: int, *, dtype: str) -> PrimFunc:
     return _finish(b, b.softmax(b.input("X", (M, N), dtype), axis=1), "Y")
 
 
+def _log_softmax(M: int, N: int, *, dtype: str) -> PrimFunc:
+    b = GraphBuilder("log_softmax")
+    return _finish(b, b.log_softmax(b.input("X", (M, N), dtype), axis=1), "Y")
+
+
 def _layer_norm(M: int, N: int, eps: float = 1e-5, *, dtype: str) -> PrimFunc:
     b = GraphBuilder("layer_norm")
     x = b.input("X", (M, N), dtype)
@@ -117,6 +122,7 @@ WORKLOADS: dict[str, Callable[..., PrimFunc]] = {
     "dense": _dense,
     "conv2d": _conv2d,
     "softmax": _softmax,
+    "log_softmax": _log_softmax,
     "layer_norm": _layer_norm,
     "rms_norm": _rms_norm,
     "reduce_sum": _reduce_sum,
@@ -135,8 +141,8 @@ def workload(name: str, dtype: str = "float32", **shape: object) -> PrimFunc:
       Y = act(X[M,K] · W[N,K]ᵀ + bias[N]), one PrimFunc
     - conv2d(N, C, H, W, K, R, S, stride=1, padding=0, dilation=1, groups=1): X[N,C,H,W],
       W[K,C/groups,R,S] -> Y
-    - softmax(M, N), layer_norm(M, N, eps=1e-5) (params X, gamma, beta, Y), rms_norm(M, N,
-      eps=1e-5) (params X, scale, Y), reduce_sum(M, N)
+    - softmax(M, N), log_softmax(M, N), layer_norm(M, N, eps=1e-5) (params X, gamma, beta, Y),
+      rms_norm(M, N, eps=1e-5) (params X, scale, Y), reduce_sum(M, N)
 
     Any op of docs/ops.md also lowers alone, given its operand shapes: `shape=(4, 8)` for one
     operand, `shapes=[(4, 8), (8,)]` for several; other keywords are the op's attributes

@@ -1,9 +1,11 @@
 """Reductions and the multi-stage normalizations: reduce_sum/mean/max, softmax (max, exp, sum,
-norm), layer_norm (mean, var, norm) and rms_norm (mean square, norm).
+norm), log_softmax (max, sum of exp, norm), layer_norm (mean, var, norm) and rms_norm (mean
+square, norm).
 
-A reduction ends the fusion group it joins; softmax, layer_norm and rms_norm are single ops, so
-each is one kernel with its elementwise producers. Their numpy semantics reduce in float64
-(int64 for ints; integer means truncate toward zero, as the kernels' C division does).
+A reduction ends the fusion group it joins; softmax, log_softmax, layer_norm and rms_norm are
+single ops, so each is one kernel with its elementwise producers. Their numpy semantics reduce
+in float64 (int64 for ints; integer means truncate toward zero, as the kernels' C division
+does).
 """
 
 from __future__ import annotations
@@ -200,6 +202,57 @@ SOFTMAX = OpDef(
 )
 
 
+# --- log_softmax ------------------------------------------------------------------------------
+
+
+def _log_softmax_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, axis = f64(xs[0]), get_int(attrs, "axis")
+    shifted = x - x.max(axis=axis, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))
+
+
+def _log_softmax_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """max, the sum of exp(x - max), then x - (max + log(sum)): the numerically stable form
+    (every exp is of a number <= 0, and the sum is >= 1), in three stages over the rows. The
+    exponentials are not stored: the sum recomputes them, and the last stage needs none."""
+    (x,) = args
+    axis = attr_int(op, "axis")
+    n, rest, dt = x.shape[axis], _drop(x.shape, axis), x.dtype
+    mx = k.alloc("log_softmax_max", rest, dt)
+    k.reduce("log_softmax_max", mx, (n,), lambda s, r: x[_insert(s, axis, r)], "max", lowest(dt))
+    total = k.alloc("log_softmax_sum", rest, dt)
+    k.reduce(
+        "log_softmax_sum", total, (n,), lambda s, r: Call("exp", (x[_insert(s, axis, r)] - mx[s],))
+    )
+
+    def norm(i: Indices) -> Expr:
+        o = _drop(i, axis)
+        # One term per row: the vectorized loop splats it, and the C compiler computes it (and
+        # its log) once per row, outside the loop.
+        return x[i] - (mx[o] + Call("log", (total[o],)))
+
+    k.compute("log_softmax_norm", out, norm)
+
+
+def _log_softmax_export(ex: Exporter, op: Op) -> None:
+    ex.node("LogSoftmax", operand_names(op), op.result.name, axis=attr_int(op, "axis"))
+
+
+LOG_SOFTMAX = OpDef(
+    "log_softmax",
+    "x - log(sum(exp(x))) along axis",
+    ("x",),
+    ("axis",),
+    infer=_softmax_infer,
+    fusion=Pattern.REDUCTION,
+    evaluate=_log_softmax_evaluate,
+    lower=_log_softmax_lower,
+    export=_log_softmax_export,
+    # Per element: max, subtract, exp, sum, subtract (the log is one per row).
+    flops=lambda op: 5 * op.result.type.size,
+)
+
+
 # --- layer_norm -------------------------------------------------------------------------------
 
 
@@ -330,4 +383,12 @@ RMS_NORM = OpDef(
     flops=lambda op: 4 * op.result.type.size,
 )
 
-OPS: tuple[OpDef, ...] = (SOFTMAX, LAYER_NORM, RMS_NORM, REDUCE_SUM, REDUCE_MEAN, REDUCE_MAX)
+OPS: tuple[OpDef, ...] = (
+    SOFTMAX,
+    LOG_SOFTMAX,
+    LAYER_NORM,
+    RMS_NORM,
+    REDUCE_SUM,
+    REDUCE_MEAN,
+    REDUCE_MAX,
+)

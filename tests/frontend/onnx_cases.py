@@ -127,6 +127,9 @@ CASES: dict[str, Graph] = {
     "gelu_tanh": one_op("gelu_tanh", [((3, 4), F)], lambda b, x: b.gelu(x, approximate="tanh")),
     "cast": one_op("cast", [((3, 4), F)], lambda b, x: [b.cast(x, "int32"), b.cast(x, "float64")]),
     "softmax": one_op("softmax", [((3, 4, 5), F)], lambda b, x: [b.softmax(x), b.softmax(x, 0)]),
+    "log_softmax": one_op(
+        "log_softmax", [((3, 4, 5), F)], lambda b, x: [b.log_softmax(x), b.log_softmax(x, 1)]
+    ),
     "layer_norm": one_op(
         "layer_norm",
         [((2, 3, 4), F)],

@@ -426,6 +426,60 @@ def test_rms_norm_exports_as_opset_17_arithmetic_and_imports_back(rng):
     np.testing.assert_allclose(evaluate(back, inputs)[0], evaluate(graph, inputs)[0], rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "shape,attrs,opset",
+    [
+        ((4, 1000), {}, 13),
+        ((197, 197), {"axis": -1}, 17),
+        ((2, 5, 7), {"axis": 1}, 17),  # not the last axis
+        ((3, 4, 5), {"axis": 0}, 23),
+    ],
+)
+def test_log_softmax(shape, attrs, opset):
+    import onnxruntime as ort
+
+    nodes = [
+        helper.make_node("Add", ["x", "r"], ["h"]),
+        helper.make_node("LogSoftmax", ["h"], ["y"], **attrs),
+    ]
+    proto = model(nodes, [("x", list(shape)), ("r", list(shape))], ["y"], opset=opset)
+    proto.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", F, list(shape)))
+    onnx.checker.check_model(proto, full_check=True)
+    graph = agrees(proto)
+    assert kinds(graph)["log_softmax"] == 1
+    (op,) = [op for op in graph.ops if op.kind == "log_softmax"]
+    axis = attrs.get("axis", -1) % len(shape)
+    assert op.attr("axis") == axis
+    # Logits up to ±100: onnx's reference evaluator takes the log of a softmax that underflows
+    # to 0 there (-inf); ONNX Runtime and Hexir subtract the max and stay finite.
+    x, r = (current_rng().uniform(-50, 50, shape).astype(np.float32) for _ in range(2))
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, {"x": x, "r": r})
+    (got,) = evaluate(graph, [x, r])
+    h = (x + r).astype(np.float64)
+    mx = h.max(axis=axis, keepdims=True)
+    exact = h - mx - np.log(np.exp(h - mx).sum(axis=axis, keepdims=True))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_log_softmax_exports_as_log_softmax_and_imports_back(rng):
+    from hexir.frontend.onnx_export import export_onnx
+    from hexir.ops.builder import GraphBuilder
+
+    b = GraphBuilder("logits")
+    x = b.input("x", (3, 197, 5))
+    graph = b.build(b.log_softmax(x, axis=1))
+    exported = export_onnx(graph)
+    (node,) = exported.graph.node
+    assert node.op_type == "LogSoftmax" and helper.get_attribute_value(node.attribute[0]) == 1
+    back = import_onnx(exported)
+    assert [(op.kind, dict(op.attrs)) for op in back.ops] == [("log_softmax", {"axis": 1})]
+    inputs = [rng.uniform(-80, 80, (3, 197, 5)).astype(np.float32)]
+    np.testing.assert_array_equal(evaluate(back, inputs)[0], evaluate(graph, inputs)[0])
+
+
 def test_initializers_become_named_constants():
     nodes = [helper.make_node("MatMul", ["x", "layer.weight"], ["y"])]
     graph = import_onnx(

@@ -22,6 +22,7 @@ WORKLOADS = [
     ("dense", dict(M=64, N=200, K=96, bias=True, activation="relu")),
     ("conv2d", dict(N=2, C=16, H=14, W=14, K=32, R=3, S=3, padding=1)),
     ("softmax", dict(M=48, N=300)),
+    ("log_softmax", dict(M=48, N=197)),
     ("layer_norm", dict(M=48, N=300)),
     ("reduce_sum", dict(M=48, N=300)),
 ]

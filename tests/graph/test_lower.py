@@ -76,6 +76,10 @@ def test_matmul_is_the_design_example():
             ["softmax_max", "softmax_exp", "softmax_sum", "softmax_norm"],
         ),
         (
+            workload("log_softmax", M=4, N=8),
+            ["log_softmax_max", "log_softmax_sum", "log_softmax_norm"],
+        ),
+        (
             workload("layer_norm", M=4, N=8),
             ["layer_norm_mean", "layer_norm_var", "layer_norm_norm"],
         ),
@@ -258,6 +262,9 @@ CASES = [
     ("softmax", "float32", [(3, 5)], {}, "normal"),
     ("softmax", "float32", [(2, 3, 4)], {"axis": 1}, "normal"),
     ("softmax", "float32", [(2, 3, 4)], {"axis": 0}, "normal"),
+    ("log_softmax", "float32", [(3, 5)], {}, "normal"),
+    ("log_softmax", "float32", [(2, 3, 4)], {"axis": 1}, "normal"),
+    ("log_softmax", "float32", [(2, 3, 4)], {"axis": 0}, "normal"),
     ("layer_norm", "float32", [(3, 8), (8,), (8,)], {}, "normal"),
     ("layer_norm", "float32", [(2, 3, 4), (3, 4), (3, 4)], {"axis": 1, "epsilon": 1e-3}, "normal"),
     ("rms_norm", "float32", [(3, 8), (8,)], {}, "normal"),
@@ -289,6 +296,7 @@ CASES = [
     ("matmul", "float64", [(4, 6), (6, 3)], {}, "normal"),
     ("conv2d", "float64", [(1, 2, 5, 5), (3, 2, 3, 3)], {"padding": 1, "stride": 2}, "normal"),
     ("softmax", "float64", [(3, 5)], {}, "normal"),
+    ("log_softmax", "float64", [(3, 5)], {}, "normal"),
     ("layer_norm", "float64", [(3, 8), (8,), (8,)], {}, "normal"),
     ("rms_norm", "float64", [(3, 8), (8,)], {}, "normal"),
     ("gelu", "float64", [(4, 5)], {"approximate": "tanh"}, "normal"),

@@ -49,6 +49,11 @@ def test_named_workloads_params_and_blocks():
             ["softmax_max", "softmax_exp", "softmax_sum", "softmax_norm"],
         ),
         (
+            workload("log_softmax", M=4, N=8),
+            [("X", (4, 8), f32), ("Y", (4, 8), f32)],
+            ["log_softmax_max", "log_softmax_sum", "log_softmax_norm"],
+        ),
+        (
             workload("layer_norm", M=4, N=8),
             [("X", (4, 8), f32), ("gamma", (8,), f32), ("beta", (8,), f32), ("Y", (4, 8), f32)],
             ["layer_norm_mean", "layer_norm_var", "layer_norm_norm"],

@@ -227,13 +227,14 @@ def test_rms_norm(shape, axis) -> None:
     bad("rms_norm", x.astype("int32"), arr(*shape[a:]).astype("int32"), match="float tensor")
 
 
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape", [(2, 5), (3, 1, 4)])
-def test_softmax(shape) -> None:
+def test_softmax(kind, shape) -> None:
     x = arr(*shape)
-    assert check("softmax", x, x).attr("axis") == len(shape) - 1
-    assert check("softmax", x, x, axis=-len(shape)).attr("axis") == 0
-    bad("softmax", x, axis=len(shape), match="out of range")
-    bad("softmax", arr(3).astype("int64"), match="float tensor")
+    assert check(kind, x, x).attr("axis") == len(shape) - 1
+    assert check(kind, x, x, axis=-len(shape)).attr("axis") == 0
+    bad(kind, x, axis=len(shape), match="out of range")
+    bad(kind, arr(3).astype("int64"), match="float tensor")
 
 
 # --- elementwise -----------------------------------------------------------------------------
