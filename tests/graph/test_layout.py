@@ -150,3 +150,55 @@ def test_convs_take_their_constant_weights_in_the_panels_their_kernels_read(rng)
         assert "read_buffer_index=1" not in str(report.trace)  # no pack of the weight
     with knobs.scope(pack_weights=False):
         assert layout_weights(graph, Target("cpu")) == graph
+
+
+def _residual_block(rng: np.random.Generator, size: int) -> hexir.Graph:
+    """Two 1x1 convs with bias, their sum and a relu (a ResNet block's end: the main branch
+    and the shortcut meet at the add); the shortcut comes after the main branch."""
+    b = GraphBuilder("block")
+    x = b.input("x", (1, 8, size, size))
+    main = b.conv2d(x, b.constant(rng.standard_normal((16, 8, 1, 1), dtype=np.float32)))
+    main = b.bias_add(main, b.constant(rng.standard_normal(16, dtype=np.float32)), axis=1)
+    shortcut = b.conv2d(x, b.constant(rng.standard_normal((16, 8, 1, 1), dtype=np.float32)))
+    shortcut = b.bias_add(shortcut, b.constant(np.ones(16, np.float32)), axis=1)
+    return b.build(b.relu(b.add(main, shortcut)))
+
+
+def _strided(rng: np.random.Generator) -> hexir.Graph:
+    b = GraphBuilder("strided")
+    x = b.input("x", (1, 8, 32, 32))
+    w = b.constant(rng.standard_normal((16, 8, 1, 1), dtype=np.float32))
+    return b.build(b.relu(b.conv2d(x, w, stride=2)))
+
+
+def test_a_1x1_conv_and_its_epilogues_become_a_matmul_over_the_pixels(rng):
+    from hexir.runtime.target import Target
+
+    graph = _residual_block(rng, 16)  # 256 pixels: whole column panels
+    after = layout_weights(graph, Target("cpu"))
+    assert not any(op.kind == "conv2d" for op in after.ops)
+    matmuls = [op for op in after.ops if op.kind == "matmul"]
+    assert [op.result.type.shape for op in matmuls] == [(16, 256)] * 2
+    assert [op.attr("axis") for op in after.ops if op.kind == "bias_add"] == [0, 0]
+    assert after.outputs == graph.outputs  # read back as [1, K, H, W] under its name
+    x = rng.standard_normal((1, 8, 16, 16), dtype=np.float32)
+    np.testing.assert_allclose(evaluate(after, [x])[0], evaluate(graph, [x])[0], rtol=1e-5)
+    module = hexir.compile(graph)
+    # One kernel per conv: the bias, the residual add and the relu fused into the matmuls;
+    # the image and the results are views.
+    assert [r.ops for r in module.report] == [("matmul", "bias_add"),
+                                              ("matmul", "bias_add", "add", "relu")]  # fmt: skip
+    np.testing.assert_allclose(module.run([x])[0], evaluate(graph, [x])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_1x1_convs_that_do_not_fill_column_panels_or_stride_stay_convs(rng):
+    from hexir.runtime.target import Target
+
+    for graph, convs in ((_residual_block(rng, 7), 2), (_strided(rng), 1)):  # 49 pixels
+        after = layout_weights(graph, Target("cpu"))
+        assert sum(op.kind == "conv2d" for op in after.ops) == convs
+        x = rng.standard_normal(graph.inputs[0].type.shape, dtype=np.float32)
+        got = hexir.compile(graph).run([x])[0]
+        np.testing.assert_allclose(got, evaluate(graph, [x])[0], rtol=1e-4, atol=1e-5)
+    graph = _residual_block(rng, 16)
+    assert layout_weights(graph, Target("cuda")) == graph  # the GPU's kernels read KCRS
