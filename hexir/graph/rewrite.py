@@ -21,7 +21,10 @@ Rounds of these passes run until the graph no longer changes:
   nothing is dropped; a transpose that moves only axes of extent 1 is a reshape (so a view, no
   kernel: hexir.graph.fusion); a chain of broadcasts is one broadcast (this dialect has no
   broadcast op: a broadcast is an add of zeros or a mul by ones that makes the shape larger,
-  and two in a row become one with a single constant);
+  and two in a row become one with a single constant); a reshape of a computed value that
+  an elementwise op (or a bias_add) is the only use of moves below it, the op computing in
+  the value's shape and its other operands viewed there (so an imported 3-D matmul, reshape
+  -> matmul -> reshape, takes its bias, activation and residual add into its kernel);
 - dead ops (and constants nobody uses) are removed (`remove_dead_ops`).
 
 Graph inputs, graph outputs and the type of every value stay as they were: a rewrite that
@@ -30,6 +33,7 @@ would replace a graph output by another value is not made.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -40,7 +44,8 @@ from hexir.graph.evaluate import constant_array
 from hexir.graph.fold import fold_constants
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
-from hexir.ops import make_op
+from hexir.ops import make_op, op_def
+from hexir.ops.base import Pattern
 
 __all__ = ["RewritePass", "fold_batch_norms", "remove_dead_ops", "simplify_graph"]
 
@@ -321,4 +326,75 @@ def _ints(op: Op, key: str) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-_REWRITES: tuple[Rewrite, ...] = (_identity, _reshape, _transpose, _broadcasts)
+def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
+    """f(reshape(x), y, ...) -> reshape(f(x, reshape(y), ...)) for an elementwise f (and a
+    bias_add, its axis moved to the same axis of x's shape) whose reshaped operand has no
+    other use, every other operand of f's shape: a matmul of a 3-D activation (imported as
+    reshape -> matmul -> reshape) then takes its bias and activation into its kernel, which
+    a reshape (a group of its own) would stop. Exact: the same values, in row-major order."""
+    d = op_def(op.kind)
+    if d is None or (d.fusion is not Pattern.ELEMENTWISE and op.kind != "bias_add"):
+        return None
+    shape, attrs = op.result.type.shape, dict(op.attrs)
+    # The operands that are reshapes of one shape, used only here: the source shape.
+    sunk = {}
+    for i, v in enumerate(op.operands):
+        r = p.producer.get(v.name)
+        if (
+            r is not None
+            and r.kind == "reshape"
+            and p.uses.get(v.name) == 1
+            and v.type.shape == shape
+        ):
+            sunk[i] = r.operands[0]  # (not one that broadcasts up)
+    sources = {x.type.shape for x in sunk.values()}
+    # Toward the shape something computes in (not a graph input viewed, which would undo
+    # this rewrite's own views of the other operands).
+    computed = any(
+        (q := p.producer.get(x.name)) is not None and q.kind not in ("reshape", "constant")
+        for x in sunk.values()
+    )
+    if len(sources) != 1 or not computed:
+        return None
+    (source,) = sources
+    if op.kind == "bias_add":
+        axis = _same_axis(shape, source, int(attrs["axis"]))  # type: ignore[arg-type]
+        if 0 not in sunk or axis is None:
+            return None
+        attrs["axis"] = axis
+        inner = make_op(
+            op.kind,
+            [sunk[0], op.operands[1]],
+            attrs,
+            p.fresh(f"{op.result.name}_flat"),
+            op.placement,
+        )
+        back = make_op("reshape", [inner.result], {"shape": shape}, op.result.name, op.placement)
+        return [inner, back]
+    ops, operands = [], []
+    for i, v in enumerate(op.operands):
+        if i in sunk and sunk[i].type.shape == source:
+            operands.append(sunk[i])
+        elif v.type.shape == shape:  # viewed in the source's shape
+            ops.append(
+                make_op("reshape", [v], {"shape": source}, p.fresh(f"{v.name}_flat"), op.placement)
+            )
+            operands.append(ops[-1].result)
+        else:
+            return None
+    inner = make_op(op.kind, operands, attrs, p.fresh(f"{op.result.name}_flat"), op.placement)
+    back = make_op("reshape", [inner.result], {"shape": shape}, op.result.name, op.placement)
+    return [*ops, inner, back]
+
+
+def _same_axis(shape: tuple[int, ...], source: tuple[int, ...], axis: int) -> int | None:
+    """The axis of `source` that row-major order lays out as `axis` of `shape` (the same
+    extent, the same number of elements before it), or None."""
+    before = math.prod(shape[:axis])
+    for a, extent in enumerate(source):
+        if extent == shape[axis] and math.prod(source[:a]) == before:
+            return a
+    return None
+
+
+_REWRITES: tuple[Rewrite, ...] = (_identity, _reshape, _transpose, _broadcasts, _sink_reshape)

@@ -7,7 +7,7 @@ import pytest
 from seeding import current_rng
 
 from hexir.graph.evaluate import evaluate
-from hexir.graph.fusion import partition
+from hexir.graph.fusion import is_view, partition
 from hexir.graph.rewrite import fold_batch_norms, remove_dead_ops, simplify_graph
 from hexir.ir.graph import Graph, Value
 from hexir.ir.graph_text import print_graph
@@ -130,6 +130,33 @@ def test_inner_reshape_with_another_use_stays():
     after = simplified(b.build([b.reshape(inner, (24,)), b.relu(inner)]))
     assert kinds(after) == ["reshape", "reshape", "relu"]
     assert after.ops[1].operands == (x,)
+
+
+def test_a_reshape_sinks_below_elementwise_ops_into_the_shape_its_producer_computes():
+    # A 3-D activation times a 2-D weight, as the ONNX importer writes it: reshape -> matmul
+    # -> reshape, then a bias over the last axis, a gelu and a residual add on 3-D.
+    b = GraphBuilder("g")
+    x, residual = b.input("x", (1, 6, 8)), b.input("r", (1, 6, 12))
+    m = b.matmul(b.reshape(x, (6, 8)), b.constant(rand(8, 12)))
+    h = b.gelu(b.bias_add(b.reshape(m, (1, 6, 12)), b.constant(rand(12)), axis=2))
+    graph = b.build(b.add(h, residual))
+    after = simplified(graph, rtol=1e-6)
+    assert kinds(after) == ["reshape", "constant", "matmul", "constant", "bias_add", "gelu",
+                            "reshape", "add", "reshape"]  # fmt: skip
+    assert [op.attr("axis") for op in after.ops if op.kind == "bias_add"] == [1]
+    # One kernel: the reshapes are views, the epilogues the matmul's.
+    groups = [g for g in partition(after) if not is_view(g)]
+    assert [[op.kind for op in g.ops] for g in groups] == [["matmul", "bias_add", "gelu", "add"]]
+
+
+def test_a_reshape_stays_above_a_broadcast_and_a_viewed_input():
+    b = GraphBuilder("g")
+    x = b.input("x", (4, 6))
+    h = b.reshape(b.exp(x), (24,))
+    wide = b.add(h, b.input("y", (3, 24)))  # h broadcasts up: not sunk
+    viewed = b.relu(b.reshape(x, (24,)))  # a graph input: nothing computes in (4, 6)
+    after = simplified(b.build([wide, viewed]))
+    assert kinds(after) == ["exp", "reshape", "add", "reshape", "relu"]
 
 
 def test_transposes_compose_and_identity_goes():
