@@ -12,6 +12,10 @@ class HexirError(Exception):
         return (type(self), (str(self),))
 
 
+class KnobError(HexirError):
+    """An environment variable of a knob (hexir/knobs.py) that does not parse."""
+
+
 class ParseError(HexirError):
     """Text that does not parse: line, column, the line itself and a caret under the column."""
 

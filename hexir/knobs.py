@@ -20,6 +20,30 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
+def _int(name: str, default: str) -> int:
+    return _number(name, default, int, "an integer")
+
+
+def _float(name: str, default: str) -> float:
+    return _number(name, default, float, "a number")
+
+
+def _number(name: str, default: str, kind: type, what: str):
+    text = _env(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or value < 0:
+        from hexir.errors import KnobError
+
+        raise KnobError(
+            f"the environment variable {name}={text!r} is not {what} of at least 0; unset it "
+            f"for the default ({default}) or set it to {what} (hexir/knobs.py lists every knob)"
+        )
+    return value
+
+
 def _default_cache() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return str(Path(base) / "hexir")
@@ -32,44 +56,40 @@ class Knobs:
     cflags: str = field(default_factory=lambda: _env("HEXIR_CFLAGS", "-O3"))
     # Seconds one C compile may take before it fails (a tuning build gets
     # measure_build_timeout instead: a candidate that slow to compile is not worth waiting for).
-    cc_timeout: float = field(default_factory=lambda: float(_env("HEXIR_CC_TIMEOUT", "600")))
+    cc_timeout: float = field(default_factory=lambda: _float("HEXIR_CC_TIMEOUT", "600"))
     # OpenMP threads for `parallel` loops; 0 means every core.
-    num_threads: int = field(default_factory=lambda: int(_env("HEXIR_NUM_THREADS", "0")))
+    num_threads: int = field(default_factory=lambda: _int("HEXIR_NUM_THREADS", "0"))
     # Where built kernels are cached, keyed by source, flags and compiler version.
     cache_dir: str = field(default_factory=lambda: _env("HEXIR_CACHE_DIR", _default_cache()))
     # Kernel timing: warm-up calls, then repeats until both counts are met.
-    timing_warmup: int = field(default_factory=lambda: int(_env("HEXIR_TIMING_WARMUP", "2")))
-    timing_repeats: int = field(default_factory=lambda: int(_env("HEXIR_TIMING_REPEATS", "10")))
+    timing_warmup: int = field(default_factory=lambda: _int("HEXIR_TIMING_WARMUP", "2"))
+    timing_repeats: int = field(default_factory=lambda: _int("HEXIR_TIMING_REPEATS", "10"))
     # Measurement only (hexir/search/worker.py): a candidate's repeats stop after this many
     # seconds in all (at least three), so a slow candidate costs a few calls, not ten.
     timing_max_seconds: float = field(
-        default_factory=lambda: float(_env("HEXIR_TIMING_MAX_SECONDS", "1.0"))
+        default_factory=lambda: _float("HEXIR_TIMING_MAX_SECONDS", "1.0")
     )
     timing_min_seconds: float = field(
-        default_factory=lambda: float(_env("HEXIR_TIMING_MIN_SECONDS", "0.05"))
+        default_factory=lambda: _float("HEXIR_TIMING_MIN_SECONDS", "0.05")
     )
     # The CPU's fp32 peak in GFLOP/s, the ceiling a profile's "of peak" column divides by;
     # 0 means derive it, with the clock measured once per machine (hexir/runtime/peak.py).
-    cpu_peak_gflops: float = field(
-        default_factory=lambda: float(_env("HEXIR_CPU_PEAK_GFLOPS", "0"))
-    )
+    cpu_peak_gflops: float = field(default_factory=lambda: _float("HEXIR_CPU_PEAK_GFLOPS", "0"))
     # Measurement (hexir/search/measure.py): parallel builds (0 = one per core); seconds one
     # candidate may run (check and timing) before it is killed; seconds the unscheduled
     # reference kernel may take; tolerances of the check against it.
     measure_build_workers: int = field(
-        default_factory=lambda: int(_env("HEXIR_MEASURE_BUILD_WORKERS", "0"))
+        default_factory=lambda: _int("HEXIR_MEASURE_BUILD_WORKERS", "0")
     )
-    measure_timeout: float = field(
-        default_factory=lambda: float(_env("HEXIR_MEASURE_TIMEOUT", "30"))
-    )
+    measure_timeout: float = field(default_factory=lambda: _float("HEXIR_MEASURE_TIMEOUT", "30"))
     measure_build_timeout: float = field(
-        default_factory=lambda: float(_env("HEXIR_MEASURE_BUILD_TIMEOUT", "60"))
+        default_factory=lambda: _float("HEXIR_MEASURE_BUILD_TIMEOUT", "60")
     )
     measure_reference_timeout: float = field(
-        default_factory=lambda: float(_env("HEXIR_MEASURE_REFERENCE_TIMEOUT", "600"))
+        default_factory=lambda: _float("HEXIR_MEASURE_REFERENCE_TIMEOUT", "600")
     )
-    measure_rtol: float = field(default_factory=lambda: float(_env("HEXIR_MEASURE_RTOL", "1e-3")))
-    measure_atol: float = field(default_factory=lambda: float(_env("HEXIR_MEASURE_ATOL", "1e-3")))
+    measure_rtol: float = field(default_factory=lambda: _float("HEXIR_MEASURE_RTOL", "1e-3"))
+    measure_atol: float = field(default_factory=lambda: _float("HEXIR_MEASURE_ATOL", "1e-3"))
     # CPU builds: exp, log, erf, tanh, sigmoid, sqrt, rsqrt and pow in vectorized loops as SIMD
     # helpers (hexir/codegen/c_math.py); off, such a loop runs libm's scalar calls (to compare).
     vector_math: bool = field(
@@ -97,7 +117,7 @@ class Knobs:
     # Cost model (hexir/costmodel/xgb.py): retrain only once the training data has grown by
     # this fraction since the last training (0 = after every update).
     costmodel_retrain_growth: float = field(
-        default_factory=lambda: float(_env("HEXIR_COSTMODEL_RETRAIN_GROWTH", "0.2"))
+        default_factory=lambda: _float("HEXIR_COSTMODEL_RETRAIN_GROWTH", "0.2")
     )
     # Evolutionary search (hexir/search/evolutionary.py): candidates per generation; the share
     # of the initial population taken from the database's best; generations of mutation per
@@ -105,53 +125,47 @@ class Knobs:
     # picked at random; candidates measured per round; failed tries per child before a copy.
     # A round measuring fewer than search_measure_per_round shrinks its population in
     # proportion, down to search_min_population.
-    search_population: int = field(
-        default_factory=lambda: int(_env("HEXIR_SEARCH_POPULATION", "512"))
-    )
+    search_population: int = field(default_factory=lambda: _int("HEXIR_SEARCH_POPULATION", "512"))
     search_min_population: int = field(
-        default_factory=lambda: int(_env("HEXIR_SEARCH_MIN_POPULATION", "64"))
+        default_factory=lambda: _int("HEXIR_SEARCH_MIN_POPULATION", "64")
     )
     search_init_best_fraction: float = field(
-        default_factory=lambda: float(_env("HEXIR_SEARCH_INIT_BEST_FRACTION", "0.2"))
+        default_factory=lambda: _float("HEXIR_SEARCH_INIT_BEST_FRACTION", "0.2")
     )
-    search_generations: int = field(
-        default_factory=lambda: int(_env("HEXIR_SEARCH_GENERATIONS", "4"))
-    )
+    search_generations: int = field(default_factory=lambda: _int("HEXIR_SEARCH_GENERATIONS", "4"))
     search_mutation_probability: float = field(
-        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATION_PROBABILITY", "0.85"))
+        default_factory=lambda: _float("HEXIR_SEARCH_MUTATION_PROBABILITY", "0.85")
     )
-    search_epsilon: float = field(
-        default_factory=lambda: float(_env("HEXIR_SEARCH_EPSILON", "0.05"))
-    )
+    search_epsilon: float = field(default_factory=lambda: _float("HEXIR_SEARCH_EPSILON", "0.05"))
     search_measure_per_round: int = field(
-        default_factory=lambda: int(_env("HEXIR_SEARCH_MEASURE_PER_ROUND", "64"))
+        default_factory=lambda: _int("HEXIR_SEARCH_MEASURE_PER_ROUND", "64")
     )
     search_mutation_tries: int = field(
-        default_factory=lambda: int(_env("HEXIR_SEARCH_MUTATION_TRIES", "4"))
+        default_factory=lambda: _int("HEXIR_SEARCH_MUTATION_TRIES", "4")
     )
     # Relative weights of the mutators (hexir/search/mutators.py), among those that apply.
     search_mutate_tile: float = field(
-        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_TILE", "0.8"))
+        default_factory=lambda: _float("HEXIR_SEARCH_MUTATE_TILE", "0.8")
     )
     search_mutate_unroll: float = field(
-        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_UNROLL", "0.08"))
+        default_factory=lambda: _float("HEXIR_SEARCH_MUTATE_UNROLL", "0.08")
     )
     search_mutate_compute_location: float = field(
-        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_COMPUTE_LOCATION", "0.05"))
+        default_factory=lambda: _float("HEXIR_SEARCH_MUTATE_COMPUTE_LOCATION", "0.05")
     )
     search_mutate_parallel: float = field(
-        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_PARALLEL", "0.04"))
+        default_factory=lambda: _float("HEXIR_SEARCH_MUTATE_PARALLEL", "0.04")
     )
     search_mutate_thread_binding: float = field(
-        default_factory=lambda: float(_env("HEXIR_SEARCH_MUTATE_THREAD_BINDING", "0.03"))
+        default_factory=lambda: _float("HEXIR_SEARCH_MUTATE_THREAD_BINDING", "0.03")
     )
     # Task scheduler (hexir/search/scheduler.py): the weight of the recent improvement against
     # the optimistic forward estimate, and how many rounds back the recent improvement looks.
     tune_gradient_alpha: float = field(
-        default_factory=lambda: float(_env("HEXIR_TUNE_GRADIENT_ALPHA", "0.2"))
+        default_factory=lambda: _float("HEXIR_TUNE_GRADIENT_ALPHA", "0.2")
     )
     tune_gradient_window: int = field(
-        default_factory=lambda: int(_env("HEXIR_TUNE_GRADIENT_WINDOW", "3"))
+        default_factory=lambda: _int("HEXIR_TUNE_GRADIENT_WINDOW", "3")
     )
     # Measure each task's default schedule in its first round (the baseline a tune must beat).
     tune_measure_default: bool = field(

@@ -1,5 +1,6 @@
 """The `hexir` command: run and show, and one-paragraph errors with a non-zero exit."""
 
+import os
 import subprocess
 import sys
 
@@ -99,3 +100,15 @@ def test_console_script_and_module_entry_point():
         [sys.executable, "-m", "hexir", "run", "matmul:M=oops"], capture_output=True, text=True
     )
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "variable,value", [("HEXIR_NUM_THREADS", "abc"), ("HEXIR_MEASURE_TIMEOUT", "-1")]
+)
+def test_a_knob_that_does_not_parse_is_a_clear_error(variable, value):
+    env = {**os.environ, variable: value}
+    done = subprocess.run(
+        [sys.executable, "-m", "hexir", "run", "mlp"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("hexir: error:") and f"{variable}={value!r}" in done.stderr

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from hexir.cli import build, db, run, show, tune
 from hexir.cli.common import parse_workload_spec
-from hexir.errors import HexirError
+from hexir.errors import HexirError, KnobError
 
 __all__ = ["build_parser", "main", "parse_workload_spec"]
 
@@ -50,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); the exit status."""
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()  # its help texts read the knobs
+    except KnobError as error:
+        print(f"hexir: error: {error}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.handler(args)
     except BrokenPipeError:
