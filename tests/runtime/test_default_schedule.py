@@ -244,6 +244,23 @@ def test_cpu_depthwise_conv2d_vectorizes_output_columns_copying_its_planes_per_j
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize("size, blocked", [(7, True), (14, False)])
+def test_cpu_1x1_convs_of_small_images_reduce_over_blocks_of_input_channels(size, blocked, rng):
+    # On 7x7 the weight panel would stream once per row tile: blocks of channels instead.
+    from hexir.search.sketch_cpu import CONV_CHANNEL_BLOCK
+
+    func = hexir.workload("conv2d", N=1, C=256, H=size, W=size, K=64, R=1, S=1)
+    sch = default_schedule(func, "cpu")
+    blocks = f"decision=[{256 // CONV_CHANNEL_BLOCK}, {CONV_CHANNEL_BLOCK}]"
+    assert (blocks in str(sch.trace)) == blocked
+    x, w = (rng.standard_normal(b.shape).astype(b.dtype) for b in func.inputs)
+    (out,) = (np.full(b.shape, np.nan, b.dtype) for b in func.outputs)
+    hexir.build(sch.func, "cpu")(x, w, out)
+    (ref,) = hexir.reference(func, [x, w])
+    # Sums of 256 products of unit normals: float32's error grows with their size.
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("channels, stride", [(128, 1), (192, 2), (64, 1)])
 def test_cpu_conv2d_reduces_over_blocks_of_input_channels_with_its_rows_inside(
     channels, stride, rng
