@@ -9,8 +9,9 @@ almost nothing and a run's time is the cost of calling the kernels; per-command 
 that time over the number of commands. Then whole zoo models (default schedules): each
 one's end-to-end time (a plain `Module.run`) beside the sum of its kernels' times (the
 native runner's clock between commands), both ways. Medians over rounds that alternate the
-two ways, each round a median of `--repeats` runs. numpy's matmul 1024^3 is printed first and
-last (benchmarks/quiet.py): quote a run only when both are at the machine's quiet level.
+two ways (and which goes first), each round a median of `--repeats` runs. numpy's matmul
+1024^3 is printed first and last (benchmarks/quiet.py): quote a run only when both are at
+the machine's quiet level.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def measure(
     modules = both_ways(graph)
     inputs = inputs_of(graph)
     got: dict[str, list[tuple[float, float]]] = {way: [] for way in modules}
-    for _ in range(rounds):
-        for way, module in modules.items():
+    for n in range(rounds):
+        # Which way goes first alternates: the first of a pair runs on a colder machine.
+        for way, module in sorted(modules.items(), reverse=n % 2 == 1):
             got[way].append(timings(module, inputs, repeats))
     medians = {
         way: (statistics.median(e for e, _ in t), statistics.median(s for _, s in t))
