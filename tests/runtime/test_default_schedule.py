@@ -180,14 +180,33 @@ def test_row_reductions_the_lanes_do_not_divide_still_reduce_in_lanes(rng):
     check_on_cpu(func, sch.func, rng)
 
 
-def test_cpu_permuting_copies_fuse_only_the_loops_the_cores_need(rng):
-    # A transpose reads across its vector loop: it does not vectorize. Only the outer loops
-    # that give the cores enough jobs are fused and run in parallel; the inner ones stay
-    # nested, free of the fused index's divisions.
+def test_cpu_transposes_run_in_unrolled_8x8_tiles_in_parallel_over_the_outer_loops(rng):
+    # A transpose reads across its vector loop: it does not vectorize. It runs in 8 x 8 tiles
+    # over the loop it writes along and the one it reads along, both unrolled (straight-line
+    # code GCC transposes in registers); only the outer loops that give the cores enough jobs
+    # are fused and run in parallel, the inner ones nested, free of the fused index's
+    # divisions.
     func = hexir.workload("transpose", shape=(12, 128, 64), perm=(0, 2, 1))
     sch = default_schedule(func, "cpu")
     kinds = [(lp.kind, lp.extent) for lp in _loops(sch.func)]
-    assert kinds == [("parallel", 12), ("serial", 64), ("serial", 128)]
+    assert kinds == [("parallel", 12), ("serial", 8), ("serial", 16), ("unrolled", 8),
+                     ("unrolled", 8)]  # fmt: skip
+    check_on_cpu(func, sch.func, rng)
+
+
+@pytest.mark.parametrize(
+    "shape, perm, tiled",
+    [
+        ((128, 12, 64), (1, 2, 0), True),
+        ((12, 197, 64), (0, 2, 1), False),
+        ((128, 12, 64), (1, 0, 2), False),
+    ],  # fmt: skip
+)
+def test_cpu_transposes_tile_where_8_divides_both_loops(shape, perm, tiled, rng):
+    # 197 keeps the plain loops; a transpose that keeps the last axis vectorizes instead.
+    func = hexir.workload("transpose", shape=shape, perm=perm)
+    sch = default_schedule(func, "cpu")
+    assert any(lp.kind == "unrolled" for lp in _loops(sch.func)) == tiled
     check_on_cpu(func, sch.func, rng)
 
 
