@@ -53,7 +53,13 @@ def _run_cpu(func: hexir.PrimFunc, scheduled: hexir.PrimFunc, rng: np.random.Gen
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", WORKLOADS)
+# batch_matmul and dense take matmul's schedule family: the quick loop compiles matmul's.
+_SLOW = {"batch_matmul": pytest.mark.slow, "dense": pytest.mark.slow}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=_SLOW[n]) if n in _SLOW else n for n in WORKLOADS]
+)
 def test_gpu_schedule_compiles_for_sm80_and_sm90_and_computes_numpy_on_the_cpu(name, rng):
     func = hexir.workload(name, **WORKLOADS[name])
     sch = gpu_schedule(func)

@@ -3,6 +3,7 @@ import os
 import signal
 import sqlite3
 
+import pytest
 from db_fixtures import tiny_func, write_records, write_until_killed
 
 import hexir
@@ -11,6 +12,7 @@ from hexir.database import Database
 WRITERS, EACH = 4, 300
 
 
+@pytest.mark.slow  # four interpreters start (6 s); the killed-writer test below stays quick
 def test_four_processes_writing_at_once_lose_nothing(tmp_path) -> None:
     url = f"sqlite:///{tmp_path}/shared.db"
     ctx = multiprocessing.get_context("spawn")
