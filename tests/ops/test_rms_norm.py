@@ -5,13 +5,11 @@ and compute numpy's answer on the CPU path. ONNX import and export: tests/fronte
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
+from gpu_rows import check_gpu_sketch_samples, check_hand_gpu_schedule
 
 import hexir
-from hexir.codegen.cuda import generate_cuda
 from hexir.graph.evaluate import evaluate
 from hexir.graph.fusion import partition
 from hexir.ir.graph import Graph
@@ -22,15 +20,11 @@ from hexir.ops import op_flops
 from hexir.ops.builder import GraphBuilder
 from hexir.ops.parse import parse_graph
 from hexir.runtime.default_schedule import MIN_PARALLEL_ITERATIONS, default_schedule
-from hexir.runtime.nvrtc import compile_cuda
 from hexir.runtime.target import Target
 from hexir.schedule import Trace
 from hexir.schedule.common import all_blocks
-from hexir.schedule.handwritten import gpu_schedule
-from hexir.search.space import SearchSpace
 
 ROWS = [(4, 768), (197, 768), (5, 12)]  # 197: ViT's odd token count; 12: shorter than 2 vectors
-SM90 = "cuda -arch=sm_90"
 
 
 def rms_norm(x: np.ndarray, scale: np.ndarray, axis: int, eps: float) -> np.ndarray:
@@ -136,22 +130,8 @@ def test_over_trailing_axes_the_compiled_module_matches_numpy(rng):
 @pytest.mark.parametrize("M,N", [(4, 768), (197, 768)])
 def test_the_hand_gpu_schedule_is_one_block_per_row_and_compiles_with_nvrtc(M, N, rng):
     func = hexir.workload("rms_norm", M=M, N=N)
-    sch = gpu_schedule(func)
-    assert Trace.from_json(sch.trace.to_json()).apply(func).func == sch.func
-    bound = {lp.kind: lp.extent for lp in walk(sch.func.body) if isinstance(lp, For)}
-    assert bound["blockIdx.x"] == M and "threadIdx.x" in bound
-    cuda = generate_cuda(sch.func, Target(SM90))
-    assert cuda.source.count("__global__") == 1 and "rsqrtf(" in cuda.source
-    assert compile_cuda(cuda.source, Target(SM90), cuda.name).resources["registers"] > 0
-    assert default_schedule(func, SM90).func == sch.func  # the GPU default takes it
-    run_on_cpu(func, sch.func, rng)
+    check_hand_gpu_schedule(func, M, ("rsqrtf(",), run_on_cpu, rng)
 
 
 def test_gpu_sketch_samples_replay_and_compute_numpy_on_the_cpu():
-    func = hexir.workload("rms_norm", M=6, N=48)
-    schedules = SearchSpace().sample_schedules(func, SM90, random.Random(0), 4)
-    for k, sch in enumerate(schedules):
-        assert Trace.from_json(sch.trace.to_json()).apply(func).func == sch.func
-        kinds = {lp.kind for lp in walk(sch.func.body) if isinstance(lp, For)}
-        assert {"blockIdx.x", "threadIdx.x"} <= kinds
-        run_on_cpu(func, sch.func, np.random.default_rng(k))
+    check_gpu_sketch_samples(hexir.workload("rms_norm", M=6, N=48), run_on_cpu)
