@@ -30,9 +30,10 @@ here, as the kernel reads it:
   like a matmul (b = 16 on AVX2: ResNet-50's 2048x7x7 -> 512 2.0 -> 0.96 ms, 1024x14x14 ->
   2048 with stride 2 3.7 -> 2.3 ms);
 - on the CPU, before those, a 1x1 conv of one image with stride 1 whose pixels fill whole
-  column panels (56x56, 28x28; not 14x14 or 7x7) becomes, with its chain of epilogues, a
-  matmul of its weight [K, C] by the image as [C, H*W], vectorized along the pixels
-  (`_pointwise_convs_as_matmuls`; ResNet-50 and MobileNetV2 0.95x and 0.94x the time).
+  column panels (56x56, 28x28; not 14x14 or 7x7) becomes a matmul of its weight [K, C] by
+  the image as [C, H*W], vectorized along the pixels, its epilogues moved onto [K, H*W] by
+  `simplify_graph`'s reshape sink (`_pointwise_convs_as_matmuls`; ResNet-50 and MobileNetV2
+  0.95x and 0.94x the time).
 The result keeps its value (and name), so users, graph outputs and fusion are as before; the
 rewrites are exact (the same products summed in the same order).
 
@@ -47,8 +48,8 @@ from __future__ import annotations
 import numpy as np
 
 from hexir import knobs
-from hexir.graph.rewrite import RewritePass, remove_dead_ops
-from hexir.ir.graph import Graph, Op, Value
+from hexir.graph.rewrite import RewritePass, remove_dead_ops, simplify_graph
+from hexir.ir.graph import Graph, Op
 from hexir.ops import make_op
 from hexir.ops.contraction import block_matmul_weight
 from hexir.ops.nn import block_conv_weight
@@ -133,47 +134,23 @@ def _blocked_conv(op: Op, p: RewritePass, target: Target) -> list[Op] | None:
 
 # --- 1x1 convs over the pixels -----------------------------------------------------------------
 
-# Ops that a 1x1 conv's chain of epilogues may hold, computed on [K, H*W] as on [1, K, H, W].
-_POINTWISE_EPILOGUE = frozenset({"bias_add", "add", "mul", "sub", "relu", "relu6", "clip",
-                                 "sigmoid", "hardswish", "gelu", "tanh"})  # fmt: skip
-
 
 def _pointwise_convs_as_matmuls(graph: Graph, target: Target) -> Graph:
     """Each 1x1 conv of one image (stride 1, no padding, one group, constant weight) whose
-    pixels fill whole column panels, with its chain of epilogues, as a matmul of the weight
-    [K, C] by the image read as [C, H*W] (a view), the epilogues on [K, H*W], and the result
-    read back as [1, K, H, W] (a view): the kernel vectorizes along the pixels, contiguous in
-    the image and the output, instead of along the filters, written back across the output
-    channels a plane apart (256 -> 128 on 56x56: 3.7 -> 2.1 ms; 128 -> 512 on 28x28 with the
-    residual add: 1.6 -> 1.0 ms). The epilogue chain follows the conv's result while each op
-    is its value's only use, elementwise over the result's shape or a bias_add over its
-    channels."""
+    pixels fill whole column panels as a matmul of the weight [K, C] by the image read as
+    [C, H*W] (a view), read back as [1, K, H, W] (a view): the kernel vectorizes along the
+    pixels, contiguous in the image and the output, instead of along the filters, written
+    back across the output channels a plane apart (256 -> 128 on 56x56: 3.7 -> 2.1 ms; 128 ->
+    512 on 28x28 with the residual add: 1.6 -> 1.0 ms). `simplify_graph` then moves the
+    reshape below the conv's elementwise epilogues (bias, residual add, activation), so they
+    compute on [K, H*W] in the matmul's kernel."""
     p = RewritePass(graph)
-    consumers: dict[str, list[Op]] = {}
-    for op in graph.ops:
-        for v in op.operands:
-            consumers.setdefault(v.name, []).append(op)
-    # The last op of a chain -> the ops in its place (where every operand of the chain is
-    # defined: a residual branch may come after the conv); the chain's other ops are dropped.
-    replaced: dict[str, list[Op]] = {}
-    skipped: set[str] = set()
-    claimed: set[str] = set()  # ops in a chain already (two convs' chains meet at an add)
-    for op in graph.ops:
-        if not _pointwise_conv(op, p, target):
-            continue
-        chain = _epilogue_chain(op, p, consumers, claimed)
-        replaced[(chain[-1] if chain else op).result.name] = _as_matmul(op, chain, p)
-        skipped.update(c.result.name for c in [op, *chain[:-1]])
-        claimed.update(c.result.name for c in chain)
-    if not replaced:
-        return graph
     ops: list[Op] = []
     for op in graph.ops:
-        if op.result.name in replaced:
-            ops.extend(replaced[op.result.name])
-        elif op.result.name not in skipped:
-            ops.append(op)
-    return remove_dead_ops(p.finish(ops))
+        ops.extend(_as_matmul(op, p) if _pointwise_conv(op, p, target) else [op])
+    if len(ops) == len(graph.ops):
+        return graph
+    return simplify_graph(p.finish(ops))
 
 
 def _pointwise_conv(op: Op, p: RewritePass, target: Target) -> bool:
@@ -188,61 +165,15 @@ def _pointwise_conv(op: Op, p: RewritePass, target: Target) -> bool:
     return _panel(k, h * w, target) > 0
 
 
-def _epilogue_chain(
-    conv: Op, p: RewritePass, consumers: dict[str, list[Op]], claimed: set[str]
-) -> list[Op]:
-    """The ops after `conv` that compute on its result's shape, each the only use of the one
-    before and in no other chain (see `_pointwise_convs_as_matmuls`)."""
-    chain: list[Op] = []
-    value, shape = conv.result, conv.result.type.shape
-    while p.uses.get(value.name) == 1 and not p.is_output(value):
-        (op,) = consumers[value.name]
-        if op.kind not in _POINTWISE_EPILOGUE or op.result.type.shape != shape:
-            break
-        if op.result.name in claimed:
-            break
-        others = [v for v in op.operands if v.name != value.name]
-        if op.kind == "bias_add":
-            if op.operands[0].name != value.name or op.attr("axis") != 1:
-                break
-        elif any(v.type.shape != shape for v in others) or len(others) != len(op.operands) - 1:
-            break
-        chain.append(op)
-        value = op.result
-    return chain
-
-
-def _as_matmul(conv: Op, chain: list[Op], p: RewritePass) -> list[Op]:
-    """`conv` and its `chain` on [K, H*W], then the last result as [1, K, H, W] under its
-    name."""
+def _as_matmul(conv: Op, p: RewritePass) -> list[Op]:
+    """`conv` as reshape -> matmul -> reshape, the last under the conv's name."""
     x, w = conv.operands
-    _, k, h, width = conv.result.type.shape
-    columns = (w.type.shape[1], h * width)
-    where = conv.placement
-    ops: list[Op] = []
-
-    def flat(v: Value, shape: tuple[int, ...]) -> Value:
-        op = make_op("reshape", [v], {"shape": shape}, p.fresh(f"{v.name}_flat"), where)
-        ops.append(op)
-        return op.result
-
-    weight = p.constant(f"{w.name}_kc", p.data[w.name].reshape(k, columns[0]), where)
-    ops.append(weight)
-    value = make_op(
-        "matmul", [weight.result, flat(x, columns)], {}, p.fresh(f"{conv.result.name}_kp"), where
-    )
-    ops.append(value)
-    previous = conv.result.name  # the name the next op of the chain reads it by
-    for op in chain:
-        attrs = dict(op.attrs)
-        if op.kind == "bias_add":  # the bias [K] stays, along the rows
-            operands, attrs["axis"] = [value.result, op.operands[1]], 0
-        else:
-            operands = [
-                value.result if v.name == previous else flat(v, (k, h * width)) for v in op.operands
-            ]
-        previous = op.result.name
-        value = make_op(op.kind, operands, attrs, p.fresh(f"{op.result.name}_kp"), where)
-        ops.append(value)
-    ops.append(make_op("reshape", [value.result], {"shape": (1, k, h, width)}, previous, where))
-    return ops
+    shape = conv.result.type.shape
+    k, c, where = shape[1], w.type.shape[1], conv.placement
+    weight = p.constant(f"{w.name}_kc", p.data[w.name].reshape(k, c), where)
+    image = make_op("reshape", [x], {"shape": (c, shape[2] * shape[3])},
+                    p.fresh(f"{x.name}_flat"), where)  # fmt: skip
+    product = make_op("matmul", [weight.result, image.result], {},
+                      p.fresh(f"{conv.result.name}_kp"), where)  # fmt: skip
+    back = make_op("reshape", [product.result], {"shape": shape}, conv.result.name, where)
+    return [weight, image, product, back]

@@ -349,7 +349,9 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
             sunk[i] = r.operands[0]  # (not one that broadcasts up)
     sources = {x.type.shape for x in sunk.values()}
     # Toward the shape something computes in (not a graph input viewed, which would undo
-    # this rewrite's own views of the other operands).
+    # this rewrite's own views of the other operands), and only toward fewer axes: two
+    # chains that meet (a residual add of a 2-D matmul's result and a 4-D conv's) would
+    # otherwise pull the ops between them back and forth.
     computed = any(
         (q := p.producer.get(x.name)) is not None and q.kind not in ("reshape", "constant")
         for x in sunk.values()
@@ -357,6 +359,8 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
     if len(sources) != 1 or not computed:
         return None
     (source,) = sources
+    if len(source) >= len(shape):
+        return None
     if op.kind == "bias_add":
         axis = _same_axis(shape, source, int(attrs["axis"]))  # type: ignore[arg-type]
         if 0 not in sunk or axis is None:

@@ -202,3 +202,19 @@ def test_1x1_convs_that_do_not_fill_column_panels_or_stride_stay_convs(rng):
         np.testing.assert_allclose(got, evaluate(graph, [x])[0], rtol=1e-4, atol=1e-5)
     graph = _residual_block(rng, 16)
     assert layout_weights(graph, Target("cuda")) == graph  # the GPU's kernels read KCRS
+
+
+def test_a_bottleneck_resnet_with_its_1x1_convs_as_matmuls_reaches_a_fixed_point(rng):
+    # 2-D matmuls between 4-D views meet 4-D convs at every residual add: simplify_graph's
+    # reshape sink must not pull the ops between them back and forth.
+    from hexir.frontend import zoo
+    from hexir.graph.rewrite import simplify_graph
+    from hexir.runtime.target import Target
+
+    graph = zoo.resnet(50, image=64, width=8, classes=10)
+    after = layout_weights(simplify_graph(graph), Target("cpu"))
+    assert sum(op.kind == "matmul" for op in after.ops) > 1
+    x = rng.standard_normal(graph.inputs[0].type.shape, dtype=np.float32)
+    np.testing.assert_allclose(
+        evaluate(after, [x])[0], evaluate(graph, [x])[0], rtol=1e-4, atol=1e-5
+    )
