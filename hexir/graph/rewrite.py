@@ -361,31 +361,24 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
     (source,) = sources
     if len(source) >= len(shape):
         return None
+    ops: list[Op] = []
     if op.kind == "bias_add":
         axis = _same_axis(shape, source, int(attrs["axis"]))  # type: ignore[arg-type]
         if 0 not in sunk or axis is None:
             return None
         attrs["axis"] = axis
-        inner = make_op(
-            op.kind,
-            [sunk[0], op.operands[1]],
-            attrs,
-            p.fresh(f"{op.result.name}_flat"),
-            op.placement,
-        )
-        back = make_op("reshape", [inner.result], {"shape": shape}, op.result.name, op.placement)
-        return [inner, back]
-    ops, operands = [], []
-    for i, v in enumerate(op.operands):
-        if i in sunk and sunk[i].type.shape == source:
-            operands.append(sunk[i])
-        elif v.type.shape == shape:  # viewed in the source's shape
-            ops.append(
-                make_op("reshape", [v], {"shape": source}, p.fresh(f"{v.name}_flat"), op.placement)
-            )
-            operands.append(ops[-1].result)
-        else:
-            return None
+        operands = [sunk[0], op.operands[1]]
+    else:
+        operands = []
+        for i, v in enumerate(op.operands):
+            if i in sunk:
+                operands.append(sunk[i])
+            elif v.type.shape == shape:  # viewed in the source's shape
+                name = p.fresh(f"{v.name}_flat")
+                ops.append(make_op("reshape", [v], {"shape": source}, name, op.placement))
+                operands.append(ops[-1].result)
+            else:
+                return None
     inner = make_op(op.kind, operands, attrs, p.fresh(f"{op.result.name}_flat"), op.placement)
     back = make_op("reshape", [inner.result], {"shape": shape}, op.result.name, op.placement)
     return [*ops, inner, back]
