@@ -18,8 +18,8 @@ it was, and the default does less.
   outside it are fused and run in parallel (OpenMP). A window reduction that does not
   vectorize (a pool with stride 2) runs per output row: the outer loops in parallel, each
   output accumulated in a register over its window, unrolled. A copy whose innermost loop
-  reads with a stride (a transpose) runs in unrolled 8 x 8 tiles instead. A kernel of fewer than
-  MIN_PARALLEL_ITERATIONS iterations in all (here and of row stages) runs on one core.
+  reads with a stride (a transpose) runs in unrolled 8 x 8 tiles instead. A kernel of fewer
+  than MIN_PARALLEL_ITERATIONS iterations in all (here and of row stages) runs on one core.
 - GPU: the hand-written reference schedule (hexir/schedule/handwritten.py: tiled
   contractions with shared-memory operands, one thread block per row of a row reduction,
   flat elementwise kernels) where it applies and passes the GPU verifier; otherwise
@@ -108,10 +108,10 @@ def _cpu_tiled(func: PrimFunc, target: Target) -> Schedule | None:
 def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
     """A chain of stages over the same rows, each with one loop along the row (softmax's max,
     exp, sum and norm; layer_norm's mean, variance and norm; a reduce_sum over the last axis
-    alone): the rows in parallel, every
-    stage computed per row (so a row stays in L1 and the stages share one parallel region),
-    each reduction's partial sums in vector lanes (rfactor), each other stage vectorized.
-    None when the stages do not have that shape or a primitive refuses."""
+    alone): the rows in parallel (where `_worth_sharing`), every stage computed per row (so
+    a row stays in L1 and the stages share one parallel region), each reduction's partial
+    sums in vector lanes (rfactor), each other stage vectorized. None when the stages do not
+    have that shape or a primitive refuses."""
     names = [b.name for b in all_blocks(func.body)]
     sch = Schedule(func)
     shared = _shared_prefix(sch, names)
@@ -197,12 +197,13 @@ def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedul
             rows = sch.copy()  # a window reduction, on a copy: a refusal leaves sch as it was
             if _attempt(lambda: _window_rows(rows, name, spatial, reduce, target, share)):
                 return rows
+        leading = _leading_spatial(loops, kinds)
         if not reduce:
             tiled = sch.copy()  # a transposing copy, on a copy likewise
             tiles: list[LoopRV] = []
             if _attempt(lambda: tiles.extend(_transpose_tiles(tiled, name, spatial))):
-                sch, loops, kinds = tiled, tiles, ["spatial"] * len(tiles)
-        outer = _enough_jobs(sch, _leading_spatial(loops, kinds), target)
+                sch, leading = tiled, tiles  # the loops outside the tiles, all spatial
+        outer = _enough_jobs(sch, leading, target)
     if outer and share:
         _attempt(lambda: sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0]))
     return sch

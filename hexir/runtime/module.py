@@ -260,17 +260,18 @@ class _CpuBuffers:
             )
             for c in module.commands
         ]
-        self.runner = self._native_runner(module, sorted(bound))
+        # The values whose pointers each run hands the native runner, in its order.
+        self.bound_names = sorted(bound)
+        self.runner = self._native_runner(module)
 
-    def _native_runner(self, module: Module, bound: list[str]) -> native.NativeRunner | None:
+    def _native_runner(self, module: Module) -> native.NativeRunner | None:
         """The commands as one native call (hexir/runtime/native.py), unless the knob is off
-        or a kernel takes more arguments than the runner calls with; `self.bound_names`: the
-        values whose pointers each run hands it, in the runner's order."""
+        or a kernel takes more arguments than the runner calls with."""
         if not knobs.get().native_run or not native.NativeRunner.fits(
             [len(p) for _, p, _ in self.calls]
         ):
             return None
-        self.bound_names = bound
+        bound = self.bound_names
         index = {name: i for i, name in enumerate(bound)}
         calls = [(fn, p, [(i, index[name]) for i, name in slots]) for fn, p, slots in self.calls]
         library = module.runner_library or native.runner_library(module.target)

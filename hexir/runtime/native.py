@@ -120,7 +120,6 @@ class NativeRunner:
         library: Path,
     ):
         self.num_commands = len(calls)
-        self.num_bound = num_bound
         flat: list[int] = []
         patch_at: list[int] = []
         patch_of: list[int] = []
