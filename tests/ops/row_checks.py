@@ -1,5 +1,6 @@
-"""Checks shared by the row ops' tests (rms_norm, log_softmax): the hand-written GPU schedule
-and the GPU search space on one-row-per-block kernels, each result run on the CPU."""
+"""Checks shared by the row ops' tests (rms_norm, log_softmax): a schedule's root loops, the
+hand-written GPU schedule and the GPU search space on one-row-per-block kernels, each result
+run on the CPU."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ from hexir.search.space import SearchSpace
 
 SM90 = "cuda -arch=sm_90"
 RunOnCpu = Callable[[PrimFunc, PrimFunc, np.random.Generator], None]
+
+
+def root_loops(func: PrimFunc) -> list[For]:
+    """The loops of `func` that no other loop encloses."""
+    top = [n for n in walk(func.body) if isinstance(n, For)]
+    return [lp for lp in top if not any(lp is not o and lp in list(walk(o.body)) for o in top)]
 
 
 def check_hand_gpu_schedule(

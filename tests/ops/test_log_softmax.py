@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_rows import check_gpu_sketch_samples, check_hand_gpu_schedule
+from row_checks import check_gpu_sketch_samples, check_hand_gpu_schedule, root_loops
 
 import hexir
 from hexir.graph.evaluate import evaluate
@@ -91,16 +91,11 @@ def test_the_text_forms_round_trip():
     assert hexir.parse(str(func)) == func
 
 
-def _root_loops(func: PrimFunc) -> list[For]:
-    top = [n for n in walk(func.body) if isinstance(n, For)]
-    return [lp for lp in top if not any(lp is not o and lp in list(walk(o.body)) for o in top)]
-
-
 @pytest.mark.parametrize("M,N,kind", ROWS)
 def test_the_default_cpu_schedule_runs_rows_in_parallel_reducing_in_lanes(M, N, kind, rng):
     func = hexir.workload("log_softmax", M=M, N=N)
     sch = default_schedule(func, "cpu")
-    roots = _root_loops(sch.func)
+    roots = root_loops(sch.func)
     # One loop over the rows with every stage inside: parallel where there is work to share.
     shared = M * N * len(STAGES) >= MIN_PARALLEL_ITERATIONS
     assert shared == (kind == "parallel")

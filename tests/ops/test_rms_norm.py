@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_rows import check_gpu_sketch_samples, check_hand_gpu_schedule
+from row_checks import check_gpu_sketch_samples, check_hand_gpu_schedule, root_loops
 
 import hexir
 from hexir.graph.evaluate import evaluate
@@ -81,16 +81,11 @@ def test_the_text_forms_round_trip():
     assert hexir.parse(str(func)) == func
 
 
-def _root_loops(func: PrimFunc) -> list[For]:
-    top = [n for n in walk(func.body) if isinstance(n, For)]
-    return [lp for lp in top if not any(lp is not o and lp in list(walk(o.body)) for o in top)]
-
-
 @pytest.mark.parametrize("M,N", ROWS)
 def test_the_default_cpu_schedule_runs_rows_in_parallel_reducing_in_lanes(M, N, rng):
     func = hexir.workload("rms_norm", M=M, N=N)
     sch = default_schedule(func, "cpu")
-    roots = _root_loops(sch.func)
+    roots = root_loops(sch.func)
     # One parallel region over the rows, where there is work enough to share.
     shared = M * N * 2 >= MIN_PARALLEL_ITERATIONS
     assert [lp.kind for lp in roots] == ["parallel" if shared else "serial"]
