@@ -44,6 +44,21 @@ def _number(name: str, default: str, kind: type, what: str):
     return value
 
 
+def _choice(name: str, default: str, options: tuple[str, ...]) -> str:
+    text = _env(name, default)
+    if text not in options:
+        from hexir.errors import KnobError
+
+        raise KnobError(
+            f"the environment variable {name}={text!r} is not one of {', '.join(options)}; "
+            f"unset it for the default ({default}) (hexir/knobs.py lists every knob)"
+        )
+    return text
+
+
+_WINOGRAD = ("auto", "0", "2", "4")
+
+
 def _default_cache() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return str(Path(base) / "hexir")
@@ -100,6 +115,10 @@ class Knobs:
     pack_weights: bool = field(
         default_factory=lambda: _env("HEXIR_PACK_WEIGHTS", "1") not in ("0", "false")
     )
+    # Compile time, CPU: 3x3 convs of stride 1 in the Winograd form F(m, 3) where their output
+    # tiles are many enough (hexir/graph/layout.py, `winograd_tile`): "auto"; "0" keeps every
+    # conv direct, "2" or "4" forces F(2, 3) or F(4, 3) on every conv that has the form.
+    winograd: str = field(default_factory=lambda: _choice("HEXIR_WINOGRAD", "auto", _WINOGRAD))
     # CPU modules: a planned run calls every command from one native function
     # (hexir/runtime/native.py); off, Python calls each kernel in turn (to compare).
     native_run: bool = field(

@@ -54,6 +54,8 @@ from hexir.schedule.common import conjoin, conjuncts
 UNROLL_MAX_EXTENT = 64
 # Nodes in the unrolled result: beyond this the source (and GCC's compile time) balloons.
 UNROLL_MAX_NODES = 8192
+# A body may shrink this many times when folded per copy (`_small`).
+UNROLL_FOLD_SLACK = 64
 # A partitioned loop's body is copied up to three times: only a body up to this size is.
 PARTITION_MAX_NODES = 8192
 # A loop up to this extent is peeled where the guards of inner loops read its var.
@@ -108,6 +110,12 @@ def _unroll(stmt: Stmt) -> Stmt:
         map_stmt(_substitute(stmt.body, {stmt.var: IntImm(v)}), stmt_fn=_fold)
         for v in range(stmt.extent)
     ]
+    size = sum(nodes(c) for c in copies)
+    # A case split on the var folds to one case a copy: the copies are no larger than the
+    # loop was, and may then go up to twice the limit (Winograd's 36 cases: ~9500 nodes).
+    folds = size <= nodes(stmt.body) * 21 // 20
+    if size > UNROLL_MAX_NODES and not (folds and size <= 2 * UNROLL_MAX_NODES):
+        return stmt
     # A copy that declares a buffer keeps its own C scope, so the names do not clash.
     return seq(*(_scoped(c) for c in copies))  # type: ignore[arg-type]
 
@@ -304,9 +312,11 @@ def _dead(stmt: Stmt) -> bool:
 
 
 def _small(loop: For) -> bool:
+    """Whether the loop may be small enough to expand: the copies, folded, are counted
+    after (a case split on the loop var folds to one case a copy: Winograd's transforms)."""
     if not 0 < loop.extent <= UNROLL_MAX_EXTENT:
         return False
-    return loop.extent * nodes(loop.body) <= UNROLL_MAX_NODES
+    return loop.extent * nodes(loop.body) <= UNROLL_FOLD_SLACK * UNROLL_MAX_NODES
 
 
 def nodes(stmt: Stmt) -> int:

@@ -11,9 +11,10 @@ order:
   consumers, and at most one reduction, which ends the group (`exp -> reduce_sum`);
 - an out-fusable op (matmul, batch_matmul, dense, conv2d) takes elementwise and broadcast
   epilogues (bias_add, batch_norm, activations, the residual add);
-- a cheap injective op (pad, concat, a slice with unit inner step, a transpose that keeps the
-  innermost axis) takes elementwise and broadcast consumers; any other injective op, a
-  reduction, or an opaque op stands alone, and so does a reshape (a view, below).
+- a cheap injective op (pad, concat, a slice with unit inner step, a transpose: its kernel
+  computes its consumers where it stores, a transposing copy in tiles included) takes
+  elementwise and broadcast consumers; any other injective op, a reduction, or an opaque op
+  stands alone, and so does a reshape (a view, below).
 
 A consumer joins the group of one of its operands (out-fusable groups first) only if the
 operands it reads from that group are not broadcast up (for a reduction: only its data
@@ -193,8 +194,7 @@ def _opens(op: Op, p: Pattern) -> frozenset[Pattern]:
 def cheap_injective(op: Op) -> bool:
     """Whether an injective op is cheap to compute inside its consumer's kernel: its
     definition's `cheap` says so (the consumer still reads its operand row by row: reshape,
-    pad, concat, a slice with a unit step on the innermost axis, a transpose that keeps the
-    innermost axis in place)."""
+    pad, concat, a slice with a unit step on the innermost axis, a transpose)."""
     d = op_def(op.kind)
     return d is not None and d.cheap is not None and d.cheap(op)
 

@@ -53,6 +53,7 @@ from hexir.ir.graph import Graph, Op
 from hexir.ops import make_op
 from hexir.ops.contraction import block_matmul_weight
 from hexir.ops.nn import block_conv_weight
+from hexir.ops.winograd import winograd_weight
 from hexir.runtime.target import Target
 from hexir.runtime.tiling import register_tile
 
@@ -73,7 +74,7 @@ def layout_weights(graph: Graph, target: Target | None = None) -> Graph:
     for op in graph.ops:
         rewritten = _matmul_of_constant(op, p, target)
         if rewritten is None and target.kind == "cpu":
-            rewritten = _blocked_conv(op, p, target)
+            rewritten = _winograd_conv(op, p) or _blocked_conv(op, p, target)
         ops.extend(rewritten or [op])
     return remove_dead_ops(p.finish(ops))
 
@@ -177,3 +178,74 @@ def _as_matmul(conv: Op, p: RewritePass) -> list[Op]:
                       p.fresh(f"{conv.result.name}_kp"), where)  # fmt: skip
     back = make_op("reshape", [product.result], {"shape": shape}, conv.result.name, where)
     return [weight, image, product, back]
+
+
+# --- Winograd --------------------------------------------------------------------------------
+
+
+def winograd_tile(op: Op) -> int:
+    """The output tile m of the Winograd form F(m, 3) a CPU conv2d compiles to, 0 for the
+    direct form: a 3x3 conv of stride and dilation 1, one group and a constant weight, whose
+    output tiles fill the batch_matmul's rows (the `winograd` knob forces m, or 0 for none).
+    F(4, 3) where its tiles number at least WINOGRAD_MIN_TILES (56x56: 196 tiles, 28x28: 49),
+    F(2, 3) where its do (14x14: 49 tiles), direct below (7x7)."""
+    if op.kind != "conv2d" or op.attr("weight_block") or op.attr("groups") != 1:
+        return 0
+    if op.operands[1].type.shape[2:] != (3, 3):
+        return 0
+    if any(tuple(op.attr(a)) != (1, 1) for a in ("stride", "dilation")):  # type: ignore
+        return 0
+    forced = knobs.get().winograd
+    if forced != "auto":
+        return int(forced)
+    n, _, h, w = op.result.type.shape
+    for m in (4, 2):
+        if n * -(-h // m) * -(-w // m) >= WINOGRAD_MIN_TILES:
+            return m
+    return 0
+
+
+WINOGRAD_MIN_TILES = 49
+
+
+def _winograd_conv(conv: Op, p: RewritePass) -> list[Op] | None:
+    """`conv` in the Winograd form F(m, 3) (hexir/ops/winograd.py), its weight transformed
+    here: NHWC tiles of the padded image, transformed; one batch_matmul by the transformed
+    weight; the products transformed back into NHWC tiles, then NCHW (cropped to the
+    output). The result keeps the conv's name, so its epilogues read it as before."""
+    m = winograd_tile(conv)
+    if not m or conv.operands[1].name not in p.data:
+        return None
+    x, w = conv.operands
+    n, c, h, wd = x.type.shape
+    _, k, oh, ow = conv.result.type.shape
+    th, tw = -(-oh // m), -(-ow // m)
+    ph, pw = conv.attr("padding")  # type: ignore[misc]
+    a, where, base = m + 2, conv.placement, conv.result.name
+    ops: list[Op] = []
+
+    def add(kind: str, operand: Op | object, attrs: dict, name: str | None = None) -> Op:
+        operands = [operand.result if isinstance(operand, Op) else operand]
+        op = make_op(kind, operands, attrs, name or p.fresh(f"{base}_{kind}"), where)
+        ops.append(op)
+        return op
+
+    nhwc = add("transpose", x, {"perm": (0, 2, 3, 1)})
+    after = (th * m + 2 - h - ph, tw * m + 2 - wd - pw)
+    padded = add("pad", nhwc, {"before": (0, ph, pw, 0), "after": (0, *after, 0)})
+    tiles = add("winograd_input", padded, {"tile": m})
+    rows = add("reshape", tiles, {"shape": (a * a, n * th * tw, c)})
+    weight = p.constant(f"{w.name}_wino{m}", winograd_weight(p.data[w.name], m), where)
+    ops.append(weight)
+    product = make_op("batch_matmul", [rows.result, weight.result], {},
+                      p.fresh(f"{base}_wino"), where)  # fmt: skip
+    ops.append(product)
+    spread = add("reshape", product, {"shape": (a, a, n, th, tw, k)})
+    out_tiles = add("winograd_output", spread, {"tile": m})
+    image = add("reshape", out_tiles, {"shape": (n, th * m, tw * m, k)})
+    cropped = (th * m, tw * m) != (oh, ow)
+    nchw = add("transpose", image, {"perm": (0, 3, 1, 2)}, None if cropped else base)
+    if cropped:
+        bounds = {"start": (0, 0, 0, 0), "stop": (n, k, oh, ow), "step": (1, 1, 1, 1)}
+        add("slice", nchw, bounds, base)
+    return ops

@@ -103,13 +103,6 @@ def _transpose_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -
     k.compute("transpose", out, load)
 
 
-def _transpose_cheap(op: Op) -> bool:
-    """A transpose that keeps the innermost axis in place."""
-    ndim = len(op.operands[0].type.shape)
-    perm = op.attr("perm")
-    return isinstance(perm, tuple) and (ndim == 0 or perm[-1] == ndim - 1)
-
-
 TRANSPOSE = OpDef(
     "transpose",
     "x with its axes permuted: out.shape[d] = x.shape[perm[d]]",
@@ -122,7 +115,7 @@ TRANSPOSE = OpDef(
     export=lambda ex, op: ex.node(
         "Transpose", operand_names(op), op.result.name, perm=list(attr_ints(op, "perm"))
     ),
-    cheap=_transpose_cheap,
+    cheap=_always,
 )
 
 

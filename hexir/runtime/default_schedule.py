@@ -18,7 +18,11 @@ it was, and the default does less.
   outside it are fused and run in parallel (OpenMP). A window reduction that does not
   vectorize (a pool with stride 2) runs per output row: the outer loops in parallel, each
   output accumulated in a register over its window, unrolled. A copy whose innermost loop
-  reads with a stride (a transpose) runs in unrolled 8 x 8 tiles instead. A kernel of fewer
+  reads with a stride (a transpose) runs in unrolled 8 x 8 tiles instead. A block whose
+  value is a case split on some of its indices (Winograd's transforms, hexir/ops/winograd.py:
+  those indices appear only in select conditions, `case_vars`) has those loops unrolled
+  inside the others, around one vector of the innermost loop, so every case folds to
+  straight-line code with constant coefficients. A kernel of fewer
   than MIN_PARALLEL_ITERATIONS iterations in all (here and of row stages) runs on one core.
 - GPU: the hand-written reference schedule (hexir/schedule/handwritten.py: tiled
   contractions with shared-memory operands, one thread block per row of a row reduction,
@@ -39,7 +43,8 @@ import math
 from collections.abc import Callable
 
 from hexir.errors import HexirError, ScheduleError
-from hexir.ir.tir import Block, For, PrimFunc, Var
+from hexir.ir.tir import Block, BufferStore, Expr, For, PrimFunc, Select, Var
+from hexir.ir.visit import children, free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import LoopRV, Schedule
 from hexir.schedule.common import all_blocks
@@ -154,11 +159,23 @@ def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
 
 def _cpu_simple(func: PrimFunc, target: Target) -> Schedule:
     sch = Schedule(func)
-    names = [b.name for b in all_blocks(func.body)]
+    _inline_into_spatial(sch)
+    names = [b.name for b in all_blocks(sch.func.body)]
     share = _worth_sharing(sch, names)
     for name in names:
         sch = _cpu_block(sch, name, target, share)
     return sch
+
+
+def _inline_into_spatial(sch: Schedule) -> None:
+    """Every block whose readers are all spatial (no reduction: an elementwise chain, a
+    transpose or a transform and its epilogues) computed inside them, where compute_inline
+    allows: one pass over the data, not one a stage."""
+    blocks = list(all_blocks(sch.func.body))
+    for block in blocks[:-1]:
+        readers = [b for b in blocks if any(r.buffer == block.writes[0].buffer for r in b.reads)]
+        if readers and all(iv.kind == "spatial" for b in readers for iv in b.iter_vars):
+            _attempt(functools.partial(_inline, sch, block.name))
 
 
 # Below this many iterations of its blocks in all, a kernel runs on one core: starting and
@@ -182,6 +199,13 @@ def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedul
         return sch
     spatial = [lp for lp, k in zip(loops, kinds, strict=True) if k == "spatial"]
     reduce = [lp for lp, k in zip(loops, kinds, strict=True) if k == "reduce"]
+    cased = sch.copy()
+    outer: list[LoopRV] = []
+    if not reduce and _attempt(lambda: outer.extend(_case_loops(cased, name, spatial, target))):
+        if share:
+            loops = _enough_jobs(cased, outer, target)
+            _attempt(lambda: cased.parallel(cased.fuse(*loops) if len(loops) > 1 else loops[0]))
+        return cased
     # On a copy, so that a refused vectorize also undoes the reorder made for it.
     trial = sch.copy()
 
@@ -209,6 +233,53 @@ def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedul
     return sch
 
 
+def case_vars(block: Block) -> set[Var]:
+    """The iter vars that `block`'s stored value reads only in the conditions of selects
+    (the position in a Winograd tile: `select(u == 0, .., select(u == 1, .., ..))`)."""
+    if not isinstance(block.body, BufferStore):
+        return set()
+    in_conditions: set[Var] = set()
+    elsewhere: set[Var] = set()
+
+    def visit(e: Expr) -> None:
+        if isinstance(e, Select):
+            in_conditions.update(free_vars(e.cond))
+            visit(e.then)
+            visit(e.else_)
+        elif isinstance(e, Var):
+            elsewhere.add(e)
+        else:
+            for child in children(e):
+                visit(child)  # type: ignore[arg-type]
+
+    visit(block.body.value)
+    return {iv.var for iv in block.iter_vars if iv.var in in_conditions - elsewhere}
+
+
+def _case_loops(sch: Schedule, name: str, spatial: list[LoopRV], target: Target) -> list[LoopRV]:
+    """The block's case loops (`case_vars`) unrolled inside its other loops, around one vector
+    of the innermost loop (split by the lanes where they divide it), which is vectorized. The
+    loops outside the cases, outermost first."""
+    block = sch.get(sch.get_block(name))
+    assert isinstance(block, Block)
+    cases = case_vars(block)
+    loop_of = {iv.var: lp for iv, lp in zip(block.iter_vars, spatial, strict=False)}
+    case_loops = [loop_of[v] for v in loop_of if v in cases]
+    inner = spatial[-1]
+    if not case_loops or inner in case_loops:
+        raise ScheduleError("no case split outside the innermost loop", "case_loops")
+    others = [lp for lp in spatial[:-1] if lp not in case_loops]
+    lanes = target.vector_width
+    if _extent(sch, inner) % lanes == 0 and _extent(sch, inner) > lanes:
+        chunks, inner = sch.split(inner, [None, lanes])
+        others.append(chunks)
+    sch.reorder(*others, *case_loops, inner)
+    for loop in case_loops:
+        sch.unroll(loop)
+    sch.vectorize(inner)
+    return others
+
+
 TRANSPOSE_TILE = 8
 
 
@@ -220,17 +291,23 @@ def _transpose_tiles(sch: Schedule, name: str, spatial: list[LoopRV]) -> list[Lo
     outside the tile, outermost first."""
     block = sch.get(sch.get_block(name))
     assert isinstance(block, Block)
-    if len(block.reads) != 1 or len(spatial) < 2:
+    if len(spatial) < 2:
         raise ScheduleError("not a copy of one buffer", "transpose_tiles")
     from hexir.search.analysis import index_vars
 
     loop_of = {sch.get(lp).var: lp for lp in spatial}  # type: ignore[union-attr]
     bound = {iv.var: loop_of.get(iv.binding) for iv in block.iter_vars}  # type: ignore[arg-type]
-    along = [bound[v] for v in index_vars(block.reads[0].region[-1]) if bound.get(v)]
-    read_along = along[0] if len(along) == 1 else None
     inner = spatial[-1]
-    if read_along is None or read_along == inner:
-        raise ScheduleError("its innermost loop reads unit-stride", "transpose_tiles")
+    # The reads of the output's rank along other loops than the innermost: the transposed
+    # operand, one alone (its fused epilogues' operands read along the output, or less).
+    across = []
+    for read in block.reads:
+        along = [bound[v] for v in index_vars(read.region[-1]) if bound.get(v)]
+        if len(read.region) == len(spatial) and along != [inner]:
+            across.append(along)
+    read_along = across[0][0] if len(across) == 1 and len(across[0]) == 1 else None
+    if read_along is None:
+        raise ScheduleError("not a copy of one transposed buffer", "transpose_tiles")
     if any(_extent(sch, lp) % TRANSPOSE_TILE for lp in (read_along, inner)):
         raise ScheduleError("extents the tile does not divide", "transpose_tiles")
     a0, a1 = sch.split(read_along, [None, TRANSPOSE_TILE])

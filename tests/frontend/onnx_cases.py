@@ -55,6 +55,12 @@ CASES: dict[str, Graph] = {
         [((4, 5), F)],
         lambda b, x: b.matmul(x, b.constant(block_matmul_weight(_w(5, 12), 4)), weight_block=4),
     ),
+    "winograd_input": one_op(
+        "winograd_input", [((2, 10, 6, 3), F)], lambda b, x: b.winograd_input(x, tile=4)
+    ),
+    "winograd_output": one_op(
+        "winograd_output", [((4, 4, 1, 2, 3, 5), F)], lambda b, x: b.winograd_output(x, tile=2)
+    ),
     "batch_matmul": one_op(
         "batch_matmul", [((2, 4, 5), F), ((2, 5, 3), F)], lambda b, x, y: b.batch_matmul(x, y)
     ),

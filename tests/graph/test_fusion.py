@@ -198,11 +198,21 @@ def test_injective_fuses_into_elementwise_only_when_cheap():
     x = b.input("x", (2, 3, 4))
     keeps_rows = b.relu(b.transpose(x, perm=(1, 0, 2)))
     moves_rows = b.relu(b.transpose(x, perm=(0, 2, 1)))
+    strided = b.relu(b.slice(x, (None, None, None), (None, None, None), (1, 1, 2)))
     reshaped = b.exp(b.reshape(x, (6, 4)))
-    graph = b.build([keeps_rows, moves_rows, reshaped])
+    graph = b.build([keeps_rows, moves_rows, strided, reshaped])
     groups = partition(graph)
-    # A reshape is a view (no kernel): it takes no consumer in.
-    assert kinds(groups) == [["transpose", "relu"], ["transpose"], ["relu"], ["reshape"], ["exp"]]
+    # Any transpose computes its consumers where it stores (a transposing copy and its
+    # epilogue: one pass); a slice with a step along the rows does not. A reshape is a view
+    # (no kernel): it takes no consumer in.
+    assert kinds(groups) == [
+        ["transpose", "relu"],
+        ["transpose", "relu"],
+        ["slice"],
+        ["relu"],
+        ["reshape"],
+        ["exp"],
+    ]
     check_runs(graph, groups)
 
 
@@ -230,9 +240,10 @@ def test_diamonds_make_no_cycle():
     b = GraphBuilder("g")
     x = b.input("x", (4, 4))
     biased = b.bias_add(b.matmul(x, b.constant(rand(4, 4))), b.constant(rand(4)))
-    # Joining the matmul's group would need the transpose, which needs that group: a cycle.
+    # Joining the matmul's group would need the transpose, which needs that group: a cycle;
+    # the transpose's group takes the add instead.
     across = b.add(b.relu(biased), b.transpose(biased))
-    # The same with a cheap slice: the slice's group takes the add instead.
+    # The same with a slice.
     product = b.matmul(x, x)
     sliced = b.add(b.relu(product), b.slice(product, [0, 0], [4, 4]))
     # An intermediate read twice inside a group would be computed twice once inlined.
@@ -241,7 +252,7 @@ def test_diamonds_make_no_cycle():
     graph = b.build([across, sliced, twice])
     groups = partition(graph)
     assert kinds(groups) == [
-        ["matmul", "bias_add", "relu"], ["transpose"], ["add"], ["matmul", "relu"],
+        ["matmul", "bias_add", "relu"], ["transpose", "add"], ["matmul", "relu"],
         ["slice", "add"], ["exp", "relu"], ["tanh", "add"],
     ]  # fmt: skip
     check_runs(graph, groups)
