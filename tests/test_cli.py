@@ -67,7 +67,7 @@ def test_show_lists_a_models_kernels_and_memory_plan(capsys):
     assert fused < ops / 2  # the whole-models bar: fewer than half as many kernels
     assert "conv2d+bias_add+add+relu" in out
     assert "planned peak" in out and "liveness lower bound" in out
-    with hexir.knobs.scope(fusion=False):
+    with hexir.knobs.scope(fusion=False, winograd="0"):
         assert main(["show", "resnet18", "--kernels"]) == 0
     # Every op is a kernel but the flatten before the classifier: a reshape is a view.
     assert f"{ops - 1} kernels for {ops} ops (fusion off)" in capsys.readouterr().out
