@@ -152,24 +152,32 @@ def _tiles(x: np.ndarray, m: int) -> np.ndarray:
 
 def _input_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     (x,) = args
-    m, dtype = attr_int(op, "tile"), x.dtype
+    m = attr_int(op, "tile")
     _, _, bt = matrices(m)
     a = m + 2
 
     def value(s: Indices) -> Expr:
-        xi, nu, n, ty, tx, c = s
+        u, v, n, ty, tx, c = s
         pixel = [[x[n, add(mul(ty, m), i), add(mul(tx, m), j), c] for j in range(a)]
                  for i in range(a)]  # fmt: skip
-        # rows[i][v]: row i of the tile combined by Bᵀ's row v; then its columns by row u.
-        rows = [[_combination(bt[v], pixel[i], dtype) for v in range(a)] for i in range(a)]
-        per_row = [
-            _cases(nu, [_combination(bt[u], [rows[i][v] for i in range(a)], dtype)
-                        for v in range(a)])
-            for u in range(a)
-        ]  # fmt: skip
-        return _cases(xi, per_row)
+        return _sandwich(bt, pixel, u, v, x.dtype)
 
     k.compute("winograd_input", out, value)
+
+
+def _sandwich(left: np.ndarray, tile: list[list[Expr]], row: Expr, col: Expr, dtype: str) -> Expr:
+    """(left · tile · leftᵀ)[row, col] as a case split on row and col: each case the non-zero
+    terms of its row and column of `left`, the column sums (tile · leftᵀ) written the same in
+    every case of a row, so the C compiler computes each once."""
+    size = len(tile)
+    by_col = [[_combination(left[q], tile[t], dtype) for q in range(len(left))]
+              for t in range(size)]  # fmt: skip
+    per_row = [
+        _cases(col, [_combination(left[p], [by_col[t][q] for t in range(size)], dtype)
+                     for q in range(len(left))])
+        for p in range(len(left))
+    ]  # fmt: skip
+    return _cases(row, per_row)
 
 
 def _input_export(ex: Exporter, op: Op) -> None:
@@ -240,20 +248,13 @@ def _output_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 
 def _output_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     (x,) = args
-    m, dtype = attr_int(op, "tile"), x.dtype
-    at, _, _ = matrices(m)
-    a = m + 2
+    at, _, _ = matrices(attr_int(op, "tile"))
+    a = at.shape[1]
 
     def value(s: Indices) -> Expr:
         n, ty, i, tx, j, c = s
         product = [[x[u, v, n, ty, tx, c] for v in range(a)] for u in range(a)]
-        rows = [[_combination(at[jj], product[u], dtype) for jj in range(m)] for u in range(a)]
-        per_row = [
-            _cases(j, [_combination(at[ii], [rows[u][jj] for u in range(a)], dtype)
-                       for jj in range(m)])
-            for ii in range(m)
-        ]  # fmt: skip
-        return _cases(i, per_row)
+        return _sandwich(at, product, i, j, x.dtype)
 
     k.compute("winograd_output", out, value)
 

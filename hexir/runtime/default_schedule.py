@@ -199,22 +199,18 @@ def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedul
         return sch
     spatial = [lp for lp, k in zip(loops, kinds, strict=True) if k == "spatial"]
     reduce = [lp for lp, k in zip(loops, kinds, strict=True) if k == "reduce"]
-    cased = sch.copy()
-    outer: list[LoopRV] = []
-    if not reduce and _attempt(lambda: outer.extend(_case_loops(cased, name, spatial, target))):
-        if share:
-            loops = _enough_jobs(cased, outer, target)
-            _attempt(lambda: cased.parallel(cased.fuse(*loops) if len(loops) > 1 else loops[0]))
-        return cased
-    # On a copy, so that a refused vectorize also undoes the reorder made for it.
-    trial = sch.copy()
+    # On copies, so that a refused step also undoes the reorders made for it.
+    cased, trial = sch.copy(), sch.copy()
+    cases: list[LoopRV] = []
 
     def vectorize_innermost() -> None:
         if kinds[-1] == "reduce":
             trial.reorder(*spatial[:-1], *reduce, spatial[-1])
         trial.vectorize(spatial[-1])
 
-    if _attempt(vectorize_innermost):
+    if not reduce and _attempt(lambda: cases.extend(_case_loops(cased, name, spatial, target))):
+        sch, outer = cased, _enough_jobs(cased, cases, target)
+    elif _attempt(vectorize_innermost):
         sch, outer = trial, spatial[:-1]
     else:
         if len(reduce) > 1 and kinds[-len(reduce) :] == ["reduce"] * len(reduce):
