@@ -72,6 +72,8 @@ class Knobs:
     # Seconds one C compile may take before it fails (a tuning build gets
     # measure_build_timeout instead: a candidate that slow to compile is not worth waiting for).
     cc_timeout: float = field(default_factory=lambda: _float("HEXIR_CC_TIMEOUT", "600"))
+    # `hexir.compile`: C compiles of a module's kernels at once (0 = one per core).
+    build_workers: int = field(default_factory=lambda: _int("HEXIR_BUILD_WORKERS", "0"))
     # OpenMP threads for `parallel` loops; 0 means every core.
     num_threads: int = field(default_factory=lambda: _int("HEXIR_NUM_THREADS", "0"))
     # Where built kernels are cached, keyed by source, flags and compiler version.

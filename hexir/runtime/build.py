@@ -2,9 +2,13 @@
 
 kernel = hexir.build(func)                  # target "cpu"
 kernel(a, b, c)
+kernels = build_all(funcs, target)          # several, the C compiles side by side
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from hexir import knobs
 from hexir.codegen.c import generate_c
@@ -27,6 +31,18 @@ def build(func: PrimFunc, target: Target | str = "cpu") -> CpuKernel | CudaKerne
     source = generate_c(compact_buffers(func), target, vector_math=knobs.get().vector_math)
     path = compile_c(source, target)
     return CpuKernel(func, source, path, target)
+
+
+def build_all(funcs: Sequence[PrimFunc], target: Target | str = "cpu") -> list:
+    """`build` of each func, in order. On the CPU the C compiler runs as a subprocess, so a
+    pool of `build_workers` threads (a knob; 0 = one per core) keeps that many compiles going;
+    the first error raises, as a sequential build would."""
+    target = Target.of(target)
+    workers = knobs.get().build_workers or Target("cpu").num_cores
+    if target.kind == "cuda" or workers <= 1 or len(funcs) <= 1:
+        return [build(func, target) for func in funcs]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hexir-build") as pool:
+        return list(pool.map(lambda func: build(func, target), funcs))
 
 
 def _build_cuda(func: PrimFunc, target: Target) -> CudaKernel:

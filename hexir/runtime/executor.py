@@ -74,13 +74,13 @@ def compile(
     workload on this target, or a default schedule where there is none.
     """
     from hexir.graph.fusion import fused_kernels
-    from hexir.runtime.build import build
+    from hexir.runtime.build import build_all
 
     target = Target.of(target)
     db = _open_database(database)
     graph, kernels_of_groups = fused_kernels(graph, target)
     tasks = [_bind_group(group.graph(), func) for group, func in kernels_of_groups]
-    kernels: list = []
+    to_build: list[PrimFunc] = []
     built: dict[str, int] = {}  # candidate key -> kernel index
     schedules: dict[str, tuple[PrimFunc, str, Trace]] = {}  # workload key -> its schedule
     commands: list[Command] = []
@@ -92,10 +92,11 @@ def compile(
         func, how, trace = schedules[key]
         candidate = candidate_key(func)
         if candidate not in built:
-            built[candidate] = len(kernels)
-            kernels.append(build(func, target))
+            built[candidate] = len(to_build)
+            to_build.append(func)
         commands.append(Command(built[candidate], task.args, task.num_outputs))
         report.append(TaskReport(func.name, key, how, trace, built[candidate], task.ops))
+    kernels = build_all(to_build, target)
     plan = plan_module(graph, commands, [t.inplace for t in tasks])
     constants = {
         op.result.name: graph.constant(str(op.attr("name")))

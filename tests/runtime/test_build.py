@@ -5,6 +5,10 @@ from __future__ import annotations
 import pickle
 import re
 import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +18,7 @@ from hexir import knobs
 from hexir.errors import BuildError, HexirError, TargetError
 from hexir.ir.tir import Binary, Buffer, BufferStore, FloatImm, For, PrimFunc, Var
 from hexir.runtime import cc
-from hexir.runtime.build import build
+from hexir.runtime.build import build, build_all
 from hexir.runtime.target import Target
 
 # -- targets ------------------------------------------------------------------------------
@@ -128,6 +132,52 @@ def test_failing_compile_raises_and_leaves_no_file(cache):
     assert [p for p in cache.rglob("*") if p.is_file()] == []
     again = pickle.loads(pickle.dumps(error))
     assert again.source == source and again.log == error.log
+
+
+def test_build_all_runs_the_compiles_side_by_side_in_order(cache, monkeypatch, rng):
+    running, most = 0, 0
+    lock = threading.Lock()
+    real_invoke = cc._invoke
+
+    def counting(command):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            time.sleep(0.2)  # long enough for the other worker to start its compile
+            return real_invoke(command)
+        finally:
+            with lock:
+                running -= 1
+
+    cc.compiler_version(knobs.get().cc), cc.native_signature(knobs.get().cc)  # cached first
+    monkeypatch.setattr(cc, "_invoke", counting)
+    funcs = [axpy(n, f"axpy{n}") for n in (8, 16, 24, 32)]
+    with knobs.scope(build_workers=2):
+        kernels = build_all(funcs)
+    assert most == 2
+    assert [k.func for k in kernels] == funcs
+    for n, kernel in zip((8, 16, 24, 32), kernels, strict=True):
+        x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+        z = np.full(n, np.nan, np.float32)
+        kernel(x, y, z)
+        np.testing.assert_allclose(z, 2 * x + y, rtol=1e-6)
+
+
+def test_build_all_raises_the_failure(cache, monkeypatch):
+    real_invoke = cc._invoke
+
+    def failing_one(command):
+        if any("planted" in Path(part).read_text() for part in command if part.endswith(".c")):
+            return subprocess.CompletedProcess(command, 1, "", "error: planted")
+        return real_invoke(command)
+
+    cc.compiler_version(knobs.get().cc), cc.native_signature(knobs.get().cc)
+    monkeypatch.setattr(cc, "_invoke", failing_one)
+    funcs = [axpy(8, "ok"), axpy(8, "planted"), axpy(16, "ok2")]
+    with knobs.scope(build_workers=2), pytest.raises(BuildError, match="compiler failed"):
+        build_all(funcs)
 
 
 def test_cuda_target_builds_a_cuda_kernel(cache):
