@@ -40,7 +40,10 @@ here, as the kernel reads it:
   transformed, one batch_matmul by the weight transformed here (U = G w Gᵀ, [(m+2)^2, C, K]),
   the products transformed back and returned to NCHW, where its epilogues fuse into the
   transposing copy. 4x (F(4, 3)) or 2.25x (F(2, 3)) fewer multiplications; ResNet-18's
-  64 x 56 x 56 conv with bias, residual add and relu 1.8 -> 0.95 ms. The `winograd` knob
+  64 x 56 x 56 conv with bias, residual add and relu 1.8 -> 0.95 ms. The transformed weight
+  is in the column panels of the batch_matmul's register tile (`weight_block`, [K/b, (m+2)^2,
+  C, b]), as a matmul's: ResNet-50's 16 x 49 x 256 · 256 x 256 1.3-1.45 -> 0.93-0.97 ms in the
+  model, its 36 x 49 x 128 · 128 x 128 0.71-0.83 -> 0.56-0.59. The `winograd` knob
   (HEXIR_WINOGRAD=0, 2, 4) keeps every conv direct or forces a tile.
 The result keeps its value (and name), so users, graph outputs and fusion are as before; the
 rewrites are exact (the same products summed in the same order), but for Winograd's, whose
@@ -60,7 +63,7 @@ from hexir import knobs
 from hexir.graph.rewrite import RewritePass, remove_dead_ops, simplify_graph
 from hexir.ir.graph import Graph, Op
 from hexir.ops import make_op
-from hexir.ops.contraction import block_matmul_weight
+from hexir.ops.contraction import block_batch_matmul_weight, block_matmul_weight
 from hexir.ops.nn import block_conv_weight
 from hexir.ops.winograd import winograd_weight
 from hexir.runtime.target import Target
@@ -83,7 +86,7 @@ def layout_weights(graph: Graph, target: Target | None = None) -> Graph:
     for op in graph.ops:
         rewritten = _matmul_of_constant(op, p, target)
         if rewritten is None and target.kind == "cpu":
-            rewritten = _winograd_conv(op, p) or _blocked_conv(op, p, target)
+            rewritten = _winograd_conv(op, p, target) or _blocked_conv(op, p, target)
         ops.extend(rewritten or [op])
     return remove_dead_ops(p.finish(ops))
 
@@ -217,7 +220,7 @@ def winograd_tile(op: Op) -> int:
 WINOGRAD_MIN_TILES = 49
 
 
-def _winograd_conv(conv: Op, p: RewritePass) -> list[Op] | None:
+def _winograd_conv(conv: Op, p: RewritePass, target: Target) -> list[Op] | None:
     """`conv` in the Winograd form F(m, 3) (hexir/ops/winograd.py), its weight transformed
     here: NHWC tiles of the padded image, transformed; one batch_matmul by the transformed
     weight; the products transformed back into NHWC tiles, then NCHW (cropped to the
@@ -244,9 +247,14 @@ def _winograd_conv(conv: Op, p: RewritePass) -> list[Op] | None:
     padded = add("pad", nhwc, {"before": (0, ph, pw, 0), "after": (0, *after, 0)})
     tiles = add("winograd_input", padded, {"tile": m})
     rows = add("reshape", tiles, {"shape": (a * a, n * th * tw, c)})
-    weight = p.constant(f"{w.name}_wino{m}", winograd_weight(p.data[w.name], m), where)
+    u, name, attrs = winograd_weight(p.data[w.name], m), f"{w.name}_wino{m}", {}
+    block = _panel(n * th * tw, k, target)
+    if block:  # in the column panels of the batch_matmul's register tile, as a matmul's
+        u, name = block_batch_matmul_weight(u, block), f"{name}_{block}n"
+        attrs = {"weight_block": block}
+    weight = p.constant(name, u, where)
     ops.append(weight)
-    product = make_op("batch_matmul", [rows.result, weight.result], {},
+    product = make_op("batch_matmul", [rows.result, weight.result], attrs,
                       p.fresh(f"{base}_wino"), where)  # fmt: skip
     ops.append(product)
     spread = add("reshape", product, {"shape": (a, a, n, th, tw, k)})

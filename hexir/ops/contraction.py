@@ -12,7 +12,7 @@ import numpy as np
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm
-from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, onnx_same, operand_names
+from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, operand_names
 from hexir.ops.compute import Kernel, floordiv
 from hexir.ops.numeric import Attrs, block_axis, unblock_axis, unblock_perm, wide
 
@@ -57,7 +57,7 @@ def unblock_matmul_weight(b: np.ndarray) -> np.ndarray:
 
 
 def _matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    """matmul's and batch_matmul's: a blocked b (matmul's weight_block) unblocked first."""
+    """A blocked b (weight_block) unblocked first."""
     b = unblock_matmul_weight(xs[1]) if attrs.get("weight_block") else xs[1]
     return np.matmul(wide(xs[0]), wide(b))
 
@@ -101,36 +101,73 @@ MATMUL = OpDef(
 
 
 def _batch_matmul_infer(c: Check) -> TensorType:
-    a, b = c.ranks(3, 3)
+    block = c.integer("weight_block", minimum=1) if c.raw.get("weight_block") else 0
+    a, b = c.ranks(3, 4 if block else 3)
     c.dtype_in("numeric", 0)
     dtype = c.same_dtype()
-    if a.shape[0] != b.shape[0]:
+    if block and b.shape[3] != block:
+        fail(f"weight_block={block} needs b of shape [N/{block}, B, K, {block}], b is {dims(b)}")
+    batch, k, n = batch_matmul_weight_shape(b.shape)
+    if a.shape[0] != batch:
         fail(f"batch dimensions differ: a is {dims(a)}, b is {dims(b)}")
-    if a.shape[2] != b.shape[1]:
+    if a.shape[2] != k:
         fail(f"inner dimensions differ: a is {dims(a)}, b is {dims(b)}")
-    return TensorType((a.shape[0], a.shape[1], b.shape[2]), dtype)
+    return TensorType((a.shape[0], a.shape[1], n), dtype)
+
+
+def batch_matmul_weight_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """A batch_matmul's b as (B, K, N), plain ([B, K, N]) or blocked ([N/b, B, K, b])."""
+    if len(shape) == 4:
+        blocks, batch, k, b = shape
+        return batch, k, blocks * b
+    batch, k, n = shape
+    return batch, k, n
+
+
+def block_batch_matmul_weight(b: np.ndarray, block: int) -> np.ndarray:
+    """A [B, K, N] batch_matmul operand with its columns in blocks of `block`, innermost:
+    [N/b, B, K, b] (each batch's column panel contiguous, as a blocked matmul's)."""
+    return block_axis(b, 2, block)
+
+
+def _batch_matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    b = unblock_axis(xs[1], 2) if attrs.get("weight_block") else xs[1]
+    return np.matmul(wide(xs[0]), wide(b))
 
 
 def _batch_matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     a, b = args
-    k.reduce(
-        "batch_matmul",
-        out,
-        a.shape[-1:],
-        lambda s, r: a[s[0], s[1], r[0]] * b[s[0], r[0], s[2]],
-    )
+    block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
+
+    def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
+        if block:
+            column = (floordiv(s[2], block), s[0], r[0], Binary("floormod", s[2], IntImm(block)))
+            return a[s[0], s[1], r[0]] * b[column]
+        return a[s[0], s[1], r[0]] * b[s[0], r[0], s[2]]
+
+    k.reduce("batch_matmul", out, a.shape[-1:], product)
+
+
+def _batch_matmul_export(ex: Exporter, op: Op) -> None:
+    names = operand_names(op)
+    if op.attr("weight_block"):  # back to [B, K, N]
+        shape = batch_matmul_weight_shape(op.operands[1].type.shape)
+        moved = ex.node("Transpose", [names[1]], perm=unblock_perm(2, 3))
+        names[1] = ex.node("Reshape", [moved, ex.ints(shape, f"{op.result.name}.b")])
+    ex.node("MatMul", names, op.result.name)
 
 
 BATCH_MATMUL = OpDef(
     "batch_matmul",
-    "a[B,M,K] · b[B,K,N], one matmul per batch",
+    "a[B,M,K] · b[B,K,N], one matmul per batch (weight_block=b: b's columns in blocks of b, "
+    "innermost, [N/b, B, K, b])",
     ("a", "b"),
-    (),
+    ("weight_block",),
     infer=_batch_matmul_infer,
     fusion=Pattern.OUT_FUSABLE,
-    evaluate=_matmul_evaluate,
+    evaluate=_batch_matmul_evaluate,
     lower=_batch_matmul_lower,
-    export=onnx_same("MatMul"),
+    export=_batch_matmul_export,
     flops=_contraction_flops,
 )
 

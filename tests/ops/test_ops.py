@@ -153,6 +153,33 @@ def test_matmul_with_its_columns_in_blocks_computes_the_same_product(block, rng)
     bad("matmul", a[:, :5], packed, weight_block=block, match="inner dimensions differ")
 
 
+@pytest.mark.parametrize("block", [4, 16])
+def test_batch_matmul_with_its_columns_in_blocks_computes_the_same_products(block, rng):
+    from hexir.graph.evaluate import evaluate
+    from hexir.ops.contraction import block_batch_matmul_weight
+    from hexir.ops.numeric import unblock_axis
+
+    a = rng.standard_normal((3, 7, 12), dtype=np.float32)
+    w = rng.standard_normal((3, 12, 32), dtype=np.float32)
+    packed = block_batch_matmul_weight(w, block)
+    assert packed.shape == (32 // block, 3, 12, block)
+    np.testing.assert_array_equal(unblock_axis(packed, 2), w)
+    op = check("batch_matmul", a @ w, a, packed, weight_block=block)
+    assert op.attr("weight_block") == block
+    b = hexir.GraphBuilder("blocked")
+    product = b.batch_matmul(b.input("a", a.shape), b.constant(packed), weight_block=block)
+    graph = b.build(product)
+    (got,) = evaluate(graph, [a])
+    np.testing.assert_allclose(got, a @ w, rtol=1e-5, atol=1e-5)
+    (built,) = hexir.compile(graph).run([a])
+    np.testing.assert_allclose(built, a @ w, rtol=1e-4, atol=1e-4)
+    assert "weight_block" not in str(infer("batch_matmul", a, w))
+    bad("batch_matmul", a, w, weight_block=block, match="b must have rank")
+    bad("batch_matmul", a, packed[..., :2], weight_block=block, match="needs b of shape")
+    bad("batch_matmul", a[..., :5], packed, weight_block=block, match="inner dimensions differ")
+    bad("batch_matmul", a[:2], packed, weight_block=block, match="batch dimensions differ")
+
+
 @pytest.mark.parametrize("block, groups", [(4, 1), (8, 1), (4, 2)])
 def test_conv2d_with_its_filters_in_blocks_computes_the_same_convolution(block, groups, rng):
     from hexir.graph.evaluate import evaluate
