@@ -164,9 +164,9 @@ def _residual_block(rng: np.random.Generator, size: int) -> hexir.Graph:
     return b.build(b.relu(b.add(main, shortcut)))
 
 
-def _strided(rng: np.random.Generator) -> hexir.Graph:
+def _strided(rng: np.random.Generator, size: int = 14) -> hexir.Graph:
     b = GraphBuilder("strided")
-    x = b.input("x", (1, 8, 32, 32))
+    x = b.input("x", (1, 8, size, size))
     w = b.constant(rng.standard_normal((16, 8, 1, 1), dtype=np.float32))
     return b.build(b.relu(b.conv2d(x, w, stride=2)))
 
@@ -191,10 +191,10 @@ def test_a_1x1_conv_and_its_epilogues_become_a_matmul_over_the_pixels(rng):
     np.testing.assert_allclose(module.run([x])[0], evaluate(graph, [x])[0], rtol=1e-4, atol=1e-5)
 
 
-def test_1x1_convs_that_do_not_fill_column_panels_or_stride_stay_convs(rng):
+def test_1x1_convs_that_do_not_fill_column_panels_stay_convs(rng):
     from hexir.runtime.target import Target
 
-    for graph, convs in ((_residual_block(rng, 7), 2), (_strided(rng), 1)):  # 49 pixels
+    for graph, convs in ((_residual_block(rng, 7), 2), (_strided(rng, 14), 1)):  # 49 pixels
         after = layout_weights(graph, Target("cpu"))
         assert sum(op.kind == "conv2d" for op in after.ops) == convs
         x = rng.standard_normal(graph.inputs[0].type.shape, dtype=np.float32)
@@ -202,6 +202,21 @@ def test_1x1_convs_that_do_not_fill_column_panels_or_stride_stay_convs(rng):
         np.testing.assert_allclose(got, evaluate(graph, [x])[0], rtol=1e-4, atol=1e-5)
     graph = _residual_block(rng, 16)
     assert layout_weights(graph, Target("cuda")) == graph  # the GPU's kernels read KCRS
+
+
+def test_a_strided_1x1_conv_becomes_a_slice_and_a_matmul_over_the_pixels_it_keeps(rng):
+    from hexir.runtime.target import Target
+
+    graph = _strided(rng, 31)  # stride 2 keeps 16 x 16 pixels: whole column panels
+    after = layout_weights(graph, Target("cpu"))
+    assert not any(op.kind == "conv2d" for op in after.ops)
+    (picked,) = [op for op in after.ops if op.kind == "slice"]
+    assert picked.attr("step") == (1, 1, 2, 2) and picked.result.type.shape == (1, 8, 16, 16)
+    assert [op.result.type.shape for op in after.ops if op.kind == "matmul"] == [(16, 256)]
+    x = rng.standard_normal((1, 8, 31, 31), dtype=np.float32)
+    np.testing.assert_allclose(evaluate(after, [x])[0], evaluate(graph, [x])[0], rtol=1e-5)
+    got = hexir.compile(graph).run([x])[0]
+    np.testing.assert_allclose(got, evaluate(graph, [x])[0], rtol=1e-4, atol=1e-5)
 
 
 def test_a_bottleneck_resnet_with_its_1x1_convs_as_matmuls_reaches_a_fixed_point(rng):
