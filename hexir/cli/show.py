@@ -74,7 +74,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.memory:
         from hexir.runtime.executor import plan_graph
 
-        print(plan_graph(graph).summary())
+        print(plan_graph(graph, target or "cpu").summary())
     if target is not None:
         from hexir.search.scheduler import extract_tasks
 
