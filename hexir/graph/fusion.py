@@ -35,6 +35,7 @@ memory plan aliases the two), and its consumers read that storage directly.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -253,18 +254,18 @@ def is_view(group: Group) -> bool:
 
 
 def fused_kernels(
-    graph: Graph, target: Target | str = "cpu"
+    graph: Graph, target: Target | str = "cpu", winograd: Mapping[str, int] | None = None
 ) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
     """What a model compiles to for `target`, as `hexir.compile` builds it, `hexir.tune` tunes
     it and `hexir show --kernels` lists it: the graph simplified (constants evaluated, batch
     norm folded, exact rewrites) with its constant weights laid out for the target's kernels
     (hexir.graph.layout), and each fusion group but the views (`is_view`) with the PrimFunc
-    it lowers to."""
+    it lowers to. `winograd` chooses some convs' forms (`layout_weights`)."""
     from hexir.graph.layout import layout_weights
     from hexir.graph.lower import lower
     from hexir.graph.rewrite import simplify_graph
     from hexir.runtime.target import Target
 
-    graph = layout_weights(simplify_graph(graph), Target.of(target))
+    graph = layout_weights(simplify_graph(graph), Target.of(target), winograd)
     groups = [group for group in partition(graph) if not is_view(group)]
     return graph, [(group, lower(group.graph())) for group in groups]

@@ -44,7 +44,9 @@ here, as the kernel reads it:
   is in the column panels of the batch_matmul's register tile (`weight_block`, [K/b, (m+2)^2,
   C, b]), as a matmul's: ResNet-50's 16 x 49 x 256 · 256 x 256 1.3-1.45 -> 0.93-0.97 ms in the
   model, its 36 x 49 x 128 · 128 x 128 0.71-0.83 -> 0.56-0.59. The `winograd` knob
-  (HEXIR_WINOGRAD=0, 2, 4) keeps every conv direct or forces a tile.
+  (HEXIR_WINOGRAD=0, 2, 4) keeps every conv direct or forces a tile; `layout_weights`'s
+  `winograd` argument gives chosen convs a tile (0: direct) in place of the rule, which is
+  how a build with a database takes the form tuning measured faster (hexir/graph/forms.py).
 The result keeps its value (and name), so users, graph outputs and fusion are as before; the
 rewrites are exact (the same products summed in the same order), but for Winograd's, whose
 error is bounded in hexir/ops/winograd.py.
@@ -56,6 +58,8 @@ for comparison.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -72,10 +76,15 @@ from hexir.runtime.tiling import register_tile
 __all__ = ["layout_weights"]
 
 
-def layout_weights(graph: Graph, target: Target | None = None) -> Graph:
+def layout_weights(
+    graph: Graph, target: Target | None = None, winograd: Mapping[str, int] | None = None
+) -> Graph:
     """`graph` with every dense of a constant weight as a matmul of its transpose and, for a
     CPU target, every matmul and conv2d of a constant weight with it in the panels its kernel
-    reads (see the module docstring); `graph` itself when the `pack_weights` knob is off."""
+    reads (see the module docstring); `graph` itself when the `pack_weights` knob is off.
+    `winograd` names the Winograd tile (0: direct) of some convs by their results' names, in
+    place of `winograd_tile`'s rule (a choice measured in the database: hexir/graph/forms.py);
+    a tile forced by the `winograd` knob wins over both."""
     if not knobs.get().pack_weights:
         return graph
     target = target if target is not None else Target("cpu")
@@ -86,7 +95,8 @@ def layout_weights(graph: Graph, target: Target | None = None) -> Graph:
     for op in graph.ops:
         rewritten = _matmul_of_constant(op, p, target)
         if rewritten is None and target.kind == "cpu":
-            rewritten = _winograd_conv(op, p, target) or _blocked_conv(op, p, target)
+            rewritten = _winograd_conv(op, p, target, winograd or {})
+            rewritten = rewritten or _blocked_conv(op, p, target)
         ops.extend(rewritten or [op])
     return remove_dead_ops(p.finish(ops))
 
@@ -239,11 +249,7 @@ def winograd_tile(op: Op) -> int:
     output tiles fill the batch_matmul's rows (the `winograd` knob forces m, or 0 for none).
     F(4, 3) where its tiles number at least WINOGRAD_MIN_TILES (56x56: 196 tiles, 28x28: 49),
     F(2, 3) where its do (14x14: 49 tiles), direct below (7x7)."""
-    if op.kind != "conv2d" or op.attr("weight_block") or op.attr("groups") != 1:
-        return 0
-    if op.operands[1].type.shape[2:] != (3, 3):
-        return 0
-    if any(tuple(op.attr(a)) != (1, 1) for a in ("stride", "dilation")):  # type: ignore
+    if not winograd_applies(op):
         return 0
     forced = knobs.get().winograd
     if forced != "auto":
@@ -258,12 +264,27 @@ def winograd_tile(op: Op) -> int:
 WINOGRAD_MIN_TILES = 49
 
 
-def _winograd_conv(conv: Op, p: RewritePass, target: Target) -> list[Op] | None:
+def winograd_applies(op: Op) -> bool:
+    """Whether `op` has a Winograd form: a 3x3 conv2d of stride and dilation 1, one group,
+    its weight not yet blocked (the weight must also be a constant, which the caller knows)."""
+    if op.kind != "conv2d" or op.attr("weight_block") or op.attr("groups") != 1:
+        return False
+    if op.operands[1].type.shape[2:] != (3, 3):
+        return False
+    return all(tuple(op.attr(a)) == (1, 1) for a in ("stride", "dilation"))  # type: ignore
+
+
+def _winograd_conv(
+    conv: Op, p: RewritePass, target: Target, chosen: Mapping[str, int]
+) -> list[Op] | None:
     """`conv` in the Winograd form F(m, 3) (hexir/ops/winograd.py), its weight transformed
     here: NHWC tiles of the padded image, transformed; one batch_matmul by the transformed
     weight; the products transformed back into NHWC tiles, then NCHW (cropped to the
-    output). The result keeps the conv's name, so its epilogues read it as before."""
+    output). The result keeps the conv's name, so its epilogues read it as before. m is
+    `chosen`'s for the conv where it names one (and the knob forces none), else the rule's."""
     m = winograd_tile(conv)
+    if knobs.get().winograd == "auto" and winograd_applies(conv):
+        m = chosen.get(conv.result.name, m)
     if not m or conv.operands[1].name not in p.data:
         return None
     x, w = conv.operands

@@ -5,8 +5,10 @@
     module.kernels, module.commands, module.plan, module.report
 
 The pipeline (DESIGN.md §1): simplify the graph (compile-time evaluation and exact rewrites),
-partition it into fusion groups (the `fusion` knob turns fusion off), lower each group to one
-PrimFunc, schedule it — the database's best record for its (workload key, target key) where
+lay out its constant weights (with a database, each conv that has a Winograd and a direct
+form takes the one its measured kernels make faster: hexir/graph/forms.py), partition it
+into fusion groups (the `fusion` knob turns fusion off), lower each group to one PrimFunc,
+schedule it — the database's best record for its (workload key, target key) where
 there is one, else a default schedule — build it (kernels with the same candidate key are
 built once), and lay the groups out as a flat static command list whose intermediates the
 memory plan places. A lone reshape is no command: it is a view, its operand's buffer under
@@ -73,12 +75,16 @@ def compile(
     `database` is a URL or a database object; each kernel uses the fastest valid record of its
     workload on this target, or a default schedule where there is none.
     """
+    from hexir.graph.forms import measured_kernels
     from hexir.graph.fusion import fused_kernels
     from hexir.runtime.build import build_all
 
     target = Target.of(target)
     db = _open_database(database)
-    graph, kernels_of_groups = fused_kernels(graph, target)
+    if db is None:
+        graph, kernels_of_groups = fused_kernels(graph, target)
+    else:  # each conv with two forms in the one its measured kernels make faster
+        graph, kernels_of_groups = measured_kernels(graph, target, db)
     tasks = [_bind_group(group.graph(), func) for group, func in kernels_of_groups]
     to_build: list[PrimFunc] = []
     built: dict[str, int] = {}  # candidate key -> kernel index

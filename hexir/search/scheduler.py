@@ -59,18 +59,28 @@ class Task:
 
 def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu") -> list[Task]:
     """The distinct workloads of a PrimFunc (one task) or a Graph (simplified, partitioned and
-    lowered as `hexir.compile` does for `target`), in order of first occurrence."""
+    lowered as `hexir.compile` does for `target`), in order of first occurrence; a graph's
+    convs with a Winograd and a direct form add the tasks of both (`form_variants`)."""
     if isinstance(func_or_graph, PrimFunc):
-        funcs = [func_or_graph]
+        variants = [[func_or_graph]]
     else:
+        from hexir.graph.forms import form_variants
         from hexir.graph.fusion import fused_kernels
 
-        funcs = [func for _, func in fused_kernels(func_or_graph, target)[1]]
+        variants = [
+            [func for _, func in fused_kernels(func_or_graph, target, forms)[1]]
+            for forms in form_variants(func_or_graph, target)
+        ]
+    # A workload's weight is its count in the first variant that has it: the rule's forms,
+    # then the convs' other forms (hexir/graph/forms.py), which compile may choose instead.
     found: dict[str, tuple[PrimFunc, int]] = {}
-    for func in funcs:
-        key = workload_key(func)
-        first, count = found.get(key, (func, 0))
-        found[key] = (first, count + 1)
+    for funcs in variants:
+        counts: dict[str, tuple[PrimFunc, int]] = {}
+        for func in funcs:
+            key = workload_key(func)
+            first, count = counts.get(key, (func, 0))
+            counts[key] = (first, count + 1)
+        found.update((key, c) for key, c in counts.items() if key not in found)
     return [Task(f, key, count, flop_count(f)) for key, (f, count) in found.items()]
 
 

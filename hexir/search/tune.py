@@ -224,7 +224,9 @@ class _Tuner:
         update the model; the number measured."""
         search = self.searches[i]
         batch = []
-        if first and knobs.get().tune_measure_default and n > 1:
+        # The default schedule first, even in a round of one: the baseline every other
+        # candidate (and the other form of a conv: hexir/graph/forms.py) is judged against.
+        if first and knobs.get().tune_measure_default:
             default = _default_candidate(self.tasks[i].func, self.target)
             if default is not None and default.candidate_key not in search.measured_keys():
                 batch.append(default)

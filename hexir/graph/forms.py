@@ -1,0 +1,150 @@
+"""Which form each convolution compiles to, Winograd or direct, as the database measured it.
+
+    variants = form_variants(graph, target)           # [the rule's forms, the other forms]
+    forms = measured_forms(graph, target, database)   # {conv's result: tile (0: direct)}
+
+On the CPU a 3x3 conv of stride 1 with a constant weight has two forms (hexir/graph/layout.py):
+direct, one kernel that takes its epilogues, or Winograd F(m, 3): the image's transforms, a
+batch_matmul and the copy back that takes the epilogues. `winograd_tile` is the rule a build
+without measurements follows. `hexir tune` tunes the kernels of both forms: the tasks of
+`form_variants`, the rule's forms and then, for every such conv at once, the other one
+(direct where the rule says Winograd; F(2, 3) where it says direct). `hexir.compile` with a
+database gives each conv the form whose kernels' best measured times add up to less
+(`measured_forms`), and the rule's form where the database lacks a time for a kernel of
+either. A tile forced by the `winograd` knob leaves nothing to choose.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from hexir import knobs
+from hexir.graph.fusion import Group, fused_kernels
+from hexir.graph.layout import winograd_applies, winograd_tile
+from hexir.graph.rewrite import simplify_graph
+from hexir.ir.graph import Graph, Op
+from hexir.ir.keys import workload_key
+from hexir.ir.tir import PrimFunc
+from hexir.runtime.target import Target
+
+__all__ = ["form_variants", "measured_forms", "measured_kernels", "winograd_choices"]
+
+# The Winograd tile a conv the rule keeps direct is measured with: its output is small (7x7),
+# and F(2, 3)'s tiles are the ones that cover it with the least waste.
+ALTERNATIVE_TILE = 2
+
+
+class _Database(Protocol):
+    def best(self, workload_key: str, target: Target | str, k: int = 1) -> list: ...
+
+
+def winograd_choices(graph: Graph, target: Target | str = "cpu") -> dict[str, tuple[int, int]]:
+    """For each conv of `graph` (simplified, as compile sees it) that has both forms on
+    `target`: its result's name -> (the rule's tile, the other form's tile); empty on a GPU,
+    with weight packing off or with a tile forced by the `winograd` knob."""
+    k = knobs.get()
+    if Target.of(target).kind != "cpu" or not k.pack_weights or k.winograd != "auto":
+        return {}
+    simplified = simplify_graph(graph)
+    constants = {op.result.name for op in simplified.ops if op.kind == "constant"}
+    choices = {}
+    for op in simplified.ops:
+        if winograd_applies(op) and op.operands[1].name in constants:
+            rule = winograd_tile(op)
+            choices[op.result.name] = (rule, 0 if rule else ALTERNATIVE_TILE)
+    return choices
+
+
+def form_variants(graph: Graph, target: Target | str = "cpu") -> list[dict[str, int]]:
+    """The forms tuning measures: the rule's for every conv, then (where any conv has two
+    forms) every such conv in its other form."""
+    choices = winograd_choices(graph, target)
+    if not choices:
+        return [{}]
+    return [{name: rule for name, (rule, _) in choices.items()},
+            {name: other for name, (_, other) in choices.items()}]  # fmt: skip
+
+
+def measured_kernels(
+    graph: Graph, target: Target | str, database: _Database
+) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
+    """`fused_kernels` of `graph` with each conv in the form `measured_forms` gives it (the
+    rule's variant reused where that is the choice: no third lowering)."""
+    choices = winograd_choices(graph, target)
+    if not choices:
+        return fused_kernels(graph, target)
+    variants = form_variants(graph, target)
+    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
+    chosen = _choose(choices, variants, laid_out, target, database)
+    for variant, result in zip(variants, laid_out, strict=True):
+        if chosen == variant:
+            return result
+    return fused_kernels(graph, target, chosen)
+
+
+def measured_forms(graph: Graph, target: Target | str, database: _Database) -> dict[str, int]:
+    """Each conv with two forms -> the tile of the form whose kernels' best times in
+    `database` sum lower (0: direct); the rule's tile where a kernel of either form has no
+    valid time there. Empty where no conv has two forms."""
+    choices = winograd_choices(graph, target)
+    if not choices:
+        return {}
+    variants = form_variants(graph, target)
+    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
+    return _choose(choices, variants, laid_out, target, database)
+
+
+def _choose(
+    choices: dict[str, tuple[int, int]],
+    variants: list[dict[str, int]],
+    laid_out: list[tuple[Graph, list[tuple[Group, PrimFunc]]]],
+    target: Target | str,
+    database: _Database,
+) -> dict[str, int]:
+    names = [{op.result.name for op in g.ops} for g, _ in laid_out]
+    best: dict[str, float | None] = {}
+
+    def seconds(groups: list[Group], funcs: dict[int, PrimFunc]) -> float | None:
+        total = 0.0
+        for group in groups:
+            key = workload_key(funcs[id(group)])
+            if key not in best:
+                records = [r for r in database.best(key, target, k=1) if r.median is not None]
+                best[key] = records[0].median if records else None
+            if best[key] is None:
+                return None
+            total += best[key]  # type: ignore[operator]
+        return total
+
+    chosen = {}
+    for name, (rule, _) in choices.items():
+        times = {}
+        for variant, (g, groups) in enumerate(laid_out):
+            tile = variants[variant][name]
+            funcs = {id(group): func for group, func in groups}
+            other_names = names[1 - variant]
+            mine = _form_groups(g, [group for group, _ in groups], name, other_names)
+            times[tile] = seconds(mine, funcs)
+        known = {tile: t for tile, t in times.items() if t is not None}
+        chosen[name] = min(known, key=known.__getitem__) if len(known) == 2 else rule
+    return chosen
+
+
+def _form_groups(graph: Graph, groups: list[Group], name: str, elsewhere: set[str]) -> list[Group]:
+    """The groups that compute the conv `name` in `graph`'s form of it: those holding an op
+    of its form, found from the op that returns `name` back through the ops that only this
+    form has (their results are not in `elsewhere`, the other variant's graph): the
+    Winograd form's chain back to the image, or the direct conv alone."""
+    producer = {op.result.name: op for op in graph.ops}
+    form: set[str] = set()
+    todo: list[Op] = [producer[name]]
+    while todo:
+        op = todo.pop()
+        if op.result.name in form:
+            continue
+        form.add(op.result.name)
+        for operand in op.operands:
+            before = producer.get(operand.name)
+            if before is not None and before.kind != "constant" and operand.name not in elsewhere:
+                todo.append(before)
+    return [group for group in groups if any(op.result.name in form for op in group.ops)]

@@ -1,0 +1,103 @@
+"""Winograd or direct: each conv's form, measured (hexir/graph/forms.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir import knobs
+from hexir.costmodel import RandomModel
+from hexir.database import Database
+from hexir.graph.evaluate import evaluate
+from hexir.graph.forms import form_variants, measured_forms, winograd_choices
+from hexir.ops.builder import GraphBuilder
+from hexir.search.scheduler import extract_tasks
+from hexir.search.tune import tune
+
+
+def _conv(b: GraphBuilder, x, rng: np.random.Generator, channels: int):
+    weight = (rng.standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels)).astype(
+        np.float32
+    )
+    y = b.conv2d(x, b.constant(weight), padding=1)
+    return b.relu(b.bias_add(y, b.constant(rng.standard_normal(channels).astype(np.float32))))
+
+
+def _one_conv(rng: np.random.Generator, size: int = 28) -> hexir.Graph:
+    b = GraphBuilder("one_conv")
+    return b.build(_conv(b, b.input("x", (1, 8, size, size)), rng, 8))
+
+
+def _two_convs(rng: np.random.Generator) -> hexir.Graph:
+    # 28x28: 49 tiles of 4x4, the rule's F(4, 3); 7x7: too few tiles, the rule's direct conv.
+    b = GraphBuilder("two_convs")
+    big = _conv(b, b.input("x", (1, 8, 28, 28)), rng, 8)
+    small = _conv(b, b.input("y", (1, 8, 7, 7)), rng, 8)
+    return b.build([big, small])
+
+
+def _conv_names(graph: hexir.Graph) -> list[str]:
+    from hexir.graph.rewrite import simplify_graph
+
+    return [op.result.name for op in simplify_graph(graph).ops if op.kind == "conv2d"]
+
+
+def test_each_conv_has_the_rules_form_and_the_other(rng):
+    graph = _two_convs(rng)
+    big, small = _conv_names(graph)
+    assert winograd_choices(graph) == {big: (4, 0), small: (0, 2)}
+    assert form_variants(graph) == [{big: 4, small: 0}, {big: 0, small: 2}]
+    with knobs.scope(winograd="0"):  # a forced tile leaves nothing to choose
+        assert winograd_choices(graph) == {} and form_variants(graph) == [{}]
+    assert winograd_choices(graph, "cuda -arch=sm_90") == {}
+
+
+def test_tuning_tasks_cover_both_forms_of_each_conv(rng):
+    graph = _two_convs(rng)
+    names = [t.func.name for t in extract_tasks(graph, "cpu")]
+    # The 28x28 conv: its Winograd kernels (the rule's) and its direct kernel (the other
+    # form); the 7x7 conv: its direct kernel and its F(2, 3) kernels.
+    assert names.count("fused_conv2d_bias_add_relu") == 2
+    assert names.count("winograd_input") == 2 and names.count("winograd_output") == 2
+    with knobs.scope(winograd="0"):
+        assert [t.func.name for t in extract_tasks(graph, "cpu")] == [
+            "fused_conv2d_bias_add_relu"
+        ] * 2
+
+
+def test_without_measurements_of_both_forms_the_rule_stands(rng, tmp_path):
+    graph = _two_convs(rng)
+    big, small = _conv_names(graph)
+    db = Database(f"sqlite:///{tmp_path / 'empty.db'}")
+    assert measured_forms(graph, "cpu", db) == {big: 4, small: 0}
+    module = hexir.compile(graph, "cpu", database=db)
+    assert sum(r.ops[0] == "winograd_input" for r in module.report) == 1
+
+
+def _total(graph: hexir.Graph, db: Database, winograd: str) -> float:
+    """The sum of the best times `db` holds for the kernels of `graph` with every conv's form
+    forced by the knob (none chosen from the database)."""
+    with knobs.scope(winograd=winograd):
+        module = hexir.compile(graph, "cpu", database=db)
+    assert {r.schedule for r in module.report} == {"tuned"}
+    return sum(db.best(r.workload_key, "cpu", k=1)[0].median for r in module.report)
+
+
+@pytest.mark.slow
+def test_compile_gives_a_conv_the_form_its_measured_kernels_make_faster(rng, tmp_path):
+    graph = _one_conv(rng)
+    (conv,) = _conv_names(graph)
+    db = Database(f"sqlite:///{tmp_path / 'tune.db'}")
+    tasks = extract_tasks(graph, "cpu")
+    with knobs.scope(search_population=16, search_generations=1, search_measure_per_round=2,
+                     timing_repeats=3, timing_min_seconds=0.002):  # fmt: skip
+        tune(graph, "cpu", trials=2 * len(tasks), database=db, seed=0, model=RandomModel(0))
+    winograd, direct = _total(graph, db, "4"), _total(graph, db, "0")
+    chosen = measured_forms(graph, "cpu", db)
+    assert chosen == {conv: 4 if winograd < direct else 0}
+    module = hexir.compile(graph, "cpu", database=db)
+    assert any(r.ops[0] == "winograd_input" for r in module.report) == (chosen[conv] == 4)
+    x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
+    (want,) = evaluate(graph, [x])
+    np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
