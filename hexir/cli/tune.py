@@ -106,6 +106,7 @@ class TaskRow:
     trials: int
     default_latency: float | None
     best_latency: float | None
+    alternative: bool = False  # a kernel only of a conv's other form (scheduler.Task)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -130,15 +131,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
     records_before = db.stats().records
     result, interrupted = _run(args, subject.tunable, target, db, display)
     if result is not None:
+        other = {t.workload_key for t in tasks if t.alternative}
         rows = [
-            TaskRow(t.name, t.workload_key, t.weight, t.trials, t.default_latency, t.best_latency)
+            TaskRow(
+                t.name,
+                t.workload_key,
+                t.weight,
+                t.trials,
+                t.default_latency,
+                t.best_latency,
+                t.workload_key in other,
+            )  # fmt: skip
             for t in result.tasks
         ]
         elapsed = result.elapsed
     else:
         rows = _rows_from_database(db, tasks, target, display.trials, defaults)
         elapsed = display.elapsed
-    _report(args, subject.text, target, db, rows, elapsed, interrupted)
+    tuned = _tuned_model(subject.tunable, target, db)
+    _report(args, subject.text, target, db, rows, tuned, elapsed, interrupted)
     if interrupted:
         measured = db.stats().records - records_before
         print(
@@ -225,17 +236,38 @@ def _rows_from_database(
                 trials.get(task.workload_key, 0),
                 defaults.refresh(i),
                 best[0].median if best else None,
+                task.alternative,
             )  # fmt: skip
         )
     return rows
 
 
-def estimate(rows: list[TaskRow], attr: str) -> float | None:
-    """Σ weight × latency over the tasks, or None while a task's latency is unknown."""
-    values = [getattr(r, attr) for r in rows]
-    if not rows or any(v is None for v in values):
+def estimate(rows: list[TaskRow], attr: str, counts: dict[str, int] | None = None) -> float | None:
+    """Σ weight × latency over the tasks of the model as the rule builds it (`counts`: over
+    these workloads, run this often, instead), or None while one's latency is unknown."""
+    if counts is None:
+        counts = {r.workload_key: r.weight for r in rows if not r.alternative}
+    latency = {r.workload_key: getattr(r, attr) for r in rows}
+    values = [latency.get(key) for key in counts]
+    if not counts or any(v is None for v in values):
         return None
-    return sum(r.weight * v for r, v in zip(rows, values, strict=True))
+    return sum(n * v for n, v in zip(counts.values(), values, strict=True))
+
+
+def _tuned_model(tunable: Graph | PrimFunc, target: Target, db: Database) -> dict[str, int]:
+    """The workloads of the model as a build with the database compiles it (each conv in the
+    form its measured kernels make faster), each with how often it runs."""
+    from hexir.graph.forms import measured_kernels
+    from hexir.ir.keys import workload_key
+    from hexir.ir.tir import PrimFunc
+
+    if isinstance(tunable, PrimFunc):
+        return {workload_key(tunable): 1}
+    counts: dict[str, int] = {}
+    for _, func in measured_kernels(tunable, target, db)[1]:
+        key = workload_key(func)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _report(
@@ -244,10 +276,11 @@ def _report(
     target: Target,
     db: Database,
     rows: list[TaskRow],
+    tuned: dict[str, int],
     elapsed: float,
     interrupted: bool,
 ) -> None:
-    before, after = estimate(rows, "default_latency"), estimate(rows, "best_latency")
+    before, after = estimate(rows, "default_latency"), estimate(rows, "best_latency", tuned)
     if args.report == "json":
         data = {
             "model": model,
@@ -286,13 +319,20 @@ def print_table(
         file=out,
     )
     for i, r in enumerate(rows):
+        name = f"{r.name[:38]} *" if r.alternative else r.name[:40]
         print(
-            f"  {i:>3}  {r.name[:40]:<40} {r.weight:>6} {r.trials:>6} "
+            f"  {i:>3}  {name:<40} {r.weight:>6} {r.trials:>6} "
             f"{ms(r.default_latency, 11)} {ms(r.best_latency, 10)} "
             f"{ratio(r.default_latency, r.best_latency):>8}  {r.workload_key[:12]}",
             file=out,
         )
-    unknown = sum(r.default_latency is None for r in rows)
+    if any(r.alternative for r in rows):
+        print(
+            "  * a kernel of a conv's other form (Winograd or direct), measured so that a build "
+            "can choose it",
+            file=out,
+        )
+    unknown = sum(r.default_latency is None for r in rows if not r.alternative)
     note = f" (the default schedule of {plural(unknown, 'task')} not measured)" if unknown else ""
     print(
         f"estimated end to end (sum of weight x latency): default {_ms(before)}, "

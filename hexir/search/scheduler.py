@@ -51,6 +51,9 @@ class Task:
     workload_key: str
     weight: int
     flops: int
+    # A kernel only of a conv's other form (Winograd or direct: hexir/graph/forms.py),
+    # measured so that compile can choose that form; not in the model as the rule builds it.
+    alternative: bool = False
 
     @property
     def name(self) -> str:
@@ -73,15 +76,17 @@ def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu")
         ]
     # A workload's weight is its count in the first variant that has it: the rule's forms,
     # then the convs' other forms (hexir/graph/forms.py), which compile may choose instead.
-    found: dict[str, tuple[PrimFunc, int]] = {}
-    for funcs in variants:
+    found: dict[str, Task] = {}
+    for variant, funcs in enumerate(variants):
         counts: dict[str, tuple[PrimFunc, int]] = {}
         for func in funcs:
             key = workload_key(func)
             first, count = counts.get(key, (func, 0))
             counts[key] = (first, count + 1)
-        found.update((key, c) for key, c in counts.items() if key not in found)
-    return [Task(f, key, count, flop_count(f)) for key, (f, count) in found.items()]
+        for key, (f, count) in counts.items():
+            if key not in found:
+                found[key] = Task(f, key, count, flop_count(f), alternative=variant > 0)
+    return list(found.values())
 
 
 def first_round(weights: Sequence[float], trials: int, per_round: int) -> list[int]:

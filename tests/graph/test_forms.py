@@ -101,3 +101,21 @@ def test_compile_gives_a_conv_the_form_its_measured_kernels_make_faster(rng, tmp
     x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
     (want,) = evaluate(graph, [x])
     np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_tune_report_estimates_the_model_without_the_other_forms(rng):
+    # The default estimate sums the rule's kernels only; the tuned one the kernels a build
+    # with the database compiles (the forms it chose), each as often as it runs.
+    from hexir.cli.tune import TaskRow, estimate
+
+    tasks = extract_tasks(_two_convs(rng), "cpu")
+    rows = [TaskRow(t.name, t.workload_key, t.weight, 1, 2e-3 * (i + 1), 1e-3 * (i + 1),
+                    t.alternative) for i, t in enumerate(tasks)]  # fmt: skip
+    rule = [(r.weight, r) for r in rows if not r.alternative]
+    assert 0 < len(rule) < len(rows)
+    assert estimate(rows, "default_latency") == pytest.approx(
+        sum(w * r.default_latency for w, r in rule)
+    )
+    chosen = {rows[-1].workload_key: 3}  # one kernel of the other forms, run three times
+    assert estimate(rows, "best_latency", chosen) == pytest.approx(3 * rows[-1].best_latency)
+    assert estimate(rows, "best_latency", {"not a workload": 1}) is None
