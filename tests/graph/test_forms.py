@@ -92,7 +92,7 @@ def test_compile_gives_a_conv_the_form_its_measured_kernels_make_faster(rng, tmp
     tasks = extract_tasks(graph, "cpu")
     with knobs.scope(search_population=16, search_generations=1, search_measure_per_round=2,
                      timing_repeats=3, timing_min_seconds=0.002):  # fmt: skip
-        tune(graph, "cpu", trials=2 * len(tasks), database=db, seed=0, model=RandomModel(0))
+        tune(graph, "cpu", trials=len(tasks), database=db, seed=0, model=RandomModel(0))
     winograd, direct = _total(graph, db, "4"), _total(graph, db, "0")
     chosen = measured_forms(graph, "cpu", db)
     assert chosen == {conv: 4 if winograd < direct else 0}
