@@ -74,6 +74,23 @@ def test_show_lists_a_models_kernels_and_memory_plan(capsys):
     assert f"{ops} kernels for {ops} ops (fusion off)" in capsys.readouterr().out
 
 
+def test_show_forms_lists_each_convs_two_forms_and_the_one_built(capsys, tmp_path):
+    from hexir.database import Database
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    Database(url)  # an empty database: nothing measured, so every conv keeps the rule's form
+    assert main(["show", "resnet18", "--forms", "--db", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("13 convs with a Winograd and a direct form")
+    rows = lines[1:]
+    assert len(rows) == 13 and all("unmeasured" in row for row in rows)
+    assert sum(row.endswith("built F(4,3)") for row in rows) == 7  # 56x56 and 28x28
+    assert sum(row.endswith("built F(2,3)") for row in rows) == 3  # 14x14
+    assert sum(row.endswith("built direct") for row in rows) == 3  # 7x7
+    assert main(["show", "resnet18", "--forms", "--db", f"sqlite:///{tmp_path / 'no.db'}"]) != 0
+    assert "no tuning database" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -3,6 +3,7 @@ and the best (or default) schedule of each kernel as Python.
 
     hexir show matmul:M=64,N=64,K=64                  # the unscheduled hextir and its key
     hexir show resnet18 --kernels --memory            # the fused kernels and the memory plan
+    hexir show resnet18 --forms --db URL              # each conv's Winograd or direct form
     hexir show matmul:M=1024,N=1024,K=1024 --schedule best --db URL
 """
 
@@ -42,6 +43,11 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
     p.add_argument("--kernels", action="store_true", help="list the fused kernels")
     p.add_argument("--memory", action="store_true", help="print the memory plan")
     p.add_argument(
+        "--forms", action="store_true",
+        help="each conv with a Winograd and a direct form: both forms' best measured times in "
+        "the database (--db) and the form a build takes",
+    )  # fmt: skip
+    p.add_argument(
         "--schedule", choices=("best", "default"),
         help="print each kernel's schedule as Python: the database's best, or the default",
     )  # fmt: skip
@@ -67,7 +73,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"// workload key {hexir.workload_key(subject.func)}")
         return 0
     graph = subject.model
-    if not (args.kernels or args.memory or args.schedule):
+    if not (args.kernels or args.memory or args.schedule or args.forms):
         print(graph)
     if args.kernels:
         print_kernels(graph)
@@ -75,6 +81,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         from hexir.runtime.executor import plan_graph
 
         print(plan_graph(graph, target or "cpu").summary())
+    if args.forms:
+        print_forms(graph, require_database(args.db))
     if target is not None:
         from hexir.search.scheduler import extract_tasks
 
@@ -124,3 +132,21 @@ def print_schedule(func: PrimFunc, target: Target, db: Database | None) -> None:
     else:
         print(f"# the default schedule of @{func.name} on {target.key}")
     print(default_schedule(func, target).trace)
+
+
+def print_forms(graph: Graph, db: Database) -> None:
+    """One line per conv with two forms (hexir/graph/forms.py): the rule's form and the
+    other, each with its kernels' summed best times in `db`, and the form a build takes."""
+    from hexir.graph.forms import Form, conv_forms
+
+    def form(f: Form) -> str:
+        name = f"F({f.tile},3)" if f.tile else "direct"
+        time = "unmeasured" if f.seconds is None else f"{ms(f.seconds)} ms"
+        return f"{name:>7} {f.kernels:>2} kernels {time:>12}"
+
+    convs = conv_forms(graph, "cpu", db)
+    print(f"{len(convs)} convs with a Winograd and a direct form; database {db.shown}")
+    for c in convs:
+        chosen = f"F({c.chosen},3)" if c.chosen else "direct"
+        print(f"  conv {c.name:>6} {'x'.join(map(str, c.shape)):>14}  rule {form(c.rule)}  |  "
+              f"other {form(c.other)}  |  built {chosen}")  # fmt: skip

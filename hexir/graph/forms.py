@@ -16,6 +16,7 @@ either. A tile forced by the `winograd` knob leaves nothing to choose.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from hexir import knobs
@@ -27,7 +28,15 @@ from hexir.ir.keys import workload_key
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 
-__all__ = ["form_variants", "measured_forms", "measured_kernels", "winograd_choices"]
+__all__ = [
+    "ConvForms",
+    "Form",
+    "conv_forms",
+    "form_variants",
+    "measured_forms",
+    "measured_kernels",
+    "winograd_choices",
+]
 
 # The Winograd tile a conv the rule keeps direct is measured with: its output is small (7x7),
 # and F(2, 3)'s tiles are the ones that cover it with the least waste.
@@ -65,17 +74,38 @@ def form_variants(graph: Graph, target: Target | str = "cpu") -> list[dict[str, 
             {name: other for name, (_, other) in choices.items()}]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Form:
+    """One form of a conv as the database measured it: its tile (0: direct), how many
+    kernels compute it, and the sum of their best times in seconds (None: one unmeasured)."""
+
+    tile: int
+    kernels: int
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class ConvForms:
+    """A conv with two forms (`hexir show MODEL --forms`): its result's name and shape, the
+    rule's form and the other, and the tile a build with the database gives it."""
+
+    name: str
+    shape: tuple[int, ...]
+    rule: Form
+    other: Form
+    chosen: int
+
+
 def measured_kernels(
     graph: Graph, target: Target | str, database: _Database
 ) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
     """`fused_kernels` of `graph` with each conv in the form `measured_forms` gives it (the
     rule's variant reused where that is the choice: no third lowering)."""
-    choices = winograd_choices(graph, target)
-    if not choices:
-        return fused_kernels(graph, target)
     variants = form_variants(graph, target)
     laid_out = [fused_kernels(graph, target, variant) for variant in variants]
-    chosen = _choose(choices, variants, laid_out, target, database)
+    if len(variants) == 1:
+        return laid_out[0]
+    chosen = {c.name: c.chosen for c in _measure(variants, laid_out, target, database)}
     for variant, result in zip(variants, laid_out, strict=True):
         if chosen == variant:
             return result
@@ -86,21 +116,24 @@ def measured_forms(graph: Graph, target: Target | str, database: _Database) -> d
     """Each conv with two forms -> the tile of the form whose kernels' best times in
     `database` sum lower (0: direct); the rule's tile where a kernel of either form has no
     valid time there. Empty where no conv has two forms."""
-    choices = winograd_choices(graph, target)
-    if not choices:
-        return {}
+    return {c.name: c.chosen for c in conv_forms(graph, target, database)}
+
+
+def conv_forms(graph: Graph, target: Target | str, database: _Database) -> list[ConvForms]:
+    """Each conv with two forms, both measured, and the choice (`measured_forms`)."""
     variants = form_variants(graph, target)
+    if len(variants) == 1:
+        return []
     laid_out = [fused_kernels(graph, target, variant) for variant in variants]
-    return _choose(choices, variants, laid_out, target, database)
+    return _measure(variants, laid_out, target, database)
 
 
-def _choose(
-    choices: dict[str, tuple[int, int]],
+def _measure(
     variants: list[dict[str, int]],
     laid_out: list[tuple[Graph, list[tuple[Group, PrimFunc]]]],
     target: Target | str,
     database: _Database,
-) -> dict[str, int]:
+) -> list[ConvForms]:
     names = [{op.result.name for op in g.ops} for g, _ in laid_out]
     best: dict[str, float | None] = {}
 
@@ -116,18 +149,20 @@ def _choose(
             total += best[key]  # type: ignore[operator]
         return total
 
-    chosen = {}
-    for name, (rule, _) in choices.items():
-        times = {}
+    convs = []
+    for name in variants[0]:
+        forms = []
         for variant, (g, groups) in enumerate(laid_out):
-            tile = variants[variant][name]
             funcs = {id(group): func for group, func in groups}
-            other_names = names[1 - variant]
-            mine = _form_groups(g, [group for group, _ in groups], name, other_names)
-            times[tile] = seconds(mine, funcs)
-        known = {tile: t for tile, t in times.items() if t is not None}
-        chosen[name] = min(known, key=known.__getitem__) if len(known) == 2 else rule
-    return chosen
+            mine = _form_groups(g, [group for group, _ in groups], name, names[1 - variant])
+            forms.append(Form(variants[variant][name], len(mine), seconds(mine, funcs)))
+        rule, other = forms
+        chosen = rule.tile
+        if rule.seconds is not None and other.seconds is not None and other.seconds < rule.seconds:
+            chosen = other.tile
+        shape = next(op.result.type.shape for op in laid_out[0][0].ops if op.result.name == name)
+        convs.append(ConvForms(name, shape, rule, other, chosen))
+    return convs
 
 
 def _form_groups(graph: Graph, groups: list[Group], name: str, elsewhere: set[str]) -> list[Group]:
