@@ -67,7 +67,7 @@ from hexir import knobs
 from hexir.graph.rewrite import RewritePass, remove_dead_ops, simplify_graph
 from hexir.ir.graph import Graph, Op
 from hexir.ops import make_op
-from hexir.ops.contraction import block_batch_matmul_weight, block_matmul_weight
+from hexir.ops.contraction import block_matmul_weight
 from hexir.ops.nn import block_conv_weight
 from hexir.ops.winograd import winograd_weight
 from hexir.runtime.target import Target
@@ -309,7 +309,7 @@ def _winograd_conv(
     u, name, attrs = winograd_weight(p.data[w.name], m), f"{w.name}_wino{m}", {}
     block = _panel(n * th * tw, k, target)
     if block:  # in the column panels of the batch_matmul's register tile, as a matmul's
-        u, name = block_batch_matmul_weight(u, block), f"{name}_{block}n"
+        u, name = block_matmul_weight(u, block), f"{name}_{block}n"
         attrs = {"weight_block": block}
     weight = p.constant(name, u, where)
     ops.append(weight)

@@ -30,36 +30,45 @@ def _matmul_infer(c: Check) -> TensorType:
     dtype = c.same_dtype()
     if block and b.shape[2] != block:
         fail(f"weight_block={block} needs b of shape [N/{block}, K, {block}], b is {dims(b)}")
-    k, n = matmul_weight_shape(b.shape)
+    k, n = matmul_weight_shape(b.shape, block)
     if a.shape[1] != k:
         fail(f"inner dimensions differ: a is {dims(a)}, b is {dims(b)}")
     return TensorType((a.shape[0], n), dtype)
 
 
-def matmul_weight_shape(shape: tuple[int, ...]) -> tuple[int, int]:
-    """A matmul's b as (K, N), plain ([K, N]) or blocked ([N/b, K, b])."""
-    if len(shape) == 3:
-        blocks, k, b = shape
-        return k, blocks * b
-    k, n = shape
-    return k, n
+# matmul's and batch_matmul's `weight_block`: b's columns (its last axis, N) in blocks of b,
+# the block's index first and the place in it last: [K, N] -> [N/b, K, b], [B, K, N] ->
+# [N/b, B, K, b] (each column panel contiguous, as the CPU kernels read it).
+
+
+def matmul_weight_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
+    """A matmul's or batch_matmul's b as it is unblocked ([K, N] or [B, K, N]), from its
+    shape, blocked when `block` is set."""
+    return (*shape[1:-1], shape[0] * shape[-1]) if block else tuple(shape)
 
 
 def block_matmul_weight(b: np.ndarray, block: int) -> np.ndarray:
-    """A [K, N] matmul operand with its columns in blocks of `block`, innermost: [N/b, K, b]
-    (what a matmul of weight_block=b reads: each column panel contiguous)."""
-    return block_axis(b, 1, block)
+    """A [.., K, N] matmul or batch_matmul operand with its columns in blocks of `block`:
+    [N/b, .., K, b] (what a contraction of weight_block=b reads)."""
+    return block_axis(b, b.ndim - 1, block)
 
 
 def unblock_matmul_weight(b: np.ndarray) -> np.ndarray:
-    """The [K, N] operand of a blocked one ([N/b, K, b])."""
-    return unblock_axis(b, 1)
+    """The [.., K, N] operand of a blocked one ([N/b, .., K, b])."""
+    return unblock_axis(b, b.ndim - 2)
 
 
 def _matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    """A blocked b (weight_block) unblocked first."""
+    """matmul's and batch_matmul's: a blocked b (weight_block) unblocked first."""
     b = unblock_matmul_weight(xs[1]) if attrs.get("weight_block") else xs[1]
     return np.matmul(wide(xs[0]), wide(b))
+
+
+def _weight_read(b: Buffer, block: int, lead: tuple[Expr, ...], n: Expr) -> Expr:
+    """b at column `n` and its other indices `lead` (k, or batch and k), blocked or not."""
+    if block:
+        return b[(floordiv(n, block), *lead, Binary("floormod", n, IntImm(block)))]
+    return b[(*lead, n)]
 
 
 def _matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
@@ -67,22 +76,20 @@ def _matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
 
     def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        if block:
-            return (
-                a[s[0], r[0]]
-                * b[floordiv(s[1], block), r[0], Binary("floormod", s[1], IntImm(block))]
-            )
-        return a[s[0], r[0]] * b[r[0], s[1]]
+        return a[s[0], r[0]] * _weight_read(b, block, (r[0],), s[1])
 
     k.reduce("matmul", out, a.shape[-1:], product)
 
 
 def _matmul_export(ex: Exporter, op: Op) -> None:
+    """matmul's and batch_matmul's: a blocked b back to [.., K, N] first (ONNX Runtime folds
+    that at load time)."""
     names = operand_names(op)
-    if op.attr("weight_block"):  # back to [K, N] (ONNX Runtime folds it at load time)
-        k, n = matmul_weight_shape(op.operands[1].type.shape)
-        moved = ex.node("Transpose", [names[1]], perm=unblock_perm(1, 2))
-        names[1] = ex.node("Reshape", [moved, ex.ints((k, n), f"{op.result.name}.b")])
+    if op.attr("weight_block"):
+        rank = len(op.operands[1].type.shape)
+        shape = matmul_weight_shape(op.operands[1].type.shape, 1)
+        moved = ex.node("Transpose", [names[1]], perm=unblock_perm(rank - 2, rank - 1))
+        names[1] = ex.node("Reshape", [moved, ex.ints(shape, f"{op.result.name}.b")])
     ex.node("MatMul", names, op.result.name)
 
 
@@ -107,7 +114,7 @@ def _batch_matmul_infer(c: Check) -> TensorType:
     dtype = c.same_dtype()
     if block and b.shape[3] != block:
         fail(f"weight_block={block} needs b of shape [N/{block}, B, K, {block}], b is {dims(b)}")
-    batch, k, n = batch_matmul_weight_shape(b.shape)
+    batch, k, n = matmul_weight_shape(b.shape, block)
     if a.shape[0] != batch:
         fail(f"batch dimensions differ: a is {dims(a)}, b is {dims(b)}")
     if a.shape[2] != k:
@@ -115,46 +122,14 @@ def _batch_matmul_infer(c: Check) -> TensorType:
     return TensorType((a.shape[0], a.shape[1], n), dtype)
 
 
-def batch_matmul_weight_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """A batch_matmul's b as (B, K, N), plain ([B, K, N]) or blocked ([N/b, B, K, b])."""
-    if len(shape) == 4:
-        blocks, batch, k, b = shape
-        return batch, k, blocks * b
-    batch, k, n = shape
-    return batch, k, n
-
-
-def block_batch_matmul_weight(b: np.ndarray, block: int) -> np.ndarray:
-    """A [B, K, N] batch_matmul operand with its columns in blocks of `block`, innermost:
-    [N/b, B, K, b] (each batch's column panel contiguous, as a blocked matmul's)."""
-    return block_axis(b, 2, block)
-
-
-def _batch_matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    b = unblock_axis(xs[1], 2) if attrs.get("weight_block") else xs[1]
-    return np.matmul(wide(xs[0]), wide(b))
-
-
 def _batch_matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     a, b = args
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
 
     def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        if block:
-            column = (floordiv(s[2], block), s[0], r[0], Binary("floormod", s[2], IntImm(block)))
-            return a[s[0], s[1], r[0]] * b[column]
-        return a[s[0], s[1], r[0]] * b[s[0], r[0], s[2]]
+        return a[s[0], s[1], r[0]] * _weight_read(b, block, (s[0], r[0]), s[2])
 
     k.reduce("batch_matmul", out, a.shape[-1:], product)
-
-
-def _batch_matmul_export(ex: Exporter, op: Op) -> None:
-    names = operand_names(op)
-    if op.attr("weight_block"):  # back to [B, K, N]
-        shape = batch_matmul_weight_shape(op.operands[1].type.shape)
-        moved = ex.node("Transpose", [names[1]], perm=unblock_perm(2, 3))
-        names[1] = ex.node("Reshape", [moved, ex.ints(shape, f"{op.result.name}.b")])
-    ex.node("MatMul", names, op.result.name)
 
 
 BATCH_MATMUL = OpDef(
@@ -165,9 +140,9 @@ BATCH_MATMUL = OpDef(
     ("weight_block",),
     infer=_batch_matmul_infer,
     fusion=Pattern.OUT_FUSABLE,
-    evaluate=_batch_matmul_evaluate,
+    evaluate=_matmul_evaluate,
     lower=_batch_matmul_lower,
-    export=_batch_matmul_export,
+    export=_matmul_export,
     flops=_contraction_flops,
 )
 

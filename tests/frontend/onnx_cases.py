@@ -8,7 +8,7 @@ import numpy as np
 
 from hexir.ir.graph import Graph, Value
 from hexir.ops.builder import GraphBuilder
-from hexir.ops.contraction import block_batch_matmul_weight, block_matmul_weight
+from hexir.ops.contraction import block_matmul_weight
 from hexir.ops.nn import block_conv_weight
 
 # The cases' constants are built at import time: a fixed seed, the same in every test.
@@ -59,7 +59,7 @@ CASES: dict[str, Graph] = {
         "batch_matmul_blocked",
         [((2, 4, 5), F)],
         lambda b, x: b.batch_matmul(
-            x, b.constant(block_batch_matmul_weight(_w(2, 5, 12), 4)), weight_block=4
+            x, b.constant(block_matmul_weight(_w(2, 5, 12), 4)), weight_block=4
         ),
     ),
     "winograd_input": one_op(

@@ -156,14 +156,13 @@ def test_matmul_with_its_columns_in_blocks_computes_the_same_product(block, rng)
 @pytest.mark.parametrize("block", [4, 16])
 def test_batch_matmul_with_its_columns_in_blocks_computes_the_same_products(block, rng):
     from hexir.graph.evaluate import evaluate
-    from hexir.ops.contraction import block_batch_matmul_weight
-    from hexir.ops.numeric import unblock_axis
+    from hexir.ops.contraction import block_matmul_weight, unblock_matmul_weight
 
     a = rng.standard_normal((3, 7, 12), dtype=np.float32)
     w = rng.standard_normal((3, 12, 32), dtype=np.float32)
-    packed = block_batch_matmul_weight(w, block)
+    packed = block_matmul_weight(w, block)
     assert packed.shape == (32 // block, 3, 12, block)
-    np.testing.assert_array_equal(unblock_axis(packed, 2), w)
+    np.testing.assert_array_equal(unblock_matmul_weight(packed), w)
     op = check("batch_matmul", a @ w, a, packed, weight_block=block)
     assert op.attr("weight_block") == block
     b = hexir.GraphBuilder("blocked")

@@ -12,7 +12,7 @@ from hexir.graph.evaluate import evaluate
 from hexir.graph.fusion import fused_kernels
 from hexir.graph.layout import layout_weights, winograd_tile
 from hexir.ops.builder import GraphBuilder
-from hexir.ops.numeric import unblock_axis
+from hexir.ops.contraction import unblock_matmul_weight
 from hexir.ops.winograd import matrices, winograd_weight
 from hexir.runtime.default_schedule import default_schedule
 
@@ -102,7 +102,7 @@ def test_the_weight_is_transformed_once_at_compile_time(rng):
     (u,) = [data.array for name, data in laid_out.constants if name.startswith("w_wino2")]
     # [(m+2)^2, C, K] = [16, 8, 16] in the column panels of the batch_matmul: [K/16, 16, 8, 16]
     assert u.shape == (1, 16, 8, 16)
-    np.testing.assert_array_equal(unblock_axis(u, 2), winograd_weight(weight, 2))
+    np.testing.assert_array_equal(unblock_matmul_weight(u), winograd_weight(weight, 2))
     assert all(name != "w" for name, _ in laid_out.constants)  # the KCRS weight is gone
     assert any(np.array_equal(c, u) for c in module.constants.values())
     assert all(c.shape != weight.shape for c in module.constants.values())
