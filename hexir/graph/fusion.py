@@ -253,19 +253,27 @@ def is_view(group: Group) -> bool:
     return d is not None and d.view
 
 
+def compiled_graph(
+    graph: Graph, target: Target | str = "cpu", winograd: Mapping[str, int] | None = None
+) -> Graph:
+    """The graph a model's kernels are partitioned from: simplified (constants evaluated,
+    batch norm folded, exact rewrites), its constant weights laid out for `target`'s kernels
+    (hexir.graph.layout; `winograd` chooses some convs' forms there)."""
+    from hexir.graph.layout import layout_weights
+    from hexir.graph.rewrite import simplify_graph
+    from hexir.runtime.target import Target
+
+    return layout_weights(simplify_graph(graph), Target.of(target), winograd)
+
+
 def fused_kernels(
     graph: Graph, target: Target | str = "cpu", winograd: Mapping[str, int] | None = None
 ) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
     """What a model compiles to for `target`, as `hexir.compile` builds it, `hexir.tune` tunes
-    it and `hexir show --kernels` lists it: the graph simplified (constants evaluated, batch
-    norm folded, exact rewrites) with its constant weights laid out for the target's kernels
-    (hexir.graph.layout), and each fusion group but the views (`is_view`) with the PrimFunc
-    it lowers to. `winograd` chooses some convs' forms (`layout_weights`)."""
-    from hexir.graph.layout import layout_weights
+    it and `hexir show --kernels` lists it: `compiled_graph`, and each of its fusion groups
+    but the views (`is_view`) with the PrimFunc it lowers to."""
     from hexir.graph.lower import lower
-    from hexir.graph.rewrite import simplify_graph
-    from hexir.runtime.target import Target
 
-    graph = layout_weights(simplify_graph(graph), Target.of(target), winograd)
+    graph = compiled_graph(graph, target, winograd)
     groups = [group for group in partition(graph) if not is_view(group)]
     return graph, [(group, lower(group.graph())) for group in groups]

@@ -184,16 +184,7 @@ def _strided_pointwise_convs(graph: Graph, target: Target) -> Graph:
 
 
 def _strided_pointwise(op: Op, p: RewritePass, target: Target) -> bool:
-    if op.kind != "conv2d" or op.attr("weight_block") or op.attr("groups") != 1:
-        return False
-    if op.operands[1].name not in p.data:
-        return False
-    n, k, h, w = op.result.type.shape
-    if n != 1 or not _panel(k, h * w, target):
-        return False
-    if op.operands[1].type.shape[2:] != (1, 1) or any(op.attr("padding")):  # type: ignore
-        return False
-    return tuple(op.attr("dilation")) == (1, 1) and tuple(op.attr("stride")) != (1, 1)  # type: ignore
+    return _one_image_1x1(op, p, target) and tuple(op.attr("stride")) != (1, 1)  # type: ignore
 
 
 def _pointwise_convs_as_matmuls(graph: Graph, target: Target) -> Graph:
@@ -215,13 +206,19 @@ def _pointwise_convs_as_matmuls(graph: Graph, target: Target) -> Graph:
 
 
 def _pointwise_conv(op: Op, p: RewritePass, target: Target) -> bool:
+    return _one_image_1x1(op, p, target) and tuple(op.attr("stride")) == (1, 1)  # type: ignore
+
+
+def _one_image_1x1(op: Op, p: RewritePass, target: Target) -> bool:
+    """A 1x1 conv2d of one image, no padding or dilation, one group, its weight a constant
+    not yet blocked, whose output pixels fill whole column panels (any stride)."""
     if op.kind != "conv2d" or op.attr("weight_block") or op.operands[1].name not in p.data:
         return False
     n, k, h, w = op.result.type.shape
-    plain = all(tuple(op.attr(a)) == (1, 1) for a in ("stride", "dilation"))  # type: ignore
-    no_pad = not any(op.attr("padding"))  # type: ignore[arg-type]
     one_by_one = op.operands[1].type.shape[2:] == (1, 1)
-    if not (n == 1 and one_by_one and plain and no_pad and op.attr("groups") == 1):
+    no_pad = not any(op.attr("padding"))  # type: ignore[arg-type]
+    undilated = tuple(op.attr("dilation")) == (1, 1)  # type: ignore[arg-type]
+    if not (n == 1 and one_by_one and no_pad and undilated and op.attr("groups") == 1):
         return False
     return _panel(k, h * w, target) > 0
 

@@ -123,10 +123,9 @@ def plan_graph(graph: Graph, target: Target | str = "cpu") -> MemoryPlan:
     """The memory plan `compile` makes for `graph` on `target`, without lowering or building
     a kernel (for `hexir show MODEL --memory`): the same simplified graph, its weights laid
     out for the target (hexir.graph.layout), the same groups."""
-    from hexir.graph.fusion import is_view, partition
-    from hexir.graph.layout import layout_weights
+    from hexir.graph.fusion import compiled_graph, is_view, partition
 
-    graph = layout_weights(simplify(graph), Target.of(target))
+    graph = compiled_graph(graph, target)
     commands, inplace = [], []
     for group in (g for g in partition(graph) if not is_view(g)):
         args = tuple(v.name for v in (*group.inputs, *group.outputs))
