@@ -101,6 +101,7 @@ def measured_kernels(
 ) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
     """`fused_kernels` of `graph` with each conv in the form `measured_forms` gives it (the
     rule's variant reused where that is the choice: no third lowering)."""
+    graph = simplify_graph(graph)  # once: each lowering below then finds it simplified
     variants = form_variants(graph, target)
     laid_out = [fused_kernels(graph, target, variant) for variant in variants]
     if len(variants) == 1:
@@ -121,6 +122,7 @@ def measured_forms(graph: Graph, target: Target | str, database: _Database) -> d
 
 def conv_forms(graph: Graph, target: Target | str, database: _Database) -> list[ConvForms]:
     """Each conv with two forms, both measured, and the choice (`measured_forms`)."""
+    graph = simplify_graph(graph)
     variants = form_variants(graph, target)
     if len(variants) == 1:
         return []
@@ -134,13 +136,16 @@ def _measure(
     target: Target | str,
     database: _Database,
 ) -> list[ConvForms]:
-    names = [{op.result.name for op in g.ops} for g, _ in laid_out]
+    # Per variant: each value's producing op, the groups, each group's func.
+    producers = [{op.result.name: op for op in g.ops} for g, _ in laid_out]
+    groups = [[group for group, _ in kernels] for _, kernels in laid_out]
+    funcs = [{id(group): func for group, func in kernels} for _, kernels in laid_out]
     best: dict[str, float | None] = {}
 
-    def seconds(groups: list[Group], funcs: dict[int, PrimFunc]) -> float | None:
+    def seconds(variant: int, mine: list[Group]) -> float | None:
         total = 0.0
-        for group in groups:
-            key = workload_key(funcs[id(group)])
+        for group in mine:
+            key = workload_key(funcs[variant][id(group)])
             if key not in best:
                 records = [r for r in database.best(key, target, k=1) if r.median is not None]
                 best[key] = records[0].median if records else None
@@ -152,25 +157,25 @@ def _measure(
     convs = []
     for name in variants[0]:
         forms = []
-        for variant, (g, groups) in enumerate(laid_out):
-            funcs = {id(group): func for group, func in groups}
-            mine = _form_groups(g, [group for group, _ in groups], name, names[1 - variant])
-            forms.append(Form(variants[variant][name], len(mine), seconds(mine, funcs)))
+        for variant in range(len(laid_out)):
+            mine = _form_groups(producers[variant], groups[variant], name, producers[1 - variant])
+            forms.append(Form(variants[variant][name], len(mine), seconds(variant, mine)))
         rule, other = forms
         chosen = rule.tile
         if rule.seconds is not None and other.seconds is not None and other.seconds < rule.seconds:
             chosen = other.tile
-        shape = next(op.result.type.shape for op in laid_out[0][0].ops if op.result.name == name)
-        convs.append(ConvForms(name, shape, rule, other, chosen))
+        convs.append(ConvForms(name, producers[0][name].result.type.shape, rule, other, chosen))
     return convs
 
 
-def _form_groups(graph: Graph, groups: list[Group], name: str, elsewhere: set[str]) -> list[Group]:
-    """The groups that compute the conv `name` in `graph`'s form of it: those holding an op
-    of its form, found from the op that returns `name` back through the ops that only this
-    form has (their results are not in `elsewhere`, the other variant's graph): the
-    Winograd form's chain back to the image, or the direct conv alone."""
-    producer = {op.result.name: op for op in graph.ops}
+def _form_groups(
+    producer: dict[str, Op], groups: list[Group], name: str, elsewhere: dict[str, Op]
+) -> list[Group]:
+    """The groups that compute the conv `name` in one variant's form of it (`producer`: that
+    variant's ops by result): those holding an op of its form, found from the op that returns
+    `name` back through the ops that only this form has (their results are not among
+    `elsewhere`, the other variant's): the Winograd form's chain back to the image, or the
+    direct conv alone."""
     form: set[str] = set()
     todo: list[Op] = [producer[name]]
     while todo:

@@ -69,10 +69,12 @@ def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu")
     else:
         from hexir.graph.forms import form_variants
         from hexir.graph.fusion import fused_kernels
+        from hexir.graph.rewrite import simplify_graph
 
+        graph = simplify_graph(func_or_graph)  # once: each lowering then finds it simplified
         variants = [
-            [func for _, func in fused_kernels(func_or_graph, target, forms)[1]]
-            for forms in form_variants(func_or_graph, target)
+            [func for _, func in fused_kernels(graph, target, forms)[1]]
+            for forms in form_variants(graph, target)
         ]
     # A workload's weight is its count in the first variant that has it: the rule's forms,
     # then the convs' other forms (hexir/graph/forms.py), which compile may choose instead.
