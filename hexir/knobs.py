@@ -102,6 +102,13 @@ class Knobs:
     measure_build_timeout: float = field(
         default_factory=lambda: _float("HEXIR_MEASURE_BUILD_TIMEOUT", "60")
     )
+    # Candidates a tune builds before it times them, per parallel build: the compiles of a
+    # batch keep every core busy until its last one or two, where a batch of one per core
+    # waits for its slowest (their times vary tenfold). Each result is committed as it is
+    # timed, so a batch's size risks builds, never measurements.
+    measure_batch_per_worker: int = field(
+        default_factory=lambda: _int("HEXIR_MEASURE_BATCH_PER_WORKER", "4")
+    )
     measure_reference_timeout: float = field(
         default_factory=lambda: _float("HEXIR_MEASURE_REFERENCE_TIMEOUT", "600")
     )

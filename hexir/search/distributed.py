@@ -119,11 +119,16 @@ class RayExecutor:
 
     def measure(self, candidates: Sequence[Candidate]) -> list[MeasureResult]:
         """Build every candidate on the cluster, then check and time each on a runner."""
+        return list(self.measure_each(candidates))
+
+    def measure_each(self, candidates: Sequence[Candidate]) -> Iterator[MeasureResult]:
+        """`measure`, the results in order, each as soon as it and those before it are
+        timed."""
         if self._closed:
             raise RuntimeError("this RayExecutor is closed; make a new one")
         check_targets(candidates, self.target)
         if not candidates:
-            return []
+            return
         ray = _ray()
         try:
             if self._actors is None:
@@ -131,7 +136,7 @@ class RayExecutor:
             values = ray.put(knobs.get())
             wire = [dataclasses.replace(c, trace=Trace()) for c in candidates]
             builds = self._build_all(wire, values)
-            return self._run_all(wire, builds, values)
+            yield from self._run_all(wire, builds, values)
         except BaseException as e:
             self._reset()
             if isinstance(e, ray.exceptions.RayError):
@@ -199,11 +204,12 @@ class RayExecutor:
 
     def _run_all(
         self, wire: list[Candidate], builds: list[ShippedBuild], values: Any
-    ) -> list[MeasureResult]:
-        """Each built candidate timed by the next free runner; failed builds are records, and so
-        is a candidate whose runner was lost."""
+    ) -> Iterator[MeasureResult]:
+        """Each built candidate timed by the next free runner, the results yielded in order;
+        failed builds are records, and so is a candidate whose runner was lost."""
         ray = _ray()
         results: list[MeasureResult | None] = [None] * len(wire)
+        given = 0
         queue: deque[int] = deque()
         for index, shipped in enumerate(builds):
             if shipped.build.ok:
@@ -229,9 +235,12 @@ class RayExecutor:
                     lost = True
                 else:
                     idle.append(actor)
+            while given < len(results) and (ready := results[given]) is not None:
+                yield ready
+                given += 1
         if lost:  # the next batch starts a runner on every node alive then
             self._stop_runners(CLOSE_TIMEOUT)
-        return [r for r in results if r is not None]
+        yield from (r for r in results[given:] if r is not None)
 
     def _restart_runners(self) -> list[Any]:
         """New runners, on the nodes alive now, in place of this executor's (all lost)."""

@@ -96,12 +96,17 @@ class SearchConfig:
     def for_round(self, n: int, informed: bool) -> SearchConfig:
         """The settings of a round measuring `n`: the population scaled to the batch (a full
         `measure_per_round` batch gets all of it, a smaller one a share, at least
-        `min_population`), and no generations when the model's scores are random (before it
-        has trained, or the random model): evolution guided by noise costs replays and finds
-        nothing fresh samples would not."""
+        `min_population`). When the model's scores are random (before it has trained, or the
+        random model) there are no generations, and the population is the batch and a
+        quarter: evolution or a ranking guided by noise picks no better than the first
+        samples drawn, and each sample costs a schedule built in Python (a conv's, about
+        0.15 s); the quarter makes up for draws that repeat a measured candidate."""
+        if not informed:
+            return replace(self, population=min(self.population, math.ceil(1.25 * n)),
+                           generations=0)  # fmt: skip
         share = math.ceil(self.population * n / max(self.measure_per_round, 1))
         population = min(self.population, max(self.min_population, share))
-        return replace(self, population=population, generations=self.generations * informed)
+        return replace(self, population=population)
 
 
 @dataclass

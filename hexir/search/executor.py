@@ -2,6 +2,8 @@
 
     with LocalExecutor("cpu") as executor:            # in this process, no Ray
         results = executor.measure(candidates)        # one MeasureResult each, in order
+        for result in executor.measure_each(candidates):   # the same, each once timed
+            ...
     with RayExecutor("cpu") as executor:              # hexir/search/distributed.py
         results = executor.measure(candidates)
 
@@ -12,20 +14,21 @@ before it times any of it, so no timing ever overlaps a build on the same machin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol, Self
 
 from hexir import knobs
 from hexir.runtime.target import Target
 from hexir.search.builders import CpuBuilder, CudaBuilder
-from hexir.search.measure import Builder, Candidate, MeasureResult, Runner, measure
+from hexir.search.measure import Builder, Candidate, MeasureResult, Runner, measure_each
 from hexir.search.runners import CpuRunner, CudaRunner
 
 
 class MeasureExecutor(Protocol):
     """Measures candidates of one target: `measure` returns one MeasureResult per candidate,
     in the candidates' order; failures are error records (only a bug, or a measurement setup
-    that cannot work at all, raises). `workers` is how many builds run at once, for the
+    that cannot work at all, raises). `measure_each` yields the same results in the same
+    order, each as soon as it is timed. `workers` is how many builds run at once, for the
     search to size its batches. `close()` ends whatever the executor started (idempotent);
     an executor is a context manager that closes on exit."""
 
@@ -33,6 +36,8 @@ class MeasureExecutor(Protocol):
     def workers(self) -> int: ...
 
     def measure(self, candidates: Sequence[Candidate]) -> list[MeasureResult]: ...
+
+    def measure_each(self, candidates: Sequence[Candidate]) -> Iterator[MeasureResult]: ...
 
     def close(self) -> None: ...
 
@@ -70,12 +75,15 @@ class LocalExecutor:
 
     def measure(self, candidates: Sequence[Candidate]) -> list[MeasureResult]:
         """Build every candidate, then check and time them one at a time."""
+        return list(self.measure_each(candidates))
+
+    def measure_each(self, candidates: Sequence[Candidate]) -> Iterator[MeasureResult]:
+        """`measure`, each result as soon as it is timed."""
         if self._closed:
             raise RuntimeError("this LocalExecutor is closed; make a new one")
         check_targets(candidates, self.target)
-        if not candidates:
-            return []
-        return measure(candidates, self.builder, self.runner)
+        if candidates:
+            yield from measure_each(candidates, self.builder, self.runner)
 
     def close(self) -> None:
         """Close the runner (its worker process ends); a second call does nothing."""

@@ -16,7 +16,7 @@ candidate's error record, never a time and never the end of the search.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -141,10 +141,19 @@ def measure(
     candidates: Sequence[Candidate], builder: Builder, runner: Runner
 ) -> list[MeasureResult]:
     """Build every candidate (in parallel), then run them (one at a time): one result each."""
+    return list(measure_each(candidates, builder, runner))
+
+
+def measure_each(
+    candidates: Sequence[Candidate], builder: Builder, runner: Runner
+) -> Iterator[MeasureResult]:
+    """`measure`, one result at a time, each as soon as it is timed (so that a caller can
+    commit it before the next candidate runs)."""
     builds = builder.build(candidates)
     if len(builds) != len(candidates):
         raise ValueError(f"the builder returned {len(builds)} results for {len(candidates)}")
-    return runner.run(candidates, builds)
+    for candidate, build in zip(candidates, builds, strict=True):
+        yield from runner.run([candidate], [build])
 
 
 def error_kind_of(error: HexirError) -> str:

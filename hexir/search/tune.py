@@ -241,28 +241,35 @@ class _Tuner:
         return len(results)
 
     def measure(self, i: int, batch: list[Candidate]) -> list[MeasureResult]:
-        """Measure `batch` in slices of the executor's parallel builds, committing each
-        result as soon as its slice is back."""
-        task, search = self.tasks[i], self.searches[i]
+        """Measure `batch` in slices of `measure_batch_per_worker` candidates per parallel
+        build of the executor (each slice built in full, then timed), committing each result
+        as soon as it is timed."""
+        task = self.tasks[i]
         results: list[MeasureResult] = []
-        step = max(1, self.executor.workers)
+        workers = max(1, self.executor.workers)
+        step = workers * max(1, knobs.get().measure_batch_per_worker)
         for start in range(0, len(batch), step):
             chunk = batch[start : start + step]
-            began = time.perf_counter()
-            out = self.executor.measure(chunk)
-            self._account(out, time.perf_counter() - began)
-            with self.profile.timing("database"):
-                for c, r in zip(chunk, out, strict=True):
+            began, committing = time.perf_counter(), self.profile.database
+            out = []
+            for c, r in zip(chunk, self.executor.measure_each(chunk), strict=True):
+                with self.profile.timing("database"):
                     self.db.commit_record(task.func, self.target, c.trace, r,
                                           candidate_key=c.candidate_key)  # fmt: skip
-            search.mark_measured(chunk)
-            self.trials[i] += len(out)
-            for r in out:
-                if r.ok and r.median is not None:
-                    best = self.best[i]
-                    self.best[i] = r.median if best is None else min(best, r.median)
+                self._count(i, c, r)
+                out.append(r)
+            committing = self.profile.database - committing
+            self._account(out, time.perf_counter() - began - committing)
             results.extend(out)
         return results
+
+    def _count(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
+        """One committed result of task `i`: a trial, and its best time."""
+        self.searches[i].mark_measured([candidate])
+        self.trials[i] += 1
+        if result.ok and result.median is not None:
+            best = self.best[i]
+            self.best[i] = result.median if best is None else min(best, result.median)
 
     def _account(self, results: list[MeasureResult], wall: float) -> None:
         """Split a measurement's wall time: running (the runners' own spans) and building."""

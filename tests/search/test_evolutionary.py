@@ -182,6 +182,10 @@ def test_a_round_scales_its_population_to_the_batch_and_skips_evolution_on_noise
     assert full.for_round(2, True).population == 64
     assert full.for_round(64, True).generations == full.generations
     assert full.for_round(64, False).generations == 0
+    # Random scores rank nothing: the batch and a quarter is all a round samples.
+    assert full.for_round(64, False).population == 80
+    assert full.for_round(2, False).population == 3
+    assert SearchConfig(population=50).for_round(64, False).population == 50
 
     from hexir.costmodel import RandomModel, XGBModel
 
