@@ -134,10 +134,10 @@ def _partition(stmt: Stmt) -> Stmt:
     docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without."""
     if not isinstance(stmt, For) or stmt.kind not in ("serial", "vectorized") or stmt.extent < 2:
         return stmt
-    guards = _guards(stmt.body)
-    if not guards or nodes(stmt.body) > PARTITION_MAX_NODES:
+    surveyed = _survey(stmt.body)
+    if surveyed is None:
         return stmt
-    inner = {n.var: n.extent for n in walk(stmt.body) if isinstance(n, For)}
+    guards, inner = surveyed
     spans = {part: span for part in guards if (span := _holds(part, stmt.var, inner))}
     lo = max((a for a, _ in spans.values()), default=0)
     hi = min((b for _, b in spans.values()), default=stmt.extent)
@@ -220,13 +220,21 @@ def _tighten(e: Expr, ranges: dict[Var, int]) -> Expr:
     return e
 
 
-def _guards(stmt: Stmt) -> list[Expr]:
-    """The conjuncts of the conditions of `stmt`'s if-without-else statements and selects."""
-    parts: list[Expr] = []
-    for node in walk(stmt):
+def _survey(body: Stmt) -> tuple[list[Expr], dict[Var, int]] | None:
+    """What partitioning a loop of `body` needs, in one walk: the conjuncts of the conditions
+    of its if-without-else statements and selects (its guards), and the extent of each loop
+    inside; None when it has no guard or more than PARTITION_MAX_NODES nodes. (Every loop of
+    a kernel is surveyed, its whole body each time: one walk that stops early, not three.)"""
+    guards: list[Expr] = []
+    inner: dict[Var, int] = {}
+    for count, node in enumerate(walk(body)):
+        if count >= PARTITION_MAX_NODES:
+            return None
         if isinstance(node, IfThenElse) and node.else_ is None or isinstance(node, Select):
-            parts.extend(conjuncts(node.cond))
-    return parts
+            guards.extend(conjuncts(node.cond))
+        elif isinstance(node, For):
+            inner[node.var] = node.extent
+    return (guards, inner) if guards else None
 
 
 def _holds(

@@ -58,7 +58,15 @@ def simplify(expr: Expr, ranges: Ranges | None = None) -> Expr:
     Deterministic and idempotent: equal inputs give structurally equal outputs, and
     simplify(simplify(e, r), r) == simplify(e, r).
     """
-    return _Simplifier(normalize_ranges(ranges)).expr(expr)
+    return _simplified(expr, frozenset(ranges.items()) if ranges else None)
+
+
+@lru_cache(maxsize=1 << 16)
+def _simplified(expr: Expr, ranges: frozenset[tuple[Var, Interval | int]] | None) -> Expr:
+    # Memoized: code generation simplifies the same indices again and again (each piece of a
+    # partitioned loop, each access of a vector chunk), a search the same ones in every
+    # candidate of a workload.
+    return _Simplifier(normalize_ranges(dict(ranges) if ranges else None)).expr(expr)
 
 
 def can_prove(cond: Expr, ranges: Ranges | None = None) -> bool:
