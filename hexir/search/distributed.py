@@ -399,7 +399,7 @@ def _connect(address: str | None, num_cpus: int | None, runtime_env: dict[str, A
         else:
             _check_listening(address)
             ray.init(address=address, **quiet)
-    except (ConnectionError, ValueError, RuntimeError) as e:
+    except (ConnectionError, ValueError, RuntimeError, ray.exceptions.AuthenticationError) as e:
         raise _connect_error(address, str(e)) from None
     return True
 
@@ -407,11 +407,18 @@ def _connect(address: str | None, num_cpus: int | None, runtime_env: dict[str, A
 def _connect_error(address: str | None, reason: str) -> MeasureError:
     where = "start a local Ray cluster" if address is None else f"join {address!r}"
     token = ""
-    if address not in (None, "auto") and "Failed to connect" in reason:
+    if "authentication token" in reason:
+        # Ray's own words run to a paragraph of their own, with a link: say what to do, briefly.
+        reason = "it asks for a token and none was found here"
+        token = (
+            ", and give this process the cluster's token: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH "
+            "or ~/.ray/auth_token"
+        )
+    elif address not in (None, "auto") and "Failed to connect" in reason:
         # Ray sends its token only to a cluster it found itself ("auto"), never to an address.
         token = (
-            ", and where it asks for a token (as `ray start` makes it do), that "
-            "RAY_AUTH_MODE=token is set here"
+            ", and where it asks for a token (`ray start` makes it ask where it finds one), "
+            "that RAY_AUTH_MODE=token is set here"
         )
     return MeasureError(
         f"could not {where}: {reason.rstrip('.')}. Check the address and that the cluster runs "

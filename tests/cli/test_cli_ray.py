@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -51,6 +52,10 @@ def head() -> Iterator[tuple[str, Path]]:
     port = free_port()
     folder = Path(tempfile.mkdtemp(prefix="hexir-ray-"))  # short: Ray's sockets live in it
     log = folder / "ray-start.log"
+    # Whether `ray start` asks for a token by default changed between Ray releases (2.5x did,
+    # 2.60 does only where ~/.ray/auth_token exists): this cluster asks for one, always.
+    token = folder / "auth_token"
+    token.write_text(secrets.token_hex(32))
     command = [
         str(Path(sys.executable).with_name("ray")), "start", "--head", f"--port={port}",
         "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
@@ -58,7 +63,11 @@ def head() -> Iterator[tuple[str, Path]]:
     ]  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **token_env(token)},
         )
     address = f"{ray.util.get_node_ip_address()}:{port}"
     try:
@@ -72,6 +81,11 @@ def head() -> Iterator[tuple[str, Path]]:
             os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(folder, ignore_errors=True)
     assert not answers(address), "the cluster outlived its test"
+
+
+def token_env(token: Path) -> dict[str, str]:
+    """The environment that makes Ray ask for (a cluster) or send (a driver) the token in a file."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
 
 
 def started(proc: subprocess.Popen, log: Path) -> None:
@@ -92,9 +106,10 @@ def drivers(folder: Path) -> list[Path]:
 def test_tune_joins_a_running_cluster_and_records_its_measurements(head, tmp_path, monkeypatch):
     address, folder = head
     assert drivers(folder) == []
-    # `ray start` makes the cluster ask for its token, which Ray sends to an address that is
-    # given (not found, as "auto" is) only where RAY_AUTH_MODE says so.
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    # The cluster asks for its token, which Ray sends to an address that is given (not found,
+    # as "auto" is) only where RAY_AUTH_MODE says so.
+    for name, value in token_env(folder / "auth_token").items():
+        monkeypatch.setenv(name, value)
     url = f"sqlite:///{tmp_path / 'joined.db'}"
     done = run_hexir(
         tmp_path, "tune", WORKLOAD, "--trials", "4", "--target", "cpu", "--db", url,
@@ -108,6 +123,33 @@ def test_tune_joins_a_running_cluster_and_records_its_measurements(head, tmp_pat
     assert min(r.median for r in records if r.is_valid) == task["best_latency"]
     assert len(drivers(folder)) == 1  # the tune ran on this cluster, not on one of its own
     assert answers(address)  # and left it running
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["token", None])
+def test_a_cluster_that_asks_for_a_token_this_driver_lacks_is_one_paragraph(
+    head, tmp_path, monkeypatch, mode
+):
+    address, _ = head
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token either
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    if mode is None:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    else:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+        monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
+    url = f"sqlite:///{tmp_path / 'refused.db'}"
+    done = run_hexir(
+        tmp_path, "tune", WORKLOAD, "--trials", "4", "--target", "cpu", "--db", url,
+        "--ray-address", address, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    # Ray's C++ client logs its refused tries (it retries for 20 s) before hexir's paragraph.
+    assert "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"hexir: error: could not join '{address}'"), done.stderr
+    assert "RAY_AUTH_TOKEN_PATH" in last if mode else "RAY_AUTH_MODE=token" in last
+    assert Database(url).stats().records == 0
 
 
 def test_an_address_where_no_cluster_listens_is_one_paragraph(tmp_path):
