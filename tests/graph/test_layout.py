@@ -11,6 +11,8 @@ from hexir.graph.fusion import fused_kernels
 from hexir.graph.layout import layout_weights
 from hexir.ops.builder import GraphBuilder
 from hexir.runtime.default_schedule import default_schedule
+from hexir.runtime.target import Target
+from hexir.runtime.tiling import register_tile
 
 
 def _mlp(
@@ -27,22 +29,36 @@ def _mlp(
     return graph, {"w1": w1, "w2": w2, "bias": bias}
 
 
+def _block(rows: int, columns: int) -> int | None:
+    """The column panel of a matmul's register tile on this CPU, where one divides the columns
+    (AVX2: 8 of 40 and of 8; AVX-512: none of 40, whose 16-lane panels do not divide it)."""
+    panel, _ = register_tile(columns, rows, Target("cpu"))
+    return panel if columns % panel == 0 else None
+
+
 def test_dense_of_a_constant_weight_becomes_a_matmul_of_its_transpose_in_panels(rng):
     # 6 rows: the weight transposed to [K, N] and cut into panels of the register tile's
-    # width (8 columns: no 16 divides 40), [N/8, K, 8], each panel contiguous.
+    # width b, [N/b, K, b], each panel contiguous; kept whole where no panel divides N.
     graph, data = _mlp(rng)
     after = layout_weights(graph)
     matmuls = [op for op in after.ops if op.kind == "matmul"]
     assert [op.kind for op in after.ops if op.kind != "constant"] == [
         "matmul", "bias_add", "relu", "matmul"
     ]  # fmt: skip
-    assert [op.attr("weight_block") for op in matmuls] == [8, 8]
+    blocks = [_block(6, 40), _block(6, 8)]
+    assert [op.attr("weight_block") for op in matmuls] == blocks
     assert after.outputs == graph.outputs and after.inputs == graph.inputs
     names = {name for name, _ in after.constants}
-    assert {"w1_t_8n", "w2_t_8n"} <= names and not {"w1", "w2", "w1_t"} & names
-    panels = after.constant("w1_t_8n")
-    assert panels.shape == (5, 24, 8) and panels.flags.c_contiguous
-    np.testing.assert_array_equal(panels[2], data["w1"].T[:, 16:24])
+    laid = [f"{w}_t_{b}n" if b else f"{w}_t" for w, b in zip(["w1", "w2"], blocks, strict=True)]
+    assert set(laid) <= names and not {"w1", "w2"} & names
+    weight = after.constant(laid[0])
+    assert weight.flags.c_contiguous
+    if blocks[0] is None:
+        np.testing.assert_array_equal(weight, data["w1"].T)
+    else:
+        b = blocks[0]
+        assert weight.shape == (40 // b, 24, b)
+        np.testing.assert_array_equal(weight[1], data["w1"].T[:, b : 2 * b])
     x = rng.standard_normal((6, 24), dtype=np.float32)
     (got,) = hexir.compile(graph).run([x])
     (want,) = evaluate(graph, [x])  # numpy semantics of the graph as given
@@ -67,7 +83,9 @@ def test_a_matmul_of_a_constant_takes_it_in_panels_that_its_kernel_reads_in_plac
     graph = b.build(b.matmul(x, b.constant(w, name="w")))
     module = hexir.compile(graph)
     (panels,) = (a for a in module.constants.values() if a.ndim == 3)
-    assert panels.shape == (3, 32, 16)  # 16 columns: AVX2's 6 x 2-vector tile
+    panel, _ = register_tile(48, 12, Target("cpu"))  # AVX2's 6 x 2 vectors: 16 columns
+    assert panels.shape == (48 // panel, 32, panel)
+    np.testing.assert_array_equal(panels[-1], w[:, 48 - panel :])
     _, kernels = fused_kernels(layout_weights(graph))
     (func,) = (f for _, f in kernels)
     assert "_global" not in str(default_schedule(func).func)  # nothing packed per call
@@ -79,7 +97,10 @@ def test_the_module_holds_the_laid_out_constants_and_no_kernel_transposes_them(r
     graph, data = _mlp(rng)
     module = hexir.compile(graph)
     shapes = sorted(a.shape for a in module.constants.values())
-    assert shapes == [(1, 40, 8), (5, 24, 8), (40,)]  # laid out once, at compile time
+    first, second = _block(6, 40), _block(6, 8)
+    w1 = (40 // first, 24, first) if first else (24, 40)
+    w2 = (8 // second, 40, second) if second else (40, 8)
+    assert shapes == sorted([w1, w2, (40,)])  # laid out once, at compile time
     assert all("dense" not in r.name and "transpose" not in r.name for r in module.report)
     # Each matmul reads its weight along N with unit stride: its pack is a copy of a panel.
     _, kernels = fused_kernels(graph)
