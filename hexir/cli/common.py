@@ -4,6 +4,7 @@ database, random inputs, argument types and number formats."""
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -196,6 +197,25 @@ def positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
+
+
+_NUMBER = r"\d+(?:\.\d*)?"
+_SPAN = re.compile(rf"(?:(?P<h>{_NUMBER})h)?(?:(?P<m>{_NUMBER})m)?(?:(?P<s>{_NUMBER})s?)?")
+
+
+def time_span(text: str) -> float:
+    """An argparse type: a span of time above zero, in seconds: `90`, `90s`, `30m`, `1.5h`,
+    `1h30m`."""
+    match = _SPAN.fullmatch(text.strip().lower())
+    seconds = 0.0
+    if match is not None and text.strip():
+        h, m, s = (float(match[k] or 0) for k in "hms")
+        seconds = h * 3600 + m * 60 + s
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a span of time such as 90s, 30m, 1.5h or 1h30m, got {text!r}"
+        )
+    return seconds
 
 
 def ms(seconds: float | None, width: int = 0) -> str:

@@ -105,6 +105,24 @@ class _Base:
         return None
 
 
+def trials_text(progress: Progress, pad: bool = False) -> str:
+    """`12/600` (` 12/600` padded), or `12` where a time budget alone bounds the tune."""
+    done, total = progress.trials_done, progress.trials_total
+    if total is None:
+        return str(done)
+    return f"{done:>{len(str(total)) if pad else 0}}/{total}"
+
+
+def fraction_done(progress: Progress) -> float:
+    """How much of the budget is spent: of the trials or of the time, whichever is further."""
+    done = 0.0
+    if progress.trials_total:
+        done = progress.trials_done / progress.trials_total
+    if progress.time_budget:
+        done = max(done, progress.elapsed / progress.time_budget)
+    return min(1.0, done)
+
+
 class PlainDisplay(_Base):
     """One line per round, for logs: trials, the round's task, the model, the time left."""
 
@@ -112,10 +130,8 @@ class PlainDisplay(_Base):
         self._note(progress)
         i = progress.task
         task = progress.tasks[i]
-        total = progress.trials_total
-        width = len(str(total))
         line = (
-            f"[{progress.trials_done:>{width}}/{total}] {duration(progress.elapsed)} "
+            f"[{trials_text(progress, pad=True)}] {duration(progress.elapsed)} "
             f"ETA {duration(progress.eta)} | task {i} {task.name} (x{task.weight}): best "
             f"{ms(task.best_latency)} ms, {ratio(self.defaults.get(i), task.best_latency)} "
             f"over default, {task.trials} trials | {self._model(progress)}"
@@ -163,8 +179,8 @@ class LiveDisplay(_Base):
                 ratio(default, t.best_latency), style=style,
             )  # fmt: skip
         head = (
-            f"trials {progress.trials_done}/{progress.trials_total}  elapsed "
+            f"trials {trials_text(progress)}  elapsed "
             f"{duration(progress.elapsed)}  ETA {duration(progress.eta)}  {self._model(progress)}"
         )
-        bar = ProgressBar(total=progress.trials_total, completed=progress.trials_done, width=60)
+        bar = ProgressBar(total=1000, completed=round(1000 * fraction_done(progress)), width=60)
         return Group(head, bar, table)

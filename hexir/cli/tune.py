@@ -28,6 +28,7 @@ from hexir.cli.common import (
     positive_int,
     ratio,
     resolve_target,
+    time_span,
 )
 from hexir.cli.progress import DefaultLatencies, Display, make_display
 from hexir.errors import TargetError
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 EXAMPLES = """examples:
   hexir tune mlp --trials 64
   hexir tune resnet18 --trials 600 --db sqlite:///tuning_logs/hexir.db
+  hexir tune resnet18 --time-budget 30m         # as many trials as 30 minutes hold
   hexir tune matmul:M=1024,N=1024,K=1024 --trials 64 --no-ray
 """
 
@@ -55,9 +57,10 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         help="search schedules for every task of a model, recording them in the database",
         description=textwrap.fill(
             "Tune every fused kernel (task) of a model, or one workload, spending --trials "
-            "measurements in all where the end-to-end gain promises most; every measurement is "
-            "committed to the database as it is made. Ctrl-C stops cleanly; the same command "
-            "again continues, never measuring a candidate twice.",
+            "measurements in all (or --time-budget, or whichever ends first) where the "
+            "end-to-end gain promises most; every measurement is committed to the database as "
+            "it is made. Ctrl-C stops cleanly; the same command again continues, never "
+            "measuring a candidate twice.",
             width=78,
         ),
         epilog=EXAMPLES,
@@ -65,8 +68,13 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
     )
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument(
-        "--trials", type=positive_int, required=True, metavar="N",
+        "--trials", type=positive_int, metavar="N",
         help="measurements in all, shared by every task",
+    )  # fmt: skip
+    p.add_argument(
+        "--time-budget", type=time_span, metavar="SPAN",
+        help="wall-clock time the tune may take: 90s, 30m, 1.5h, 1h30m; it stops when what "
+        "is left would not hold another trial (with --trials: whichever ends first)",
     )  # fmt: skip
     p.add_argument(
         "--target", metavar="TARGET",
@@ -93,7 +101,7 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         "--report", choices=("text", "json"), default="text",
         help="json: the final report as one JSON object on stdout (progress goes to stderr)",
     )  # fmt: skip
-    p.set_defaults(handler=cmd_tune)
+    p.set_defaults(handler=cmd_tune, usage_error=p.error)  # exits with status 2
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from hexir.search.scheduler import extract_tasks
 
     # Everything that can be refused is checked before the database is opened.
+    if args.trials is None and args.time_budget is None:
+        args.usage_error("a budget is needed: --trials N, --time-budget SPAN (30m, 1h), or both")
     target = resolve_target(args.target)
     _check_device(target, args)
     subject = load_subject(args.model)
@@ -122,7 +132,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out = sys.stderr if args.report == "json" else sys.stdout
     defaults = DefaultLatencies(db, tasks, target)
     print(
-        f"tuning {subject.text}: {len(tasks)} tasks, {args.trials} trials, target {target} "
+        f"tuning {subject.text}: {len(tasks)} tasks, {_budget(args)}, target {target} "
         f"({target.key}), database {db.shown}",
         file=out,
         flush=True,
@@ -145,11 +155,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
             for t in result.tasks
         ]
         elapsed = result.elapsed
+        if result.out_of_time:
+            print(
+                f"the time budget ({duration(args.time_budget)}) ended the tune after "
+                f"{plural(result.trials, 'trial')}",
+                file=out,
+            )
     else:
         rows = _rows_from_database(db, tasks, target, display.trials, defaults)
         elapsed = display.elapsed
     tuned = _tuned_model(subject.tunable, target, db)
-    _report(args, subject.text, target, db, rows, tuned, elapsed, interrupted)
+    out_of_time = result is not None and result.out_of_time
+    _report(args, subject.text, target, db, rows, tuned, elapsed, interrupted, out_of_time)
     if interrupted:
         measured = db.stats().records - records_before
         print(
@@ -159,6 +176,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         )
         return 130
     return 0
+
+
+def _budget(args: argparse.Namespace) -> str:
+    """`600 trials`, `a time budget of 30m00s`, or both."""
+    parts = []
+    if args.trials is not None:
+        parts.append(plural(args.trials, "trial"))
+    if args.time_budget is not None:
+        parts.append(f"a time budget of {duration(args.time_budget)}")
+    return " or ".join(parts)
 
 
 def _check_device(target: Target, args: argparse.Namespace) -> None:
@@ -198,6 +225,7 @@ def _run(
                 result = tune(
                     tunable, target, trials=args.trials, database=db, seed=args.seed,
                     callbacks=[display.update], executor=executor,
+                    time_budget=args.time_budget,
                 )  # fmt: skip
             return result, False
         except KeyboardInterrupt:
@@ -279,6 +307,7 @@ def _report(
     tuned: dict[str, int],
     elapsed: float,
     interrupted: bool,
+    out_of_time: bool,
 ) -> None:
     before, after = estimate(rows, "default_latency"), estimate(rows, "best_latency", tuned)
     if args.report == "json":
@@ -288,6 +317,8 @@ def _report(
             "target_key": target.key,
             "database": db.shown,
             "interrupted": interrupted,
+            "time_budget": args.time_budget,
+            "out_of_time": out_of_time,
             "trials": sum(r.trials for r in rows),
             "elapsed": elapsed,
             "tasks": [asdict(r) for r in rows],

@@ -183,9 +183,11 @@ def evolve(
     mutators: Sequence[Mutator] | None = None,
     replayer: ReplayCache | None = None,
     profile: SearchProfile | None = None,
+    deadline: float | None = None,
 ) -> list[tuple[float, Candidate]]:
     """Evolve `population` (candidates of one workload) for `config.generations` generations
-    and return every unmeasured candidate met, (score, candidate), best score first."""
+    (fewer where `time.perf_counter()` passes `deadline`) and return every unmeasured
+    candidate met, (score, candidate), best score first."""
     config = config or SearchConfig.from_knobs()
     mutators = default_mutators() if mutators is None else mutators
     profile = profile or SearchProfile()
@@ -198,7 +200,7 @@ def evolve(
     for generation in range(config.generations + 1):
         with profile.timing("prediction"):
             _score(current, model, scores)
-        if generation == config.generations:
+        if generation == config.generations or _past(deadline):
             break
         with profile.timing("mutation"):
             current = _breed(current, scores, rng, config, mutators, replayer)
@@ -208,6 +210,10 @@ def evolve(
     # Stable for equal scores: ties keep the order met, so a seeded search stays reproducible.
     ranked.sort(key=lambda sc: -sc[0])
     return ranked
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
 
 
 def _distinct(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -330,16 +336,17 @@ class EvolutionarySearch:
     def mark_measured(self, candidates: Sequence[Candidate]) -> None:
         self._measured.update(c.candidate_key for c in candidates)
 
-    def propose(self, model: Predictor, n: int) -> list[Candidate]:
+    def propose(self, model: Predictor, n: int, deadline: float | None = None) -> list[Candidate]:
         """Up to `n` distinct candidates never measured, to measure next; fewer (or none) when
-        the space holds no more that the search can find."""
+        the space holds no more that the search can find. Past `deadline` (a
+        `time.perf_counter()` value) it samples no more and evolves no further generation."""
         if n <= 0:
             return []
         config = self.config.for_round(n, is_informed(model))
         measured = self.measured_keys()
         best = self.best_candidates(config)
         with self.profile.timing("sampling"):
-            fresh = self.sample(config.population - len(best))
+            fresh = self.sample(config.population - len(best), deadline)
         ranked = evolve(
             best + fresh,
             model,
@@ -349,6 +356,7 @@ class EvolutionarySearch:
             mutators=self.mutators,
             replayer=self._replayer,
             profile=self.profile,
+            deadline=deadline,
         )
         randoms = [c for c in fresh if c.candidate_key not in measured]
         return pick(ranked, randoms, n, config.epsilon, self.rng)
@@ -373,12 +381,12 @@ class EvolutionarySearch:
                     found.append(c)
         return found
 
-    def sample(self, n: int) -> list[Candidate]:
+    def sample(self, n: int, deadline: float | None = None) -> list[Candidate]:
         """Up to `n` fresh samples of the space (drawn `space.max_attempts` times as often,
-        at most; the invalid draws are dropped)."""
+        at most; the invalid draws are dropped); past `deadline`, what it has (one at least)."""
         found: list[Candidate] = []
         for _ in range(max(0, n) * self.space.max_attempts):
-            if len(found) >= n:
+            if len(found) >= n or (found and _past(deadline)):
                 break
             try:
                 sch = self.space.sample_schedule(self.func, self.target, self.rng)

@@ -14,6 +14,11 @@ measured (batches of the executor's parallel builds), so an interrupted tune kee
 it measured. Calling the same tune again continues from the database: the best records seed
 the search, and no candidate measured before is measured again.
 
+A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
+of it would not hold another trial at the pace of the tune so far: no round, and no slice of
+one, starts that the budget has no room for, and a slice stops as soon as the budget is spent.
+What was measured is committed; `TuneResult.out_of_time` says the budget ended it.
+
 Progress: every callback is called after every round with a `Progress` (trials done, the
 budget, each task's best latency and trials, elapsed seconds, an estimate of the seconds left).
 A KeyboardInterrupt (Ctrl-C, or raised by a callback) stops the tune after closing what it
@@ -22,7 +27,9 @@ opened; what was measured is in the database, and the exception propagates.
 
 from __future__ import annotations
 
+import math
 import random
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +53,8 @@ if TYPE_CHECKING:
 __all__ = ["Progress", "ProgressCallback", "TaskProgress", "TaskResult", "TuneResult", "tune"]
 
 DEFAULT_DATABASE = "sqlite:///tuning_logs/hexir.db"
+# The trial budget of a tune that only a time budget bounds.
+UNBOUNDED = sys.maxsize
 
 
 @dataclass(frozen=True)
@@ -65,11 +74,12 @@ class Progress:
     """What a progress callback gets after every round."""
 
     trials_done: int
-    trials_total: int
+    trials_total: int | None  # None: a time budget alone bounds the tune
     tasks: tuple[TaskProgress, ...]
     elapsed: float
-    eta: float | None  # seconds left, estimated from the time per trial so far
+    eta: float | None  # seconds left: from the time per trial so far, at most the time budget's
     task: int  # index of the task the round just tuned
+    time_budget: float | None = None  # seconds
 
     @property
     def best(self) -> dict[str, float | None]:
@@ -100,13 +110,15 @@ class TaskResult:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """What `tune` did: per task results, trials measured by this call, wall seconds, and the
-    seconds by activity (`SearchProfile.as_dict()`: sampling, mutation, prediction, ...)."""
+    """What `tune` did: per task results, trials measured by this call, wall seconds, the
+    seconds by activity (`SearchProfile.as_dict()`: sampling, mutation, prediction, ...), and
+    whether the time budget ended it."""
 
     tasks: tuple[TaskResult, ...]
     trials: int
     elapsed: float
     profile: dict[str, float] = field(default_factory=dict)
+    out_of_time: bool = False
 
     @property
     def latency(self) -> float | None:
@@ -120,21 +132,29 @@ class TuneResult:
 def tune(
     func_or_graph: PrimFunc | Graph,
     target: Target | str = "cpu",
-    trials: int = 64,
+    trials: int | None = 64,
     database: Database | str = DEFAULT_DATABASE,
     ray_address: str | None = None,
     seed: int | None = None,
     model: CostModel | None = None,
     callbacks: Sequence[ProgressCallback] = (),
     executor: MeasureExecutor | None = None,
+    time_budget: float | None = None,
 ) -> TuneResult:
-    """Tune `func_or_graph` for `target` with `trials` measurements in all (see the module).
+    """Tune `func_or_graph` for `target` with `trials` measurements in all, in at most
+    `time_budget` seconds (see the module); either may be None, not both.
 
     `database`: a URL or a Database. `ray_address`: None measures in this process; "local"
     starts a local Ray cluster; any other address ("auto", "ray://host:port") joins one.
     `executor`, when given, is used instead (and not closed). `seed` makes the search
     reproducible. `model` defaults to an XGBoost model trained on the database's records of
     this target."""
+    if trials is None and time_budget is None:
+        raise ValueError("a tune needs a budget: trials, time_budget or both")
+    if trials is not None and trials < 0:
+        raise ValueError(f"trials must be zero or more, got {trials}")
+    if time_budget is not None and not 0 < time_budget < math.inf:
+        raise ValueError(f"time_budget must be a positive number of seconds, got {time_budget}")
     target = Target.of(target)
     db = _database(database)
     tasks = extract_tasks(func_or_graph, target)
@@ -142,7 +162,7 @@ def tune(
     own = executor is None
     executor = executor if executor is not None else _executor(target, ray_address)
     try:
-        tuner = _Tuner(tasks, target, db, executor, model, seed, tuple(callbacks))
+        tuner = _Tuner(tasks, target, db, executor, model, seed, tuple(callbacks), time_budget)
         return tuner.run(trials)
     finally:
         if own:
@@ -189,6 +209,7 @@ class _Tuner:
         model: _Model,
         seed: int | None,
         callbacks: tuple[ProgressCallback, ...],
+        time_budget: float | None = None,
     ) -> None:
         self.tasks, self.target, self.db = tasks, target, db
         self.executor, self.model, self.callbacks = executor, model, callbacks
@@ -206,12 +227,25 @@ class _Tuner:
         self.best = [self._db_best(t) for t in tasks]
         self.trials = [0] * len(tasks)
         self.start = time.perf_counter()
+        self.time_budget = time_budget
+        self.deadline = None if time_budget is None else self.start + time_budget
+        self.out_of_time = False
 
-    def run(self, trials: int) -> TuneResult:
-        scheduler = TaskScheduler([t.weight for t in self.tasks], trials, initial=self.best)
+    def run(self, trials: int | None) -> TuneResult:
+        self.bounded = trials is not None
+        budget = trials if trials is not None else UNBOUNDED
+        scheduler = TaskScheduler([t.weight for t in self.tasks], budget, initial=self.best)
         while (step := scheduler.next()) is not None:
             i, n = step
+            if self.room(n) == 0:
+                self.out_of_time = True
+                break
             measured = self.round(i, n, first=scheduler.rounds[i] == 0)
+            if self.out_of_time:
+                if measured:
+                    scheduler.record(i, measured, self.best[i])
+                    self._report(i, scheduler)
+                break
             if measured == 0:
                 scheduler.exhaust(i)
                 continue
@@ -230,38 +264,85 @@ class _Tuner:
             default = _default_candidate(self.tasks[i].func, self.target)
             if default is not None and default.candidate_key not in search.measured_keys():
                 batch.append(default)
+        room = self.room(n)
+        if room == 0:
+            self.out_of_time = True
+            return 0
         taken = {c.candidate_key for c in batch}
-        batch += [
-            c for c in search.propose(self.model, n - len(batch)) if c.candidate_key not in taken
-        ]
+        proposed = search.propose(self.model, room - len(batch), self._proposing_deadline())
+        batch += [c for c in proposed if c.candidate_key not in taken]
         results = self.measure(i, batch)
         if results:
             with self.profile.timing("model_update"):
-                self.model.update(batch, results)
+                self.model.update(batch[: len(results)], results)
         return len(results)
 
     def measure(self, i: int, batch: list[Candidate]) -> list[MeasureResult]:
         """Measure `batch` in slices of `measure_batch_per_worker` candidates per parallel
         build of the executor (each slice built in full, then timed), committing each result
-        as soon as it is timed."""
+        as soon as it is timed; under a time budget, only what it has room for."""
         task = self.tasks[i]
         results: list[MeasureResult] = []
         workers = max(1, self.executor.workers)
         step = workers * max(1, knobs.get().measure_batch_per_worker)
-        for start in range(0, len(batch), step):
-            chunk = batch[start : start + step]
+        start = 0
+        while start < len(batch):
+            # No pace known yet: a budget's first slice is one build per worker.
+            first = self.deadline is not None and sum(self.trials) == 0
+            size = self.room(workers if first else step)
+            if size == 0:
+                self.out_of_time = True
+                break
+            chunk, start = batch[start : start + size], start + size
             began, committing = time.perf_counter(), self.profile.database
             out = []
-            for c, r in zip(chunk, self.executor.measure_each(chunk), strict=True):
-                with self.profile.timing("database"):
-                    self.db.commit_record(task.func, self.target, c.trace, r,
-                                          candidate_key=c.candidate_key)  # fmt: skip
-                self._count(i, c, r)
-                out.append(r)
+            measuring = self.executor.measure_each(chunk)
+            try:
+                for c, r in zip(chunk, measuring, strict=False):
+                    with self.profile.timing("database"):
+                        self.db.commit_record(task.func, self.target, c.trace, r,
+                                              candidate_key=c.candidate_key)  # fmt: skip
+                    self._count(i, c, r)
+                    out.append(r)
+                    if self._spent():
+                        self.out_of_time = True
+                        break
+            finally:
+                close = getattr(measuring, "close", None)
+                if close is not None:
+                    close()
             committing = self.profile.database - committing
             self._account(out, time.perf_counter() - began - committing)
             results.extend(out)
+            if self.out_of_time:
+                break
         return results
+
+    def room(self, n: int) -> int:
+        """How many of `n` more trials the time budget has room for, at this tune's pace so
+        far (all `n` without a budget, or before the first trial)."""
+        if self.deadline is None:
+            return n
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            return 0
+        pace = self._pace()
+        return n if pace is None else min(n, int(left / pace))
+
+    def _pace(self) -> float | None:
+        """Wall seconds per trial so far, everything included (None before the first)."""
+        done = sum(self.trials)
+        return (time.perf_counter() - self.start) / done if done else None
+
+    def _proposing_deadline(self) -> float | None:
+        """When a round's search must stop proposing: the time budget's end, less one trial's
+        time to measure what it proposes (an informed round's evolution costs seconds)."""
+        if self.deadline is None:
+            return None
+        return self.deadline - (self._pace() or 0.0)
+
+    def _spent(self) -> bool:
+        return self.deadline is not None and time.perf_counter() >= self.deadline
 
     def _count(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
         """One committed result of task `i`: a trial, and its best time."""
@@ -287,8 +368,14 @@ class _Tuner:
             return
         elapsed = time.perf_counter() - self.start
         done = scheduler.used
-        eta = elapsed / done * scheduler.left if done else None
-        progress = Progress(done, scheduler.trials, self._progress(), elapsed, eta, task)
+        eta = elapsed / done * scheduler.left if done and self.bounded else None
+        if self.deadline is not None:
+            left = max(0.0, self.deadline - time.perf_counter())
+            eta = left if eta is None else min(eta, left)
+        total = scheduler.trials if self.bounded else None
+        progress = Progress(
+            done, total, self._progress(), elapsed, eta, task, time_budget=self.time_budget
+        )
         for callback in self.callbacks:
             callback(progress)
 
@@ -323,7 +410,9 @@ class _Tuner:
                 )  # fmt: skip
             )
         elapsed = time.perf_counter() - self.start
-        return TuneResult(tuple(out), sum(self.trials), elapsed, self.profile.as_dict())
+        return TuneResult(
+            tuple(out), sum(self.trials), elapsed, self.profile.as_dict(), self.out_of_time
+        )
 
 
 def _task_rng(seed: int | None, key: str) -> random.Random:

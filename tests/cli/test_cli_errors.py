@@ -105,6 +105,24 @@ def test_trials_must_be_a_positive_whole_number(folder, trials):
     assert "Traceback" not in done.stderr and file_state(folder / "hexir.db") == before
 
 
+@pytest.mark.parametrize("span", ["0", "-3", "abc", "30x", "m"])
+def test_a_time_budget_must_be_a_span_of_time(folder, span):
+    before = file_state(folder / "hexir.db")
+    done = run_hexir(folder, "tune", "tiny.hexir", "--time-budget", span, "--db", DB)
+    assert done.returncode == 2
+    assert "argument --time-budget: expected a span of time such as 90s" in done.stderr
+    assert f"got '{span}'" in done.stderr
+    assert "Traceback" not in done.stderr and file_state(folder / "hexir.db") == before
+
+
+def test_a_tune_without_a_budget_is_refused(folder):
+    before = file_state(folder / "hexir.db")
+    done = run_hexir(folder, "tune", "tiny.hexir", "--db", DB)
+    assert done.returncode == 2
+    assert "a budget is needed: --trials N, --time-budget SPAN" in done.stderr
+    assert "Traceback" not in done.stderr and file_state(folder / "hexir.db") == before
+
+
 def test_debug_shows_the_traceback(folder):
     done = run_hexir(folder, "tune", "resnet19", "--trials", "4", "--debug")
     assert done.returncode == 1

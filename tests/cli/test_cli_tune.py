@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,24 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_continues(tmp_path):
     for workload in db.workloads():
         records = db.records(workload.key, "cpu")
         assert len({r.candidate_key for r in records}) == len(records)
+
+
+def test_a_time_budget_alone_ends_the_tune_and_keeps_every_measurement(tmp_path):
+    url = f"sqlite:///{tmp_path / 'budget.db'}"
+    began = time.monotonic()
+    done = run_hexir(tmp_path, "tune", "matmul:M=32,N=32,K=32", "--time-budget", "6s",
+                     "--target", "cpu", "--db", url, "--no-ray", "--report", "json")  # fmt: skip
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["time_budget"] == 6.0 and report["out_of_time"] is True
+    assert "a time budget of 6s" in done.stderr  # the first line (json: progress on stderr)
+    assert f"the time budget (6s) ended the tune after {report['trials']} trials" in done.stderr
+    (task,) = report["tasks"]
+    assert task["trials"] == report["trials"] > 0 and task["best_latency"] is not None
+    assert _db(url).stats().records == report["trials"]
+    # Starting the process and its build pool is not the tune's; the budget is.
+    assert report["elapsed"] < 6.0 + 3.0 and took < 60
 
 
 def test_tune_on_a_local_ray_cluster_by_default(tmp_path):

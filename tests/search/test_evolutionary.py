@@ -197,3 +197,28 @@ def test_a_round_scales_its_population_to_the_batch_and_skips_evolution_on_noise
     guided = EvolutionarySearch(matmul, CPU, rng=random.Random(1), config=config)
     assert len(guided.propose(InnerTile(), 2)) == 2
     assert guided.profile.mutation > 0.0
+
+
+def test_a_deadline_stops_sampling_and_evolution_where_it_passes(matmul):
+    import time
+
+    search = EvolutionarySearch(matmul, CPU, rng=random.Random(2), config=SMALL)
+    assert len(search.sample(12, deadline=time.perf_counter())) == 1  # one, at least
+    assert len(search.sample(12, deadline=time.perf_counter() + 60)) == 12
+
+    class Counting(InnerTile):
+        calls = 0
+
+        def predict(self, candidates):
+            self.calls += 1
+            return super().predict(candidates)
+
+    population = search.sample(SMALL.population)
+    model = Counting()
+    ranked = evolve(population, model, random.Random(0), config=SMALL,
+                    deadline=time.perf_counter())  # fmt: skip
+    assert model.calls == 1  # the first generation scored, none bred
+    assert {c.candidate_key for _, c in ranked} == {c.candidate_key for c in population}
+    late = EvolutionarySearch(matmul, CPU, rng=random.Random(2), config=SMALL)
+    assert 1 <= len(late.propose(InnerTile(), 8, deadline=time.perf_counter())) <= 8
+    assert late.profile.mutation == 0.0

@@ -141,3 +141,33 @@ def test_tune_on_a_local_ray_cluster(db):
     (task,) = result.tasks
     assert task.trials == 6 and len(_keys(db, _matmul())) == 6
     _check_matmul(task.best_trace)
+
+
+def test_a_time_budget_ends_the_tune_where_it_has_no_room_for_another_trial(db):
+    func = _matmul()
+    seen: list[Progress] = []
+    result = tune(func, "cpu", trials=None, time_budget=5.0, database=db, seed=0,
+                  callbacks=[seen.append])  # fmt: skip
+    assert result.out_of_time and result.trials > 0
+    # A slice stops when the budget is spent, and none starts that it has no room for: the
+    # overrun is at most one slice's builds (one per worker, each well under a second here).
+    assert result.elapsed < 5.0 + 3.0
+    assert len(_keys(db, func)) == result.trials  # every measurement committed
+    assert seen and all(p.trials_total is None and p.time_budget == 5.0 for p in seen)
+    assert all(p.eta is not None and p.eta <= 5.0 - p.elapsed + 1e-6 for p in seen)
+    _check_matmul(result.tasks[0].best_trace)
+
+
+def test_trials_end_a_tune_before_its_time_budget_does(db):
+    result = tune(_matmul(), "cpu", trials=4, time_budget=600.0, database=db, seed=0)
+    assert result.trials == 4 and not result.out_of_time
+
+
+@pytest.mark.parametrize(
+    "trials, budget, message",
+    [(None, None, "needs a budget"), (4, 0.0, "time_budget must be"), (-1, None, "trials must")],
+)
+def test_a_tune_needs_a_budget_it_can_spend(db, trials, budget, message):
+    with pytest.raises(ValueError, match=message):
+        tune(_matmul(), "cpu", trials=trials, time_budget=budget, database=db)
+    assert db.stats().records == 0
