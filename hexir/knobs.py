@@ -171,6 +171,13 @@ class Knobs:
     search_mutation_tries: int = field(
         default_factory=lambda: _int("HEXIR_SEARCH_MUTATION_TRIES", "4")
     )
+    # A tune's round of a task may search (sample and evolve) for at most this multiple of
+    # the time its batch should take to build and time, at the task's pace so far; 0: no
+    # limit. A conv's candidate costs about 0.05 s to replay in Python, so a full informed
+    # round (512 candidates, 4 generations) took longer than measuring its 64 trials.
+    search_time_ratio: float = field(
+        default_factory=lambda: _float("HEXIR_SEARCH_TIME_RATIO", "0.5")
+    )
     # Relative weights of the mutators (hexir/search/mutators.py), among those that apply.
     search_mutate_tile: float = field(
         default_factory=lambda: _float("HEXIR_SEARCH_MUTATE_TILE", "0.8")

@@ -346,7 +346,7 @@ class EvolutionarySearch:
         measured = self.measured_keys()
         best = self.best_candidates(config)
         with self.profile.timing("sampling"):
-            fresh = self.sample(config.population - len(best), deadline)
+            fresh = self.sample(config.population - len(best), deadline, least=n)
         ranked = evolve(
             best + fresh,
             model,
@@ -381,12 +381,13 @@ class EvolutionarySearch:
                     found.append(c)
         return found
 
-    def sample(self, n: int, deadline: float | None = None) -> list[Candidate]:
+    def sample(self, n: int, deadline: float | None = None, least: int = 1) -> list[Candidate]:
         """Up to `n` fresh samples of the space (drawn `space.max_attempts` times as often,
-        at most; the invalid draws are dropped); past `deadline`, what it has (one at least)."""
+        at most; the invalid draws are dropped); past `deadline`, what it has once that is
+        `least` (a round's batch)."""
         found: list[Candidate] = []
         for _ in range(max(0, n) * self.space.max_attempts):
-            if len(found) >= n or (found and _past(deadline)):
+            if len(found) >= n or (len(found) >= least and _past(deadline)):
                 break
             try:
                 sch = self.space.sample_schedule(self.func, self.target, self.rng)

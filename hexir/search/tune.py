@@ -12,7 +12,10 @@ evolutionary search (hexir/search/evolutionary.py) guided by the cost model; the
 measures its candidates, and each result is committed to the database as soon as it is
 measured (batches of the executor's parallel builds), so an interrupted tune keeps everything
 it measured. Calling the same tune again continues from the database: the best records seed
-the search, and no candidate measured before is measured again.
+the search, and no candidate measured before is measured again. A round's search (sampling and
+evolution) stops after the `search_time_ratio` share of the time its batch should take to
+measure, at the task's pace so far: in Python a conv's candidate costs about 0.05 s to replay,
+and a full round's evolution, unchecked, outlasted the measurements it chose.
 
 A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
 of it would not hold another trial at the pace of the tune so far: no round, and no slice of
@@ -226,6 +229,7 @@ class _Tuner:
         ]
         self.best = [self._db_best(t) for t in tasks]
         self.trials = [0] * len(tasks)
+        self.measure_seconds = [0.0] * len(tasks)  # building and timing this call's trials
         self.start = time.perf_counter()
         self.time_budget = time_budget
         self.deadline = None if time_budget is None else self.start + time_budget
@@ -269,7 +273,7 @@ class _Tuner:
             self.out_of_time = True
             return 0
         taken = {c.candidate_key for c in batch}
-        proposed = search.propose(self.model, room - len(batch), self._proposing_deadline())
+        proposed = search.propose(self.model, room - len(batch), self._search_deadline(i, room))
         batch += [c for c in proposed if c.candidate_key not in taken]
         results = self.measure(i, batch)
         if results:
@@ -312,6 +316,7 @@ class _Tuner:
                 if close is not None:
                     close()
             committing = self.profile.database - committing
+            self.measure_seconds[i] += time.perf_counter() - began - committing
             self._account(out, time.perf_counter() - began - committing)
             results.extend(out)
             if self.out_of_time:
@@ -334,12 +339,18 @@ class _Tuner:
         done = sum(self.trials)
         return (time.perf_counter() - self.start) / done if done else None
 
-    def _proposing_deadline(self) -> float | None:
-        """When a round's search must stop proposing: the time budget's end, less one trial's
-        time to measure what it proposes (an informed round's evolution costs seconds)."""
-        if self.deadline is None:
-            return None
-        return self.deadline - (self._pace() or 0.0)
+    def _search_deadline(self, i: int, n: int) -> float | None:
+        """When a round of task `i` measuring `n` must stop searching: after the
+        `search_time_ratio` share of the time measuring them should take (at the task's pace
+        so far), and before the time budget's end, less one trial's time to measure."""
+        ends = []
+        ratio = knobs.get().search_time_ratio
+        if ratio > 0 and self.trials[i]:
+            pace = self.measure_seconds[i] / self.trials[i]
+            ends.append(time.perf_counter() + ratio * n * pace)
+        if self.deadline is not None:
+            ends.append(self.deadline - (self._pace() or 0.0))
+        return min(ends, default=None)
 
     def _spent(self) -> bool:
         return self.deadline is not None and time.perf_counter() >= self.deadline

@@ -171,3 +171,33 @@ def test_a_tune_needs_a_budget_it_can_spend(db, trials, budget, message):
     with pytest.raises(ValueError, match=message):
         tune(_matmul(), "cpu", trials=trials, time_budget=budget, database=db)
     assert db.stats().records == 0
+
+
+class Informed:
+    """A cost model whose scores count as informed from the first round (a fixed order by
+    candidate key), so that every round evolves; it counts its calls."""
+
+    informed = True
+
+    def __init__(self):
+        self.calls = 0
+
+    def predict(self, candidates):
+        self.calls += 1
+        return np.array([int(c.candidate_key[:8], 16) for c in candidates], dtype=float)
+
+    def update(self, candidates, results):
+        pass
+
+
+@pytest.mark.parametrize("ratio, later", [(0.0, 3), (1e-9, 1)])
+def test_a_round_searches_for_a_share_of_the_time_its_measurements_take(db, ratio, later):
+    # A round scores its population once per generation (SMALL: 2) and once more. From the
+    # second round on the task's pace is known: a ratio that leaves no time stops the search
+    # at its first samples, scored once and never bred; 0 is no limit.
+    model, calls = Informed(), []
+    with hexir.knobs.scope(search_time_ratio=ratio, search_measure_per_round=2):
+        result = tune(_matmul(), "cpu", trials=6, database=db, seed=0, model=model,
+                      callbacks=[lambda _: calls.append(model.calls)])  # fmt: skip
+    assert result.trials == 6
+    assert np.diff([0, *calls]).tolist() == [3, later, later]
