@@ -85,6 +85,9 @@ DEFAULT_JOBS_PER_CORE = 4
 GEMV_REDUCE_STEPS = 4
 # A matrix-vector product's jobs: the most work one core may take over the average.
 GEMV_JOB_IMBALANCE = 1.1
+# A matrix-vector product's narrowest column panel, in fp32 lanes: 16 bytes, the narrowest
+# vector the C backend prints (`loop_lanes`).
+GEMV_MIN_PANEL = 4
 
 
 def cpu_sketch(sch: Schedule, target: Target, fixed: bool = False) -> None:
@@ -262,12 +265,16 @@ def default_tiles(
     pack goes), and enough of the outer loops in the parallel level to give every core several
     jobs; the rest in the cache level. With `ragged`, the row loop's tiles may cover more
     than its extent: the last row tile is then guarded; so may the columns' panels where no
-    panel divides them, their loop then serial in the cache level (the jobs from the rows).
-    A vector loop that slides a window (`windowed`: a depthwise conv's output columns) keeps
-    its panels in the cache level too: panels side by side read overlapping columns of the
-    image, which one job then copies (pads) once."""
+    panel divides them, their loop then serial in the cache level (the jobs from the rows;
+    a matrix-vector product, whose jobs are its panels, first takes narrower ones that divide
+    its columns: `_matrix_vector_panel`). A vector loop that slides a window (`windowed`: a
+    depthwise conv's output columns) keeps its panels in the cache level too: panels side by
+    side read overlapping columns of the image, which one job then copies (pads) once."""
     *others, vector = extents
     panel, rows = register_tile(vector, others[-1] if others else 1, target, ragged)
+    matrix_vector = _matrix_vector(extents, target)
+    if matrix_vector:
+        panel = _matrix_vector_panel(vector, target)
     ragged_columns = vector % panel != 0  # the last panel guarded; the jobs from the rows
     jobs = 1 if ragged_columns or windowed else vector // panel
     want = DEFAULT_JOBS_PER_CORE * max(1, target.num_cores)
@@ -282,7 +289,7 @@ def default_tiles(
     panels = vector // panel
     if ragged_columns or windowed:
         return [*tiles, [1, -(-vector // panel), 1, panel]]
-    if _matrix_vector(extents, target):
+    if matrix_vector:
         # Each job's columns inside the reduction, so that every step of it reads one
         # contiguous stretch of the weight row, and one job per core: the longest stretches
         # (gpt2-decode's 768 x 3072 weight: 57 -> 75 GB/s against 8 jobs).
@@ -310,10 +317,27 @@ def default_reduce_tiles(
 
 def _matrix_vector(extents: list[int], target: Target) -> bool:
     """Whether spatial loops of `extents` (the vector loop last) are a matrix-vector
-    product's: a single row, with more column panels than the cores."""
+    product's: a single row, with more column panels (`_matrix_vector_panel`) than the
+    cores."""
     *others, vector = extents
-    panel, _ = register_tile(vector, 1, target)
+    panel = _matrix_vector_panel(vector, target)
     return math.prod(others) == 1 and vector // panel > max(1, target.num_cores)
+
+
+def _matrix_vector_panel(vector: int, target: Target) -> int:
+    """The column panel of a matrix-vector product of `vector` columns: its register tile's
+    where that divides them; else the widest part of a vector, down to GEMV_MIN_PANEL lanes,
+    that does (AVX-512's 16 lanes divide neither 200 nor 1000 columns: panels of 8); else the
+    register tile's, ragged. Its panels are its only parallel work: ragged, they run in one
+    serial loop, on one core (`default_tiles`: the C backend splits the guarded last panel
+    off a serial loop only), where whole part-vector panels split between the cores."""
+    panel, _ = register_tile(vector, 1, target)
+    part = target.vector_width // 2
+    while vector % panel and part >= GEMV_MIN_PANEL:
+        if vector % part == 0:
+            panel = part
+        part //= 2
+    return panel
 
 
 def _split_fixed(sch: Schedule, loop: LoopRV, tile: list[int], limit: int) -> list[LoopRV]:

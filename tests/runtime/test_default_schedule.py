@@ -121,11 +121,16 @@ def test_cpu_matrix_vector_products_give_each_core_one_stretch_of_every_weight_r
     # The fewest jobs the cores share evenly (their columns inside the reduction: one job per
     # core where the panels allow; 1000 columns are 125 panels of 8, which 5 jobs would split
     # 3 against 2 on 2 cores), and GEMV_REDUCE_STEPS weight rows unrolled per pass over the
-    # accumulator (K = 30: the largest divisor up to it, 3).
+    # accumulator (K = 30: the largest divisor up to it, 3). The jobs split whole panels: the
+    # register tile's, or half a vector where no multiple of the lanes divides the columns
+    # (AVX-512's 16 lanes divide neither 200 nor 1000).
     func = hexir.workload("matmul", M=1, N=N, K=K)
     target = Target("cpu")
     sch = default_schedule(func, target)
     panel, _ = register_tile(N, 1, target)
+    if N % panel:
+        panel = target.vector_width // 2
+    assert N % panel == 0
     cores, panels = target.num_cores, N // panel
     even = [
         d for d in range(cores, panels + 1) if panels % d == 0 and -(-d // cores) * cores / d <= 1.1
@@ -141,21 +146,41 @@ def test_cpu_matrix_vector_products_give_each_core_one_stretch_of_every_weight_r
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize(
+    "lanes, registers, N, expect",
+    [
+        (8, 16, 1000, [25, 1, 5, 8]),  # AVX2: 125 one-vector panels
+        (16, 32, 1000, [25, 1, 5, 8]),  # AVX-512: no multiple of 16 divides 1000: half vectors
+        (16, 32, 768, [2, 1, 6, 64]),
+        (8, 16, 1012, [11, 1, 23, 4]),  # half of AVX2's vector does not divide it either
+        (16, 32, 197, [1, 7, 1, 32]),  # no part of a vector divides: ragged, serial, one job
+    ],
+)
+def test_matrix_vector_jobs_split_panels_that_divide_the_columns(lanes, registers, N, expect):
+    # A matrix-vector product's panels are its only parallel work: ragged, its panels would
+    # run serially in one job (the C backend splits a guarded panel off a serial loop only),
+    # so it takes the widest part of a vector that divides its columns, on either width.
+    from hexir.search.sketch_cpu import default_tiles
+
+    target = SimpleNamespace(vector_width=lanes, vector_registers=registers, num_cores=2)
+    assert default_tiles([1, N], target)[-1] == expect  # type: ignore[arg-type]
+
+
 def test_a_1x1_conv_takes_the_matmul_register_tile_with_ragged_rows(rng):
     # One reduction loop of more than one step (the channels): the tile of a matmul, rows
-    # ragged over the 14 output columns (6 + 6 + 2, the last tile guarded), not 7 x 1.
-    func = hexir.workload("conv2d", N=1, C=16, H=14, W=14, K=32, R=1, S=1)
+    # ragged over the 9 output columns (5 + 4 rows of 2 vectors on AVX2 and AVX-512, the
+    # last tile guarded), not a window's 3 rows, which divide them.
+    func = hexir.workload("conv2d", N=1, C=16, H=9, W=9, K=32, R=1, S=1)
     target = Target("cpu")
-    panel, rows = register_tile(32, 14, target)
+    panel, rows = register_tile(32, 9, target)
     sch = default_schedule(func, target)
     text = str(sch.trace)
-    if 14 % rows:
-        assert f"factors=[None, {rows}]" in text
+    assert 9 % rows and f"factors=[None, {rows}]" in text
     assert f"decision=[{32 // panel}, 1, 1, {panel}]" in text
     check_on_cpu(func, sch.func, rng)
-    three = default_schedule(hexir.workload("conv2d", N=1, C=16, H=14, W=14, K=32, R=3, S=3))
-    assert register_tile(32, 14, target, ragged=False) == (target.vector_width, 7)
-    assert "factors=[None," not in str(three.trace)  # a window: rows divide, rows first
+    three = hexir.workload("conv2d", N=1, C=16, H=9, W=9, K=32, R=3, S=3, padding=1)
+    assert register_tile(32, 9, target, ragged=False)[1] == 3
+    assert "factors=[None," not in str(default_schedule(three, target).trace)  # rows divide
 
 
 @pytest.mark.parametrize("N", [37, 197])
@@ -287,12 +312,20 @@ def test_cpu_conv2d_reduces_over_blocks_of_input_channels_with_its_rows_inside(
     # More input channels than a block: the reduction runs over blocks of CONV_CHANNEL_BLOCK
     # (the window inside each), and every output row of the job between the blocks and the
     # window, its accumulators kept across blocks. 64 channels: one block, the plain order.
-    from hexir.search.sketch_cpu import CONV_CHANNEL_BLOCK
+    from hexir.search.sketch_cpu import CONV_CHANNEL_BLOCK, DEFAULT_JOBS_PER_CORE
 
-    size = 9 * stride  # 9 or 10 output rows, more than the job loop takes
-    func = hexir.workload("conv2d", N=1, C=channels, H=size, W=size, K=64, R=3, S=3,
-                          stride=stride, padding=1)  # fmt: skip
-    sch = default_schedule(func, "cpu")
+    # Output rows enough to leave every job 3: the job loop splits them in the fewest parts
+    # that, times the panels of the 64 output channels, give each core DEFAULT_JOBS_PER_CORE
+    # jobs (on 2 cores: AVX2's 4 panels of 16, 6 rows in 2; AVX-512's one panel of 64, 24
+    # rows in 8).
+    target = Target("cpu")
+    panel, _ = register_tile(64, 9, target, ragged=False)
+    want = DEFAULT_JOBS_PER_CORE * target.num_cores
+    rows = 3 * max(1, -(-want // (64 // panel)))
+    func = hexir.workload("conv2d", N=1, C=channels, H=rows * stride, W=9 * stride, K=64, R=3,
+                          S=3, stride=stride, padding=1)  # fmt: skip
+    assert func.outputs[0].shape == (1, 64, rows, 9)
+    sch = default_schedule(func, target)
     text = str(sch.trace)
     blocks = channels // CONV_CHANNEL_BLOCK
     if channels > CONV_CHANNEL_BLOCK:
