@@ -1,6 +1,7 @@
-"""Tuning on the CPU: matmul, dense+bias+relu and conv2d tuned by `hexir.tune`, against numpy.
+"""Tuning on the CPU: matmul, dense+bias+relu, conv2d and ResNet-18's residual conv tuned by
+`hexir.tune`, against numpy.
 
-    python benchmarks/tune_cpu.py [--trials 200] [--workloads matmul,dense,conv2d]
+    python benchmarks/tune_cpu.py [--trials 200] [--workloads matmul,dense,conv2d,conv2d_res]
                                   [--compare-models | --compare-only] [--compare-trials 100]
                                   [--seeds 3]
 
@@ -9,7 +10,8 @@ then its best kernel is timed beside numpy in one run: numpy in subprocesses (th
 as it is, and with OpenBLAS's AVX2 "Haswell" and AVX-512 "SkylakeX" kernels; conv2d as
 im2col + matmul), the unscheduled kernel, the default schedule, and the tuned kernel. The
 tuning wall time is split into the search's own time (sampling, mutation, features,
-prediction, model updates), building, measuring and the database.
+prediction, model updates), building, measuring and the database, in all and per trial. The
+tunes build into an empty kernel cache (a fresh HEXIR_CACHE_DIR), as a first tune does.
 
 With --compare-models it also tunes matmul and dense with the random model and with XGBoost,
 `--compare-trials` trials each, for `--seeds` seeds, and prints the best latencies and their
@@ -77,6 +79,13 @@ def conv():
 bench(conv)
 """,
 }
+# ResNet-18's residual conv: the conv as above, then its bias, the shortcut and relu.
+PEERS["conv2d_res"] = PEERS["conv2d"].replace(
+    "bench(conv)",
+    """bias = rng.standard_normal((64, 1), dtype=np.float32)
+r = rng.standard_normal((64, 56 * 56), dtype=np.float32)
+bench(lambda: np.maximum(conv() + bias + r, 0))""",
+)
 
 
 WIDTH = {"Haswell": "AVX2", "SkylakeX": "AVX-512"}
@@ -94,8 +103,26 @@ def workloads() -> dict[str, Workload]:
         "matmul": hexir.workload("matmul", M=1024, N=1024, K=1024),
         "dense": hexir.workload("dense", M=512, N=1024, K=1024, activation="relu"),
         "conv2d": hexir.workload("conv2d", N=1, C=64, H=56, W=56, K=64, R=3, S=3, padding=1),
+        "conv2d_res": residual_conv(),
     }
     return {name: Workload(name, f, flop_count(f)) for name, f in funcs.items()}
+
+
+def residual_conv() -> hexir.PrimFunc:
+    """The direct conv kernel of relu(conv(x, w) + bias + r), 1x64x56x56 with 64 3x3 filters,
+    as `hexir.compile` fuses it (its weight blocked by the vector width); on a CPU where
+    the 3x3 conv's rule is Winograd, it is the conv's other form."""
+    from hexir.ops.builder import GraphBuilder
+    from hexir.search.scheduler import extract_tasks
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder("residual")
+    x, r = b.input("x", (1, 64, 56, 56)), b.input("r", (1, 64, 56, 56))
+    w = b.constant(rng.standard_normal((64, 64, 3, 3), dtype=np.float32), name="w")
+    bias = b.constant(rng.standard_normal(64, dtype=np.float32), name="bias")
+    graph = b.build(b.relu(b.add(b.bias_add(b.conv2d(x, w, padding=1), bias, axis=1), r)))
+    (task,) = (t for t in extract_tasks(graph, "cpu") if t.name.startswith("fused_conv2d"))
+    return task.func
 
 
 def numpy_subprocess(name: str, coretype: str | None = None) -> float:
@@ -163,14 +190,20 @@ def check(func: hexir.PrimFunc, workload: hexir.PrimFunc, args: list[np.ndarray]
 
 
 def tune_one(w: Workload, trials: int, folder: Path, seed: int, model) -> tuple[TuneResult, float]:  # noqa: ANN001
+    """Tune `w` into a fresh database, its kernels built into an empty cache."""
+    cache = folder / f"cache-{w.name}-{seed}"
     start = time.perf_counter()
-    result = tune(w.func, "cpu", trials=trials, database=fresh_db(folder, w.name), seed=seed,
-                  model=model)  # fmt: skip
+    with knobs.scope(cache_dir=str(cache)):
+        result = tune(w.func, "cpu", trials=trials, database=fresh_db(folder, w.name),
+                      seed=seed, model=model)  # fmt: skip
     return result, time.perf_counter() - start
 
 
-def report_workload(w: Workload, trials: int, folder: Path, seed: int, rounds: int) -> float:
-    """Tune `w`, print its table; the tuned kernel's ratio to numpy's default environment."""
+def report_workload(
+    w: Workload, trials: int, folder: Path, seed: int, rounds: int
+) -> tuple[float, float]:
+    """Tune `w`, print its table; the tuned kernel's ratio to numpy's default environment, and
+    the tune's seconds per trial."""
     model = TimedModel(XGBModel(seed=seed))
     result, wall = tune_one(w, trials, folder, seed, model)
     (task,) = result.tasks
@@ -195,7 +228,7 @@ def report_workload(w: Workload, trials: int, folder: Path, seed: int, rounds: i
     print_table(w, rows)
     print_split(result, wall, model.features_seconds)
     base = rows["numpy, default environment"]
-    return base / rows[f"hexir, tuned ({result.trials} trials)"]
+    return base / rows[f"hexir, tuned ({result.trials} trials)"], wall / result.trials
 
 
 def print_table(w: Workload, rows: dict[str, float]) -> None:
@@ -220,6 +253,12 @@ def print_split(result: TuneResult, wall: float, features: float) -> None:
         f"{p['prediction'] - features:.0f}, model updates {p['model_update']:.0f}), building "
         f"{p['building']:.0f} s, measuring {p['measuring']:.0f} s, database "
         f"{p['database']:.0f} s; search / (building + measuring) = {search / measure:.2f}"
+    )
+    n = result.trials
+    other = wall - search - measure - p["database"]
+    print(
+        f"per trial: {wall / n:.2f} s (search {search / n:.2f}, building "
+        f"{p['building'] / n:.2f}, measuring {p['measuring'] / n:.2f}, other {other / n:.2f})"
     )
 
 
@@ -250,7 +289,7 @@ def compare_models(ws: list[Workload], trials: int, seeds: int, folder: Path) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
-    parser.add_argument("--workloads", default="matmul,dense,conv2d")
+    parser.add_argument("--workloads", default="matmul,dense,conv2d,conv2d_res")
     parser.add_argument("--compare-models", action="store_true")
     parser.add_argument("--compare-only", action="store_true", help="skip the tuning tables")
     parser.add_argument("--compare-trials", type=int, default=100)
@@ -263,10 +302,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hexir-tune-bench-") as tmp:
         folder = Path(tmp)
         if not args.compare_only:
-            ratios = {w.name: report_workload(w, args.trials, folder, args.seed, args.rounds)
-                      for w in chosen}  # fmt: skip
+            done = {w.name: report_workload(w, args.trials, folder, args.seed, args.rounds)
+                    for w in chosen}  # fmt: skip
             print("\nx numpy (default environment): "
-                  + ", ".join(f"{n} {r:.2f}" for n, r in ratios.items()))  # fmt: skip
+                  + ", ".join(f"{n} {r:.2f}" for n, (r, _) in done.items()))  # fmt: skip
+            pace = {n: s for n, (_, s) in done.items()}
+            print("seconds per trial: " + ", ".join(f"{n} {s:.2f}" for n, s in pace.items())
+                  + f"; median {statistics.median(pace.values()):.2f}")  # fmt: skip
         if args.compare_models or args.compare_only:
             compare = [w for w in chosen if w.name in ("matmul", "dense")]
             compare_models(compare, args.compare_trials, args.seeds, folder)
