@@ -8,6 +8,10 @@ Every write is one transaction, committed before the call returns: a tuning driv
 any moment keeps every record it committed. SQLite files run in WAL mode with a busy timeout
 and write transactions that take the write lock up front (BEGIN IMMEDIATE), so several
 processes can write one file at once without losing a record or failing on a lock upgrade.
+On PostgreSQL (`postgresql+psycopg://user:password@host/name`, with `pip install
+"psycopg[binary]"`) writers run side by side: a workload that two add at once is kept once
+(queries.add_workload), and processes opening a new database create its tables in turn
+(migrations.prepare). Both backends are tested alike (tests/database).
 """
 
 from __future__ import annotations
@@ -49,6 +53,13 @@ DEFAULT_URL = "sqlite:///tuning_logs/hexir.db"
 # How long a SQLite writer waits for another's transaction before giving up. Transactions
 # here last milliseconds, so only a stuck process makes anyone wait this long.
 BUSY_TIMEOUT_S = 60.0
+# How to install the driver modules that URLs name most (postgresql:// is psycopg on SQLAlchemy
+# 2.1, psycopg2 on 2.0), for the message when one is missing.
+DRIVER_INSTALLS = {
+    "psycopg": 'pip install "psycopg[binary]"',
+    "psycopg2": "pip install psycopg2-binary, or name psycopg 3 in the URL "
+    '(postgresql+psycopg://...) and pip install "psycopg[binary]"',
+}
 
 
 class Database:
@@ -247,6 +258,8 @@ def _message(shown: str, action: str, error: BaseException) -> str:
     cause = getattr(error, "orig", None) or error
     lines = str(cause).strip().splitlines()
     reason = lines[0] if lines else type(cause).__name__
+    if action == "open" and isinstance(error, ImportError) and error.name:
+        return f"cannot open the tuning database {shown}: {_missing_driver(error.name)}"
     if action == "open":
         return (
             f"cannot open the tuning database {shown}: {reason}; check the URL (like "
@@ -254,3 +267,11 @@ def _message(shown: str, action: str, error: BaseException) -> str:
             "the file is a Hexir database"
         )
     return f"tuning database {shown}: cannot {action}: {reason}"
+
+
+def _missing_driver(module: str) -> str:
+    """What to do when the URL's driver (a Python module SQLAlchemy imports) is missing."""
+    install = DRIVER_INSTALLS.get(
+        module, "install the package that provides it, or name an installed driver in the URL"
+    )
+    return f"its driver, the Python module {module}, is not installed: {install}"

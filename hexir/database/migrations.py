@@ -30,6 +30,7 @@ from sqlalchemy import (
     Table,
     Text,
     delete,
+    func,
     insert,
     inspect,
     select,
@@ -40,6 +41,8 @@ from hexir.database.models import Base, RecordRow, SchemaRow
 from hexir.errors import DatabaseError
 
 SCHEMA_VERSION = 1
+# The PostgreSQL advisory lock that openers of one database take turns on ("hexir" in ASCII).
+SCHEMA_LOCK_KEY = 0x6865786972
 
 # The version-0 layout, kept to read the rows of a version-0 file during its migration.
 _V0 = MetaData()
@@ -98,6 +101,7 @@ def prepare(read: Engine, write: Engine, shown: str) -> int | None:
         return found
     _refuse_newer(found, shown)
     with write.begin() as conn:
+        _take_turns(conn)
         found = schema_version(conn, shown)
         _refuse_newer(found, shown)
         if found is None:
@@ -109,6 +113,15 @@ def prepare(read: Engine, write: Engine, shown: str) -> int | None:
             conn.execute(delete(SchemaRow))
             conn.execute(insert(SchemaRow).values(id=1, version=SCHEMA_VERSION))
     return found
+
+
+def _take_turns(conn: Connection) -> None:
+    """Make processes that open one new (or old) database at once create (or migrate) it in
+    turn, each seeing what the one before committed. SQLite's write transactions take turns
+    already (BEGIN IMMEDIATE); PostgreSQL's would each create the tables, and all but one fail.
+    The lock is the transaction's: it goes with its commit or rollback."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(SCHEMA_LOCK_KEY)))
 
 
 def schema_version(conn: Connection, shown: str) -> int | None:

@@ -2,6 +2,9 @@
 
 Only portable types (strings, text, integers, doubles, JSON, timestamps) so the same models run
 on SQLite and PostgreSQL. Timestamps are stored as naive UTC, which every backend keeps alike.
+PostgreSQL enforces string lengths and refuses NUL in text, where SQLite keeps either: error
+kinds are checked against their column and NUL in error messages is stored as U+FFFD
+(record.check_result), so both backends store the same records.
 A change to these tables is a new schema version with a migration in migrations.py.
 """
 
@@ -12,7 +15,7 @@ from datetime import UTC, datetime
 from sqlalchemy import JSON, DateTime, Double, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from hexir.database.record import Record, Workload
+from hexir.database.record import ERROR_KIND_CHARS, Record, Workload
 
 
 class Base(DeclarativeBase):
@@ -55,7 +58,7 @@ class RecordRow(Base):
     trace: Mapped[str] = mapped_column(Text)
     latencies: Mapped[list[float]] = mapped_column(JSON)
     median: Mapped[float | None] = mapped_column(Double)
-    error_kind: Mapped[str | None] = mapped_column(String(64))
+    error_kind: Mapped[str | None] = mapped_column(String(ERROR_KIND_CHARS))
     error_message: Mapped[str | None] = mapped_column(Text)
     build_info: Mapped[dict] = mapped_column(JSON)
     hexir_version: Mapped[str] = mapped_column(String(32))

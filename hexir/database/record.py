@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 # The version of what the code generators emit, stored with every record so that a record
 # measured with older generated code can be told apart. It lives here until codegen owns it.
 CODEGEN_VERSION = "1"
+# The longest error kind the record table holds (PostgreSQL enforces it; SQLite would not).
+ERROR_KIND_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -128,11 +130,23 @@ def check_result(result: object) -> tuple[tuple[float, ...], str | None, str | N
         raise ValueError("a measure result needs latencies or an error kind; it has neither")
     if kind is not None and not isinstance(kind, str):
         raise ValueError(f"error_kind must be a string or None, got {kind!r}")
+    check_error_kind(kind)
     try:
         json.dumps(info)
     except (TypeError, ValueError) as e:
         raise ValueError(f"build_info must be JSON-able: {e}") from e
-    return latencies, kind, None if message is None else str(message), info
+    return latencies, kind, None if message is None else storable(str(message)), info
+
+
+def check_error_kind(kind: str | None) -> None:
+    if kind is not None and len(kind) > ERROR_KIND_CHARS:
+        raise ValueError(f"error_kind has at most {ERROR_KIND_CHARS} characters, got {kind!r:.80}")
+
+
+def storable(text: str) -> str:
+    """The text with each NUL character replaced by U+FFFD: PostgreSQL's text cannot hold NUL
+    (SQLite's can), and a message stored on one backend should read back alike on another."""
+    return text.replace("\x00", "\ufffd")
 
 
 def record_to_json(record: Record) -> dict[str, object]:
@@ -168,7 +182,7 @@ def record_from_json(data: dict[str, object]) -> Record:
         latencies=latencies,
         median=median_of(latencies),
         error_kind=None if data.get("error_kind") is None else _text(data, "error_kind"),
-        error_message=None if data.get("error_message") is None else _text(data, "error_message"),
+        error_message=_message(data),
         build_info=_typed(data, "build_info", dict),
         hexir_version=_text(data, "hexir_version"),
         codegen_version=_text(data, "codegen_version"),
@@ -176,6 +190,7 @@ def record_from_json(data: dict[str, object]) -> Record:
     )
     if not 0 < len(record.id) <= 32:
         raise ValueError(f"a record id has 1 to 32 characters, got {record.id!r}")
+    check_error_kind(record.error_kind)
     Trace.from_json(record.trace)  # refuse a line whose trace does not parse
     return record
 
@@ -189,6 +204,10 @@ def _typed(data: dict[str, object], name: str, kind: type) -> Any:
 
 def _text(data: dict[str, object], name: str) -> str:
     return _typed(data, name, str)
+
+
+def _message(data: dict[str, object]) -> str | None:
+    return None if data.get("error_message") is None else storable(_text(data, "error_message"))
 
 
 def parse_time(text: str) -> datetime:

@@ -67,8 +67,10 @@ CASES = [
     (["build", "tiny.hexir", "--target", "cuda -arch=sm_10", "--db", DB], "unknown CUDA arch"),
     (["tune", "tiny.hexir", "--trials", "4", "--db", "sqlite:///notadb.db"],
      "cannot open the tuning database sqlite:///notadb.db: file is not a database"),
-    (["tune", "tiny.hexir", "--trials", "4", "--db", "postgresql://u@localhost/x"],
-     "cannot open the tuning database"),
+    (["tune", "tiny.hexir", "--trials", "4", "--db", "postgresql://u@127.0.0.1:1/x"],
+     "cannot open the tuning database"),  # nothing listens on port 1
+    (["tune", "tiny.hexir", "--trials", "4", "--db", "postgresql+pg8000://u@127.0.0.1:1/x"],
+     "its driver, the Python module pg8000, is not installed"),
     (["build", "tiny.hexir", "--db", "sqlite:///missing.db"], "no tuning database at"),
     (["db", "list", "--db", "sqlite:///missing.db"], "no tuning database at"),
     (["db", "best", "ffff", "--db", DB], "no workload whose key starts with 'ffff'"),

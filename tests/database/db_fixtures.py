@@ -6,6 +6,7 @@ The writer functions are top level so that spawned processes can run them.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -15,6 +16,9 @@ from hexir.ir.tir import PrimFunc
 from hexir.schedule.trace import Trace
 
 SIZE = 64
+# A PostgreSQL database whose role may create databases: the tests run there too (conftest.py).
+POSTGRES_VARIABLE = "HEXIR_TEST_POSTGRES_URL"
+POSTGRES_URL = os.environ.get(POSTGRES_VARIABLE) or None
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,13 @@ def timed(rng: random.Random, **build_info: object) -> Result:
 
 
 def write_records(url: str, writer: int, n: int, barrier=None) -> None:  # noqa: ANN001
-    """Commit n records as writer `writer`, all at once with the other writers."""
-    db = Database(url)
+    """Open the database and commit n records as writer `writer`, all at once with the other
+    writers (the first to open a new database creates its tables)."""
     func, rng = tiny_func(), random.Random(writer)
     todo = traces(n, seed=writer)
     if barrier is not None:
         barrier.wait()
+    db = Database(url)
     for number, trace in enumerate(todo):
         db.commit_record(func, "cpu", trace, timed(rng, writer=writer, number=number))
 

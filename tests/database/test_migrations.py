@@ -1,53 +1,86 @@
 import json
 import os
 import pickle
-import sqlite3
 import statistics
+import sys
 
 import pytest
 from db_fixtures import Result, tiny_func, traces
+from sqlalchemy import create_engine, inspect, text
 
 import hexir
 from hexir.database import SCHEMA_VERSION, Database
 from hexir.errors import DatabaseError, HexirError
 
 # The version-0 layout, written out by hand: no hexir_schema table, integer record ids and no
-# codegen version.
-V0_TABLES = """
-CREATE TABLE workload (key VARCHAR(64) PRIMARY KEY, text TEXT, created DATETIME);
-CREATE TABLE record (
+# codegen version. The types are SQL that both SQLite and PostgreSQL read.
+V0_TABLES = [
+    "CREATE TABLE workload (key VARCHAR(64) PRIMARY KEY, text TEXT, created TIMESTAMP)",
+    """CREATE TABLE record (
     id INTEGER PRIMARY KEY, workload_key VARCHAR(64), target_key VARCHAR(128),
     candidate_key VARCHAR(64), trace TEXT, latencies JSON, median FLOAT, error_kind VARCHAR(64),
-    error_message TEXT, build_info JSON, hexir_version VARCHAR(32), created DATETIME
-);
-"""
+    error_message TEXT, build_info JSON, hexir_version VARCHAR(32), created TIMESTAMP
+)""",
+]
+V0_RECORD_COLUMNS = (
+    "id, workload_key, target_key, candidate_key, trace, latencies, median, error_kind, "
+    "error_message, build_info, hexir_version, created"
+)
 
 
-def _v0_file(path) -> list[tuple[str, float | None]]:
+def _execute(url: str, *statements: str, **values: object) -> list[tuple]:
+    """Run SQL on the database at `url` in one transaction, behind Hexir's back; the rows of
+    the last statement (if it returns any)."""
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                result = conn.execute(text(statement), values)
+            return [tuple(row) for row in result] if result.returns_rows else []
+    finally:
+        engine.dispose()
+
+
+def _v0_database(url: str) -> list[tuple[str, float | None]]:
     """A version-0 database with three records; their (candidate key, median)."""
     func = tiny_func()
-    conn = sqlite3.connect(path)
-    conn.executescript(V0_TABLES)
     key = hexir.workload_key(func)
-    conn.execute("INSERT INTO workload VALUES (?, ?, ?)", (key, str(func), "2024-01-02 03:04:05"))
+    _execute(url, *V0_TABLES)
+    _execute(
+        url,
+        "INSERT INTO workload VALUES (:key, :text, :created)",
+        key=key,
+        text=str(func),
+        created="2024-01-02 03:04:05",
+    )
     rows = []
     for n, (trace, latencies) in enumerate(zip(traces(3), [[2e-3], [1e-3, 3e-3], []], strict=True)):
         ck = hexir.candidate_key(trace.apply(func).func)
         median = statistics.median(latencies) if latencies else None
-        values = (n + 1, key, "cpu-avx2", ck, trace.to_json(), json.dumps(latencies), median)
-        values += (None if latencies else "crash", None if latencies else "segfault", "{}")
-        values += ("0.0.1", f"2024-01-02 03:0{n}:00")
-        conn.execute(f"INSERT INTO record VALUES ({', '.join('?' * 12)})", values)
+        values = {
+            "id": n + 1,
+            "workload_key": key,
+            "target_key": "cpu-avx2",
+            "candidate_key": ck,
+            "trace": trace.to_json(),
+            "latencies": json.dumps(latencies),
+            "median": median,
+            "error_kind": None if latencies else "crash",
+            "error_message": None if latencies else "segfault",
+            "build_info": "{}",
+            "hexir_version": "0.0.1",
+            "created": f"2024-01-02 03:0{n}:00",
+        }
+        names = ", ".join(f":{name}" for name in values)
+        _execute(url, f"INSERT INTO record ({V0_RECORD_COLUMNS}) VALUES ({names})", **values)
         rows.append((ck, median))
-    conn.commit()
-    conn.close()
     return rows
 
 
-def test_a_version_0_file_is_migrated(tmp_path) -> None:
-    path = tmp_path / "v0.db"
-    rows = _v0_file(path)
-    db = Database(f"sqlite:///{path}")
+def test_a_version_0_database_is_migrated(new_url) -> None:
+    url = new_url("v0")
+    rows = _v0_database(url)
+    db = Database(url)
     assert db.found_version == 0
     key = hexir.workload_key(tiny_func())
     records = db.records(key, "cpu-avx2")
@@ -57,21 +90,17 @@ def test_a_version_0_file_is_migrated(tmp_path) -> None:
     assert [r.candidate_key for r in db.best(key, "cpu-avx2", k=3)] == [rows[0][0], rows[1][0]]
     assert db.workloads()[0].load_func() == tiny_func()
     db.commit_record(tiny_func(), "cpu", traces(1)[0], Result((1e-3,)))
-    again = Database(f"sqlite:///{path}")
+    again = Database(url)
     assert again.found_version == SCHEMA_VERSION and again.stats().records == 4
-    version = sqlite3.connect(path).execute("SELECT version FROM hexir_schema").fetchall()
-    assert version == [(SCHEMA_VERSION,)]
+    assert _execute(url, "SELECT version FROM hexir_schema") == [(SCHEMA_VERSION,)]
 
 
-def test_a_newer_schema_is_refused_naming_both_versions(tmp_path) -> None:
-    path = tmp_path / "new.db"
-    Database(f"sqlite:///{path}").commit_record(tiny_func(), "cpu", traces(1)[0], Result((1.0,)))
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE hexir_schema SET version = 7")
-    conn.commit()
-    conn.close()
+def test_a_newer_schema_is_refused_naming_both_versions(new_url) -> None:
+    url = new_url("new")
+    Database(url).commit_record(tiny_func(), "cpu", traces(1)[0], Result((1.0,)))
+    _execute(url, "UPDATE hexir_schema SET version = 7")
     with pytest.raises(DatabaseError) as info:
-        Database(f"sqlite:///{path}")
+        Database(url)
     message = str(info.value)
     assert "schema version 7" in message and f"schema version {SCHEMA_VERSION}" in message
     assert "\n" not in message
@@ -90,16 +119,14 @@ def test_a_file_that_is_not_a_database_is_one_line_and_untouched(tmp_path, conte
     assert isinstance(pickle.loads(pickle.dumps(info.value)), HexirError)
 
 
-def test_a_database_of_something_else_is_refused(tmp_path) -> None:
-    path = tmp_path / "other.db"
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
-    conn.commit()
-    conn.close()
+def test_a_database_of_something_else_is_refused(new_url) -> None:
+    url = new_url("other")
+    _execute(url, "CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
     with pytest.raises(DatabaseError, match="not a Hexir tuning database .*invoices"):
-        Database(f"sqlite:///{path}")
-    tables = sqlite3.connect(path).execute("SELECT name FROM sqlite_master").fetchall()
-    assert tables == [("invoices",)]
+        Database(url)
+    engine = create_engine(url)
+    assert inspect(engine).get_table_names() == ["invoices"]
+    engine.dispose()
 
 
 @pytest.mark.parametrize(
@@ -115,6 +142,17 @@ def test_an_unreachable_url_is_one_line(tmp_path, url) -> None:
     with pytest.raises(DatabaseError, match="cannot open the tuning database") as info:
         Database(url.format(tmp=tmp_path))
     assert "\n" not in str(info.value) and "secret" not in str(info.value)
+
+
+@pytest.mark.parametrize("module", ["psycopg", "psycopg2"])
+def test_a_missing_driver_is_named_with_how_to_install_it(monkeypatch, module) -> None:
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    with pytest.raises(DatabaseError) as info:
+        Database(f"postgresql+{module}://tuner:secret@127.0.0.1:1/hexir")
+    message = str(info.value)
+    assert f"its driver, the Python module {module}, is not installed" in message
+    assert 'pip install "psycopg[binary]"' in message
+    assert "\n" not in message and "secret" not in message
 
 
 def test_the_tables_compile_for_postgresql() -> None:
