@@ -109,6 +109,13 @@ class Knobs:
     measure_batch_per_worker: int = field(
         default_factory=lambda: _int("HEXIR_MEASURE_BATCH_PER_WORKER", "4")
     )
+    # A CPU candidate's time is suspect where the calibration kernel timed right after it ran
+    # this many times slower than its quiet time (hexir/search/calibration.py): something
+    # else ran on the machine. The tune measures it again later, and a build prefers quiet
+    # records. 0: no calibration.
+    measure_calibration_threshold: float = field(
+        default_factory=lambda: _float("HEXIR_MEASURE_CALIBRATION_THRESHOLD", "2")
+    )
     measure_reference_timeout: float = field(
         default_factory=lambda: _float("HEXIR_MEASURE_REFERENCE_TIMEOUT", "600")
     )

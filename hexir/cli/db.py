@@ -13,6 +13,7 @@ import argparse
 import re
 from typing import TYPE_CHECKING
 
+from hexir import knobs
 from hexir.cli.common import (
     DEFAULT_DB,
     is_workload_spec,
@@ -106,9 +107,14 @@ def cmd_best(args: argparse.Namespace) -> int:
             continue
         shown += 1
         print(f"# target {best[0].target_key}: {len(db.records(workload.key, target))} records")
+        threshold = knobs.get().measure_calibration_threshold
         for rank, r in enumerate(best):
             when = f"{r.created:%Y-%m-%d %H:%M}"
-            print(f"#   {rank}  {ms(r.median, 10)} ms  candidate {r.candidate_key[:12]}  {when}")
+            load = f"  suspect: timed under load (calibration {r.calibration:.1f}x)" if (
+                r.suspect(threshold)
+            ) else ""  # fmt: skip
+            print(f"#   {rank}  {ms(r.median, 10)} ms  candidate {r.candidate_key[:12]}  {when}"
+                  f"{load}")  # fmt: skip
         print(f"# the best trace ({ms(best[0].median)} ms):")
         print(best[0].load_trace())
     if not shown:
@@ -149,6 +155,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"database        {stats.url} (schema {stats.schema_version})")
     print(f"workloads       {stats.workloads}")
     print(f"records         {stats.records} ({stats.valid} valid)")
+    if stats.suspect:
+        threshold = knobs.get().measure_calibration_threshold
+        print(f"  suspect       {stats.suspect} valid records timed under load (calibration "
+              f"over {threshold:g}x: HEXIR_MEASURE_CALIBRATION_THRESHOLD); builds prefer the "
+              "others")  # fmt: skip
     for kind, n in sorted(stats.errors.items()):
         print(f"  errors        {kind}: {n}")
     for key, n in sorted(stats.targets.items()):

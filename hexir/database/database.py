@@ -36,6 +36,7 @@ from hexir.database.record import (
     Record,
     Stats,
     Workload,
+    calibration_of,
     check_result,
     median_of,
     now,
@@ -110,6 +111,7 @@ class Database:
             hexir_version=__version__,
             codegen_version=CODEGEN_VERSION,
             created=created,
+            calibration=calibration_of(info),
         )
         known = record.workload_key in self._known_workloads
         with self._writing("commit a record") as session:
@@ -119,10 +121,15 @@ class Database:
         self._known_workloads.add(record.workload_key)
         return record
 
-    def best(self, workload_key: str, target: Target | str, k: int = 1) -> list[Record]:
-        """The k fastest valid records of distinct candidates, fastest first."""
+    def best(
+        self, workload_key: str, target: Target | str, k: int = 1, threshold: float | None = None
+    ) -> list[Record]:
+        """The k fastest valid records of distinct candidates, fastest first: those measured
+        quietly first, then those measured under load (`Record.suspect(threshold)`; None: the
+        `measure_calibration_threshold` knob), where the quiet ones are fewer than k."""
+        threshold = _threshold(threshold)
         with self._reading("look up the best records") as session:
-            return queries.best(session, workload_key, target_key(target), k)
+            return queries.best(session, workload_key, target_key(target), k, threshold)
 
     def records(self, workload_key: str, target: Target | str) -> list[Record]:
         """Every record of the workload on the target, errors included, oldest first."""
@@ -148,7 +155,10 @@ class Database:
         """How many workloads, records, valid records; errors by kind; records by target."""
         with self._reading("count records") as session:
             n_workloads, n_records, valid, errors, targets = queries.counts(session)
-        return Stats(self.shown, SCHEMA_VERSION, n_workloads, n_records, valid, errors, targets)
+            suspect = queries.suspect_count(session, _threshold(None))
+        return Stats(
+            self.shown, SCHEMA_VERSION, n_workloads, n_records, valid, errors, targets, suspect
+        )
 
     def export_jsonl(self, path: str | os.PathLike) -> int:
         """Write every workload and record as JSON lines; the number of records written."""
@@ -275,3 +285,10 @@ def _missing_driver(module: str) -> str:
         module, "install the package that provides it, or name an installed driver in the URL"
     )
     return f"its driver, the Python module {module}, is not installed: {install}"
+
+
+def _threshold(threshold: float | None) -> float:
+    """A calibration threshold given, or the `measure_calibration_threshold` knob's."""
+    from hexir import knobs
+
+    return knobs.get().measure_calibration_threshold if threshold is None else threshold

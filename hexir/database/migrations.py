@@ -10,6 +10,8 @@ Versions:
 - 0: `workload` and `record` with an integer record id and no codegen version; no version table.
 - 1: record ids are random 32-hex-digit strings (so export/import can merge without duplicates),
   records carry the codegen version, indexes on (workload, target, candidate | median).
+- 2: records carry their calibration figure (hexir/search/calibration.py), taken from the
+  build info where a record has one there.
 """
 
 from __future__ import annotations
@@ -29,18 +31,22 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    bindparam,
     delete,
     func,
     insert,
     inspect,
     select,
+    text,
+    update,
 )
 
 from hexir import __version__
 from hexir.database.models import Base, RecordRow, SchemaRow
+from hexir.database.record import calibration_of
 from hexir.errors import DatabaseError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # The PostgreSQL advisory lock that openers of one database take turns on ("hexir" in ASCII).
 SCHEMA_LOCK_KEY = 0x6865786972
 
@@ -84,8 +90,25 @@ def _v0_to_v1(conn: Connection) -> None:
         conn.execute(insert(RecordRow), rows)
 
 
+def _v1_to_v2(conn: Connection) -> None:
+    # A version-0 database's record table is made anew by _v0_to_v1, with the column.
+    if "calibration" not in {c["name"] for c in inspect(conn).get_columns("record")}:
+        column = Double().compile(dialect=conn.dialect)
+        conn.execute(text(f"ALTER TABLE record ADD COLUMN calibration {column}"))
+    rows = conn.execute(select(RecordRow.id, RecordRow.build_info)).all()
+    figures = [{"rid": rid, "value": calibration_of(info or {})} for rid, info in rows]
+    figures = [f for f in figures if f["value"] is not None]
+    if figures:
+        conn.execute(
+            update(RecordRow)
+            .where(RecordRow.id == bindparam("rid"))
+            .values(calibration=bindparam("value")),
+            figures,
+        )
+
+
 # _MIGRATIONS[n] takes a version-n database to version n + 1.
-_MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v0_to_v1,)
+_MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v0_to_v1, _v1_to_v2)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 

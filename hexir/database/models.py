@@ -64,6 +64,7 @@ class RecordRow(Base):
     hexir_version: Mapped[str] = mapped_column(String(32))
     codegen_version: Mapped[str] = mapped_column(String(32))
     created: Mapped[datetime] = mapped_column(DateTime)
+    calibration: Mapped[float | None] = mapped_column(Double)  # schema version 2
 
     @classmethod
     def of(cls, record: Record) -> RecordRow:
@@ -81,6 +82,7 @@ class RecordRow(Base):
             hexir_version=record.hexir_version,
             codegen_version=record.codegen_version,
             created=naive(record.created),
+            calibration=record.calibration,
         )
 
     def to_record(self) -> Record:
@@ -98,6 +100,7 @@ class RecordRow(Base):
             hexir_version=self.hexir_version,
             codegen_version=self.codegen_version,
             created=aware(self.created),
+            calibration=self.calibration,
         )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, literal, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -41,13 +41,18 @@ def _for(workload_key: str, target_key: str):  # noqa: ANN202 - a SQL condition
     return (RecordRow.workload_key == workload_key) & (RecordRow.target_key == target_key)
 
 
-def best(session: Session, workload_key: str, target_key: str, k: int) -> list[Record]:
-    """The k fastest valid records, one per candidate key (its fastest measurement)."""
+def best(
+    session: Session, workload_key: str, target_key: str, k: int, threshold: float = 0.0
+) -> list[Record]:
+    """The k fastest valid records, one per candidate key (its fastest measurement); the
+    records measured quietly first (calibration at most `threshold`, or none), then, where they
+    are fewer than k, those measured under load."""
     valid = _for(workload_key, target_key) & RecordRow.error_kind.is_(None)
+    loaded = _suspect(threshold)
     query = (
         select(RecordRow)
         .where(valid & RecordRow.median.is_not(None))
-        .order_by(RecordRow.median, RecordRow.created, RecordRow.id)
+        .order_by(loaded, RecordRow.median, RecordRow.created, RecordRow.id)
         .execution_options(yield_per=64)
     )
     found: list[Record] = []
@@ -61,6 +66,13 @@ def best(session: Session, workload_key: str, target_key: str, k: int) -> list[R
             if len(found) == k:
                 break
     return found
+
+
+def _suspect(threshold: float):  # noqa: ANN202 - a SQL expression
+    """1 for a record measured under load (its calibration past `threshold`; 0: none is), else 0."""
+    if threshold <= 0:
+        return literal(0)
+    return case((RecordRow.calibration > threshold, 1), else_=0)
 
 
 def records(session: Session, workload_key: str, target_key: str) -> list[Record]:
@@ -103,6 +115,18 @@ def existing_ids(session: Session, ids: Iterable[str]) -> set[str]:
         chunk = wanted[start : start + 500]
         found.update(session.scalars(select(RecordRow.id).where(RecordRow.id.in_(chunk))))
     return found
+
+
+def suspect_count(session: Session, threshold: float) -> int:
+    """Valid records measured under load (their calibration past `threshold`; 0: none)."""
+    if threshold <= 0:
+        return 0
+    query = (
+        select(func.count())
+        .select_from(RecordRow)
+        .where(RecordRow.error_kind.is_(None) & (RecordRow.calibration > threshold))
+    )
+    return session.scalar(query) or 0
 
 
 def counts(session: Session) -> tuple[int, int, int, dict[str, int], dict[str, int]]:

@@ -50,10 +50,18 @@ class Record:
     hexir_version: str
     codegen_version: str
     created: datetime  # UTC, timezone-aware
+    # The calibration kernel's time right after this measurement over its quiet time
+    # (hexir/search/calibration.py); None where it was not timed (a GPU, older records).
+    calibration: float | None = None
 
     @property
     def is_valid(self) -> bool:
         return self.error_kind is None and self.median is not None
+
+    def suspect(self, threshold: float) -> bool:
+        """Whether it was measured while something else ran: its calibration passed
+        `threshold` (0: never)."""
+        return threshold > 0 and self.calibration is not None and self.calibration > threshold
 
     def load_trace(self) -> Trace:
         """The stored trace, parsed from JSON."""
@@ -92,6 +100,7 @@ class Stats:
     valid: int
     errors: Mapping[str, int] = field(hash=False)
     targets: Mapping[str, int] = field(hash=False)
+    suspect: int = 0  # valid records measured under load (`Record.suspect`)
 
 
 def target_key(target: Target | str) -> str:
@@ -165,6 +174,7 @@ def record_to_json(record: Record) -> dict[str, object]:
         "hexir_version": record.hexir_version,
         "codegen_version": record.codegen_version,
         "created": record.created.isoformat(),
+        "calibration": record.calibration,
     }
 
 
@@ -187,12 +197,30 @@ def record_from_json(data: dict[str, object]) -> Record:
         hexir_version=_text(data, "hexir_version"),
         codegen_version=_text(data, "codegen_version"),
         created=parse_time(_text(data, "created")),
+        calibration=_calibration(data),
     )
     if not 0 < len(record.id) <= 32:
         raise ValueError(f"a record id has 1 to 32 characters, got {record.id!r}")
     check_error_kind(record.error_kind)
     Trace.from_json(record.trace)  # refuse a line whose trace does not parse
     return record
+
+
+def calibration_of(build_info: Mapping[str, object]) -> float | None:
+    """The calibration figure a measurement's build info carries (None: not timed)."""
+    value = build_info.get("calibration")
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def _calibration(data: dict[str, object]) -> float | None:
+    """An export line's calibration: its own field, else its build info's (older exports)."""
+    value = data.get("calibration")
+    if value is None:
+        info = data.get("build_info")
+        return calibration_of(info) if isinstance(info, dict) else None
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"calibration must be a positive number or null, got {value!r}")
+    return float(value)
 
 
 def _typed(data: dict[str, object], name: str, kind: type) -> Any:

@@ -120,6 +120,19 @@ class MeasureResult:
         """Median seconds per call, or None for an error record."""
         return statistics.median(self.latencies) if self.latencies else None
 
+    @property
+    def calibration(self) -> float | None:
+        """The calibration kernel's time right after this one over its quiet time
+        (hexir/search/calibration.py); None where it was not timed (an error, a GPU)."""
+        value = self.build_info.get("calibration")
+        return float(value) if isinstance(value, int | float) else None
+
+    def suspect(self, threshold: float) -> bool:
+        """Whether this time was measured while something else ran: its calibration passed
+        `threshold` (0: never)."""
+        calibration = self.calibration
+        return threshold > 0 and calibration is not None and calibration > threshold
+
 
 class Builder(Protocol):
     """Builds candidates, several at once: one BuildResult per candidate, in order. A failed

@@ -17,6 +17,11 @@ evolution) stops after the `search_time_ratio` share of the time its batch shoul
 measure, at the task's pace so far: in Python a conv's candidate costs about 0.05 s to replay,
 and a full round's evolution, unchecked, outlasted the measurements it chose.
 
+A CPU result timed while something else ran on the machine (its calibration, hexir/search/
+calibration.py, past the `measure_calibration_threshold` knob) is suspect: its candidate is
+measured again once a round ends on a quiet result, and at the end of the tune (REMEASURE_TRIES
+times at most; `TuneResult.remeasured` counts them), and the database prefers quiet records.
+
 A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
 of it would not hold another trial at the pace of the tune so far: no round, and no slice of
 one, starts that the budget has no room for, and a slice stops as soon as the budget is spent.
@@ -58,6 +63,9 @@ __all__ = ["Progress", "ProgressCallback", "TaskProgress", "TaskResult", "TuneRe
 DEFAULT_DATABASE = "sqlite:///tuning_logs/hexir.db"
 # The trial budget of a tune that only a time budget bounds.
 UNBOUNDED = sys.maxsize
+# Times a candidate whose measurement is suspect (hexir/search/calibration.py) is measured
+# again, at most, in one tune.
+REMEASURE_TRIES = 2
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,7 @@ class TuneResult:
     elapsed: float
     profile: dict[str, float] = field(default_factory=dict)
     out_of_time: bool = False
+    remeasured: int = 0  # suspect results measured again (not trials: no new candidate)
 
     @property
     def latency(self) -> float | None:
@@ -230,6 +239,12 @@ class _Tuner:
         self.best = [self._db_best(t) for t in tasks]
         self.trials = [0] * len(tasks)
         self.measure_seconds = [0.0] * len(tasks)  # building and timing this call's trials
+        # Suspect results (task, candidate) to measure again, the tries of each candidate,
+        # whether the last result was timed quietly, and the measurements made again.
+        self.suspects: list[tuple[int, Candidate]] = []
+        self.tries: dict[str, int] = {}
+        self.quiet_now = False
+        self.remeasured = 0
         self.start = time.perf_counter()
         self.time_budget = time_budget
         self.deadline = None if time_budget is None else self.start + time_budget
@@ -255,6 +270,10 @@ class _Tuner:
                 continue
             scheduler.record(i, measured, self.best[i])
             self._report(i, scheduler)
+            if self.quiet_now:
+                self.remeasure()
+        if not self.out_of_time:
+            self.remeasure()  # what is still suspect, one last time
         return self.result()
 
     def round(self, i: int, n: int, first: bool) -> int:
@@ -307,6 +326,7 @@ class _Tuner:
                         self.db.commit_record(task.func, self.target, c.trace, r,
                                               candidate_key=c.candidate_key)  # fmt: skip
                     self._count(i, c, r)
+                    self._watch(i, c, r)
                     out.append(r)
                     if self._spent():
                         self.out_of_time = True
@@ -322,6 +342,40 @@ class _Tuner:
             if self.out_of_time:
                 break
         return results
+
+    def _watch(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
+        """Note a suspect result (timed while something else ran) of task `i`, to measure its
+        candidate again once the machine is quiet, REMEASURE_TRIES times at most."""
+        suspect = result.suspect(knobs.get().measure_calibration_threshold)
+        self.quiet_now = result.calibration is not None and not suspect
+        if suspect and self.tries.get(candidate.candidate_key, 0) < REMEASURE_TRIES:
+            self.tries[candidate.candidate_key] = self.tries.get(candidate.candidate_key, 0) + 1
+            self.suspects.append((i, candidate))
+
+    def remeasure(self) -> None:
+        """Measure the suspect results' candidates again (new records; the database prefers
+        quiet ones), each task's together, while the time budget has room."""
+        pending, self.suspects = self.suspects, []
+        for i in dict.fromkeys(i for i, _ in pending):
+            batch = [c for j, c in pending if j == i][: self.room(len(pending))]
+            began, committing = time.perf_counter(), self.profile.database
+            out = []
+            for c, r in zip(batch, self.executor.measure_each(batch), strict=True):
+                with self.profile.timing("database"):
+                    self.db.commit_record(self.tasks[i].func, self.target, c.trace, r,
+                                          candidate_key=c.candidate_key)  # fmt: skip
+                self.remeasured += 1
+                self._watch(i, c, r)
+                if r.ok and r.median is not None and not r.suspect(self._threshold()):
+                    best = self.best[i]
+                    self.best[i] = r.median if best is None else min(best, r.median)
+                out.append(r)
+            committing = self.profile.database - committing
+            self._account(out, time.perf_counter() - began - committing)
+
+    @staticmethod
+    def _threshold() -> float:
+        return knobs.get().measure_calibration_threshold
 
     def room(self, n: int) -> int:
         """How many of `n` more trials the time budget has room for, at this tune's pace so
@@ -422,7 +476,12 @@ class _Tuner:
             )
         elapsed = time.perf_counter() - self.start
         return TuneResult(
-            tuple(out), sum(self.trials), elapsed, self.profile.as_dict(), self.out_of_time
+            tuple(out),
+            sum(self.trials),
+            elapsed,
+            self.profile.as_dict(),
+            self.out_of_time,
+            self.remeasured,
         )
 
 

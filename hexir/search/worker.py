@@ -41,6 +41,7 @@ from hexir.errors import HexirError
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.kernel import CpuKernel
 from hexir.runtime.target import Target
+from hexir.search.calibration import Calibration
 from hexir.search.check import Arrays, mismatch, poison, random_inputs, reference, workload_seed
 
 # Workloads whose reference a worker keeps in memory; older ones reload from their file.
@@ -266,8 +267,20 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     if problem is not None:
         return Reply(error_kind="wrong_result", error_message=problem)
     latencies, number = time_kernel(kernel, [*inputs, *outputs], first)
-    info = {"worker_pid": os.getpid(), "calls_per_latency": number}
+    info: dict[str, Any] = {"worker_pid": os.getpid(), "calls_per_latency": number}
+    if k.measure_calibration_threshold > 0:
+        info["calibration"] = _calibration(target).ratio()
     return Reply(latencies=tuple(latencies), info=info)
+
+
+_calibrations: dict[str, Calibration] = {}
+
+
+def _calibration(target: Target) -> Calibration:
+    """This process's calibration kernel for `target` (hexir/search/calibration.py)."""
+    if target.key not in _calibrations:
+        _calibrations[target.key] = Calibration(target, knobs.get().cache_dir)
+    return _calibrations[target.key]
 
 
 MIN_SLOW_REPEATS = 3

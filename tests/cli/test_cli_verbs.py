@@ -108,3 +108,26 @@ def test_run_profile_of_an_artifact(tmp_path, capsys):
     assert sorted(row[0] for row in rows) == ["0", "1", "2"]
     assert all(row[-1] == "default" for row in rows)
     assert lines[header + 4].split()[:3] == ["sum", "of", "commands"]
+
+
+def test_db_shows_the_records_timed_under_load(tmp_path, capsys):
+    import random
+
+    from hexir.database import Database
+    from hexir.search.measure import MeasureResult
+    from hexir.search.space import SearchSpace
+
+    func = hexir.workload("matmul", M=16, N=16, K=16)
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    db = Database(url)
+    traces = SearchSpace().sample(func, "cpu", random.Random(0), 2)
+    for trace, median, calibration in zip(traces, [1e-4, 1e-3], [40.0, 1.0], strict=True):
+        result = MeasureResult((median,), build_info={"calibration": calibration})
+        db.commit_record(func, "cpu", trace, result)
+    with hexir.knobs.scope(measure_calibration_threshold=2.0):
+        assert main(["db", "stats", "--db", url]) == 0
+        assert "suspect       1 valid records timed under load" in capsys.readouterr().out
+        assert main(["db", "best", hexir.workload_key(func)[:12], "--db", url, "-k", "2"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("#   ")]
+    assert "1.000 ms" in lines[0] and "suspect" not in lines[0]  # the quiet record first
+    assert "suspect: timed under load (calibration 40.0x)" in lines[1]

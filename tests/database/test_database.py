@@ -237,3 +237,32 @@ def test_records_are_plain_values(db) -> None:
     record = db.commit_record(tiny_func(), "cpu", traces(1)[0], Result((1e-3,)))
     assert type(record) is Record and dataclasses.is_dataclass(record)
     assert pickle.loads(pickle.dumps(record)) == record
+
+
+def test_best_prefers_records_measured_quietly(db) -> None:
+    # Three candidates: one timed only under load (the fastest figure), one timed under load
+    # and again quietly, one quiet. The quiet records rank first; a suspect one fills in.
+    func, key = tiny_func(), hexir.workload_key(tiny_func())
+    loaded, both, quiet = traces(3)
+    for trace, median, calibration in [
+        (loaded, 1e-4, 40.0), (both, 9e-3, 300.0), (both, 2e-3, 1.1), (quiet, 1e-3, 1.0)
+    ]:  # fmt: skip
+        info = {"calibration": calibration}
+        db.commit_record(func, "cpu", trace, Result((median,), build_info=info))
+    ranked = db.best(key, "cpu", k=3, threshold=2.0)
+    assert [(r.median, r.calibration) for r in ranked] == [(1e-3, 1.0), (2e-3, 1.1), (1e-4, 40.0)]
+    assert not ranked[0].suspect(2.0) and ranked[2].suspect(2.0)
+    assert db.best(key, "cpu", k=1, threshold=0.0)[0].median == 1e-4  # 0: no calibration
+    with hexir.knobs.scope(measure_calibration_threshold=2.0):
+        assert db.best(key, "cpu")[0].median == 1e-3
+        assert db.stats().suspect == 2
+
+
+def test_export_and_import_keep_the_calibration(db, new_url, tmp_path) -> None:
+    db.commit_record(tiny_func(), "cpu", traces(1)[0],
+                     Result((1e-3,), build_info={"calibration": 2.5}))  # fmt: skip
+    db.export_jsonl(tmp_path / "out.jsonl")
+    other = Database(new_url("imported"))
+    other.import_jsonl(tmp_path / "out.jsonl")
+    (record,) = other.records(hexir.workload_key(tiny_func()), "cpu")
+    assert record.calibration == 2.5

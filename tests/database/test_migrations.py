@@ -95,6 +95,24 @@ def test_a_version_0_database_is_migrated(new_url) -> None:
     assert _execute(url, "SELECT version FROM hexir_schema") == [(SCHEMA_VERSION,)]
 
 
+def test_a_version_1_database_gains_the_calibration_of_its_records(new_url) -> None:
+    # Version 1 is the current layout without the calibration column; a record whose build
+    # info carries a calibration figure (none did before version 2; made up here) keeps it.
+    url = new_url("v1")
+    db = Database(url)
+    for trace, info in zip(traces(2), [{"calibration": 3.5}, {}], strict=True):
+        db.commit_record(tiny_func(), "cpu-avx2", trace, Result((1e-3,), build_info=info))
+    db.close()
+    _execute(
+        url, "ALTER TABLE record DROP COLUMN calibration", "UPDATE hexir_schema SET version = 1"
+    )
+    migrated = Database(url)
+    assert migrated.found_version == 1
+    records = migrated.records(hexir.workload_key(tiny_func()), "cpu-avx2")
+    assert sorted(r.calibration or 0.0 for r in records) == [0.0, 3.5]
+    assert _execute(url, "SELECT version FROM hexir_schema") == [(SCHEMA_VERSION,)]
+
+
 def test_a_newer_schema_is_refused_naming_both_versions(new_url) -> None:
     url = new_url("new")
     Database(url).commit_record(tiny_func(), "cpu", traces(1)[0], Result((1.0,)))

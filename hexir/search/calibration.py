@@ -1,0 +1,87 @@
+"""The calibration kernel: a small parallel matmul timed beside every CPU candidate, so that a
+time measured while something else ran on the machine is known for what it is.
+
+    calibration = Calibration(Target("cpu"), cache_dir)    # built once per worker process
+    ratio = calibration.ratio()    # its time now / its quiet time: 1.0 quiet, 2.0 half the CPU
+
+A candidate is an OpenMP kernel on every core: while another process runs, its threads are
+descheduled and it can take ten times its quiet time (a 128^3 matmul recorded at 4.4 ms, for
+tens of microseconds). The calibration kernel, timed right after the candidate, is slowed by
+the same load; its quiet time is the fastest it was ever timed on this machine (kept in
+`<cache_dir>/calibration/`, keyed by its C source, so a new codegen starts over). A result
+whose ratio passes the `measure_calibration_threshold` knob is suspect: the tune measures it
+again later, and the database prefers the quiet records (hexir/search/tune.py,
+hexir/database/queries.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hexir import knobs
+from hexir.runtime.target import Target
+
+# The kernel: a matmul big enough to need every core (tens of microseconds a call), small enough
+# that timing it costs a few milliseconds per candidate.
+SIZE = 128
+# Timing: REPEATS medians of calls that take at least REPEAT_SECONDS together.
+REPEATS = 5
+REPEAT_SECONDS = 0.0005
+
+
+class Calibration:
+    """The calibration kernel of one CPU target, built, with its quiet time."""
+
+    def __init__(self, target: Target, cache_dir: str | Path) -> None:
+        import hexir
+        from hexir.runtime.default_schedule import default_schedule
+
+        func = hexir.workload("matmul", M=SIZE, N=SIZE, K=SIZE)
+        self.kernel = hexir.build(default_schedule(func, target).func, target)
+        rng = np.random.default_rng(0)
+        self.arrays = [rng.standard_normal(p.shape).astype(p.dtype) for p in func.params]
+        digest = hashlib.sha256(self.kernel.source.encode()).hexdigest()[:16]
+        self.file = Path(cache_dir) / "calibration" / f"{target.key}-{digest}.json"
+        self.quiet = _load(self.file)
+
+    def seconds(self) -> float:
+        """The kernel's time now: the median of REPEATS timings, each over enough calls."""
+        k = knobs.get()
+        with knobs.scope(timing_warmup=1, timing_repeats=1, timing_min_seconds=0.0):
+            once = self.kernel.time(*self.arrays)
+        number = max(1, int(REPEAT_SECONDS / max(once, 1e-9)))
+        with knobs.scope(timing_warmup=0, timing_repeats=number, timing_min_seconds=0.0,
+                         num_threads=k.num_threads):  # fmt: skip
+            return statistics.median(self.kernel.time(*self.arrays) for _ in range(REPEATS))
+
+    def ratio(self) -> float:
+        """The kernel's time now over its quiet time (at least 1.0: a faster time becomes the
+        quiet one, and is kept for the next process)."""
+        now = self.seconds()
+        if self.quiet is None or now < self.quiet:
+            self.quiet = now
+            _save(self.file, now)
+        return now / self.quiet
+
+
+def _load(file: Path) -> float | None:
+    try:
+        value = json.loads(file.read_text())["quiet_seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def _save(file: Path, seconds: float) -> None:
+    """Write the quiet time atomically (several workers may write at once)."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    partial = file.with_name(f"{file.name}.{os.getpid()}.{time.monotonic_ns()}")
+    partial.write_text(json.dumps({"quiet_seconds": seconds}))
+    os.replace(partial, file)
