@@ -455,3 +455,25 @@ def test_gpu_defaults_bind_threads_fit_the_gpu_and_compute_the_same_values(name,
         launch = verify_gpu(compact_buffers(sch.func), target)
         assert launch.threads > 1, f"{func.name} runs on one thread"
         check_on_cpu(func, sch.func, rng)
+
+
+@pytest.mark.parametrize("block", [8, 16])
+def test_a_conv_of_a_blocked_weight_takes_panels_of_one_block(block, rng):
+    # A 3x3 conv's weight laid out in blocks of b filters ([K/b, C, R, S, b]) is contiguous
+    # within a block only: its register tile's panel is one block, whatever the vector width
+    # would take (AVX-512's rule is 32 filters: a panel across two blocks ran scalar, 40x
+    # slower).
+    from hexir.ops.builder import GraphBuilder
+    from hexir.search.scheduler import extract_tasks
+
+    b = GraphBuilder("blocked")
+    x = b.input("x", (1, 16, 14, 14))
+    w = b.input("w", (32 // block, 16, 3, 3, block))
+    graph = b.build(b.relu(b.conv2d(x, w, padding=1, weight_block=block)))
+    (task,) = extract_tasks(graph, "cpu")
+    sch = default_schedule(task.func, "cpu")
+    text = str(sch.trace)
+    assert f"decision=[{32 // block}, 1, 1, {block}]" in text
+    vectorized = [lp for lp in _loops(sch.func) if lp.kind == "vectorized"]
+    assert any(lp.extent == block for lp in vectorized)
+    check_on_cpu(task.func, sch.func, rng)
