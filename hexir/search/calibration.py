@@ -53,12 +53,10 @@ class Calibration:
 
     def seconds(self) -> float:
         """The kernel's time now: the median of REPEATS timings, each over enough calls."""
-        k = knobs.get()
         with knobs.scope(timing_warmup=1, timing_repeats=1, timing_min_seconds=0.0):
             once = self.kernel.time(*self.arrays)
         number = max(1, int(REPEAT_SECONDS / max(once, 1e-9)))
-        with knobs.scope(timing_warmup=0, timing_repeats=number, timing_min_seconds=0.0,
-                         num_threads=k.num_threads):  # fmt: skip
+        with knobs.scope(timing_warmup=0, timing_repeats=number, timing_min_seconds=0.0):
             return statistics.median(self.kernel.time(*self.arrays) for _ in range(REPEATS))
 
     def ratio(self) -> float:

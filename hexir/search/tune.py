@@ -35,11 +35,12 @@ opened; what was measured is in the database, and the exception propagates.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -256,21 +257,15 @@ class _Tuner:
         scheduler = TaskScheduler([t.weight for t in self.tasks], budget, initial=self.best)
         while (step := scheduler.next()) is not None:
             i, n = step
-            if self.room(n) == 0:
-                self.out_of_time = True
-                break
             measured = self.round(i, n, first=scheduler.rounds[i] == 0)
+            if measured:
+                scheduler.record(i, measured, self.best[i])
+                self._report(i, scheduler)
             if self.out_of_time:
-                if measured:
-                    scheduler.record(i, measured, self.best[i])
-                    self._report(i, scheduler)
                 break
             if measured == 0:
                 scheduler.exhaust(i)
-                continue
-            scheduler.record(i, measured, self.best[i])
-            self._report(i, scheduler)
-            if self.quiet_now:
+            elif self.quiet_now:
                 self.remeasure()
         if not self.out_of_time:
             self.remeasure()  # what is still suspect, one last time
@@ -278,7 +273,11 @@ class _Tuner:
 
     def round(self, i: int, n: int, first: bool) -> int:
         """One round of task `i`: propose up to `n` candidates, measure and commit them, and
-        update the model; the number measured."""
+        update the model; the number measured (0 also where the time budget has no room)."""
+        room = self.room(n)
+        if room == 0:
+            self.out_of_time = True
+            return 0
         search = self.searches[i]
         batch = []
         # The default schedule first, even in a round of one: the baseline every other
@@ -287,10 +286,6 @@ class _Tuner:
             default = _default_candidate(self.tasks[i].func, self.target)
             if default is not None and default.candidate_key not in search.measured_keys():
                 batch.append(default)
-        room = self.room(n)
-        if room == 0:
-            self.out_of_time = True
-            return 0
         taken = {c.candidate_key for c in batch}
         proposed = search.propose(self.model, room - len(batch), self._search_deadline(i, room))
         batch += [c for c in proposed if c.candidate_key not in taken]
@@ -304,7 +299,6 @@ class _Tuner:
         """Measure `batch` in slices of `measure_batch_per_worker` candidates per parallel
         build of the executor (each slice built in full, then timed), committing each result
         as soon as it is timed; under a time budget, only what it has room for."""
-        task = self.tasks[i]
         results: list[MeasureResult] = []
         workers = max(1, self.executor.workers)
         step = workers * max(1, knobs.get().measure_batch_per_worker)
@@ -317,36 +311,48 @@ class _Tuner:
                 self.out_of_time = True
                 break
             chunk, start = batch[start : start + size], start + size
-            began, committing = time.perf_counter(), self.profile.database
-            out = []
-            measuring = self.executor.measure_each(chunk)
-            try:
-                for c, r in zip(chunk, measuring, strict=False):
-                    with self.profile.timing("database"):
-                        self.db.commit_record(task.func, self.target, c.trace, r,
-                                              candidate_key=c.candidate_key)  # fmt: skip
+            with contextlib.closing(self._committed(i, chunk, trials=True)) as committed:
+                for c, r in committed:
                     self._count(i, c, r)
                     self._watch(i, c, r)
-                    out.append(r)
+                    results.append(r)
                     if self._spent():
                         self.out_of_time = True
                         break
-            finally:
-                close = getattr(measuring, "close", None)
-                if close is not None:
-                    close()
-            committing = self.profile.database - committing
-            self.measure_seconds[i] += time.perf_counter() - began - committing
-            self._account(out, time.perf_counter() - began - committing)
-            results.extend(out)
             if self.out_of_time:
                 break
         return results
 
+    def _committed(
+        self, i: int, chunk: list[Candidate], trials: bool
+    ) -> Iterator[tuple[Candidate, MeasureResult]]:
+        """Measure `chunk` of task `i`, committing each result as soon as it is timed, and
+        yield it with its candidate. Its wall time, less committing, is split into building
+        and measuring (also where the caller stops early: close it), and counts toward the
+        task's pace where the results are `trials`."""
+        began, committing = time.perf_counter(), self.profile.database
+        out: list[MeasureResult] = []
+        measuring = self.executor.measure_each(chunk)
+        try:
+            for c, r in zip(chunk, measuring, strict=False):
+                with self.profile.timing("database"):
+                    self.db.commit_record(self.tasks[i].func, self.target, c.trace, r,
+                                          candidate_key=c.candidate_key)  # fmt: skip
+                out.append(r)
+                yield c, r
+        finally:
+            close = getattr(measuring, "close", None)
+            if close is not None:
+                close()
+            wall = time.perf_counter() - began - (self.profile.database - committing)
+            self._account(out, wall)
+            if trials:
+                self.measure_seconds[i] += wall
+
     def _watch(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
         """Note a suspect result (timed while something else ran) of task `i`, to measure its
         candidate again once the machine is quiet, REMEASURE_TRIES times at most."""
-        suspect = result.suspect(knobs.get().measure_calibration_threshold)
+        suspect = result.suspect(self._threshold())
         self.quiet_now = result.calibration is not None and not suspect
         if suspect and self.tries.get(candidate.candidate_key, 0) < REMEASURE_TRIES:
             self.tries[candidate.candidate_key] = self.tries.get(candidate.candidate_key, 0) + 1
@@ -357,21 +363,12 @@ class _Tuner:
         quiet ones), each task's together, while the time budget has room."""
         pending, self.suspects = self.suspects, []
         for i in dict.fromkeys(i for i, _ in pending):
-            batch = [c for j, c in pending if j == i][: self.room(len(pending))]
-            began, committing = time.perf_counter(), self.profile.database
-            out = []
-            for c, r in zip(batch, self.executor.measure_each(batch), strict=True):
-                with self.profile.timing("database"):
-                    self.db.commit_record(self.tasks[i].func, self.target, c.trace, r,
-                                          candidate_key=c.candidate_key)  # fmt: skip
+            batch = [c for j, c in pending if j == i]
+            for c, r in self._committed(i, batch[: self.room(len(batch))], trials=False):
                 self.remeasured += 1
                 self._watch(i, c, r)
-                if r.ok and r.median is not None and not r.suspect(self._threshold()):
-                    best = self.best[i]
-                    self.best[i] = r.median if best is None else min(best, r.median)
-                out.append(r)
-            committing = self.profile.database - committing
-            self._account(out, time.perf_counter() - began - committing)
+                if not r.suspect(self._threshold()):
+                    self._improve(i, r)
 
     @staticmethod
     def _threshold() -> float:
@@ -413,6 +410,10 @@ class _Tuner:
         """One committed result of task `i`: a trial, and its best time."""
         self.searches[i].mark_measured([candidate])
         self.trials[i] += 1
+        self._improve(i, result)
+
+    def _improve(self, i: int, result: MeasureResult) -> None:
+        """Task `i`'s best time, with `result`'s."""
         if result.ok and result.median is not None:
             best = self.best[i]
             self.best[i] = result.median if best is None else min(best, result.median)

@@ -97,6 +97,19 @@ def started(proc: subprocess.Popen, log: Path) -> None:
         time.sleep(0.2)
 
 
+def tune_joining(
+    folder: Path, address: str, name: str, *more: str, timeout: float = 240
+) -> tuple[subprocess.CompletedProcess, str]:
+    """`hexir tune` of WORKLOAD, 4 trials, joining the cluster at `address`, into the new
+    database `name` in `folder`: the finished command and the database's URL."""
+    url = f"sqlite:///{folder / name}"
+    done = run_hexir(
+        folder, "tune", WORKLOAD, "--trials", "4", "--target", "cpu", "--db", url,
+        "--ray-address", address, *more, timeout=timeout,
+    )  # fmt: skip
+    return done, url
+
+
 def drivers(folder: Path) -> list[Path]:
     """The logs of the drivers (the `ray.init` callers) that joined the cluster."""
     return list(folder.glob("session_latest/logs/python-core-driver-*.log"))
@@ -110,11 +123,7 @@ def test_tune_joins_a_running_cluster_and_records_its_measurements(head, tmp_pat
     # as "auto" is) only where RAY_AUTH_MODE says so.
     for name, value in token_env(folder / "auth_token").items():
         monkeypatch.setenv(name, value)
-    url = f"sqlite:///{tmp_path / 'joined.db'}"
-    done = run_hexir(
-        tmp_path, "tune", WORKLOAD, "--trials", "4", "--target", "cpu", "--db", url,
-        "--ray-address", address, "--seed", "0", "--report", "json",
-    )  # fmt: skip
+    done, url = tune_joining(tmp_path, address, "joined.db", "--seed", "0", "--report", "json")
     assert done.returncode == 0, done.stderr
     (task,) = json.loads(done.stdout)["tasks"]
     assert task["trials"] == 4 and task["best_latency"] is not None
@@ -138,11 +147,7 @@ def test_a_cluster_that_asks_for_a_token_this_driver_lacks_is_one_paragraph(
     else:
         monkeypatch.setenv("RAY_AUTH_MODE", mode)
         monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
-    url = f"sqlite:///{tmp_path / 'refused.db'}"
-    done = run_hexir(
-        tmp_path, "tune", WORKLOAD, "--trials", "4", "--target", "cpu", "--db", url,
-        "--ray-address", address, timeout=180,
-    )  # fmt: skip
+    done, url = tune_joining(tmp_path, address, "refused.db", timeout=180)
     assert done.returncode == 1, done.stdout + done.stderr
     # Ray's C++ client logs its refused tries (it retries for 20 s) before hexir's paragraph.
     assert "Traceback" not in done.stderr, done.stderr
@@ -153,12 +158,8 @@ def test_a_cluster_that_asks_for_a_token_this_driver_lacks_is_one_paragraph(
 
 
 def test_an_address_where_no_cluster_listens_is_one_paragraph(tmp_path):
-    url = f"sqlite:///{tmp_path / 'none.db'}"
     address = f"127.0.0.1:{free_port()}"
-    done = run_hexir(
-        tmp_path, "tune", WORKLOAD, "--trials", "4", "--target", "cpu", "--db", url,
-        "--ray-address", address, timeout=120,
-    )  # fmt: skip
+    done, url = tune_joining(tmp_path, address, "none.db", timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.startswith(f"hexir: error: could not join '{address}': nothing answers")
     assert "Traceback" not in done.stderr and done.stderr.strip().count("\n") == 0
