@@ -44,6 +44,22 @@ def _number(name: str, default: str, kind: type, what: str):
     return value
 
 
+FLAGS = {"1": True, "true": True, "yes": True, "on": True,
+         "0": False, "false": False, "no": False, "off": False}  # fmt: skip
+
+
+def _flag(name: str, default: str) -> bool:
+    text = _env(name, default)
+    if text.strip().lower() not in FLAGS:
+        from hexir.errors import KnobError
+
+        raise KnobError(
+            f"the environment variable {name}={text!r} is not 1 or 0 (also true/false, yes/no, "
+            f"on/off); unset it for the default ({default}) (hexir/knobs.py lists every knob)"
+        )
+    return FLAGS[text.strip().lower()]
+
+
 def _choice(name: str, default: str, options: tuple[str, ...]) -> str:
     text = _env(name, default)
     if text not in options:
@@ -123,32 +139,22 @@ class Knobs:
     measure_atol: float = field(default_factory=lambda: _float("HEXIR_MEASURE_ATOL", "1e-3"))
     # CPU builds: exp, log, erf, tanh, sigmoid, sqrt, rsqrt and pow in vectorized loops as SIMD
     # helpers (hexir/codegen/c_math.py); off, such a loop runs libm's scalar calls (to compare).
-    vector_math: bool = field(
-        default_factory=lambda: _env("HEXIR_VECTOR_MATH", "1") not in ("0", "false")
-    )
+    vector_math: bool = field(default_factory=lambda: _flag("HEXIR_VECTOR_MATH", "1"))
     # Compile time: constant weights laid out for the kernels that read them (dense of a
     # constant weight as a matmul of its transpose: hexir/graph/layout.py); off, as given.
-    pack_weights: bool = field(
-        default_factory=lambda: _env("HEXIR_PACK_WEIGHTS", "1") not in ("0", "false")
-    )
+    pack_weights: bool = field(default_factory=lambda: _flag("HEXIR_PACK_WEIGHTS", "1"))
     # Compile time, CPU: 3x3 convs of stride 1 in the Winograd form F(m, 3) where their output
     # tiles are many enough (hexir/graph/layout.py, `winograd_tile`): "auto"; "0" keeps every
     # conv direct, "2" or "4" forces F(2, 3) or F(4, 3) on every conv that has the form.
     winograd: str = field(default_factory=lambda: _choice("HEXIR_WINOGRAD", "auto", _WINOGRAD))
     # CPU modules: a planned run calls every command from one native function
     # (hexir/runtime/native.py); off, Python calls each kernel in turn (to compare).
-    native_run: bool = field(
-        default_factory=lambda: _env("HEXIR_NATIVE_RUN", "1") not in ("0", "false")
-    )
+    native_run: bool = field(default_factory=lambda: _flag("HEXIR_NATIVE_RUN", "1"))
     # CUDA builds: NVRTC's --use_fast_math (approximate exp, division, ...), and keeping the PTX.
-    cuda_fast_math: bool = field(
-        default_factory=lambda: _env("HEXIR_CUDA_FAST_MATH", "0") not in ("0", "false")
-    )
-    cuda_keep_ptx: bool = field(
-        default_factory=lambda: _env("HEXIR_CUDA_KEEP_PTX", "0") not in ("0", "false")
-    )
+    cuda_fast_math: bool = field(default_factory=lambda: _flag("HEXIR_CUDA_FAST_MATH", "0"))
+    cuda_keep_ptx: bool = field(default_factory=lambda: _flag("HEXIR_CUDA_KEEP_PTX", "0"))
     # Fuse ops into one kernel per group (the whole-models issue); off means one op per kernel.
-    fusion: bool = field(default_factory=lambda: _env("HEXIR_FUSION", "1") not in ("0", "false"))
+    fusion: bool = field(default_factory=lambda: _flag("HEXIR_FUSION", "1"))
     # Cost model (hexir/costmodel/xgb.py): retrain only once the training data has grown by
     # this fraction since the last training (0 = after every update).
     costmodel_retrain_growth: float = field(
@@ -175,6 +181,9 @@ class Knobs:
     search_measure_per_round: int = field(
         default_factory=lambda: _int("HEXIR_SEARCH_MEASURE_PER_ROUND", "64")
     )
+    # A new task's first population takes the best records of similar workloads (the same op
+    # at other sizes) where the database has few of its own (hexir/search/transfer.py).
+    search_transfer: bool = field(default_factory=lambda: _flag("HEXIR_SEARCH_TRANSFER", "1"))
     search_mutation_tries: int = field(
         default_factory=lambda: _int("HEXIR_SEARCH_MUTATION_TRIES", "4")
     )
@@ -209,9 +218,14 @@ class Knobs:
     tune_gradient_window: int = field(
         default_factory=lambda: _int("HEXIR_TUNE_GRADIENT_WINDOW", "3")
     )
+    # The share of a tune's trials its first round (every task once) takes at most: each task
+    # gets search_measure_per_round trials, or fewer, but at least one (hexir/search/scheduler.py).
+    tune_first_round_share: float = field(
+        default_factory=lambda: _float("HEXIR_TUNE_FIRST_ROUND_SHARE", "0.25")
+    )
     # Measure each task's default schedule in its first round (the baseline a tune must beat).
     tune_measure_default: bool = field(
-        default_factory=lambda: _env("HEXIR_TUNE_MEASURE_DEFAULT", "1") not in ("0", "false")
+        default_factory=lambda: _flag("HEXIR_TUNE_MEASURE_DEFAULT", "1")
     )
 
 

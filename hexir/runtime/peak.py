@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -32,7 +33,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hexir.runtime.target import Target
 
-__all__ = ["CUDA_PEAKS", "Peak", "cpu_peak", "cuda_peak", "measure_cpu_clock"]
+__all__ = [
+    "CUDA_BANDWIDTHS",
+    "CUDA_PEAKS",
+    "Bandwidth",
+    "Peak",
+    "bandwidth",
+    "cpu_peak",
+    "cuda_peak",
+    "measure_cpu_bandwidth",
+    "measure_cpu_clock",
+]
 
 FMA_PIPES = 2  # 256- or 512-bit FMA units per core: Zen 2-5, Intel since Haswell
 FLOP_PER_FMA = 2
@@ -47,6 +58,17 @@ class Peak:
 
     def __str__(self) -> str:
         return f"{self.flops / 1e9:.1f} GFLOP/s fp32 = {self.how}"
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """Bytes a second a target moves and how the figure was obtained, in words."""
+
+    bytes_per_s: float
+    how: str
+
+    def __str__(self) -> str:
+        return f"{self.bytes_per_s / 1e9:.0f} GB/s = {self.how}"
 
 
 @dataclass(frozen=True)
@@ -82,16 +104,57 @@ def cuda_peak(arch: str) -> Peak:
     return Peak(g.flops, how)
 
 
+# Memory bandwidth of the same reference GPUs, bytes a second (data sheets: HBM or GDDR).
+CUDA_BANDWIDTHS: dict[str, float] = {
+    "sm_80": 2.039e12,  # A100 SXM 80 GB
+    "sm_86": 600e9,  # A10
+    "sm_89": 300e9,  # L4
+    "sm_90": 3.35e12,  # H100 SXM (an H200 has 4.8 TB/s)
+}
+# The buffer a CPU's bandwidth is measured on: cache-sized, as candidates are timed with warm
+# inputs (a kernel that streams from DRAM is slower than this rate, never faster).
+BANDWIDTH_BYTES = 4 << 20
+
+
+def bandwidth(target: Target, cache_dir: str) -> Bandwidth:
+    """Bytes a second the target moves: on CUDA the reference GPU's memory (data sheet), on
+    the CPU a copy of a cache-sized buffer, measured once per machine and cached."""
+    if target.kind == "cuda":
+        return Bandwidth(CUDA_BANDWIDTHS[target.arch], f"{target.arch} memory (data sheet)")
+    path = _clock_path(target, cache_dir).with_suffix(".bandwidth.json")
+    rate, how = _cached(path, "bytes_per_s"), "cached"
+    if rate is None:
+        rate, how = measure_cpu_bandwidth(), "measured now"
+        _write(path, "bytes_per_s", rate)
+    return Bandwidth(rate, f"a {BANDWIDTH_BYTES >> 20} MiB copy, read and written ({how})")
+
+
+def measure_cpu_bandwidth(trials: int = 20) -> float:
+    """Bytes read and written a second by numpy's copy of a BANDWIDTH_BYTES buffer: the best
+    of `trials` copies after a warm-up one."""
+    import numpy as np
+
+    src = np.ones(BANDWIDTH_BYTES // 4, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    best = math.inf
+    for _ in range(trials):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * BANDWIDTH_BYTES / max(best, 1e-9)
+
+
 def cpu_peak(target: Target, override_gflops: float, cache_dir: str) -> Peak:
     """The CPU's fp32 peak: `override_gflops` when above 0, else derived from the clock
     (measured once, then read from `cache_dir`)."""
     if override_gflops > 0:
         return Peak(override_gflops * 1e9, "HEXIR_CPU_PEAK_GFLOPS (given)")
     path = _clock_path(target, cache_dir)
-    clock, how = _cached_clock(path), "cached"
+    clock, how = _cached(path, "clock_hz"), "cached"
     if clock is None:
         clock, how = measure_cpu_clock(target), "measured now"
-        _write_clock(path, clock)
+        _write(path, "clock_hz", clock)
     per_cycle = target.num_cores * target.vector_width * FMA_PIPES * FLOP_PER_FMA
     text = (
         f"{target.num_cores} cores x {target.vector_width} lanes x {FMA_PIPES} FMA pipes x "
@@ -170,17 +233,17 @@ def _cpu_model() -> str:
     return os.uname().machine
 
 
-def _cached_clock(path: Path) -> float | None:
+def _cached(path: Path, name: str) -> float | None:
     try:
-        clock = float(json.loads(path.read_text())["clock_hz"])
+        value = float(json.loads(path.read_text())[name])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return clock if clock > 0 else None
+    return value if value > 0 else None
 
 
-def _write_clock(path: Path, clock: float) -> None:
+def _write(path: Path, name: str, value: float) -> None:
     # Written under a temporary name and renamed: a concurrent reader sees all or nothing.
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"clock_hz": clock, "cpu": _cpu_model()}) + "\n")
+    tmp.write_text(json.dumps({name: value, "cpu": _cpu_model()}) + "\n")
     os.replace(tmp, path)

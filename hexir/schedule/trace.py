@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Union
 
@@ -139,6 +139,11 @@ def _py(value: Value, star: bool = False) -> str:
             return repr(value)
 
 
+# Trace.apply's `adapt`: (schedule, instruction, its inputs as the schedule's RVs) -> a
+# decision to try instead of the instruction's own, or None.
+Adapter = Callable[["Schedule", "Instruction", dict[str, object]], object]
+
+
 @dataclass(frozen=True, slots=True, repr=False)
 class Trace:
     """An immutable sequence of instructions; see the module docstring."""
@@ -171,15 +176,38 @@ class Trace:
         new = Instruction(inst.kind, inst.inputs, inst.attrs, inst.outputs, freeze(value))
         return Trace(self.instructions[:index] + (new,) + self.instructions[index + 1 :])
 
-    def apply(self, func: PrimFunc, *, target: object = None, seed: int | None = None) -> Schedule:
+    def apply(
+        self,
+        func: PrimFunc,
+        *,
+        target: object = None,
+        seed: int | None = None,
+        adapt: Adapter | None = None,
+    ) -> Schedule:
         """Replay on `func`: a new Schedule. Raises ScheduleError if any instruction fails.
-        `seed` draws for sampling instructions that carry no decision (hand-written traces)."""
+        `seed` draws for sampling instructions that carry no decision (hand-written traces).
+        `adapt`, where given, is asked for another decision of a sampling instruction whose
+        own does not replay (a tile recorded on a loop of another extent): it gets the
+        schedule, the instruction and its inputs as the schedule's RVs, and returns the
+        decision to try instead (None: the error stands)."""
         from hexir.schedule.schedule import Schedule
 
         sch = Schedule(func, target=target, seed=seed)
         env: dict[RV, RV] = {}
         for n, inst in enumerate(self.instructions):
-            _replay(sch, n, inst, env)
+            try:
+                _replay(sch, n, inst, env)
+            except ScheduleError:
+                if adapt is None or inst.decision is None:
+                    raise
+                inputs = {k: env.get(v, v) if isinstance(v, RV) else v for k, v in inst.inputs}
+                decision = adapt(sch, inst, inputs)
+                if decision is None:
+                    raise
+                again = Instruction(
+                    inst.kind, inst.inputs, inst.attrs, inst.outputs, freeze(decision)
+                )
+                _replay(sch, n, again, env)
         return sch
 
     def to_json(self) -> str:

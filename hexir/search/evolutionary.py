@@ -8,8 +8,10 @@
 One round, MetaSchedule's shape, every number a knob (`SearchConfig.from_knobs`):
 
 1. the initial population: the database's best records of this workload and target (a
-   `search_init_best_fraction` share of `search_population`), topped up with fresh samples of
-   the search space;
+   `search_init_best_fraction` share of `search_population`), and while those are fewer, in
+   the task's first round, the best of similar workloads (other sizes of the same op,
+   hexir/search/transfer.py; the `search_transfer` knob), topped up with fresh samples of the
+   search space;
 2. `search_generations` generations: the cost model scores the population; parents are drawn
    in proportion to their score; each child is a mutation of its parent (with probability
    `search_mutation_probability`, hexir/search/mutators.py) replayed on the workload, or a
@@ -325,6 +327,8 @@ class EvolutionarySearch:
         self.profile = profile or SearchProfile()
         self._measured: set[str] = set()
         self._replayer = ReplayCache(func, self.target)
+        self._transfer_tried = False
+        self.transferred: list[Candidate] = []  # from similar workloads, in the first round
 
     def measured_keys(self) -> set[str]:
         """Candidate keys never to propose: measured here, or recorded in the database."""
@@ -379,6 +383,16 @@ class EvolutionarySearch:
                 c = self._replayer(record.load_trace())
                 if c is not None:
                     found.append(c)
+        if len(records) < k and not self._transfer_tried and knobs.get().search_transfer:
+            # A new task: the best of similar workloads, once (hexir/search/transfer.py).
+            from hexir.search.transfer import transferred
+
+            self._transfer_tried = True
+            with self.profile.timing("sampling"):
+                own = {c.candidate_key for c in found}
+                more = transferred(self.database, self.func, self.target, k - len(records))
+                self.transferred = [c for c in more if c.candidate_key not in own]
+            found += self.transferred
         return found
 
     def sample(self, n: int, deadline: float | None = None, least: int = 1) -> list[Candidate]:

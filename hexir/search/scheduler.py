@@ -1,7 +1,8 @@
 """Tasks of a model, and the scheduler that spends a tune's trials across them (DESIGN.md §5).
 
     tasks = extract_tasks(graph)             # distinct workloads, weighted by occurrences
-    sched = TaskScheduler([t.weight for t in tasks], trials=200, per_round=64)
+    floors = [roofline(t, target) for t in tasks]
+    sched = TaskScheduler([t.weight for t in tasks], trials=200, per_round=64, floors=floors)
     while (step := sched.next()) is not None:
         index, n = step                      # tune task `index` with `n` trials
         ...
@@ -11,17 +12,24 @@ A model yields tasks the way `hexir.compile` builds it: simplify the graph, part
 fusion groups, lower each group; groups that lower to one workload key are one task, whose
 weight is how many times it runs per inference.
 
-The first round gives every task a few trials (`per_round`, scaled down so that every task
-gets one even on a small budget). After that each round goes to the task whose next round
-promises the largest drop in end-to-end latency, Σ weight × best latency, as in Ansor's and
-MetaSchedule's gradient-based schedulers. A task's gain is its weight times
+The first round gives every task a few trials: `per_round`, or less, so that the first rounds
+together take at most the `tune_first_round_share` of the budget (a model of 25 tasks tuned with
+600 trials gets 6 each, not 24: the gradient phase is where the gain is), and at least one
+each (its default schedule) while the budget holds one per task. After that each round goes
+to the task whose next round promises the largest drop in end-to-end latency, Σ weight × best
+latency, as in Ansor's and MetaSchedule's gradient-based schedulers. A task's gain is its
+weight times
 
-    alpha * (h[-1-w] - h[-1]) / w   +   (1 - alpha) * h[-1] / len(h)
+    min(alpha * (h[-1-w] - h[-1]) / w  +  (1 - alpha) * h[-1] / len(h),   h[-1] - floor)
 
 where h is its best latency after each of its rounds: the recent improvement per round (over
 the last w = `window` rounds), mixed with an optimistic forward estimate (the latency could keep
-falling at its average rate). A task with no valid measurement yet comes first, for up to
-`window` rounds; a task whose space is spent (`exhaust`) gets no more.
+falling at its average rate), and never more than its headroom: what separates its best from
+its roofline `floor`, the time its flops take at the target's peak or its bytes (every input
+read and output written once) at the target's bandwidth, whichever is longer (`roofline`). A
+task at its roofline gets no more rounds while another has room. A task with no valid
+measurement yet comes first, for up to `window` rounds; a task whose space is spent
+(`exhaust`) gets no more.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from hexir import knobs
 from hexir.ir.analysis import flop_count
+from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph
 from hexir.ir.keys import workload_key
 from hexir.ir.tir import PrimFunc
@@ -40,7 +49,15 @@ from hexir.ir.tir import PrimFunc
 if TYPE_CHECKING:
     from hexir.runtime.target import Target
 
-__all__ = ["Task", "TaskScheduler", "extract_tasks", "first_round", "gradient_gains"]
+__all__ = [
+    "Task",
+    "TaskScheduler",
+    "extract_tasks",
+    "first_round",
+    "gradient_gains",
+    "roofline",
+    "traffic_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +75,23 @@ class Task:
     @property
     def name(self) -> str:
         return self.func.name
+
+
+def traffic_bytes(func: PrimFunc) -> int:
+    """The bytes a kernel of `func` must move at least: every parameter read or written once."""
+    return sum(math.prod(b.shape) * numpy_dtype(b.dtype).itemsize for b in func.params)
+
+
+def roofline(task: Task, target: Target | str) -> float:
+    """The fewest seconds task's kernel can take on `target`: its flops at the target's fp32
+    peak or its bytes (`traffic_bytes`) at its bandwidth, whichever is longer."""
+    from hexir.runtime.peak import bandwidth
+    from hexir.runtime.target import Target
+
+    target = Target.of(target)
+    compute = task.flops / target.peak().flops
+    memory = traffic_bytes(task.func) / bandwidth(target, knobs.get().cache_dir).bytes_per_s
+    return max(compute, memory)
 
 
 def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu") -> list[Task]:
@@ -91,15 +125,18 @@ def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu")
     return list(found.values())
 
 
-def first_round(weights: Sequence[float], trials: int, per_round: int) -> list[int]:
-    """Trials of each task's first round: `per_round` each, or an equal share of the budget
-    when that is smaller; one each for the heaviest tasks when even that does not fit."""
+def first_round(
+    weights: Sequence[float], trials: int, per_round: int, share: float = 1.0
+) -> list[int]:
+    """Trials of each task's first round: `per_round` each, or less, so that together they
+    take at most the `share` of `trials`, and at least one each while `trials` holds one per
+    task; one each for the heaviest tasks when even that does not fit."""
     n = len(weights)
     if n == 0 or trials <= 0:
         return [0] * n
-    share = min(per_round, trials // n)
-    if share >= 1:
-        return [share] * n
+    each = min(per_round, max(1, int(trials * share) // n), trials // n)
+    if each >= 1:
+        return [each] * n
     order = sorted(range(n), key=lambda i: -weights[i])
     chosen = set(order[:trials])
     return [1 if i in chosen else 0 for i in range(n)]
@@ -110,11 +147,14 @@ def gradient_gains(
     weights: Sequence[float],
     alpha: float,
     window: int,
+    floors: Sequence[float] | None = None,
 ) -> list[float]:
     """Each task's expected drop in weighted latency from one more round (see the module
-    docstring); `histories` hold best latencies per round (math.inf: none valid yet)."""
+    docstring); `histories` hold best latencies per round (math.inf: none valid yet),
+    `floors` each task's roofline in seconds (None: no headroom cap)."""
     gains = []
-    for h, weight in zip(histories, weights, strict=True):
+    floors = floors if floors is not None else [0.0] * len(weights)
+    for h, weight, floor in zip(histories, weights, floors, strict=True):
         if not h:
             gains.append(0.0)
             continue
@@ -124,13 +164,15 @@ def gradient_gains(
             continue
         back = (h[-1 - window] - best) / window if len(h) > window else 0.0
         forward = best / len(h)
-        gains.append(weight * (alpha * back + (1.0 - alpha) * forward))
+        headroom = max(0.0, best - floor)
+        gains.append(weight * min(alpha * back + (1.0 - alpha) * forward, headroom))
     return gains
 
 
 class TaskScheduler:
     """Which task gets the next round, and how many trials (see the module docstring).
-    `trials` is the budget of the whole call; `record` tells what each round measured."""
+    `trials` is the budget of the whole call; `record` tells what each round measured;
+    `floors` are the tasks' rooflines in seconds (`roofline`; None: no headroom cap)."""
 
     def __init__(
         self,
@@ -141,9 +183,12 @@ class TaskScheduler:
         alpha: float | None = None,
         window: int | None = None,
         initial: Sequence[float | None] | None = None,
+        floors: Sequence[float] | None = None,
+        first_share: float | None = None,
     ) -> None:
         k = knobs.get()
         self.weights = list(weights)
+        self.floors = list(floors) if floors is not None else None
         self.trials = trials
         self.per_round = per_round if per_round is not None else k.search_measure_per_round
         self.alpha = alpha if alpha is not None else k.tune_gradient_alpha
@@ -154,7 +199,8 @@ class TaskScheduler:
         self.histories: list[list[float]] = [[] if b is None else [b] for b in start]
         self.rounds = [0] * len(self.weights)
         self.exhausted = [False] * len(self.weights)
-        self._first = first_round(self.weights, trials, self.per_round)
+        share = first_share if first_share is not None else k.tune_first_round_share
+        self._first = first_round(self.weights, trials, self.per_round, share)
         self._pending = [i for i, n in enumerate(self._first) if n > 0]
 
     @property
@@ -175,7 +221,7 @@ class TaskScheduler:
 
     def pick(self) -> int | None:
         """The live task of largest gain (ties: the first)."""
-        gains = gradient_gains(self.histories, self.weights, self.alpha, self.window)
+        gains = gradient_gains(self.histories, self.weights, self.alpha, self.window, self.floors)
         live = [i for i in range(len(gains)) if self._live(i)]
         if not live:
             return None

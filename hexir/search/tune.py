@@ -7,7 +7,8 @@
     module = hexir.compile(graph, "cpu", database=...)   # uses the best records
 
 A model's tasks (hexir/search/scheduler.py) share the call's `trials`: a first round for every
-task, then rounds where the end-to-end gain promises most. Each round of a task is an
+task (a share of the budget), then rounds where the end-to-end gain promises most, within each
+task's headroom over its roofline. Each round of a task is an
 evolutionary search (hexir/search/evolutionary.py) guided by the cost model; the executor
 measures its candidates, and each result is committed to the database as soon as it is
 measured (batches of the executor's parallel builds), so an interrupted tune keeps everything
@@ -52,7 +53,7 @@ from hexir.runtime.target import Target
 from hexir.schedule import Trace
 from hexir.search.evolutionary import EvolutionarySearch, Predictor, SearchProfile
 from hexir.search.measure import Candidate, MeasureResult
-from hexir.search.scheduler import Task, TaskScheduler, extract_tasks
+from hexir.search.scheduler import Task, TaskScheduler, extract_tasks, roofline
 
 if TYPE_CHECKING:
     from hexir.costmodel import CostModel
@@ -254,7 +255,9 @@ class _Tuner:
     def run(self, trials: int | None) -> TuneResult:
         self.bounded = trials is not None
         budget = trials if trials is not None else UNBOUNDED
-        scheduler = TaskScheduler([t.weight for t in self.tasks], budget, initial=self.best)
+        weights = [t.weight for t in self.tasks]
+        floors = [roofline(t, self.target) for t in self.tasks]
+        scheduler = TaskScheduler(weights, budget, initial=self.best, floors=floors)
         while (step := scheduler.next()) is not None:
             i, n = step
             measured = self.round(i, n, first=scheduler.rounds[i] == 0)

@@ -200,6 +200,24 @@ def test_the_cpu_peak_is_derived_from_a_clock_measured_once(tmp_path, monkeypatc
     assert 0 < first.flops < math.inf and "measured now" in first.how and "cached" in second.how
 
 
+def test_the_cpu_bandwidth_is_measured_once(tmp_path, monkeypatch):
+    target = hexir.Target("cpu")
+    first = peak_module.bandwidth(target, str(tmp_path))
+    (cached,) = (tmp_path / "peak").glob("*.bandwidth.json")
+    rate = json.loads(cached.read_text())["bytes_per_s"]
+
+    def measured_again(*args, **kwargs):
+        raise AssertionError("the bandwidth is measured once and then read from the cache")
+
+    monkeypatch.setattr(peak_module, "measure_cpu_bandwidth", measured_again)
+    second = peak_module.bandwidth(target, str(tmp_path))
+    assert first.bytes_per_s == second.bytes_per_s == rate
+    # A copy moves bytes faster than a core adds floats (a few GB/s) and slower than light.
+    assert 1e9 < rate < 1e13 and "measured now" in first.how and "cached" in second.how
+    gpu = peak_module.bandwidth(hexir.Target("cuda -arch=sm_90"), str(tmp_path))
+    assert gpu.bytes_per_s == pytest.approx(3.35e12) and "GB/s" in str(gpu)
+
+
 def test_the_cuda_peak_comes_from_the_arch_table():
     peak = hexir.Target("cuda -arch=sm_90").peak()
     assert peak.flops == pytest.approx(132 * 1.98e9 * 128 * 2)  # ~66.9 TFLOP/s

@@ -9,7 +9,15 @@ import pytest
 import hexir
 from hexir.frontend.zoo import mlp
 from hexir.ir.keys import workload_key
-from hexir.search.scheduler import TaskScheduler, extract_tasks, first_round, gradient_gains
+from hexir.runtime.peak import bandwidth
+from hexir.search.scheduler import (
+    TaskScheduler,
+    extract_tasks,
+    first_round,
+    gradient_gains,
+    roofline,
+    traffic_bytes,
+)
 
 
 def test_a_primfunc_is_one_task():
@@ -33,6 +41,55 @@ def test_first_round_scales_down_to_the_budget():
     # Fewer trials than tasks: one each for the heaviest.
     assert first_round([1, 5, 3], trials=2, per_round=64) == [0, 1, 1]
     assert first_round([], trials=10, per_round=64) == []
+
+
+def test_first_round_takes_a_share_of_the_budget():
+    # 25 tasks, 600 trials, a quarter for the first round: 6 each, not 24.
+    assert first_round([1] * 25, trials=600, per_round=64, share=0.25) == [6] * 25
+    assert first_round([1] * 25, trials=20000, per_round=64, share=0.25) == [64] * 25
+    # At least one each (the default schedule) while the budget holds one per task.
+    assert first_round([1] * 25, trials=30, per_round=64, share=0.25) == [1] * 25
+    assert first_round([1, 5, 3], trials=2, per_round=64, share=0.25) == [0, 1, 1]
+    sched = TaskScheduler([1] * 25, 600, 64, first_share=0.25)
+    firsts = [sched.next() for _ in range(25)]
+    assert firsts == [(i, 6) for i in range(25)]
+    assert sched.next()[1] == 64  # then full rounds
+
+
+def test_headroom_caps_a_tasks_gain_at_its_roofline():
+    flat = [2e-3, 1e-3]
+    uncapped = gradient_gains([flat, flat], [1, 1], alpha=0.2, window=3)
+    capped = gradient_gains([flat, flat], [1, 1], alpha=0.2, window=3, floors=[0.99e-3, 0.0])
+    assert capped[1] == uncapped[1] and capped[0] == pytest.approx(0.01e-3)
+    # At or below its roofline (a floor estimated high): nothing to gain.
+    assert gradient_gains([flat], [1], 0.2, 3, floors=[2e-3]) == [0.0]
+
+
+def test_a_task_at_its_roofline_yields_its_rounds():
+    # Two tasks improving alike; the first is already at its roofline: the rounds go to the
+    # second, though its gain alone would not win them.
+    curves = [lambda r: 1e-3 / r, lambda r: 0.5e-3 / r]
+    weights = [1, 1]
+    sched = TaskScheduler(weights, 80, 4, alpha=0.2, window=3, floors=[1e-3, 0.0])
+    order = []
+    while (step := sched.next()) is not None:
+        i, n = step
+        order.append(i)
+        sched.record(i, n, curves[i](sched.rounds[i] + 1) if i else 1e-3)
+    assert order[:2] == [0, 1] and set(order[2:]) == {1}
+
+
+def test_roofline_of_compute_and_memory_bound_tasks():
+    target = hexir.Target("cpu")
+    (matmul,) = extract_tasks(hexir.workload("matmul", M=256, N=256, K=256))
+    (relu,) = extract_tasks(hexir.workload("relu", shape=(1024, 1024)))
+    assert traffic_bytes(matmul.func) == 3 * 256 * 256 * 4
+    assert traffic_bytes(relu.func) == 2 * 1024 * 1024 * 4
+    peak, rate = target.peak().flops, bandwidth(target, hexir.knobs.get().cache_dir).bytes_per_s
+    assert roofline(matmul, target) == pytest.approx(max(2 * 256**3 / peak, 3 * 256**2 * 4 / rate))
+    assert roofline(relu, target) == pytest.approx(2 * 1024**2 * 4 / rate)
+    # A 256^3 matmul takes longer at the peak than moving its bytes; a relu the other way.
+    assert 2 * 256**3 / peak > 3 * 256**2 * 4 / rate and relu.flops / peak < 2 * 1024**2 * 4 / rate
 
 
 def test_gradient_gains_weigh_recent_progress_and_the_forward_estimate():

@@ -199,7 +199,9 @@ def test_a_round_searches_for_a_share_of_the_time_its_measurements_take(db, rati
     # second round on the task's pace is known: a ratio that leaves no time stops the search
     # at its first samples, scored once and never bred; 0 is no limit.
     model, calls = Informed(), []
-    with hexir.knobs.scope(search_time_ratio=ratio, search_measure_per_round=2):
+    with hexir.knobs.scope(
+        search_time_ratio=ratio, search_measure_per_round=2, tune_first_round_share=1.0
+    ):
         result = tune(_matmul(), "cpu", trials=6, database=db, seed=0, model=model,
                       callbacks=[lambda _: calls.append(model.calls)])  # fmt: skip
     assert result.trials == 6
