@@ -223,6 +223,9 @@ class Knobs:
     tune_first_round_share: float = field(
         default_factory=lambda: _float("HEXIR_TUNE_FIRST_ROUND_SHARE", "0.25")
     )
+    # At the end of a tune, measure again each task's best this many candidates and its default
+    # schedule (the database ranks a candidate by the median of its records); 0: none.
+    tune_confirm_best: int = field(default_factory=lambda: _int("HEXIR_TUNE_CONFIRM_BEST", "3"))
     # Measure each task's default schedule in its first round (the baseline a tune must beat).
     tune_measure_default: bool = field(
         default_factory=lambda: _flag("HEXIR_TUNE_MEASURE_DEFAULT", "1")

@@ -124,9 +124,11 @@ class Database:
     def best(
         self, workload_key: str, target: Target | str, k: int = 1, threshold: float | None = None
     ) -> list[Record]:
-        """The k fastest valid records of distinct candidates, fastest first: those measured
+        """The k fastest valid candidates, a record each, fastest first: those measured
         quietly first, then those measured under load (`Record.suspect(threshold)`; None: the
-        `measure_calibration_threshold` knob), where the quiet ones are fewer than k."""
+        `measure_calibration_threshold` knob), where the quiet ones are fewer than k. A
+        candidate measured more than once stands at the median of its records (the slower of
+        two middle ones), and the record returned is that one."""
         threshold = _threshold(threshold)
         with self._reading("look up the best records") as session:
             return queries.best(session, workload_key, target_key(target), k, threshold)

@@ -337,6 +337,10 @@ class EvolutionarySearch:
         with self.profile.timing("database"):
             return self._measured | self.database.measured_keys(self.workload_key, self.target)
 
+    def replay(self, trace: Trace) -> Candidate | None:
+        """`trace` replayed on this task (cached), or None where it does not replay."""
+        return self._replayer(trace)
+
     def mark_measured(self, candidates: Sequence[Candidate]) -> None:
         self._measured.update(c.candidate_key for c in candidates)
 

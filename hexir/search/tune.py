@@ -23,6 +23,10 @@ calibration.py, past the `measure_calibration_threshold` knob) is suspect: its c
 measured again once a round ends on a quiet result, and at the end of the tune (REMEASURE_TRIES
 times at most; `TuneResult.remeasured` counts them), and the database prefers quiet records.
 
+At the end, each task's best few candidates and its default schedule are measured again, one
+after another (`tune_confirm_best`; `TuneResult.confirmed`): the database ranks a candidate by
+the median of its records, so a candidate whose first run was lucky does not stay the best.
+
 A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
 of it would not hold another trial at the pace of the tune so far: no round, and no slice of
 one, starts that the budget has no room for, and a slice stops as soon as the budget is spent.
@@ -133,6 +137,7 @@ class TuneResult:
     profile: dict[str, float] = field(default_factory=dict)
     out_of_time: bool = False
     remeasured: int = 0  # suspect results measured again (not trials: no new candidate)
+    confirmed: int = 0  # the best candidates measured again at the end (not trials either)
 
     @property
     def latency(self) -> float | None:
@@ -247,6 +252,7 @@ class _Tuner:
         self.tries: dict[str, int] = {}
         self.quiet_now = False
         self.remeasured = 0
+        self.confirmed = 0
         self.start = time.perf_counter()
         self.time_budget = time_budget
         self.deadline = None if time_budget is None else self.start + time_budget
@@ -272,6 +278,7 @@ class _Tuner:
                 self.remeasure()
         if not self.out_of_time:
             self.remeasure()  # what is still suspect, one last time
+            self.confirm()
         return self.result()
 
     def round(self, i: int, n: int, first: bool) -> int:
@@ -372,6 +379,27 @@ class _Tuner:
                 self._watch(i, c, r)
                 if not r.suspect(self._threshold()):
                     self._improve(i, r)
+
+    def confirm(self) -> None:
+        """Measure again, one after another, the `tune_confirm_best` best candidates of every
+        task this call tuned, and its default schedule: the database ranks a candidate by
+        the median of its records, so a lucky first run is put right before the tune
+        reports (and a build picks) the best. What the time budget has room for."""
+        k = knobs.get().tune_confirm_best
+        for i, task in enumerate(self.tasks):
+            if k <= 0 or self.trials[i] == 0:
+                continue
+            records = self.db.best(task.workload_key, self.target, k=k)
+            batch = [self.searches[i].replay(r.load_trace()) for r in records]
+            default = _default_candidate(task.func, self.target)
+            if default is not None and default.candidate_key in self.searches[i].measured_keys():
+                batch.append(default)
+            batch = list({c.candidate_key: c for c in batch if c is not None}.values())
+            if len(batch) < 2:
+                continue  # nothing to rank against
+            for _, result in self._committed(i, batch[: self.room(len(batch))], trials=False):
+                self.confirmed += 1
+                self._improve(i, result)
 
     @staticmethod
     def _threshold() -> float:
@@ -486,6 +514,7 @@ class _Tuner:
             self.profile.as_dict(),
             self.out_of_time,
             self.remeasured,
+            self.confirmed,
         )
 
 

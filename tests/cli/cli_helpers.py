@@ -21,6 +21,8 @@ SMALL_ENV = {
     # The tests count records: no second measurement of a time measured under load
     # (tests/search/test_calibration.py tests that).
     "HEXIR_MEASURE_CALIBRATION_THRESHOLD": "0",
+    # Nor the best measured again at the end (tests/search/test_tune.py tests that).
+    "HEXIR_TUNE_CONFIRM_BEST": "0",
 }
 
 

@@ -24,6 +24,8 @@ SMALL = dict(
     timing_repeats=3,
     timing_min_seconds=0.002,
     measure_calibration_threshold=0.0,
+    # Nor the best measured again at the end (test_tune.py's confirmation test does).
+    tune_confirm_best=0,
 )
 
 

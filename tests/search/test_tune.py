@@ -24,6 +24,8 @@ SMALL = dict(
     # These tests count records: no second measurement of a time the calibration kernel
     # finds loaded (on a busy CI machine it might). test_calibration.py tests that.
     measure_calibration_threshold=0.0,
+    # Nor the best measured again at the end (test_tune.py's confirmation test does).
+    tune_confirm_best=0,
 )
 
 
@@ -206,3 +208,25 @@ def test_a_round_searches_for_a_share_of_the_time_its_measurements_take(db, rati
                       callbacks=[lambda _: calls.append(model.calls)])  # fmt: skip
     assert result.trials == 6
     assert np.diff([0, *calls]).tolist() == [3, later, later]
+
+
+def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
+    func = _matmul()
+    with hexir.knobs.scope(tune_confirm_best=2):
+        result = tune(func, "cpu", trials=6, database=db, seed=0, model=RandomModel(seed=0))
+    records = db.records(hexir.workload_key(func), "cpu")
+    assert result.trials == 6 and len(records) == 6 + result.confirmed
+    first = records[:6]  # the trials, in the order measured; then the confirmations
+    runs: dict[str, list[float]] = {}
+    for r in records:
+        runs.setdefault(r.candidate_key, []).append(r.median)
+    again = {r.candidate_key for r in records[6:]}
+    # The two fastest of the trials and the default (the first trial), once more each.
+    fastest = sorted(first, key=lambda r: r.median)[:2]
+    assert again == {r.candidate_key for r in fastest} | {first[0].candidate_key}
+    assert result.confirmed == len(again) and all(len(runs[k]) == 2 for k in again)
+    # The best now stands at the slower of a candidate's two runs.
+    (best,) = db.best(hexir.workload_key(func), "cpu", k=1)
+    standing = {k: max(v) if len(v) == 2 else v[0] for k, v in runs.items()}
+    assert best.median == min(standing.values()) == result.tasks[0].best_latency
+    _check_matmul(best.load_trace())
