@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from hexir.database.models import RecordRow, WorkloadRow, naive
-from hexir.database.record import Record, Workload
+from hexir.database.record import Record, Workload, standing
 
 
 def add_workload(session: Session, workload: Workload) -> bool:
@@ -58,14 +58,11 @@ def best(
     runs: dict[str, list] = {}
     for row in rows:
         runs.setdefault(row.candidate_key, []).append(row)
-    standing = []
+    ranks = []
     for candidate_runs in runs.values():
-        quietest = min(r.loaded for r in candidate_runs)
-        kept = sorted((r for r in candidate_runs if r.loaded == quietest),
-                      key=lambda r: (r.median, r.created, r.id))  # fmt: skip
-        middle = kept[len(kept) // 2]
-        standing.append((quietest, middle.median, middle.created, middle.id))
-    chosen = [entry[3] for entry in sorted(standing)[:k]]
+        quietest, middle = standing(candidate_runs, [r.loaded for r in candidate_runs])
+        ranks.append((quietest, middle.median, middle.created, middle.id))
+    chosen = [entry[3] for entry in sorted(ranks)[:k]]
     by_id = {
         row.id: row for row in session.scalars(select(RecordRow).where(RecordRow.id.in_(chosen)))
     }

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hexir.runtime.target import Target
+
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from hexir.ir.tir import PrimFunc
@@ -114,6 +116,18 @@ def target_key(target: Target | str) -> str:
     if target.startswith(("cpu-", "cuda-")) and " " not in target:
         return target
     return Target(target).key
+
+
+def standing(runs: Sequence[R], loaded: Sequence[int]) -> tuple[int, R]:
+    """Where a candidate measured `runs` times stands, as Database.best ranks candidates:
+    (1 where every run was measured under load, else 0; the run it stands at). That run is
+    the median of its quiet runs (of all, where none is quiet) by (median, created, id), the
+    slower of two middle ones. A run has `.median`, `.created` and `.id`; `loaded[i]` is 1
+    for a run measured under load."""
+    quietest = min(loaded)
+    kept = [r for r, n in zip(runs, loaded, strict=True) if n == quietest]
+    kept.sort(key=lambda r: (r.median, r.created, r.id))
+    return quietest, kept[len(kept) // 2]
 
 
 def median_of(latencies: tuple[float, ...]) -> float | None:

@@ -14,7 +14,7 @@ import hexir
 from hexir.cli import main
 
 VERBS = [["tune"], ["build"], ["export"], ["run"], ["show"], ["db"]] + [
-    ["db", action] for action in ("list", "best", "stats", "export", "import")
+    ["db", action] for action in ("list", "best", "stats", "export", "import", "plot")
 ]
 
 
