@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hexir.codegen.c_lower import (
-    UNROLL_MAX_NODES,
+    AUTO_UNROLL_MAX_NODES,
     flat_index,
     loop_lanes,
     lower_for_c,
@@ -361,13 +361,13 @@ class CPrinter:
     def auto_unrolls(self, loop: For) -> bool:
         """Whether a serial `loop` is small enough to unroll under the enclosing loop's
         AUTO_UNROLL_KEY: its nest makes at most that many iterations, and its copies stay
-        within UNROLL_MAX_NODES (8 x 6 x 4 nested pragmas around 8 `omp simd` loops, 127
+        within AUTO_UNROLL_MAX_NODES (8 x 6 x 4 nested pragmas around 8 `omp simd` loops, 127
         lines of C, took GCC over a minute)."""
         if loop.kind != "serial":
             return False
         iterations = nest_iterations(loop)
         return 1 < iterations <= self._unroll_step and (
-            iterations * nodes(loop.body) <= UNROLL_MAX_NODES
+            iterations * nodes(loop.body) <= AUTO_UNROLL_MAX_NODES
         )
 
     @contextmanager

@@ -408,14 +408,17 @@ def test_fused_loop_divides_plainly_when_bounds_allow(rng):
     np.testing.assert_array_equal(run(func, a), a.T)
 
 
-@pytest.mark.parametrize("step,pragmas", [(0, []), (16, [4]), (512, [16, 4])])
-def test_auto_unroll_step_unrolls_the_small_nests_inside(step, pragmas, rng):
+@pytest.mark.parametrize(
+    "depth,step,pragmas", [(32, 0, []), (32, 16, [4]), (32, 512, [8, 4]), (256, 512, [4])]
+)
+def test_auto_unroll_step_unrolls_the_small_nests_inside(depth, step, pragmas, rng):
     """`pragma_auto_unroll_max_step` on a loop: each serial loop inside whose nest makes at
-    most that many iterations gets `GCC unroll`; the kernel computes the same."""
+    most that many iterations, in at most AUTO_UNROLL_MAX_NODES nodes, gets `GCC unroll`
+    (K=256: the k loop's 256 copies are too many); the kernel computes the same."""
     import hexir
     from hexir.schedule import Schedule
 
-    func = hexir.workload("matmul", M=16, N=24, K=64)
+    func = hexir.workload("matmul", M=16, N=24, K=depth)
     sch = Schedule(func, seed=0)
     i, _, k = sch.get_loops(sch.get_block("matmul"))
     sch.split(k, [None, 4])
@@ -423,7 +426,8 @@ def test_auto_unroll_step_unrolls_the_small_nests_inside(step, pragmas, rng):
     source = generate_c(sch.func)
     found = [int(line.split()[-1]) for line in source.splitlines() if "GCC unroll" in line]
     assert found == pragmas
-    a, b = rng.standard_normal((16, 64), np.float32), rng.standard_normal((64, 24), np.float32)
+    a = rng.standard_normal((16, depth), np.float32)
+    b = rng.standard_normal((depth, 24), np.float32)
     c = np.full((16, 24), np.nan, np.float32)
     build(sch.func)(a, b, c)
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
