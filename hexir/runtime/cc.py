@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 from hexir import knobs
-from hexir.errors import BuildError
-from hexir.runtime.target import Target
+from hexir.errors import BuildError, TargetError
+from hexir.runtime.target import Target, host_key
 
 BASE_FLAGS = ("-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-fvisibility=hidden")
 # errno is never read by a kernel; without this GCC will not vectorize sqrtf and friends.
@@ -48,7 +48,14 @@ def compile_flags(target: Target) -> list[str]:
 
 
 def compile_c(source: str, target: Target) -> Path:
-    """The path of a shared library built from `source`, from the cache when it is there."""
+    """The path of a shared library built from `source`, from the cache when it is there;
+    TargetError where `target` describes another CPU than this machine's."""
+    here = host_key("cpu")
+    if target.key != here:
+        raise TargetError(
+            f"target {target} ({target.key}) is another CPU than this machine's ({here}): its "
+            "code is compiled with -march=native, so build it on a machine with that CPU"
+        )
     cc = knobs.get().cc
     flags = compile_flags(target)
     digest = cache_key(source, cc, flags)

@@ -1,14 +1,24 @@
 """Targets: what a kernel is compiled for, the limits a schedule must respect, and the key.
 
     Target("cpu")                  # this machine's CPU: features, -march, vector width, cores
+    Target("cpu -features=avx2,fma -cores=8")   # a CPU described, not probed: another machine's
     Target("cuda")                 # the visible GPU's arch, or sm_90 where none is visible
     Target("cuda -arch=sm_80")
     Target("cpu").key              # "cpu-avx2-avx512f-fma": never a host name
     Target(str(t)) == t            # str() gives back a parsable string
     Target("cpu").peak()           # fp32 peak FLOP/s, and how it was obtained
+    host_key("cpu")                # this machine's own key, whatever target is in hand
 
 The key holds only what generated code depends on (DESIGN.md §2, Keys): the CPU's
 instruction-set features that matter to codegen, or the CUDA arch.
+
+A Target is a plain value: once made, nothing of it is probed again, so one pickled on the
+tuning driver and read on another machine still describes the driver's CPU. "cpu" is the only
+form that probes (the features of /proc/cpuinfo, the cores this process may use); a described
+CPU names its features (or `none`) and its cores (1 where not given), so that a driver or a
+test can hold the target of a machine it is not on. Code for a CPU target is compiled with
+`-march=native`, so it is built and timed only on a machine whose key is the target's
+(hexir/runtime/cc.py and the executors refuse any other).
 """
 
 from __future__ import annotations
@@ -40,14 +50,18 @@ DEFAULT_CUDA_ARCH = "sm_90"
 STATIC_SHARED_BYTES = 48 * 1024
 
 _VALID_FORMS = (
-    'valid targets are "cpu", "cuda" (the visible GPU\'s arch, else sm_90) and '
-    '"cuda -arch=sm_XX" with sm_XX one of ' + ", ".join(CUDA_ARCHS)
+    'valid targets are "cpu", "cuda" (the visible GPU\'s arch, else sm_90), '
+    '"cpu -features=F,... -cores=N" (a CPU described, not probed: F of '
+    + ", ".join(CPU_FEATURES)
+    + ', or none) and "cuda -arch=sm_XX" with sm_XX one of '
+    + ", ".join(CUDA_ARCHS)
 )
 
 
 @dataclass(frozen=True)
 class Target:
-    """A compilation target parsed from its string form; every other field is derived."""
+    """A compilation target parsed from its string form; every other field is derived (and
+    `text` made canonical: `str()` gives a form that parses back to an equal Target)."""
 
     text: str = "cpu"
     kind: str = field(init=False)  # "cpu" | "cuda"
@@ -67,8 +81,8 @@ class Target:
         if not isinstance(self.text, str):
             raise TargetError(f"a target is a string, got {self.text!r}; {_VALID_FORMS}")
         words = self.text.split()
-        if words == ["cpu"]:
-            values = _cpu_fields()
+        if words and words[0] == "cpu":
+            values = _cpu_fields(self.text, words[1:])
         elif words and words[0] == "cuda":
             values = _cuda_fields(self.text, words[1:])
         else:
@@ -115,23 +129,58 @@ class Target:
         return self.text
 
 
-def _cpu_fields() -> dict[str, object]:
-    features = cpu_features()
+def _cpu_fields(text: str, options: list[str]) -> dict[str, object]:
+    if options:
+        features, cores = _described_cpu(text, options)
+        text = f"cpu -features={','.join(features) or 'none'} -cores={cores}"
+    else:
+        features, cores, text = cpu_features(), _num_cores(), "cpu"
     width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
     return dict(
-        text="cpu",
+        text=text,
         kind="cpu",
         arch="native",
         features=features,
         vector_width=width,
         vector_registers=32 if "avx512f" in features else 16,  # x86-64: zmm0-31 or ymm/xmm0-15
-        num_cores=_num_cores(),
+        num_cores=cores,
         max_threads_per_block=None,
         max_shared_memory_per_block=None,
         max_shared_memory_per_block_optin=None,
         max_registers_per_thread=None,
         warp_size=None,
     )
+
+
+def _described_cpu(text: str, options: list[str]) -> tuple[tuple[str, ...], int]:
+    """The features and cores a "cpu -features=... -cores=N" target names."""
+    given: dict[str, str] = {}
+    for option in options:
+        name, equals, value = option.partition("=")
+        if name not in ("-features", "-cores") or not equals:
+            raise TargetError(f"unknown target options in {text!r}; {_VALID_FORMS}")
+        if name in given:
+            raise TargetError(f"{name} is given twice in {text!r}; {_VALID_FORMS}")
+        given[name] = value
+    if "-features" not in given:
+        raise TargetError(f"a described CPU names its features: {text!r}; {_VALID_FORMS}")
+    names = given["-features"].split(",") if given["-features"] not in ("", "none") else []
+    unknown = sorted(set(names) - set(CPU_FEATURES))
+    if unknown:
+        raise TargetError(f"unknown CPU features {', '.join(unknown)} in {text!r}; {_VALID_FORMS}")
+    cores = given.get("-cores", "1")
+    if not cores.isdigit() or int(cores) < 1:
+        raise TargetError(f"-cores must be a positive count in {text!r}; {_VALID_FORMS}")
+    return tuple(sorted(set(names))), int(cores)
+
+
+def host_key(kind: str = "cpu") -> str | None:
+    """The key of this machine's own target of `kind`, probed here, whatever target is in
+    hand: its CPU's, or its visible GPU's (None where no GPU is visible)."""
+    if kind == "cuda":
+        arch = visible_cuda_arch()
+        return None if arch is None else f"cuda-{arch}"
+    return Target("cpu").key
 
 
 def _cuda_fields(text: str, options: list[str]) -> dict[str, object]:

@@ -19,8 +19,16 @@ worker process), and `ShippedBuild`s. A CPU build is a shared library in the bui
 cache, and the node that times it may be another one, so a ShippedBuild carries the library's
 bytes (tens of kilobytes): a runner uses the path where it exists on its node and otherwise
 writes the bytes, with the C source, into a folder of its own. A CUDA build carries its
-CudaKernel, which pickles with its CUBIN. Every node must have the driver's CPU (one target
-key): a node that does not refuses the work with a MeasureError.
+CudaKernel, which pickles with its CUBIN.
+
+A Target crosses the cluster as the value it is on the driver (pickled, never probed again), so
+a node knows what the candidates are for, and probes its own CPU to compare: every node must
+have the candidates' CPU (one target key; the driver's own for `Target("cpu")`), and a node
+that does not refuses the work with a MeasureError that names both keys, so that no time of
+one machine is recorded under another's key. Each result says where it was timed: its
+`build_info` gains `run_node` (the host name), `run_node_id` (the Ray node's id: several
+nodes may share a host) and `run_target_key` (the key the runner probed on its node, which is
+the candidates' key wherever a result is returned); builds add `build_node`.
 
 Nothing of Ray leaves this module: results are MeasureResults, an exception raised in a task
 or actor is raised here as itself (a HexirError stays a HexirError), and any other failure of
@@ -50,7 +58,7 @@ from typing import Any, Self
 
 from hexir import knobs
 from hexir.errors import MeasureError
-from hexir.runtime.target import Target
+from hexir.runtime.target import Target, host_key
 from hexir.schedule import Trace
 from hexir.search.builders import CpuBuilder, CudaBuilder
 from hexir.search.executor import check_targets
@@ -301,15 +309,23 @@ class NodeRunner:
             os.environ["OMP_NUM_THREADS"] = omp_num_threads
         self._runner = CudaRunner() if target.kind == "cuda" else CpuRunner()
         self._dir = tempfile.TemporaryDirectory(prefix="hexir-shipped-")
+        self._node_id = _ray_node_id()  # an actor stays on the node it started on
 
     def run(
         self, candidate: Candidate, shipped: ShippedBuild, values: knobs.Knobs
     ) -> MeasureResult:
-        """The candidate's MeasureResult (`build_info` gains `run_node`)."""
+        """The candidate's MeasureResult; `build_info` gains where it was timed: `run_node`,
+        `run_node_id` and `run_target_key` (this node's key, which check_node makes the
+        candidate's)."""
         with driver_knobs(values):
-            check_node(candidate.target)
+            key = check_node(candidate.target)
             (result,) = self._runner.run([candidate], [self._local(shipped)])
-        info = {**result.build_info, "run_node": socket.gethostname()}
+        info = {
+            **result.build_info,
+            "run_node": socket.gethostname(),
+            "run_node_id": self._node_id,
+            "run_target_key": key,
+        }
         return dataclasses.replace(result, build_info=info)
 
     def close(self) -> None:
@@ -345,24 +361,30 @@ def driver_knobs(values: knobs.Knobs) -> Iterator[None]:
         yield
 
 
-def check_node(target: Target) -> None:
-    """MeasureError where this node's CPU is not the one `target` was made for: code
-    compiled here for `-march=native` would not be what the database records."""
-    if target.kind != "cpu":
-        return
-    here = _node_key(target.text, knobs.get().cc)
-    if here != target.key:
+def check_node(target: Target) -> str | None:
+    """This node's own key for `target`'s kind, probed here (hexir.runtime.target.host_key);
+    MeasureError where `target` is a CPU and this node's CPU is another: code compiled here for
+    `-march=native` would be timed and recorded under a key that is not this machine's."""
+    here = host_key(target.kind)
+    if target.kind == "cpu" and here != target.key:
+        node = _ray_node_id()
+        where = f"Ray node {node} on {socket.gethostname()}" if node else socket.gethostname()
         raise MeasureError(
-            f"Ray node {socket.gethostname()} has CPU target {here}, but the candidates are "
-            f"for {target.key} (the driver's CPU). Every node that builds or measures must "
-            "have the driver's CPU: tune from a node of the cluster (address='auto'), on a "
-            "cluster of one kind of machine"
+            f"{where} has CPU target {here}, but the candidates are for {target.key} "
+            f"({target}). Every node that builds or measures must have the candidates' CPU: "
+            "tune from a node of the cluster (address='auto'), on a cluster of one kind of "
+            "machine"
         )
+    return here
 
 
-@functools.cache
-def _node_key(text: str, cc: str) -> str:
-    return Target(text).key
+def _ray_node_id() -> str | None:
+    """The id of the Ray node this process runs on; None where Ray is not initialized here."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def _ray() -> Any:

@@ -18,7 +18,8 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol, Self
 
 from hexir import knobs
-from hexir.runtime.target import Target
+from hexir.errors import MeasureError
+from hexir.runtime.target import Target, host_key
 from hexir.search.builders import CpuBuilder, CudaBuilder
 from hexir.search.measure import Builder, Candidate, MeasureResult, Runner, measure_each
 from hexir.search.runners import CpuRunner, CudaRunner
@@ -50,7 +51,9 @@ class LocalExecutor:
     """Measures in this process: a Builder (default: CpuBuilder, or CudaBuilder for a CUDA
     target) builds a batch in parallel, then a Runner (default: CpuRunner, whose worker
     process survives crashing and hanging candidates, or CudaRunner) times it one candidate
-    at a time. The executor owns the runner it holds, given or made: `close()` closes it."""
+    at a time. The executor owns the runner it holds, given or made: `close()` closes it.
+    A CPU target must be this machine's (its key): one described as another CPU is a
+    MeasureError here, as it is on a Ray node of another CPU."""
 
     def __init__(
         self,
@@ -59,6 +62,12 @@ class LocalExecutor:
         runner: Runner | None = None,
     ) -> None:
         self.target = Target.of(target)
+        if self.target.kind == "cpu" and self.target.key != (here := host_key("cpu")):
+            raise MeasureError(
+                f"target {self.target} ({self.target.key}) is another CPU than this machine's "
+                f"({here}): measure it on a machine with that CPU (tune there, or from a node "
+                "of a Ray cluster of them: RayExecutor(target, address='auto'))"
+            )
         cuda = self.target.kind == "cuda"
         self.builder: Builder = builder or (CudaBuilder() if cuda else CpuBuilder())
         self.runner: Runner = runner or (CudaRunner() if cuda else CpuRunner())

@@ -1,12 +1,14 @@
 """`hexir tune --ray-address` as a user meets it: joining a cluster that `ray start` runs, its
-measurements recorded in the database; and an address where no cluster listens refused at
-once, in one paragraph, by the command and by RayExecutor alike."""
+measurements recorded in the database (on a cluster of two nodes, measured on both, each under
+its node's target key); and an address where no cluster listens refused at once, in one
+paragraph, by the command and by RayExecutor alike."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -24,6 +26,7 @@ from cli_helpers import run_hexir
 
 from hexir.database import Database
 from hexir.errors import MeasureError
+from hexir.runtime.target import host_key
 from hexir.search.distributed import RayExecutor
 
 WORKLOAD = "matmul:M=32,N=32,K=32"
@@ -47,40 +50,60 @@ def answers(address: str) -> bool:
 @pytest.fixture(scope="module")
 def head() -> Iterator[tuple[str, Path]]:
     """A cluster of two CPUs that `ray start --head --block` runs, as a user starts one: its
-    address and its temp folder. It runs in a session of its own, and ends as a user ends it,
-    with Ctrl-C (then SIGKILL for anything of its process group still there)."""
-    port = free_port()
+    address and its temp folder."""
+    with cluster_folder() as folder:
+        port = free_port()
+        address = f"{ray.util.get_node_ip_address()}:{port}"
+        with ray_node(folder, "head", "--head", f"--port={port}", "--num-cpus=2"):
+            yield address, folder
+    assert not answers(address), "the cluster outlived its test"
+
+
+@contextlib.contextmanager
+def cluster_folder() -> Iterator[Path]:
+    """A new temp folder for a cluster, with the token it asks for; removed on exit."""
     folder = Path(tempfile.mkdtemp(prefix="hexir-ray-"))  # short: Ray's sockets live in it
-    log = folder / "ray-start.log"
-    # Whether `ray start` asks for a token by default changed between Ray releases (2.5x did,
-    # 2.60 does only where ~/.ray/auth_token exists): this cluster asks for one, always.
-    token = folder / "auth_token"
-    token.write_text(secrets.token_hex(32))
+    try:
+        # Whether `ray start` asks for a token by default changed between Ray releases (2.5x
+        # did, 2.60 does only where ~/.ray/auth_token exists): these clusters ask, always.
+        (folder / "auth_token").write_text(secrets.token_hex(32))
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def ray_node(folder: Path, name: str, *options: str) -> Iterator[None]:
+    """A node that `ray start OPTIONS --block` runs with the cluster's temp folder and token,
+    its output in NAME.log there, once it says it runs. It runs in a session of its own, and
+    ends as a user ends it, with Ctrl-C (then SIGKILL for anything of its process group still
+    there). Its dashboard agent listens on a free port, not on Ray's fixed default (52365),
+    which another node of this machine may hold; Ray picks its other ports itself."""
+    log = folder / f"{name}.log"
     command = [
-        str(Path(sys.executable).with_name("ray")), "start", "--head", f"--port={port}",
-        "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-        f"--temp-dir={folder}", "--block",
+        str(Path(sys.executable).with_name("ray")), "start", *options,
+        f"--dashboard-agent-listen-port={free_port()}", "--object-store-memory=100000000",
+        "--disable-usage-stats", f"--temp-dir={folder}", "--block",
     ]  # fmt: skip
+    if "--head" in options:
+        command.insert(-1, "--include-dashboard=false")
     with log.open("w") as out:
         proc = subprocess.Popen(
             command,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, **token_env(token)},
+            env={**os.environ, **token_env(folder / "auth_token")},
         )
-    address = f"{ray.util.get_node_ip_address()}:{port}"
     try:
         started(proc, log)
-        yield address, folder
+        yield
     finally:
         proc.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=60)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        shutil.rmtree(folder, ignore_errors=True)
-    assert not answers(address), "the cluster outlived its test"
 
 
 def token_env(token: Path) -> dict[str, str]:
@@ -132,6 +155,52 @@ def test_tune_joins_a_running_cluster_and_records_its_measurements(head, tmp_pat
     assert min(r.median for r in records if r.is_valid) == task["best_latency"]
     assert len(drivers(folder)) == 1  # the tune ran on this cluster, not on one of its own
     assert answers(address)  # and left it running
+
+
+@pytest.mark.slow
+def test_a_tune_on_two_nodes_of_this_machine_measures_on_both_under_their_key(
+    tmp_path, monkeypatch
+):
+    # Two nodes of one CPU each, started as on two machines: the tune's runners (one per
+    # node) time its candidates on both, and each record is stored under the key that the
+    # node which timed it probed for itself (one machine here, so one key: the driver's).
+    with cluster_folder() as folder:
+        for name, value in token_env(folder / "auth_token").items():
+            monkeypatch.setenv(name, value)
+        port = free_port()
+        address = f"{ray.util.get_node_ip_address()}:{port}"
+        with (
+            ray_node(folder, "head", "--head", f"--port={port}", "--num-cpus=1"),
+            ray_node(folder, "worker", f"--address={address}", "--num-cpus=1"),
+        ):
+            nodes = alive_nodes(address, 2)
+            done, url = tune_joining(tmp_path, address, "two.db", "--seed", "0", "--report", "json")
+    assert not answers(address), "the cluster outlived its test"
+    assert len(nodes) == 2, nodes
+    assert done.returncode == 0, done.stderr
+    (task,) = json.loads(done.stdout)["tasks"]
+    assert Database(url).stats().targets == {host_key("cpu"): 4}
+    records = Database(url).records(task["workload_key"], "cpu")
+    assert {r.build_info["run_node_id"] for r in records} == nodes
+    assert all(r.build_info["run_target_key"] == r.target_key for r in records)
+
+
+def alive_nodes(address: str, count: int) -> set[str]:
+    """The ids of the nodes `ray status` lists as alive once it lists `count` (60 s at most):
+    the autoscaler's view, which takes a few seconds to catch up with a node that joined."""
+    deadline = time.monotonic() + 60.0
+    ray_command = str(Path(sys.executable).with_name("ray"))
+    while True:
+        status = subprocess.run(
+            [ray_command, "status", f"--address={address}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        nodes = set(re.findall(r"^\s*1 node_([0-9a-f]+)\s*$", status, re.MULTILINE))
+        if len(nodes) >= count or time.monotonic() > deadline:
+            return nodes
+        time.sleep(1.0)
 
 
 @pytest.mark.slow

@@ -18,8 +18,9 @@ from hexir import knobs
 from hexir.errors import BuildError, HexirError, TargetError
 from hexir.ir.tir import Binary, Buffer, BufferStore, FloatImm, For, PrimFunc, Var
 from hexir.runtime import cc
+from hexir.runtime import target as target_module
 from hexir.runtime.build import build, build_all
-from hexir.runtime.target import Target
+from hexir.runtime.target import Target, host_key
 
 # -- targets ------------------------------------------------------------------------------
 
@@ -67,11 +68,65 @@ def test_target_pickles_and_of():
 
 
 @pytest.mark.parametrize(
-    "text", ["gpu", "", "cuda -arch=sm_70", "cuda -arch", "cuda sm_90", "cpu -mcpu=x", "CPU"]
-)
+    "text",
+    [
+        "gpu", "", "cuda -arch=sm_70", "cuda -arch", "cuda sm_90", "cpu -mcpu=x", "CPU",
+        "cpu -cores=4", "cpu -features=sse4", "cpu -features", "cpu -features=avx2 -cores=0",
+        "cpu -features=avx2 -features=fma", "cpu -features=avx2 -cores=many",
+    ],
+)  # fmt: skip
 def test_bad_target_strings(text):
     with pytest.raises(TargetError, match=r'valid targets are "cpu", "cuda"'):
         Target(text)
+
+
+def another_cpu() -> Target:
+    """A described CPU that is not this machine's (an ARM one here, an x86 one on ARM)."""
+    other = "avx2,fma" if "neon" in Target("cpu").features else "neon"
+    return Target(f"cpu -features={other} -cores=64")
+
+
+def test_a_described_cpu_is_a_plain_value_never_probed(monkeypatch):
+    def probe() -> None:
+        raise AssertionError("a described CPU was probed")
+
+    monkeypatch.setattr(target_module, "cpu_features", probe)
+    monkeypatch.setattr(target_module, "_num_cores", probe)
+    t = Target("cpu  -features=fma,avx512f,avx2 -cores=32")
+    assert str(t) == "cpu -features=avx2,avx512f,fma -cores=32" and t.key == "cpu-avx2-avx512f-fma"
+    assert (t.kind, t.arch, t.features) == ("cpu", "native", ("avx2", "avx512f", "fma"))
+    assert (t.vector_width, t.vector_registers, t.num_cores) == (16, 32, 32)
+    assert Target(str(t)) == t and hash(Target(str(t))) == hash(t)
+    assert pickle.loads(pickle.dumps(t)) == t
+    plain = Target("cpu -features=none")
+    assert (str(plain), plain.key, plain.vector_width, plain.num_cores) == (
+        "cpu -features=none -cores=1",
+        "cpu-generic",
+        4,
+        1,
+    )
+    assert Target("cpu -features=") == plain
+
+
+def test_a_target_crosses_to_another_machine_as_the_value_it_is(monkeypatch):
+    here = Target("cpu")
+    wire = pickle.dumps(here)
+    # On a machine of another CPU, a fresh Target("cpu") probes that one; the one read from
+    # the wire still describes the machine it was made on.
+    monkeypatch.setattr(target_module, "cpu_features", lambda: ("neon",))
+    there = pickle.loads(wire)
+    assert there == here and there.key == here.key
+    assert Target("cpu").key == host_key("cpu") == "cpu-neon" != here.key
+
+
+def test_code_for_another_cpu_is_not_built_here(cache):
+    other = another_cpu()
+    assert other.key != host_key("cpu")
+    with pytest.raises(TargetError, match=rf"{other.key}\) is another CPU than this machine"):
+        build(axpy(), target=other)
+    assert [p for p in cache.rglob("*") if p.is_file()] == []
+    same = Target(f"cpu -features={','.join(Target('cpu').features) or 'none'} -cores=2")
+    assert same.key == host_key("cpu") and build(axpy(), target=same).path.exists()
 
 
 # -- build, cache ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Executors: LocalExecutor in this process, and RayExecutor on a real local Ray cluster of two
 CPUs (one cluster for the module: it takes seconds to start) measuring sampled schedules and
-planted failures exactly as the local one does, in order, and cleaning up after itself."""
+planted failures exactly as the local one does, in order, and cleaning up after itself; and a
+node (or this machine) refusing candidates for another CPU than its own."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from hexir.errors import MeasureError
 from hexir.ir.keys import candidate_key
 from hexir.ir.tir import PrimFunc
 from hexir.ops.parse import parse
-from hexir.runtime.target import Target
+from hexir.runtime.target import Target, host_key
 from hexir.schedule import Schedule, Trace
 from hexir.search.builders import CpuBuilder
 from hexir.search.distributed import NodeRunner, RayExecutor, ShippedBuild, build_one
@@ -154,7 +155,35 @@ def test_a_library_missing_on_the_runners_node_is_written_from_its_bytes(tmp_pat
     finally:
         runner.close()
     assert result.ok and len(result.latencies) == REPEATS and result.build_info["run_node"]
+    assert result.build_info["run_target_key"] == host_key("cpu") == cand.target.key
+    assert "run_node_id" in result.build_info  # None here, outside Ray
     assert not os.path.exists(elsewhere)
+
+
+def another_cpu() -> Target:
+    """A described CPU that is not this machine's (an ARM one here, an x86 one on ARM)."""
+    other = "avx2,fma" if "neon" in Target("cpu").features else "neon"
+    return Target(f"cpu -features={other} -cores=64")
+
+
+def test_a_node_of_another_cpu_refuses_the_candidates_naming_both_keys():
+    # What a node of the cluster whose CPU is not the candidates' does: it probes its own and
+    # refuses, where timing them would record this machine's times under the other's key.
+    (cand,) = sampled(WORKLOAD, 1, seed=11)
+    shipped = build_one(cand, knobs.get())
+    theirs = dataclasses.replace(cand, target=another_cpu())
+    expected = rf"has CPU target {host_key('cpu')}, but the candidates are for {theirs.target.key}"
+    with pytest.raises(MeasureError, match=expected):
+        build_one(theirs, knobs.get())
+    runner = NodeRunner(theirs.target)
+    try:
+        with pytest.raises(MeasureError, match=expected):
+            runner.run(theirs, shipped, knobs.get())
+        assert runner.run(cand, shipped, knobs.get()).ok
+    finally:
+        runner.close()
+    with pytest.raises(MeasureError, match="is another CPU than this machine's"):
+        LocalExecutor(theirs.target)
 
 
 def gpu_candidate() -> Candidate:
@@ -183,9 +212,13 @@ def test_ray_measures_what_the_local_executor_measures(cluster):
     assert [r.error_kind for r in expected] == kinds
     assert [r.error_kind for r in results] == kinds, [r.error_message for r in results]
     assert cluster.workers == 2
+    node = ray.get_runtime_context().get_node_id()  # one node, this process's
     for r in results:
         assert type(r) is MeasureResult and r.ok == (r.median is not None)
         assert r.build_info["build_node"] and r.build_info["run_node"]
+        if r.error_kind != "crash":
+            assert r.build_info["run_node_id"] == node
+            assert r.build_info["run_target_key"] == host_key("cpu")
         json.dumps(r.build_info)
     assert all(len(r.latencies) == REPEATS and min(r.latencies) > 0 for r in results if r.ok)
     # One crash record: the worker was replaced, the next candidates measured as usual.
