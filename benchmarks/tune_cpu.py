@@ -3,7 +3,7 @@
 
     python benchmarks/tune_cpu.py [--trials 200] [--workloads matmul,dense,conv2d,conv2d_res]
                                   [--compare-models | --compare-only] [--compare-trials 100]
-                                  [--seeds 3]
+                                  [--seeds 3] [--peer tvm [--tvm-python PATH]]
 
 Each workload is tuned from an empty database (a fresh SQLite file) with the XGBoost model,
 then its best kernel is timed beside numpy in one run: numpy in subprocesses (the environment
@@ -18,11 +18,20 @@ With --compare-models it also tunes matmul and dense with the random model and w
 medians; there the default schedule is not measured, so that the search alone is compared.
 Bars (ISSUE 6): tuned matmul and dense >= 0.8x numpy's default environment; XGBoost beats
 random on the median; the search's time below building + measuring.
+
+With --peer tvm each workload is also tuned by TVM's MetaSchedule at the same trials, after
+Hexir's tune: `benchmarks/tvm_peer.py` in a subprocess of `--tvm-python` (default: the Python
+of /work/tvmvenv where it exists, else this one; `pip install 'hexir[peers]'`), on as many
+threads as Hexir's kernels. Its tuned kernel (timed in its own process) is a row of the table,
+with its latency over Hexir's tuned one and its tuning wall time per trial; where that Python
+cannot import TVM, the run says so and carries on without it. TVM / hexir above 1: Hexir's
+kernel is the faster.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -89,6 +98,7 @@ bench(lambda: np.maximum(conv() + bias + r, 0))""",
 
 
 WIDTH = {"Haswell": "AVX2", "SkylakeX": "AVX-512"}
+TVM_VENV_PYTHON = Path("/work/tvmvenv/bin/python")
 
 
 @dataclass(frozen=True)
@@ -200,10 +210,10 @@ def tune_one(w: Workload, trials: int, folder: Path, seed: int, model) -> tuple[
 
 
 def report_workload(
-    w: Workload, trials: int, folder: Path, seed: int, rounds: int
-) -> tuple[float, float]:
-    """Tune `w`, print its table; the tuned kernel's ratio to numpy's default environment, and
-    the tune's seconds per trial."""
+    w: Workload, trials: int, folder: Path, seed: int, rounds: int, tvm_python: str | None
+) -> tuple[float, float, dict | None]:
+    """Tune `w` (and with `tvm_python`, have TVM tune it), print its table; the tuned kernel's
+    ratio to numpy's default environment, the tune's seconds per trial, and TVM's result."""
     model = TimedModel(XGBModel(seed=seed))
     result, wall = tune_one(w, trials, folder, seed, model)
     (task,) = result.tasks
@@ -211,6 +221,7 @@ def report_workload(
     tuned = task.best_trace.apply(w.func).func
     args = inputs(w.func)
     check(tuned, w.func, args)
+    peer = tvm_tune(w.name, trials, tvm_python, folder) if tvm_python else None
     # OpenBLAS's AVX-512 kernel dies of SIGILL on a CPU without AVX-512.
     coretypes = ("Haswell", "SkylakeX") if has_avx512() else ("Haswell",)
     peers = {t: numpy_subprocess(w.name, t) for t in coretypes}
@@ -225,10 +236,44 @@ def report_workload(
         "hexir, default schedule": kernel_time(default_schedule(w.func, "cpu").func, args),
         f"hexir, tuned ({result.trials} trials)": statistics.median(tuned_times),
     }
+    if peer is not None:
+        rows[f"TVM MetaSchedule, tuned ({peer['trials']} trials)"] = peer["tuned_ms"] / 1e3
     print_table(w, rows)
     print_split(result, wall, model.features_seconds)
-    base = rows["numpy, default environment"]
-    return base / rows[f"hexir, tuned ({result.trials} trials)"], wall / result.trials
+    hexir_tuned = rows[f"hexir, tuned ({result.trials} trials)"]
+    if peer is not None:
+        peer["vs_hexir"] = peer["tuned_ms"] / 1e3 / hexir_tuned
+        print_peer(peer, wall / result.trials)
+    return rows["numpy, default environment"] / hexir_tuned, wall / result.trials, peer
+
+
+def tvm_importable(python: str) -> bool:
+    """Whether `python` has TVM and what MetaSchedule's workers import lazily."""
+    probe = [python, "-c", "import tvm.s_tir.meta_schedule, psutil, cloudpickle, xgboost"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def tvm_tune(name: str, trials: int, python: str, folder: Path) -> dict | None:
+    """TVM's MetaSchedule on `name` at `trials` trials (benchmarks/tvm_peer.py's JSON line), on
+    as many threads as Hexir's kernels; None, with its log's tail printed, where it fails."""
+    threads = knobs.get().num_threads or os.cpu_count()
+    script = Path(__file__).parent / "tvm_peer.py"
+    command = [python, str(script), name, "--trials", str(trials), "--threads", str(threads),
+               "--work-dir", str(folder / f"tvm-{name}")]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = (out.stdout + out.stderr).strip().splitlines()[-15:]
+        print(f"TVM failed on {name} ({' '.join(command)}):\n" + "\n".join(tail))
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_peer(peer: dict, hexir_per_trial: float) -> None:
+    print(
+        f"TVM {peer['tvm']} / hexir tuned latency: {peer['vs_hexir']:.2f}; TVM tuning "
+        f"{peer['tune_seconds']:.0f} s, {peer['tune_seconds'] / peer['trials']:.2f} s per trial "
+        f"(hexir {hexir_per_trial:.2f}), {peer['measured']} of {peer['trials']} candidates valid"
+    )
 
 
 def print_table(w: Workload, rows: dict[str, float]) -> None:
@@ -286,6 +331,17 @@ def compare_models(ws: list[Workload], trials: int, seeds: int, folder: Path) ->
         print(f"{w.name}: XGBoost {verdict} random on the median")
 
 
+def print_peer_summary(done: dict[str, tuple[float, float, dict | None]]) -> None:
+    """TVM's latency over Hexir's tuned one (above 1: Hexir's kernel is faster), and TVM's
+    tuning seconds per trial."""
+    peers = {n: p for n, (_, _, p) in done.items() if p is not None}
+    if not peers:
+        return
+    ratios = ", ".join(f"{n} {p['vs_hexir']:.2f}" for n, p in peers.items())
+    pace = ", ".join(f"{n} {p['tune_seconds'] / p['trials']:.2f}" for n, p in peers.items())
+    print(f"TVM / hexir tuned latency: {ratios}; TVM seconds per trial: {pace}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=200)
@@ -296,19 +352,29 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--peer", choices=["tvm"], help="also tune with TVM's MetaSchedule")
+    default_tvm = TVM_VENV_PYTHON if TVM_VENV_PYTHON.exists() else Path(sys.executable)
+    parser.add_argument("--tvm-python", default=str(default_tvm), help="a Python with TVM")
     args = parser.parse_args()
+    tvm_python = args.tvm_python if args.peer == "tvm" else None
+    if tvm_python is not None and not tvm_importable(tvm_python):
+        print(f"TVM is not importable by {tvm_python}: pip install 'hexir[peers]' (or give "
+              "--tvm-python a Python that has it); carrying on without TVM")  # fmt: skip
+        tvm_python = None
     all_workloads = workloads()
     chosen = [all_workloads[n] for n in args.workloads.split(",") if n]
     with tempfile.TemporaryDirectory(prefix="hexir-tune-bench-") as tmp:
         folder = Path(tmp)
         if not args.compare_only:
-            done = {w.name: report_workload(w, args.trials, folder, args.seed, args.rounds)
+            done = {w.name: report_workload(w, args.trials, folder, args.seed, args.rounds,
+                                            tvm_python)
                     for w in chosen}  # fmt: skip
             print("\nx numpy (default environment): "
-                  + ", ".join(f"{n} {r:.2f}" for n, (r, _) in done.items()))  # fmt: skip
-            pace = {n: s for n, (_, s) in done.items()}
+                  + ", ".join(f"{n} {r:.2f}" for n, (r, _, _) in done.items()))  # fmt: skip
+            pace = {n: s for n, (_, s, _) in done.items()}
             print("seconds per trial: " + ", ".join(f"{n} {s:.2f}" for n, s in pace.items())
                   + f"; median {statistics.median(pace.values()):.2f}")  # fmt: skip
+            print_peer_summary(done)
         if args.compare_models or args.compare_only:
             compare = [w for w in chosen if w.name in ("matmul", "dense")]
             compare_models(compare, args.compare_trials, args.seeds, folder)
