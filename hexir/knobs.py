@@ -102,6 +102,9 @@ class Knobs:
     timing_max_seconds: float = field(
         default_factory=lambda: _float("HEXIR_TIMING_MAX_SECONDS", "1.0")
     )
+    # A tune times a candidate slower than this many times its task's best so far by one warm
+    # call, not in full (hexir/search/tune.py); 0: every candidate in full.
+    measure_cutoff: float = field(default_factory=lambda: _float("HEXIR_MEASURE_CUTOFF", "3"))
     timing_min_seconds: float = field(
         default_factory=lambda: _float("HEXIR_TIMING_MIN_SECONDS", "0.05")
     )

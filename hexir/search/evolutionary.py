@@ -354,7 +354,7 @@ class EvolutionarySearch:
         measured = self.measured_keys()
         best = self.best_candidates(config)
         with self.profile.timing("sampling"):
-            fresh = self.sample(config.population - len(best), deadline, least=n)
+            fresh = self.sample(config.population - len(best), deadline, least=n, skip=measured)
         ranked = evolve(
             best + fresh,
             model,
@@ -399,10 +399,18 @@ class EvolutionarySearch:
             found += self.transferred
         return found
 
-    def sample(self, n: int, deadline: float | None = None, least: int = 1) -> list[Candidate]:
+    def sample(
+        self,
+        n: int,
+        deadline: float | None = None,
+        least: int = 1,
+        skip: set[str] | frozenset[str] = frozenset(),
+    ) -> list[Candidate]:
         """Up to `n` fresh samples of the space (drawn `space.max_attempts` times as often,
-        at most; the invalid draws are dropped); past `deadline`, what it has once that is
-        `least` (a round's batch)."""
+        at most; the invalid draws, and those whose key is in `skip`, are dropped); past
+        `deadline`, what it has once that is `least` (a round's batch). A resumed tune's
+        generator draws what the last one measured first: skipping them keeps a small round
+        from finding nothing new."""
         found: list[Candidate] = []
         for _ in range(max(0, n) * self.space.max_attempts):
             if len(found) >= n or (len(found) >= least and _past(deadline)):
@@ -411,5 +419,7 @@ class EvolutionarySearch:
                 sch = self.space.sample_schedule(self.func, self.target, self.rng)
             except (ScheduleError, ResourceError):
                 continue
-            found.append(Candidate.from_schedule(self.func, sch, self.target))
+            candidate = Candidate.from_schedule(self.func, sch, self.target)
+            if candidate.candidate_key not in skip:
+                found.append(candidate)
         return found

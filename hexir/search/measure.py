@@ -39,6 +39,9 @@ class Candidate:
 
     `workload` is the unscheduled PrimFunc, `func` the scheduled one `trace` makes of it, and
     `candidate_key` the key of `func` (DESIGN.md §2): two candidates with one key are one.
+    `cutoff` (seconds; None: none) is how slow a candidate may be and still be timed in full:
+    past it on a warm call, one call's time stands for it (the tuner sets it from the task's
+    best so far: a candidate three times slower than the best is told apart by one call).
     """
 
     workload: PrimFunc
@@ -46,6 +49,7 @@ class Candidate:
     func: PrimFunc
     target: Target
     candidate_key: str
+    cutoff: float | None = field(default=None, compare=False)
 
     @classmethod
     def from_trace(cls, func: PrimFunc, trace: Trace, target: Target | str) -> Candidate:

@@ -73,7 +73,7 @@ class CpuRunner:
         ref = self._reference_request(candidate)
         worker = self._prepared(ref)
         info: dict[str, Any] = {**build.info, "worker_pid": worker.pid, "run_start": time.time()}
-        request = MeasureRequest(ref, candidate.func, build.source, build.path)
+        request = MeasureRequest(ref, candidate.func, build.source, build.path, candidate.cutoff)
         timeout = knobs.get().measure_timeout
         try:
             reply = worker.call(request, timeout)

@@ -18,6 +18,10 @@ evolution) stops after the `search_time_ratio` share of the time its batch shoul
 measure, at the task's pace so far: in Python a conv's candidate costs about 0.05 s to replay,
 and a full round's evolution, unchecked, outlasted the measurements it chose.
 
+A candidate slower than the `measure_cutoff` knob (3) times its task's best so far is timed by
+one warm call, not in full (`Candidate.cutoff`): most of a first round's random samples are
+ten times slower than the best, and timing each in full cost more than building it.
+
 A CPU result timed while something else ran on the machine (its calibration, hexir/search/
 calibration.py, past the `measure_calibration_threshold` knob) is suspect: its candidate is
 measured again once a round ends on a quiet result, and at the end of the tune (REMEASURE_TRIES
@@ -41,6 +45,7 @@ opened; what was measured is in the database, and the exception propagates.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import sys
@@ -277,8 +282,8 @@ class _Tuner:
             elif self.quiet_now:
                 self.remeasure()
         if not self.out_of_time:
-            self.remeasure()  # what is still suspect, one last time
             self.confirm()
+            self.remeasure()  # what is still suspect, one last time
         return self.result()
 
     def round(self, i: int, n: int, first: bool) -> int:
@@ -342,7 +347,7 @@ class _Tuner:
         task's pace where the results are `trials`."""
         began, committing = time.perf_counter(), self.profile.database
         out: list[MeasureResult] = []
-        measuring = self.executor.measure_each(chunk)
+        measuring = self.executor.measure_each(self._cut(i, chunk) if trials else chunk)
         try:
             for c, r in zip(chunk, measuring, strict=False):
                 with self.profile.timing("database"):
@@ -358,6 +363,14 @@ class _Tuner:
             self._account(out, wall)
             if trials:
                 self.measure_seconds[i] += wall
+
+    def _cut(self, i: int, chunk: list[Candidate]) -> list[Candidate]:
+        """`chunk` with the cutoff of task `i` (the `measure_cutoff` knob times its best so
+        far): a candidate slower than that is timed by one warm call, not in full."""
+        ratio, best = knobs.get().measure_cutoff, self.best[i]
+        if ratio <= 0 or best is None:
+            return chunk
+        return [dataclasses.replace(c, cutoff=ratio * best) for c in chunk]
 
     def _watch(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
         """Note a suspect result (timed while something else ran) of task `i`, to measure its
@@ -397,9 +410,11 @@ class _Tuner:
             batch = list({c.candidate_key: c for c in batch if c is not None}.values())
             if len(batch) < 2:
                 continue  # nothing to rank against
-            for _, result in self._committed(i, batch[: self.room(len(batch))], trials=False):
+            for c, r in self._committed(i, batch[: self.room(len(batch))], trials=False):
                 self.confirmed += 1
-                self._improve(i, result)
+                self._watch(i, c, r)
+                if not r.suspect(self._threshold()):
+                    self._improve(i, r)
 
     @staticmethod
     def _threshold() -> float:

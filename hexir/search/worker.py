@@ -70,6 +70,7 @@ class MeasureRequest:
     func: PrimFunc
     source: str
     path: str
+    cutoff: float | None = None  # Candidate.cutoff
 
 
 @dataclass(frozen=True)
@@ -266,8 +267,10 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     problem = mismatch(outputs, expected, k.measure_rtol, k.measure_atol)
     if problem is not None:
         return Reply(error_kind="wrong_result", error_message=problem)
-    latencies, number = time_kernel(kernel, [*inputs, *outputs], first)
+    latencies, number = time_kernel(kernel, [*inputs, *outputs], first, request.cutoff)
     info: dict[str, Any] = {"worker_pid": os.getpid(), "calls_per_latency": number}
+    if request.cutoff is not None and len(latencies) == 1 and latencies[0] > request.cutoff:
+        info["cut"] = True  # slower than the cutoff: timed by one warm call
     if k.measure_calibration_threshold > 0:
         info["calibration"] = _calibration(target).ratio()
     return Reply(latencies=tuple(latencies), info=info)
@@ -287,7 +290,10 @@ MIN_SLOW_REPEATS = 3
 
 
 def time_kernel(
-    kernel: CpuKernel, arrays: list[np.ndarray], first: float | None = None
+    kernel: CpuKernel,
+    arrays: list[np.ndarray],
+    first: float | None = None,
+    cutoff: float | None = None,
 ) -> tuple[list[float], int]:
     """`timing_repeats` latencies, each the median of `number` calls, with `number` chosen so
     that all of them together take `timing_min_seconds`, after `timing_warmup` calls.
@@ -295,8 +301,15 @@ def time_kernel(
     A slow candidate costs less: when the call that checked it (`first` seconds) already took
     `timing_min_seconds`, it was warm-up enough and its time stands for one call; and the
     repeats stop at `timing_max_seconds` in all (at least `MIN_SLOW_REPEATS` of them). A
-    candidate ten times slower than the best is told apart by a few calls as well as by ten."""
+    candidate slower than `cutoff` seconds on its first and on one more (warm) call is timed
+    by that call alone: a candidate three times slower than the best is told apart by one
+    call as well as by ten."""
     k = knobs.get()
+    if cutoff is not None and first is not None and first > cutoff:
+        with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
+            warm = kernel.time(*arrays)
+        if warm > cutoff:
+            return [warm], 1
     if first is not None and first >= k.timing_min_seconds:
         once = first
     else:

@@ -85,7 +85,7 @@ def test_a_tune_measures_again_what_it_timed_under_load(cache, tmp_path):
         # The first round (12 trials: the load hits some of them) runs under load; the load
         # ends when the round is reported.
         settings = dict(search_measure_per_round=12, search_population=24, search_generations=1,
-                        timing_repeats=3, timing_min_seconds=0.002,
+                        timing_repeats=3, timing_min_seconds=0.002, tune_first_round_share=1.0,
                         measure_calibration_threshold=THRESHOLD)  # fmt: skip
         with hexir.knobs.scope(**settings):
             result = tune(func, "cpu", trials=20, database=db, seed=0,

@@ -270,3 +270,33 @@ def test_a_slow_candidate_is_timed_in_fewer_calls():
         latencies, number = time_kernel(slow, [], first=0.5)
         # The check call stood for warm-up and the first timing; 3 repeats, one call each.
         assert len(latencies) == 3 and number == 1 and slow.calls == 3
+
+
+def test_a_candidate_past_its_cutoff_is_timed_by_one_warm_call():
+    from hexir.search.worker import time_kernel
+
+    with knobs.scope(timing_repeats=10, timing_min_seconds=0.05, timing_max_seconds=1.0):
+        slow = _Clock(0.01)
+        latencies, number = time_kernel(slow, [], first=0.01, cutoff=0.003)
+        assert latencies == [0.01] and number == 1 and slow.calls == 1
+        # Under the cutoff, or a cold first call that the warm one puts right: timed in full.
+        for first, cutoff in [(0.01, 0.05), (0.02, 0.012)]:
+            clock = _Clock(0.01)
+            latencies, _ = time_kernel(clock, [], first=first, cutoff=cutoff)
+            assert len(latencies) == 10 and clock.calls > 10
+
+
+def test_the_runner_cuts_a_slow_candidate_short(quick, runner):
+    import dataclasses
+
+    unscheduled, *rest = schedules()
+    builds = CpuBuilder(workers=2).build([unscheduled, rest[0]])
+    cut = dataclasses.replace(unscheduled, cutoff=1e-9)
+    (whole,) = runner.run([unscheduled], builds[:1])
+    (short,) = runner.run([cut], builds[:1])
+    assert whole.ok and short.ok and len(whole.latencies) == REPEATS
+    assert len(short.latencies) == 1 and short.build_info["cut"] is True
+    assert "cut" not in whole.build_info
+    # A cutoff above its time: in full.
+    (fast,) = runner.run([dataclasses.replace(rest[0], cutoff=10.0)], builds[1:])
+    assert fast.ok and len(fast.latencies) == REPEATS and "cut" not in fast.build_info

@@ -93,7 +93,8 @@ def test_tune_a_matmul_records_every_trial_and_its_best_replays(db):
     assert task.best_latency == min(r.median for r in db.best(task.workload_key, "cpu", k=10))
     assert task.default_latency is not None and task.best_latency <= task.default_latency
     _check_matmul(task.best_trace)
-    assert [p.trials_done for p in seen] == [4, 8, 10] and seen[-1].eta == 0
+    # A first round of a quarter of the trials (tune_first_round_share), then rounds of 4.
+    assert [p.trials_done for p in seen] == [2, 6, 10] and seen[-1].eta == 0
     assert seen[-1].best == {task.workload_key: task.best_latency}
     assert result.profile["building"] > 0 and result.profile["measuring"] > 0
 
@@ -103,7 +104,10 @@ def test_tune_a_graph_spends_the_budget_across_its_tasks(db):
     graph = mlp(batch=4, sizes=(16, 16, 8))
     result = tune(graph, "cpu", trials=9, database=db, seed=0, model=XGBModel(seed=0))
     assert [t.weight for t in result.tasks] == [1, 1, 1]
-    assert [t.trials for t in result.tasks] == [3, 3, 3] and result.trials == 9
+    # A first round of one trial each (a quarter of 9 is under one per task), then rounds
+    # where the gain is.
+    assert all(t.trials >= 1 for t in result.tasks) and result.trials == 9
+    assert sum(t.trials for t in result.tasks) == 9
     assert all(t.best_trace is not None for t in result.tasks)
     module = hexir.compile(graph, "cpu", database=db)
     assert {r.schedule for r in module.report} == {"tuned"}
@@ -116,18 +120,18 @@ def test_tune_a_graph_spends_the_budget_across_its_tasks(db):
 @pytest.mark.slow
 def test_a_stopped_tune_resumes_without_measuring_anything_twice(db):
     def stop(progress: Progress) -> None:
-        if progress.trials_done >= 4:
+        if progress.trials_done >= 3:  # after the first round: a quarter of 12
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         tune(_matmul(), "cpu", trials=12, database=db, seed=1, model=RandomModel(1),
              callbacks=[stop])  # fmt: skip
     before = _keys(db, _matmul())
-    assert len(before) == 4
+    assert len(before) == 3
     result = tune(_matmul(), "cpu", trials=6, database=db, seed=1, model=RandomModel(1))
     after = _keys(db, _matmul())
-    assert result.trials == 6 and len(after) == 10 == len(set(after))
-    assert after[:4] == before
+    assert result.trials == 6 and len(after) == 9 == len(set(after))
+    assert after[:3] == before
 
 
 @pytest.mark.slow
@@ -230,3 +234,16 @@ def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
     standing = {k: max(v) if len(v) == 2 else v[0] for k, v in runs.items()}
     assert best.median == min(standing.values()) == result.tasks[0].best_latency
     _check_matmul(best.load_trace())
+
+
+def test_candidates_slower_than_the_cutoff_are_timed_by_one_call(db):
+    # A ratio so small that every candidate is past it once the task has a best: each is
+    # timed by one warm call; the first (no best yet) and the confirmations in full.
+    func = _matmul()
+    with hexir.knobs.scope(measure_cutoff=1e-6, tune_confirm_best=2):
+        result = tune(func, "cpu", trials=5, database=db, seed=0, model=RandomModel(seed=0))
+    records = db.records(hexir.workload_key(func), "cpu")
+    trials, confirmed = records[: result.trials], records[result.trials :]
+    assert len(trials[0].latencies) == SMALL["timing_repeats"]
+    assert all(len(r.latencies) == 1 for r in trials[1:] if r.is_valid)
+    assert confirmed and all(len(r.latencies) == SMALL["timing_repeats"] for r in confirmed)
