@@ -362,10 +362,15 @@ def loop_lanes(loop: For, vector_bytes: int) -> int | None:
     """Lanes per chunk of a vectorized loop: a full vector of its widest element, halved for a
     loop shorter than that (down to 16 bytes); None when not even that fits the extent."""
     widest = max((itemsize(d) for d in value_dtypes(loop.body, loop.var)), default=4)
+    return chunk_lanes(loop.extent, widest, vector_bytes)
+
+
+def chunk_lanes(extent: int, widest: int, vector_bytes: int) -> int | None:
+    """`loop_lanes` of a loop of `extent` iterations whose widest element is `widest` bytes."""
     lanes = vector_bytes // widest
-    while lanes > loop.extent and lanes * widest > 16:
+    while lanes > extent and lanes * widest > 16:
         lanes //= 2
-    return lanes if 2 <= lanes <= loop.extent else None
+    return lanes if 2 <= lanes <= extent else None
 
 
 def value_dtypes(stmt: Stmt, lane: Var) -> set[str]:

@@ -10,7 +10,9 @@ vector pools them (see `extract`):
     main.*    the store doing the most float arithmetic (the compute store; ties: most trips)
     aux.*     of the others, the store moving the most bytes (a pack, a write-back, an init)
     total.*   the additive columns (arithmetic, bytes, trips) summed over every store
-    kernel.*  allocations per scope, blocks, barriers, kernel-wide ratios, CUDA resources
+    kernel.*  allocations per scope, blocks, barriers, kernel-wide ratios, CUDA resources, and
+              on the CPU an analytic estimate of the kernel's time (estimate.py), by bound,
+              over its ideal time
 
 Counts that span orders of magnitude (trips, operations, bytes, extents) are stored as
 log2(1 + x), so trees split on ratios, not on absolute sizes, and a model trained on one
@@ -23,6 +25,14 @@ import math
 
 import numpy as np
 
+from hexir.costmodel.estimate import (
+    STORE_COLUMNS,
+    TIME_COLUMNS,
+    context,
+    kernel_times,
+    store_columns,
+    store_estimate,
+)
 from hexir.costmodel.locality import (
     CACHE_COLUMNS,
     REGISTER_COLUMNS,
@@ -65,6 +75,7 @@ ADDITIVE = (
 #   outermost loop is the parallel one; threads: threads per block a multiple of the warp
 # flags: the store is a reduction's init, sits in a reduction block, runs under a predicate
 # intensity: float operations per unique byte and per byte accessed
+# est: what the analytic estimate worked out (estimate.STORE_COLUMNS; 0 off the CPU)
 SHAPE = (
     "loops.depth",
     *(f"loops.{g}.{what}" for g in KIND_GROUPS for what in ("count", "extent")),
@@ -74,7 +85,7 @@ SHAPE = (
     "parallel.per_core", "parallel.balance", "parallel.outermost", "threads.warp_multiple",
     "flags.init", "flags.reduction", "flags.predicated",
     "intensity.per_unique_byte", "intensity.per_byte",
-    *CACHE_COLUMNS, *VECTOR_COLUMNS,
+    *CACHE_COLUMNS, *VECTOR_COLUMNS, *STORE_COLUMNS,
 )  # fmt: skip
 # per buffer slot (out: the buffer stored to; in0, in1: the read buffers moving the most
 # bytes): read / written, its scope, bytes accessed, unique bytes, cache lines, reuse ratio
@@ -92,12 +103,15 @@ STORE = ADDITIVE + SHAPE + tuple(f"{b}.{n}" for b in BUFFER_SLOTS for n in BUFFE
 # Kernel-wide: stores, blocks, barriers and root loop nests; allocations per scope (count and
 # bytes of their footprint, the size compact_buffers will give them); float operations per
 # unique byte of the parameters; the share of float operations in vectorized stores and of
-# iterations under a parallel loop; the CUDA resource report when a build gave one.
+# iterations under a parallel loop; the CUDA resource report when a build gave one; the
+# estimated cycles by bound over the kernel's ideal cycles (estimate.TIME_COLUMNS; 0 off the
+# CPU).
 KERNEL = (
     "stores", "blocks", "barriers", "root_nests",
     *(f"alloc.{s}.{what}" for s in SCOPES[1:] for what in ("count", "bytes")),
     "intensity.params", "share.vectorized_flops", "share.parallel_trips", *REGISTER_COLUMNS,
     "cuda.has_resources", "cuda.registers", "cuda.spill_bytes", "cuda.shared_bytes",
+    *TIME_COLUMNS,
 )  # fmt: skip
 
 FEATURE_NAMES: tuple[str, ...] = (
@@ -112,13 +126,13 @@ NUM_FEATURES = len(FEATURE_NAMES)
 _STORE_LOG = frozenset(
     {*ADDITIVE, "loops.depth", "innermost.extent", "vector.lanes", "unroll.extent"}
     | {"unroll.auto_step", "parallel.per_core", "intensity.per_unique_byte"}
-    | {"intensity.per_byte", *CACHE_COLUMNS}
+    | {"intensity.per_byte", *CACHE_COLUMNS, "est.body", "est.accumulators"}
     | {f"loops.{g}.extent" for g in KIND_GROUPS}
     | {f"{b}.{n}" for b in BUFFER_SLOTS for n in BUFFER[6:]}
 )
 _KERNEL_LOG = frozenset(
     {"stores", "blocks", "barriers", "root_nests", "intensity.params", "cuda.registers"}
-    | {"cuda.spill_bytes", "cuda.shared_bytes", *REGISTER_COLUMNS}
+    | {"cuda.spill_bytes", "cuda.shared_bytes", *REGISTER_COLUMNS, *TIME_COLUMNS}
     | {f"alloc.{s}.{w}" for s in SCOPES[1:] for w in ("count", "bytes")}
 )
 LOG_COLUMNS = np.array(
@@ -139,7 +153,12 @@ def extract(func: PrimFunc, target: Target, resources: dict | None = None) -> np
     kernel = walk_kernel(func)
     params = frozenset(func.params)
     flops = [_flops(s) for s in kernel.stores]
-    stores = [store_vector(s, f, target, params) for s, f in zip(kernel.stores, flops, strict=True)]
+    traffic = [cache_traffic(s) for s in kernel.stores]
+    times, estimated = _estimates(kernel, func, flops, traffic, target)
+    stores = [
+        store_vector(s, f, target, params, t, e)
+        for s, f, t, e in zip(kernel.stores, flops, traffic, estimated, strict=True)
+    ]
     empty = [0.0] * _N_STORE
     main = max(range(len(stores)), key=lambda i: (flops[i], stores[i][0]), default=None)
     rest = [i for i in range(len(stores)) if i != main]
@@ -153,10 +172,28 @@ def extract(func: PrimFunc, target: Target, resources: dict | None = None) -> np
             *(empty if aux is None else stores[aux]),
             *total,
             *_kernel_columns(kernel, flops, params, target, resources),
+            *times,
         ]
     )
     out[_LOG_INDEX] = np.log2(1.0 + out[_LOG_INDEX])
     return out.astype(np.float32)
+
+
+def _estimates(
+    kernel: KernelWalk,
+    func: PrimFunc,
+    flops: list[float],
+    traffic: list[list[float]],
+    target: Target,
+) -> tuple[list[float], list[list[float]]]:
+    """The kernel's TIME_COLUMNS and each store's STORE_COLUMNS (raw; zeros off the CPU)."""
+    if target.kind != "cpu":
+        return [0.0] * len(TIME_COLUMNS), [[0.0] * len(STORE_COLUMNS)] * len(kernel.stores)
+    ctx = context(kernel, target)
+    estimates = [store_estimate(s, t, ctx) for s, t in zip(kernel.stores, traffic, strict=True)]
+    param_bytes = sum(p.size * itemsize(p.dtype) for p in func.params)
+    times, shares = kernel_times(estimates, sum(flops), param_bytes, ctx)
+    return times, [store_columns(e, s) for e, s in zip(estimates, shares, strict=True)]
 
 
 def _flops(store: Store) -> float:
@@ -171,9 +208,15 @@ def _bytes_moved(vec: list[float]) -> float:
 
 
 def store_vector(
-    store: Store, flops: float, target: Target, params: frozenset[Buffer]
+    store: Store,
+    flops: float,
+    target: Target,
+    params: frozenset[Buffer],
+    traffic: list[float],
+    estimated: list[float],
 ) -> list[float]:
-    """The raw (not yet log-scaled) columns of STORE for one store doing `flops`."""
+    """The raw (not yet log-scaled) columns of STORE for one store doing `flops`, given its
+    locality.cache_traffic and its estimate.STORE_COLUMNS."""
     extents, trips = store.extents, store.trips
     # The store's own access comes first: its buffer is the "out" slot.
     slots = [_buffer_stats(accs, extents, trips, params) for accs in _by_buffer(store)]
@@ -189,8 +232,9 @@ def store_vector(
     vec += _loop_columns(store, target)
     vec += [float(store.in_init), float(store.in_reduction), float(store.predicated)]
     vec += intensity
-    vec += cache_traffic(store)
+    vec += traffic
     vec += vector_columns(store, target)
+    vec += estimated
     for b in range(len(BUFFER_SLOTS)):
         vec += slots[b] if b < len(slots) else [0.0] * len(BUFFER)
     return vec

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from hexir.codegen.c_lower import MAX_REGISTER_VECTORS, MAX_STRAIGHT_CHUNKS
 from hexir.costmodel.walk import Access, KernelWalk, Store
 from hexir.ir.dtype import itemsize
 from hexir.runtime.target import Target
@@ -16,10 +17,6 @@ from hexir.runtime.target import Target
 # Capacities (bytes) the working set of a loop nest is compared with: the vector register
 # file (32 x 64 B), L1d (48 KiB) and L2 (1 MiB) per core (PERFORMANCE.md), and a last level.
 CACHE_LEVELS = (("registers", 2048), ("l1", 48 * 1024), ("l2", 1024 * 1024), ("llc", 32 << 20))
-# A vectorized loop prints as straight-line SIMD up to this many vectors (codegen/c_lower.py);
-# a local buffer of at most REGISTER_VECTORS vectors can live in registers.
-STRAIGHT_CHUNKS = 8
-REGISTER_VECTORS = 32
 
 # cache.<level>: bytes the store moves into a cache of that size, estimated as (iterations of
 # the loops outside the outermost loop whose body's working set fits) x (that working set).
@@ -40,12 +37,12 @@ def cache_traffic(store: Store) -> list[float]:
         firsts.setdefault(acc.buffer, acc)
     extents = store.extents
     depth = len(extents)
-    sizes = [itemsize(acc.buffer.dtype) for acc in firsts.values()]
     # working[d]: bytes touched by one iteration of the loops outside depth d.
-    working = [
-        sum(window(acc, extents, d) * s for acc, s in zip(firsts.values(), sizes, strict=True))
-        for d in range(depth + 1)
-    ]
+    working = [0.0] * (depth + 1)
+    for acc in firsts.values():
+        size = itemsize(acc.buffer.dtype)
+        for d, elements in enumerate(windows(acc, extents)):
+            working[d] += elements * size
     out = []
     for _, capacity in CACHE_LEVELS:
         d = next((d for d in range(depth + 1) if working[d] <= capacity), depth)
@@ -70,6 +67,29 @@ def window(acc: Access, extents: list[int], start: int) -> float:
     return box if box < moving else moving
 
 
+def windows(acc: Access, extents: list[int]) -> list[float]:
+    """`window(acc, extents, start)` for every start from 0 to len(extents), in one pass from
+    the innermost loop out."""
+    shape = acc.buffer.shape
+    steps: list[list[tuple[int, float]]] = [[] for _ in extents]
+    for axis, coefs in enumerate(acc.coefs):
+        for d, k in coefs.items():
+            steps[d].append((axis, abs(k) * (extents[d] - 1)))
+    spans = [1.0] * len(shape)
+    moving = 1.0
+    out = [1.0] * (len(extents) + 1)
+    for d in range(len(extents) - 1, -1, -1):
+        for axis, step in steps[d]:
+            spans[axis] += step
+        if d in acc.moves:
+            moving *= extents[d]
+        box = 1.0
+        for span, size in zip(spans, shape, strict=True):
+            box *= size if span > size else span
+        out[d] = box if box < moving else moving
+    return out
+
+
 def vector_columns(store: Store, target: Target) -> list[float]:
     """The VECTOR_COLUMNS of one store."""
     loops = store.loops
@@ -79,7 +99,7 @@ def vector_columns(store: Store, target: Target) -> list[float]:
     innermost = all(lp.extent == 1 for lp in loops[vec + 1 :])
     lanes = max(target.vector_width, 1)
     extent = loops[vec].extent
-    straight = extent % lanes == 0 and extent // lanes <= STRAIGHT_CHUNKS
+    straight = extent % lanes == 0 and extent // lanes <= MAX_STRAIGHT_CHUNKS
     strides = [_flat_step(acc, vec) for acc in store.accesses]
     gathers = sum(1 for s in strides[1:] if s not in (0.0, 1.0))
     return [float(innermost), float(straight), float(strides[0] == 1.0), float(gathers)]
@@ -111,7 +131,7 @@ def register_columns(kernel: KernelWalk, target: Target) -> list[float]:
             s.loops[d].kind in ("unrolled", "vectorized") for s, a in uses for d in a.moves
             if d >= shared
         )  # fmt: skip
-        if regular and last % lanes == 0 and size <= REGISTER_VECTORS * lanes:
+        if regular and last % lanes == 0 and size <= MAX_REGISTER_VECTORS * lanes:
             vectors += size / lanes
         else:
             spilled += size * itemsize(buf.dtype)

@@ -43,12 +43,15 @@ from hexir.ir.tir import (
 )
 
 # Arithmetic kinds counted per store (one evaluation of the stored value). FMA counts the
-# float additions with a float product as an operand: a compiler fuses those.
+# float additions with a float product as an operand: a compiler fuses those. compare_select
+# counts float comparisons and selects (a mask and a blend per vector), int_compare the
+# integer comparisons and logic of guards (a padded copy's bounds), which codegen partitions
+# out of the loops or GCC hoists.
 OP_KINDS = (
     "float_add", "float_mul", "float_fma", "float_div", "float_minmax", "float_math",
-    "compare_select", "cast", "int_index",
+    "compare_select", "cast", "int_index", "int_compare",
 )  # fmt: skip
-_ADD, _MUL, _FMA, _DIV, _MINMAX, _MATH, _CMP, _CAST, _INT = range(len(OP_KINDS))
+_ADD, _MUL, _FMA, _DIV, _MINMAX, _MATH, _CMP, _CAST, _INT, _ICMP = range(len(OP_KINDS))
 
 Affine = tuple[dict[int, float], float]  # (coefficient per loop depth, constant)
 # Vars are looked up by name: a name is bound once per scope in a PrimFunc, and a string
@@ -233,8 +236,8 @@ class _Walker:
 
 def _count_binary(op: str, a: Expr, b: Expr, ops: list[int]) -> None:
     if not is_float(a.dtype):
-        # Integer arithmetic inside a value (not an index) is rare; compares count below.
-        ops[_CMP if op in ("==", "!=", "<", "<=", ">", ">=", "&&", "||") else _INT] += 1
+        # Integer arithmetic inside a value (not an index) is rare; a guard compares.
+        ops[_ICMP if op in ("==", "!=", "<", "<=", ">", ">=", "&&", "||") else _INT] += 1
         return
     if op in ("+", "-"):
         fused = _is_float_mul(a) or _is_float_mul(b)

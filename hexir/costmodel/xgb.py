@@ -5,7 +5,7 @@
     model.update(cands, results)              # trains once there is enough, then as it grows
     model.save("tuning_logs/cpu.model")       # a directory: XGBoost JSON, sidecar, data
     model = XGBModel.load("tuning_logs/cpu.model")
-    model = XGBModel.from_database(db, "cpu") # learn from every record of a target
+    model = XGBModel.from_database(db, "cpu") # learn from every quiet record of a target
 
 **Objective.** `rank:pairwise` (LambdaMART's pairwise loss) with one query group per
 workload, on labels best latency / latency. The search only ever compares candidates of one
@@ -16,6 +16,21 @@ candidates of another (benchmarks/costmodel_quality.py measures both). A pack-su
 (MetaSchedule's) needs per-store vectors; ours pools stores into one kernel vector, so the
 ranking loss is the one that fits. `objective="reg:squarederror"` regresses the labels
 instead (kept for comparison).
+
+**Prior.** The trees start from the analytic estimate of the kernel's time (estimate.py,
+the feature `kernel.time.total`): every score is `-prior_weight * kernel.time.total` (log2 of
+1 + the estimate over the ideal time) plus the trees' sum, which is then what they learn to
+correct, rather than rediscover the roofline from raw counts. On the few hundred records of
+benchmarks/costmodel_quality.py the estimate alone ranks about as well as the trees on top of
+it (it prints both); the trees are there for what it misses, which a tune's thousands of rows
+can show them. Ranking objectives only (a regression fits the labels themselves);
+`prior_weight=0` turns it off.
+
+**What it learns from.** A result timed while something else ran on the machine (suspect:
+its calibration past `calibration_threshold`, by default the `measure_calibration_threshold`
+knob; hexir/search/calibration.py) is not learned from: such a time is the other job's as
+much as the kernel's (a busy machine's conv2d records cluster at 7.3, 11.3 and 15.5 ms, whole
+multiples of a time slice), and one in three records of its database taught the model noise.
 
 **When it trains.** Training restarts from scratch on every row (a few thousand rows train
 in well under a second), but only once the rows have grown by `knobs.costmodel_retrain_growth`
@@ -43,7 +58,7 @@ if TYPE_CHECKING:
     from hexir.search.measure import Candidate, MeasureResult
 
 FORMAT = "hexir-xgb-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the prior (prior_weight) and the calibration threshold
 # Rows before the first training (below it, scores stay random).
 MIN_TRAIN_ROWS = 8
 # Feature vectors kept per model, by candidate key; the cache starts over beyond it.
@@ -62,13 +77,18 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "nthread": 1,
 }
 DEFAULT_ROUNDS = 200
+# The column the prior reads, and its weight per doubling of the estimated time.
+PRIOR_COLUMN = FEATURE_NAMES.index("kernel.time.total")
+DEFAULT_PRIOR_WEIGHT = 2.0
 
 
 class XGBModel:
     """The XGBoost cost model (see the module docstring); implements `CostModel`.
 
     It trains on candidates of one target only (the first it is given); `params` override
-    XGBoost's training parameters, `retrain_growth` the knob."""
+    XGBoost's training parameters, `retrain_growth` and `calibration_threshold` the knobs
+    (`costmodel_retrain_growth`, `measure_calibration_threshold`); `prior_weight` weighs the
+    analytic estimate the trees start from."""
 
     def __init__(
         self,
@@ -78,12 +98,16 @@ class XGBModel:
         rounds: int = DEFAULT_ROUNDS,
         params: dict[str, Any] | None = None,
         retrain_growth: float | None = None,
+        prior_weight: float = DEFAULT_PRIOR_WEIGHT,
+        calibration_threshold: float | None = None,
     ) -> None:
         self.seed = seed
         self.objective = objective
         self.rounds = rounds
         self.params = {**DEFAULT_PARAMS, **(params or {})}
         self.retrain_growth = retrain_growth
+        self.prior_weight = prior_weight
+        self.calibration_threshold = calibration_threshold
         self.rng = np.random.default_rng(seed)
         self.data = TrainingSet()
         self.target_key: str | None = None
@@ -92,15 +116,23 @@ class XGBModel:
         self._features: dict[str, np.ndarray] = {}
 
     def update(self, candidates: list[Candidate], results: list[MeasureResult]) -> None:
-        """Add the measured candidates (a failure labels 0) and retrain if the data grew
-        enough."""
+        """Add the measured candidates (a failure labels 0; a suspect result is left out) and
+        retrain if the data grew enough."""
         if len(candidates) != len(results):
             raise ValueError(f"{len(candidates)} candidates but {len(results)} results")
-        vectors = self.features(candidates)
-        for cand, result, vector in zip(candidates, results, vectors, strict=True):
+        threshold = self._threshold()
+        pairs = zip(candidates, results, strict=True)
+        kept = [(c, r) for c, r in pairs if not r.suspect(threshold)]
+        vectors = self.features([c for c, _ in kept])
+        for (cand, result), vector in zip(kept, vectors, strict=True):
             self.data.add(cand.workload_key, cand.candidate_key, vector, fastest(result))
         if self._should_train():
             self.train()
+
+    def _threshold(self) -> float:
+        if self.calibration_threshold is not None:
+            return self.calibration_threshold
+        return knobs.get().measure_calibration_threshold
 
     @property
     def informed(self) -> bool:
@@ -113,7 +145,13 @@ class XGBModel:
             return self.rng.random(len(candidates))
         if not candidates:
             return np.zeros(0)
-        return self.booster.inplace_predict(self.features(candidates)).astype(np.float64)
+        x = self.features(candidates)
+        return self.booster.inplace_predict(x, base_margin=self.prior(x)).astype(np.float64)
+
+    def prior(self, x: np.ndarray) -> np.ndarray:
+        """The scores the trees start from: the analytic estimate, faster higher."""
+        weight = self.prior_weight if self.objective.startswith("rank:") else 0.0
+        return -weight * x[:, PRIOR_COLUMN].astype(np.float64)
 
     def features(self, candidates: list[Candidate]) -> np.ndarray:
         """The feature matrix of `candidates` (rows cached by candidate key)."""
@@ -134,7 +172,7 @@ class XGBModel:
         import xgboost as xgb
 
         x, labels, groups = self.data.arrays()
-        matrix = xgb.DMatrix(x, label=labels, qid=groups)
+        matrix = xgb.DMatrix(x, label=labels, qid=groups, base_margin=self.prior(x))
         params = {**self.params, "objective": self.objective, "verbosity": 0}
         if self.seed is not None:
             params["seed"] = self.seed
@@ -181,6 +219,8 @@ class XGBModel:
             "rounds": self.rounds,
             "params": self.params,
             "retrain_growth": self.retrain_growth,
+            "prior_weight": self.prior_weight,
+            "calibration_threshold": self.calibration_threshold,
             "target_key": self.target_key,
             "trained_rows": self.trained_rows,
             "rng_state": self.rng.bit_generator.state,
@@ -198,6 +238,8 @@ class XGBModel:
             rounds=meta["rounds"],
             params=meta["params"],
             retrain_growth=meta["retrain_growth"],
+            prior_weight=meta["prior_weight"],
+            calibration_threshold=meta["calibration_threshold"],
         )
         model.rng.bit_generator.state = meta["rng_state"]
         model.target_key = meta["target_key"]
@@ -230,11 +272,15 @@ class XGBModel:
         return model
 
     def add_records(self, func: PrimFunc, records: list[Record], target: Target) -> int:
-        """Add database records of the unscheduled `func` (without training); how many."""
+        """Add database records of the unscheduled `func` (without training); how many. Records
+        measured while something else ran (suspect) are left out."""
         from hexir.search.measure import Candidate
 
         added = 0
+        threshold = self._threshold()
         for record in records:
+            if record.suspect(threshold):
+                continue
             try:
                 cand = Candidate.from_trace(func, record.load_trace(), target)
             except (ScheduleError, ResourceError):
@@ -268,8 +314,8 @@ def _read_sidecar(folder: Path) -> dict[str, Any]:
         raise CostModelError(f"{folder}/costmodel.json is not a saved XGBModel")
     if meta.get("version") != FORMAT_VERSION or meta.get("feature_names") != list(FEATURE_NAMES):
         raise CostModelError(
-            f"the cost model in {folder} was saved by another version of Hexir (its features "
-            "differ from this one's); retrain it from the tuning database with "
+            f"the cost model in {folder} was saved by another version of Hexir (its format or "
+            "its features differ from this one's); retrain it from the tuning database with "
             "XGBModel.from_database(db, target)"
         )
     return meta

@@ -387,11 +387,16 @@ class _Tuner:
         pending, self.suspects = self.suspects, []
         for i in dict.fromkeys(i for i, _ in pending):
             batch = [c for j, c in pending if j == i]
+            done: list[tuple[Candidate, MeasureResult]] = []
             for c, r in self._committed(i, batch[: self.room(len(batch))], trials=False):
                 self.remeasured += 1
+                done.append((c, r))
                 self._watch(i, c, r)
                 if not r.suspect(self._threshold()):
                     self._improve(i, r)
+            if done:  # the model skips the loaded first time; it learns the quiet one
+                with self.profile.timing("model_update"):
+                    self.model.update([c for c, _ in done], [r for _, r in done])
 
     def confirm(self) -> None:
         """Measure again, one after another, the `tune_confirm_best` best candidates of every

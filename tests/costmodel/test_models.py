@@ -5,6 +5,7 @@ cannot."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 
@@ -15,6 +16,7 @@ import hexir
 from hexir import knobs
 from hexir.costmodel import CostModel, RandomModel, XGBModel
 from hexir.costmodel.dataset import normalized_labels
+from hexir.costmodel.features import FEATURE_NAMES
 from hexir.database import Database
 from hexir.errors import CostModelError
 from hexir.ir.tir import For
@@ -188,3 +190,59 @@ def test_from_database_learns_every_record(tiny, tmp_path):
     direct.update(cands, results)
     assert np.allclose(model.predict(cands), direct.predict(cands))
     assert XGBModel.from_database(db, "cpu", workloads={"no such key"}).booster is None
+
+
+def under_load(result: MeasureResult, calibration: float) -> MeasureResult:
+    """`result` as if the calibration kernel timed right after it ran `calibration` times
+    slower than when the machine was quiet."""
+    return dataclasses.replace(result, build_info={**result.build_info, "calibration": calibration})
+
+
+def test_results_measured_under_load_are_not_learned_from(tiny):
+    cands, results = tiny
+    marked = [under_load(r, 50.0 if i % 3 == 0 else 1.1) for i, r in enumerate(results)]
+    quiet = sum(1 for i in range(len(cands)) if i % 3 != 0)
+    model = XGBModel(seed=0, retrain_growth=0.0, calibration_threshold=2.0)
+    model.update(cands, marked)
+    assert len(model.data) == quiet and model.trained_rows == quiet
+    with knobs.scope(measure_calibration_threshold=0.0):  # 0: no result is suspect
+        everything = XGBModel(seed=0, retrain_growth=0.0)
+        everything.update(cands, marked)
+        assert len(everything.data) == len(cands)
+
+
+def test_from_database_leaves_out_records_measured_under_load(tiny, tmp_path):
+    cands, results = tiny
+    db = Database(f"sqlite:///{tmp_path / 'tune.db'}")
+    for i, (cand, result) in enumerate(zip(cands, results, strict=True)):
+        result = under_load(result, 50.0 if i < 5 else 1.0)
+        db.commit_record(cand.workload, "cpu", cand.trace, result, candidate_key=cand.candidate_key)
+    model = XGBModel.from_database(db, "cpu", seed=0, calibration_threshold=2.0)
+    assert len(model.data) == len(cands) - 5
+
+
+def test_the_trees_start_from_the_analytic_estimate(tiny):
+    """With no trees the scores are the prior: the estimate's order, fastest first."""
+    cands, results = tiny
+    model = XGBModel(seed=0, rounds=0, retrain_growth=0.0)
+    model.update(cands, results)
+    estimate = model.features(cands)[:, FEATURE_NAMES.index("kernel.time.total")]
+    scores = model.predict(cands)
+    assert np.array_equal(np.argsort(scores, kind="stable"), np.argsort(-estimate, kind="stable"))
+    trained, plain = xgb(), XGBModel(seed=0, retrain_growth=0.0, prior_weight=0.0)
+    trained.update(cands, results)
+    plain.update(cands, results)
+    assert not np.allclose(trained.predict(cands), plain.predict(cands))
+
+
+def test_load_refuses_a_model_saved_with_other_features(tiny, tmp_path):
+    cands, results = tiny
+    model = xgb()
+    model.update(cands, results)
+    model.save(str(tmp_path / "model"))
+    sidecar = tmp_path / "model" / "costmodel.json"
+    meta = json.loads(sidecar.read_text())
+    meta["feature_names"] = meta["feature_names"][:-1]  # a version with one column fewer
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(CostModelError, match="its features differ"):
+        XGBModel.load(str(tmp_path / "model"))
