@@ -8,22 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from small_search import SMALL_SEARCH, as_environment
+
 from hexir.frontend.load import save_model
 from hexir.frontend.zoo import mlp
 
 # A small search and quick timing: the tests check the command, not the speed.
-SMALL_ENV = {
-    "HEXIR_SEARCH_POPULATION": "24",
-    "HEXIR_SEARCH_GENERATIONS": "2",
-    "HEXIR_SEARCH_MEASURE_PER_ROUND": "4",
-    "HEXIR_TIMING_REPEATS": "3",
-    "HEXIR_TIMING_MIN_SECONDS": "0.002",
-    # The tests count records: no second measurement of a time measured under load
-    # (tests/search/test_calibration.py tests that).
-    "HEXIR_MEASURE_CALIBRATION_THRESHOLD": "0",
-    # Nor the best measured again at the end (tests/search/test_tune.py tests that).
-    "HEXIR_TUNE_CONFIRM_BEST": "0",
-}
+# The tests count records: no confirmation of the best at the end (test_tune.py tests it).
+SMALL_ENV = as_environment({**SMALL_SEARCH, "tune_confirm_best": 0})
 
 
 def run_hexir(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:

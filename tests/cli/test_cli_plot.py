@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import run_hexir, save_tiny_mlp
+from small_search import SMALL_SEARCH
 
 import hexir
 from hexir.cli import main
@@ -23,14 +24,7 @@ MATMUL = "matmul:M=16,N=16,K=16"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The tunes in this process: a small search and quick timing (cli_helpers.SMALL_ENV as knobs),
 # but with the best confirmed at the end: records that are not trials, which the plot tells.
-SMALL = dict(
-    search_population=24,
-    search_generations=2,
-    search_measure_per_round=4,
-    timing_repeats=3,
-    timing_min_seconds=0.002,
-    measure_calibration_threshold=0.0,
-)
+SMALL = SMALL_SEARCH
 
 
 @dataclass(frozen=True)

@@ -167,10 +167,12 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_continues(tmp_path):
     url = f"sqlite:///{tmp_path / 'int.db'}"
     argv = ["tune", "tiny.hexir", "--trials", "400", "--target", "cpu", "--db", url, "--no-ray",
             "--seed", "0"]  # fmt: skip
+    # Ctrl-C reaches the tune even where this test runs in a background job (`cmd &` in a
+    # script), whose children start with SIGINT ignored.
     proc = subprocess.Popen(
         [sys.executable, "-m", "hexir", *argv], cwd=tmp_path, text=True,
-        env={**os.environ, **SMALL_ENV},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, **SMALL_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("tuning tiny.hexir: 3 tasks")

@@ -10,6 +10,7 @@ from itertools import pairwise
 
 import pytest
 from db_fixtures import Result, tiny_func, traces
+from small_search import SMALL_SEARCH
 
 import hexir
 from hexir.database import Record
@@ -19,14 +20,7 @@ from hexir.search.scheduler import extract_tasks
 
 # A small search and quick timing, no re-measurement under load; the confirmation of the best
 # at the end (HEXIR_TUNE_CONFIRM_BEST) stays on: records of candidates measured again.
-SMALL = dict(
-    search_population=24,
-    search_generations=2,
-    search_measure_per_round=4,
-    timing_repeats=3,
-    timing_min_seconds=0.002,
-    measure_calibration_threshold=0.0,
-)
+SMALL = SMALL_SEARCH
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ import random
 
 import numpy as np
 import pytest
+from small_search import SMALL_SEARCH
 
 import hexir
 from hexir.costmodel import RandomModel
@@ -17,16 +18,8 @@ from hexir.search.evolutionary import EvolutionarySearch
 from hexir.search.transfer import adapt_tile, similar_workloads, skeleton, transfer
 from hexir.search.tune import tune
 
-SMALL = dict(
-    search_population=16,
-    search_generations=1,
-    search_measure_per_round=6,
-    timing_repeats=3,
-    timing_min_seconds=0.002,
-    measure_calibration_threshold=0.0,
-    # Nor the best measured again at the end (test_tune.py's confirmation test does).
-    tune_confirm_best=0,
-)
+SMALL = {**SMALL_SEARCH, "search_population": 16, "search_generations": 1,
+         "search_measure_per_round": 6, "tune_confirm_best": 0}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_search import SMALL_SEARCH
 
 import hexir
 from hexir.costmodel import RandomModel, XGBModel
@@ -14,19 +15,9 @@ from hexir.frontend.zoo import mlp
 from hexir.graph.evaluate import evaluate
 from hexir.search.tune import Progress, tune
 
-# A small search and quick timing: these tests check the plumbing, not the speed.
-SMALL = dict(
-    search_population=24,
-    search_generations=2,
-    search_measure_per_round=4,
-    timing_repeats=3,
-    timing_min_seconds=0.002,
-    # These tests count records: no second measurement of a time the calibration kernel
-    # finds loaded (on a busy CI machine it might). test_calibration.py tests that.
-    measure_calibration_threshold=0.0,
-    # Nor the best measured again at the end (test_tune.py's confirmation test does).
-    tune_confirm_best=0,
-)
+# A small search and quick timing; these tests count records: no confirmation of the best
+# at the end either (the confirmation's own test turns it on).
+SMALL = {**SMALL_SEARCH, "tune_confirm_best": 0}
 
 
 @pytest.fixture(autouse=True)
