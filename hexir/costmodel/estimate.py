@@ -44,7 +44,7 @@ from hexir.codegen.c_lower import (
     chunk_lanes,
     loop_lanes,
 )
-from hexir.costmodel.locality import CACHE_LEVELS, shared_depth, window
+from hexir.costmodel.locality import CACHE_LEVELS, flat_step, shared_depth, window
 from hexir.costmodel.walk import OP_KINDS, Access, KernelWalk, Store
 from hexir.ir.dtype import itemsize
 from hexir.ir.tir import Buffer, For
@@ -258,7 +258,7 @@ def _explicit_simd(store: Store, ctx: Context) -> tuple[int | None, int]:
             continue
         if loops[d].kind == "vectorized":
             lanes = _lanes(store, d, ctx)
-            if lanes is None or _step(store.accesses[0], d) not in (0.0, 1.0):
+            if lanes is None or flat_step(store.accesses[0], d) not in (0.0, 1.0):
                 return None, 1
             return d, lanes
         if loops[d].kind != "unrolled":
@@ -336,17 +336,8 @@ def _vectorizable(store: Store, d: int) -> bool:
         return False
     if store.extents[d] < AUTO_VECTOR_MIN_EXTENT:
         return False
-    steps = [_step(a, d) for a in store.accesses]
+    steps = [flat_step(a, d) for a in store.accesses]
     return steps[0] == 1.0 and all(s in (0.0, 1.0) for s in steps[1:])
-
-
-def _step(acc: Access, depth: int) -> float:
-    """How far the flattened address of `acc` moves per iteration of the loop at `depth`."""
-    step, stride = 0.0, 1
-    for axis in range(len(acc.coefs) - 1, -1, -1):
-        step += acc.coefs[axis].get(depth, 0.0) * stride
-        stride *= acc.buffer.shape[axis]
-    return abs(step)
 
 
 def _lane_efficiency(extent: int, lanes: int) -> float:
@@ -358,7 +349,7 @@ def _loads(acc: Access, ext: list[int], start: int, vec: int | None, lanes: int)
     """Distinct loads of `acc` in one run of the body: vectors along the vector loop, else
     one per element (a broadcast, a scalar or a gather's lane)."""
     distinct = window(acc, ext, start)
-    return distinct / lanes if vec is not None and _step(acc, vec) == 1.0 else distinct
+    return distinct / lanes if vec is not None and flat_step(acc, vec) == 1.0 else distinct
 
 
 def _carried(out: Access, ext: list[int], start: int) -> bool:

@@ -100,12 +100,13 @@ def vector_columns(store: Store, target: Target) -> list[float]:
     lanes = max(target.vector_width, 1)
     extent = loops[vec].extent
     straight = extent % lanes == 0 and extent // lanes <= MAX_STRAIGHT_CHUNKS
-    strides = [_flat_step(acc, vec) for acc in store.accesses]
+    strides = [flat_step(acc, vec) for acc in store.accesses]
     gathers = sum(1 for s in strides[1:] if s not in (0.0, 1.0))
     return [float(innermost), float(straight), float(strides[0] == 1.0), float(gathers)]
 
 
-def _flat_step(acc: Access, depth: int) -> float:
+def flat_step(acc: Access, depth: int) -> float:
+    """How far the flattened address of `acc` moves per iteration of the loop at `depth`."""
     step, stride = 0.0, 1
     for axis in range(len(acc.coefs) - 1, -1, -1):
         step += acc.coefs[axis].get(depth, 0.0) * stride

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import hexir
 from hexir.cli import main
 from hexir.cli.common import ms
 from hexir.database import Database
+from hexir.search.measure import MeasureResult
 from hexir.search.scheduler import extract_tasks
 
 MATMUL = "matmul:M=16,N=16,K=16"
@@ -25,16 +25,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # The tunes in this process: a small search and quick timing (cli_helpers.SMALL_ENV as knobs),
 # but with the best confirmed at the end: records that are not trials, which the plot tells.
 SMALL = SMALL_SEARCH
-
-
-@dataclass(frozen=True)
-class Result:
-    """A measurement as the search hands it to the database."""
-
-    latencies: tuple[float, ...] = ()
-    error_kind: str | None = None
-    error_message: str | None = None
-    build_info: dict = field(default_factory=dict)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +129,7 @@ def test_a_workload_whose_every_trial_failed_still_plots(tmp_path, monkeypatch, 
     func = hexir.workload("matmul", M=8, N=8, K=8)
     url = f"sqlite:///{tmp_path / 'failed.db'}"
     with Database(url) as db:
-        failed = Result(error_kind="build", error_message="cc: refused")
+        failed = MeasureResult.error("build", "cc: refused")
         db.commit_record(func, "cpu", hexir.Schedule(func).trace, failed)
     monkeypatch.chdir(tmp_path)
     with warnings.catch_warnings():
