@@ -187,6 +187,11 @@ class Knobs:
     # A new task's first population takes the best records of similar workloads (the same op
     # at other sizes) where the database has few of its own (hexir/search/transfer.py).
     search_transfer: bool = field(default_factory=lambda: _flag("HEXIR_SEARCH_TRANSFER", "1"))
+    # A CPU candidate whose C is longer than this (or than twice its default schedule's C,
+    # where that is longer) is not proposed: slow to compile and slow to run; 0: no limit.
+    search_max_source_lines: int = field(
+        default_factory=lambda: _int("HEXIR_SEARCH_MAX_SOURCE_LINES", "2000")
+    )
     search_mutation_tries: int = field(
         default_factory=lambda: _int("HEXIR_SEARCH_MUTATION_TRIES", "4")
     )

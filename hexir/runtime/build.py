@@ -2,6 +2,7 @@
 
 kernel = hexir.build(func)                  # target "cpu"
 kernel(a, b, c)
+source = c_source(func, "cpu")              # the C that build compiles for func
 kernels = build_all(funcs, target)          # several, the C compiles side by side
 """
 
@@ -21,16 +22,24 @@ from hexir.runtime.target import Target
 from hexir.schedule.compact import compact_buffers
 
 
-def build(func: PrimFunc, target: Target | str = "cpu") -> CpuKernel | CudaKernel:
+def build(
+    func: PrimFunc, target: Target | str = "cpu", source: str | None = None
+) -> CpuKernel | CudaKernel:
     """Generate C (or CUDA C) for `func`, compile it (or take it from the build cache) and
-    load it. A CUDA kernel compiles with NVRTC here and needs a GPU only when called."""
+    load it. A CUDA kernel compiles with NVRTC here and needs a GPU only when called. On the
+    CPU, `source` is `c_source(func, target)` where the caller has already made it."""
     target = Target.of(target)
     if target.kind == "cuda":
         return _build_cuda(func, target)
-    # Caches placed by the schedule shrink to the tiles they hold (a lowering step).
-    source = generate_c(compact_buffers(func), target, vector_math=knobs.get().vector_math)
+    source = source if source is not None else c_source(func, target)
     path = compile_c(source, target)
     return CpuKernel(func, source, path, target)
+
+
+def c_source(func: PrimFunc, target: Target | str = "cpu") -> str:
+    """The C that `build` compiles for `func` on a CPU target."""
+    # Caches placed by the schedule shrink to the tiles they hold (a lowering step).
+    return generate_c(compact_buffers(func), Target.of(target), vector_math=knobs.get().vector_math)
 
 
 def build_all(funcs: Sequence[PrimFunc], target: Target | str = "cpu") -> list:

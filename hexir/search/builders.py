@@ -45,7 +45,8 @@ class _PoolBuilder:
     def _build_one(self, candidate: Candidate, workers: int) -> BuildResult:
         start = time.time()
         try:
-            kernel = build(candidate.func, candidate.target)
+            source = candidate.c_source if candidate.target.kind == "cpu" else None
+            kernel = build(candidate.func, candidate.target, source)
         except HexirError as e:
             info = self._info(candidate.target, start, workers)
             return BuildResult(

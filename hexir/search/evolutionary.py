@@ -27,17 +27,18 @@ candidates given the same model and the same measurements.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from hexir import knobs
-from hexir.errors import ResourceError, ScheduleError
+from hexir.errors import HexirError, ResourceError, ScheduleError
 from hexir.ir.keys import workload_key
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
@@ -62,6 +63,16 @@ __all__ = [
 
 # Replays kept per task (a trace seen again costs nothing); the cache is cleared when full.
 REPLAY_CACHE = 8192
+
+# A CPU candidate is proposed only if its C is at most max(search_max_source_lines, this many
+# times the default schedule's lines) long. GCC's time grows with the lines (1-2 ms a line at
+# -O3), and past a few thousand lines the kernels are unrolled beyond the register file: of 80
+# random conv2d samples (1x64x56x56, 3x3, with and without the residual add), the 12 over
+# 2000 lines took 4.2 s each to compile (3.9x the others' mean; 51 of 126 s in all) and ran in
+# 1.7-27 ms, against 0.74 ms for the best sample and 0.6 ms for the default (979 lines).
+# ResNet-18's default kernels print 19-849 lines. In a 64-trial tune of that conv, the limit
+# took the C compiled from 58k lines to 39k and the time a trial from 1.71 to 1.28 s.
+SOURCE_LIMIT_FACTOR = 2
 
 
 class Predictor(Protocol):
@@ -281,22 +292,35 @@ def pick(
     n: int,
     epsilon: float,
     rng: random.Random,
+    fits: Callable[[Candidate], bool] | None = None,
 ) -> list[Candidate]:
-    """`n` distinct candidates: the best ranked, less an `epsilon` share drawn from `randoms`
-    (where there are too few of either, the other makes up the batch)."""
+    """`n` distinct candidates that `fits` accepts (default: all): the best ranked, less an
+    `epsilon` share drawn from `randoms` (where there are too few of either, the other makes
+    up the batch). `fits` is asked only of candidates about to be taken."""
     n_random = min(int(round(epsilon * n)), len(randoms))
     batch: dict[str, Candidate] = {}
+    refused: set[str] = set()
+
+    def take(c: Candidate) -> None:
+        key = c.candidate_key
+        if key in batch or key in refused:
+            return
+        if fits is None or fits(c):
+            batch[key] = c
+        else:
+            refused.add(key)
+
     for _, c in ranked:
         if len(batch) >= n - n_random:
             break
-        batch.setdefault(c.candidate_key, c)
+        take(c)
     pool = [c for c in _distinct(randoms) if c.candidate_key not in batch]
     for c in rng.sample(pool, min(len(pool), n - len(batch))):
-        batch[c.candidate_key] = c
+        take(c)
     for _, c in ranked:  # too few random ones: more of the ranked
         if len(batch) >= n:
             break
-        batch.setdefault(c.candidate_key, c)
+        take(c)
     return list(batch.values())
 
 
@@ -329,6 +353,7 @@ class EvolutionarySearch:
         self._replayer = ReplayCache(func, self.target)
         self._transfer_tried = False
         self.transferred: list[Candidate] = []  # from similar workloads, in the first round
+        self.oversized = 0  # candidates not proposed for printing past `source_limit`
 
     def measured_keys(self) -> set[str]:
         """Candidate keys never to propose: measured here, or recorded in the database."""
@@ -367,7 +392,43 @@ class EvolutionarySearch:
             deadline=deadline,
         )
         randoms = [c for c in fresh if c.candidate_key not in measured]
-        return pick(ranked, randoms, n, config.epsilon, self.rng)
+        return pick(ranked, randoms, n, config.epsilon, self.rng, self._fits)
+
+    @functools.cached_property
+    def source_limit(self) -> int | None:
+        """The most lines of C a proposed CPU candidate may print (None: no limit): the
+        `search_max_source_lines` knob, or SOURCE_LIMIT_FACTOR times the default schedule's
+        lines where that is more (see SOURCE_LIMIT_FACTOR)."""
+        limit = knobs.get().search_max_source_lines
+        if limit <= 0 or self.target.kind != "cpu":
+            return None
+        from hexir.runtime.default_schedule import default_schedule
+
+        try:
+            default = Candidate.from_schedule(
+                self.func, default_schedule(self.func, self.target), self.target
+            )
+            with self.profile.timing("building"):
+                limit = max(limit, SOURCE_LIMIT_FACTOR * default.c_lines)
+        except HexirError:
+            pass  # no default to compare with: the knob's limit
+        return limit
+
+    def _fits(self, candidate: Candidate) -> bool:
+        """Whether `candidate` prints within `source_limit` (its C, made here, is what the
+        builder then compiles: the time counts as building)."""
+        limit = self.source_limit
+        if limit is None:
+            return True
+        try:
+            with self.profile.timing("building"):
+                lines = candidate.c_lines
+        except HexirError:
+            return True  # the builder records the error
+        if lines > limit:
+            self.oversized += 1
+            return False
+        return True
 
     def best_candidates(self, config: SearchConfig | None = None) -> list[Candidate]:
         """The database's best records of this task, replayed (the initial population's

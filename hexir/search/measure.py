@@ -15,6 +15,7 @@ candidate's error record, never a time and never the end of the search.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,18 @@ class Candidate:
     @property
     def workload_key(self) -> str:
         return workload_key(self.workload)
+
+    @functools.cached_property
+    def c_source(self) -> str:
+        """The C a CPU build of this candidate compiles, made once: the search reads its size
+        before it proposes the candidate, and the builder then compiles it as it is."""
+        from hexir.runtime.build import c_source
+
+        return c_source(self.func, self.target)
+
+    @property
+    def c_lines(self) -> int:
+        return self.c_source.count("\n")
 
 
 @dataclass(frozen=True)

@@ -222,3 +222,48 @@ def test_a_deadline_stops_sampling_and_evolution_where_it_passes(matmul):
     late = EvolutionarySearch(matmul, CPU, rng=random.Random(2), config=SMALL)
     assert 1 <= len(late.propose(InnerTile(), 8, deadline=time.perf_counter())) <= 8
     assert late.profile.mutation == 0.0
+
+
+def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(matmul):
+    from hexir import knobs
+    from hexir.costmodel import RandomModel
+    from hexir.runtime.default_schedule import default_schedule
+    from hexir.search.evolutionary import SOURCE_LIMIT_FACTOR
+
+    default = Candidate.from_schedule(matmul, default_schedule(matmul, CPU), CPU)
+    with knobs.scope(search_max_source_lines=10):  # the default's own size rules
+        limit = EvolutionarySearch(matmul, CPU, rng=random.Random(0)).source_limit
+    assert limit == SOURCE_LIMIT_FACTOR * default.c_lines
+    with knobs.scope(search_max_source_lines=0):
+        assert EvolutionarySearch(matmul, CPU, rng=random.Random(0)).source_limit is None
+    assert EvolutionarySearch(matmul, GPU, rng=random.Random(0)).source_limit is None
+
+    config = SearchConfig(population=40, generations=0, measure_per_round=8)
+    free = EvolutionarySearch(matmul, CPU, rng=random.Random(4), config=config)
+    free.source_limit = None
+    lines = sorted(c.c_lines for c in free.propose(RandomModel(seed=0), 24))
+    cap = lines[len(lines) // 2]  # half of what an unlimited search proposes is longer
+    capped = EvolutionarySearch(matmul, CPU, rng=random.Random(4), config=config)
+    capped.source_limit = cap
+    batch = capped.propose(RandomModel(seed=0), 8)  # from 10 samples, those within the cap
+    assert batch and all(c.c_lines <= cap for c in batch)
+    assert capped.oversized > 0 and len(batch) + capped.oversized <= 10
+    # The builder compiles the very C the search read.
+    from hexir.search.builders import CpuBuilder
+
+    (built,) = CpuBuilder(workers=1).build(batch[:1])
+    assert built.ok and built.source == batch[0].c_source
+
+
+def test_pick_asks_fits_only_of_what_it_takes(matmul):
+    cands = EvolutionarySearch(matmul, CPU, rng=random.Random(1), config=SMALL).sample(30)
+    ranked = [(float(-i), c) for i, c in enumerate(cands[:20])]
+    asked = []
+
+    def odd(c):
+        asked.append(c.candidate_key)
+        return cands.index(c) % 2 == 1
+
+    batch = pick(ranked, [], 5, 0.0, random.Random(0), odd)
+    assert [cands.index(c) for c in batch] == [1, 3, 5, 7, 9]
+    assert asked == [c.candidate_key for c in cands[:10]]  # and no further
