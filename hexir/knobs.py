@@ -192,6 +192,11 @@ class Knobs:
     search_max_source_lines: int = field(
         default_factory=lambda: _int("HEXIR_SEARCH_MAX_SOURCE_LINES", "2000")
     )
+    # The share of an informed round's batch taken from the neighbours of the task's best
+    # record (one tile factor moved, or one other choice), best scored first.
+    search_climb_share: float = field(
+        default_factory=lambda: _float("HEXIR_SEARCH_CLIMB_SHARE", "0.25")
+    )
     search_mutation_tries: int = field(
         default_factory=lambda: _int("HEXIR_SEARCH_MUTATION_TRIES", "4")
     )

@@ -18,7 +18,13 @@ One round, MetaSchedule's shape, every number a knob (`SearchConfig.from_knobs`)
    copy; a mutation that does not replay is dropped and tried again;
 3. every candidate scored on the way that was never measured (by anyone: the database's
    candidate keys count) is ranked by score; the batch is the top of that ranking, less a
-   `search_epsilon` share of random unmeasured samples, which keep the model honest.
+   `search_epsilon` share of random unmeasured samples, which keep the model honest. Where
+   the model is informed, a `search_climb_share` of the batch comes first: the best-scored
+   unmeasured neighbours of the task's best record (one step of one decision,
+   `mutators.neighbours`), so that each round climbs from the incumbent.
+
+On the CPU a candidate whose C is longer than `source_limit` (SOURCE_LIMIT_FACTOR) is not
+proposed; the C printed to tell is the C its build compiles (`Candidate.c_source`).
 
 Everything random draws from the generator given, so a seeded search proposes the same
 candidates given the same model and the same measurements.
@@ -44,7 +50,7 @@ from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 from hexir.schedule import Trace
 from hexir.search.measure import Candidate
-from hexir.search.mutators import Mutator, default_mutators, mutate
+from hexir.search.mutators import Mutator, default_mutators, mutate, neighbours
 from hexir.search.space import SearchSpace, check_resources
 
 if TYPE_CHECKING:
@@ -392,7 +398,36 @@ class EvolutionarySearch:
             deadline=deadline,
         )
         randoms = [c for c in fresh if c.candidate_key not in measured]
-        return pick(ranked, randoms, n, config.epsilon, self.rng, self._fits)
+        climb = self.climb(model, n, measured) if is_informed(model) else []
+        taken = {c.candidate_key for c in climb}
+        rest = pick([(s, c) for s, c in ranked if c.candidate_key not in taken],
+                    [c for c in randoms if c.candidate_key not in taken],
+                    n - len(climb), config.epsilon, self.rng, self._fits)  # fmt: skip
+        return climb + rest
+
+    def climb(self, model: Predictor, n: int, measured: set[str]) -> list[Candidate]:
+        """A `search_climb_share` of `n`: the unmeasured neighbours (`mutators.neighbours`:
+        one tile factor moved, or one other choice) of the task's best record so far, best
+        scored first. Evolution's children are drawn in proportion to their scores, so on a
+        model trained on a few dozen records it may never step next to the incumbent; these
+        steps climb from it one measured round at a time."""
+        k = int(knobs.get().search_climb_share * n)
+        if k <= 0 or self.database is None:
+            return []
+        with self.profile.timing("database"):
+            best = self.database.best(self.workload_key, self.target, k=1)
+        if not best:
+            return []
+        with self.profile.timing("mutation"):
+            made = self._replayer.many(neighbours(best[0].load_trace()))
+            near = _distinct([c for c in made.values()
+                              if c is not None and c.candidate_key not in measured])  # fmt: skip
+        if not near:
+            return []
+        with self.profile.timing("prediction"):
+            scores = np.asarray(model.predict(near), dtype=float).reshape(-1)
+        order = sorted(range(len(near)), key=lambda i: -scores[i])
+        return pick([(float(scores[i]), near[i]) for i in order], [], k, 0.0, self.rng, self._fits)
 
     @functools.cached_property
     def source_limit(self) -> int | None:

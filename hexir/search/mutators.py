@@ -46,6 +46,7 @@ __all__ = [
     "UnrollMutator",
     "default_mutators",
     "mutate",
+    "neighbours",
     "sites",
 ]
 
@@ -332,6 +333,41 @@ class ComputeLocationMutator:
         count = len(compute_location_candidates(prefix.func, block))
         others = [k for k in range(count) if k != inst.decision]
         return trace.with_decision(index, rng.choice(others)) if others else None
+
+
+def neighbours(trace: Trace) -> list[Trace]:
+    """Every trace one step from `trace`: a prime factor of one tile level moved to another
+    level of the same decision (within the innermost limit), or another option of one
+    categorical choice; in instruction order. The search measures the best-scored of them
+    around a task's incumbent (`EvolutionarySearch.propose`)."""
+    found = sites(trace)
+    out: list[Trace] = []
+    for site in found.tiles:
+        for src, dst in _movable(site, None):
+            for p in _primes(site.factors[src]):
+                factors = list(site.factors)
+                factors[src] //= p
+                factors[dst] *= p
+                last = len(factors) - 1
+                if dst == last and site.max_innermost >= 1 and factors[last] > site.max_innermost:
+                    continue
+                out.append(trace.with_decision(site.index, factors))
+    for choice in found.choices:
+        for k, p in enumerate(choice.probs):
+            if k != choice.decision and p > 0:
+                out.append(trace.with_decision(choice.index, k))
+    return out
+
+
+def _primes(n: int) -> list[int]:
+    found, p = [], 2
+    while p * p <= n:
+        if n % p == 0:
+            found.append(p)
+            while n % p == 0:
+                n //= p
+        p += 1
+    return found + [n] if n > 1 else found
 
 
 def default_mutators() -> tuple[Mutator, ...]:

@@ -267,3 +267,35 @@ def test_pick_asks_fits_only_of_what_it_takes(matmul):
     batch = pick(ranked, [], 5, 0.0, random.Random(0), odd)
     assert [cands.index(c) for c in batch] == [1, 3, 5, 7, 9]
     assert asked == [c.candidate_key for c in cands[:10]]  # and no further
+
+
+def test_an_informed_round_climbs_from_the_best_record_one_step_at_a_time(matmul, tmp_path):
+    from hexir import knobs
+    from hexir.search.mutators import neighbours
+
+    db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    first = EvolutionarySearch(matmul, CPU, rng=random.Random(6), config=SMALL)
+    slow, best = first.sample(2)
+    for c, seconds in ((slow, 2e-3), (best, 1e-3)):
+        db.commit_record(matmul, CPU, c.trace, MeasureResult((seconds,)),
+                         candidate_key=c.candidate_key)  # fmt: skip
+    steps = neighbours(best.trace)
+    assert steps and all(
+        sum(a != b for a, b in zip(s.decisions, best.trace.decisions, strict=True)) == 1
+        for s in steps
+    )
+    search = EvolutionarySearch(matmul, CPU, rng=random.Random(7), database=db, config=SMALL)
+    with knobs.scope(search_climb_share=0.5):
+        batch = search.propose(InnerTile(), 8)
+    near = {replay(matmul, s, CPU).candidate_key for s in steps if replay(matmul, s, CPU)}
+    climbed = [c for c in batch[:4] if c.candidate_key in near]
+    assert len(climbed) == min(4, len(near))  # the first half of the batch, best scored first
+    scores = InnerTile().predict(climbed)
+    assert list(scores) == sorted(scores, reverse=True)
+    assert len({c.candidate_key for c in batch}) == len(batch) == 8
+    with knobs.scope(search_climb_share=0.0):
+        assert search.climb(InnerTile(), 8, set()) == []
+    # Measured neighbours are not proposed again.
+    with knobs.scope(search_climb_share=0.5):
+        again = search.climb(InnerTile(), 8, {c.candidate_key for c in climbed})
+    assert {c.candidate_key for c in again}.isdisjoint(c.candidate_key for c in climbed)
