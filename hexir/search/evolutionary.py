@@ -51,6 +51,7 @@ from hexir.runtime.target import Target
 from hexir.schedule import Trace
 from hexir.search.measure import Candidate
 from hexir.search.mutators import Mutator, default_mutators, mutate, neighbours
+from hexir.search.sources import print_sources
 from hexir.search.space import SearchSpace, check_resources
 
 if TYPE_CHECKING:
@@ -400,6 +401,10 @@ class EvolutionarySearch:
         randoms = [c for c in fresh if c.candidate_key not in measured]
         climb = self.climb(model, n, measured) if is_informed(model) else []
         taken = {c.candidate_key for c in climb}
+        if self.source_limit is not None:  # the C `_fits` reads, printed side by side
+            likely = _distinct([c for _, c in ranked if c.candidate_key not in taken])
+            with self.profile.timing("building"):
+                print_sources(likely[: n - len(climb)])
         rest = pick([(s, c) for s, c in ranked if c.candidate_key not in taken],
                     [c for c in randoms if c.candidate_key not in taken],
                     n - len(climb), config.epsilon, self.rng, self._fits)  # fmt: skip
@@ -427,6 +432,9 @@ class EvolutionarySearch:
         with self.profile.timing("prediction"):
             scores = np.asarray(model.predict(near), dtype=float).reshape(-1)
         order = sorted(range(len(near)), key=lambda i: -scores[i])
+        if self.source_limit is not None:
+            with self.profile.timing("building"):
+                print_sources([near[i] for i in order[:k]])
         return pick([(float(scores[i]), near[i]) for i in order], [], k, 0.0, self.rng, self._fits)
 
     @functools.cached_property

@@ -76,6 +76,15 @@ class Candidate:
 
         return c_source(self.func, self.target)
 
+    def keep_source(self, source: str) -> None:
+        """Hold `source`, printed elsewhere from this candidate's func (a helper process:
+        hexir/search/sources.py), as its `c_source`."""
+        self.__dict__["c_source"] = source
+
+    @property
+    def has_source(self) -> bool:
+        return "c_source" in self.__dict__
+
     @property
     def c_lines(self) -> int:
         return self.c_source.count("\n")

@@ -74,6 +74,16 @@ class MeasureRequest:
 
 
 @dataclass(frozen=True)
+class SourceRequest:
+    """Print a CPU candidate's C (`hexir.runtime.build.c_source`): a helper's share of a
+    batch (hexir/search/sources.py). The reply's info holds it under "source"."""
+
+    func: PrimFunc
+    target: Target
+    knobs: knobs.Knobs
+
+
+@dataclass(frozen=True)
 class Reply:
     """Latencies (seconds), or an error kind and message; `bug` is the traceback of an
     unexpected exception in the worker."""
@@ -126,7 +136,9 @@ class WorkerProcess:
         self.references: set[str] = set()  # reference files this worker has been given
         self._receive(STARTUP_TIMEOUT)
 
-    def call(self, request: ReferenceRequest | MeasureRequest, timeout: float) -> Reply:
+    def call(
+        self, request: ReferenceRequest | MeasureRequest | SourceRequest, timeout: float
+    ) -> Reply:
         """The worker's reply to `request`; raises WorkerTimedOut after `timeout` seconds
         (having killed the worker) or WorkerDied when it ends."""
         try:
@@ -212,6 +224,11 @@ def _answer(request: object, references: OrderedDict[str, tuple[Arrays, Arrays]]
             case MeasureRequest():
                 with _knobs(request.reference.knobs):
                     return _measure(request, _reference(request.reference, references))
+            case SourceRequest():
+                from hexir.runtime.build import c_source
+
+                with _knobs(request.knobs):
+                    return Reply(info={"source": c_source(request.func, request.target)})
         raise TypeError(f"not a measurement request: {request!r}")
     except HexirError as e:
         return Reply(error_kind="run", error_message=str(e))
