@@ -7,6 +7,7 @@ import itertools
 import json
 import threading
 
+import numpy as np
 import pytest
 
 import hexir
@@ -284,6 +285,47 @@ def test_a_candidate_past_its_cutoff_is_timed_by_one_warm_call():
             clock = _Clock(0.01)
             latencies, _ = time_kernel(clock, [], first=first, cutoff=cutoff)
             assert len(latencies) == 10 and clock.calls > 10
+
+
+def test_a_kernel_of_large_arrays_is_timed_cold_one_call_at_a_time(monkeypatch):
+    from hexir.search import worker
+
+    evictions = []
+    monkeypatch.setattr(worker, "evict_caches", lambda: evictions.append(1))
+    big = [np.empty(worker.COLD_BYTES + 1, dtype=np.uint8)]
+    with knobs.scope(timing_repeats=10, timing_min_seconds=0.05, timing_max_seconds=1.0):
+        clock = _Clock(0.001)
+        latencies, number = worker.time_kernel(clock, big, first=0.001)
+        assert len(latencies) == 10 and number == 1 and clock.calls == 10 == len(evictions)
+        slow = _Clock(0.4)  # past timing_max_seconds: the fewest repeats
+        latencies, number = worker.time_kernel(slow, big, first=0.4)
+        assert len(latencies) == worker.MIN_SLOW_REPEATS and number == 1
+        cut = _Clock(0.01)
+        latencies, number = worker.time_kernel(cut, big, first=0.01, cutoff=0.003)
+        assert latencies == [0.01] and cut.calls == 1
+        small = _Clock(0.001)  # under COLD_BYTES: warm, several calls a latency
+        assert worker.time_kernel(small, [big[0][:1024]], first=0.001)[1] == 5
+
+
+def test_emptying_the_caches_slows_a_kernel_whose_data_fit_in_them():
+    from hexir.search.worker import evict_caches
+
+    a = np.random.default_rng(0).standard_normal(1 << 20, dtype=np.float32)  # 4 MB
+    a.sum()
+    warm = min(_timed(a.sum) for _ in range(20))
+    cold = []
+    for _ in range(20):
+        evict_caches()
+        cold.append(_timed(a.sum))
+    assert sorted(cold)[10] > 1.2 * warm  # from memory, not from cache
+
+
+def _timed(f) -> float:  # noqa: ANN001
+    import time
+
+    start = time.perf_counter()
+    f()
+    return time.perf_counter() - start
 
 
 def test_the_runner_cuts_a_slow_candidate_short(quick, runner):
