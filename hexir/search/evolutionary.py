@@ -401,13 +401,12 @@ class EvolutionarySearch:
         randoms = [c for c in fresh if c.candidate_key not in measured]
         climb = self.climb(model, n, measured) if is_informed(model) else []
         taken = {c.candidate_key for c in climb}
+        ranked = [(s, c) for s, c in ranked if c.candidate_key not in taken]
         if self.source_limit is not None:  # the C `_fits` reads, printed side by side
-            likely = _distinct([c for _, c in ranked if c.candidate_key not in taken])
             with self.profile.timing("building"):
-                print_sources(likely[: n - len(climb)])
-        rest = pick([(s, c) for s, c in ranked if c.candidate_key not in taken],
-                    [c for c in randoms if c.candidate_key not in taken],
-                    n - len(climb), config.epsilon, self.rng, self._fits)  # fmt: skip
+                print_sources(_distinct([c for _, c in ranked])[: n - len(climb)])
+        randoms = [c for c in randoms if c.candidate_key not in taken]
+        rest = pick(ranked, randoms, n - len(climb), config.epsilon, self.rng, self._fits)
         return climb + rest
 
     def climb(self, model: Predictor, n: int, measured: set[str]) -> list[Candidate]:

@@ -188,9 +188,7 @@ def _move(site: TileSite, src: int, dst: int, rng: random.Random) -> tuple[int, 
     """The factors with a divisor > 1 of level `src` moved to level `dst`, respecting the
     innermost limit; None when no divisor fits."""
     factors = list(site.factors)
-    cap = None
-    if dst == len(factors) - 1 and site.max_innermost >= 1:
-        cap = site.max_innermost // factors[dst]
+    cap = _room(site, dst)
     options = [d for d in divisors(factors[src]) if d > 1 and (cap is None or d <= cap)]
     if not options:
         return None
@@ -198,6 +196,14 @@ def _move(site: TileSite, src: int, dst: int, rng: random.Random) -> tuple[int, 
     factors[src] //= d
     factors[dst] *= d
     return tuple(factors)
+
+
+def _room(site: TileSite, dst: int) -> int | None:
+    """The largest factor level `dst` may take in: the innermost limit over what the
+    innermost level holds; None: any."""
+    if dst == len(site.factors) - 1 and site.max_innermost >= 1:
+        return site.max_innermost // site.factors[dst]
+    return None
 
 
 def _movable(site: TileSite, marked: str | None) -> list[tuple[int, int]]:
@@ -344,13 +350,13 @@ def neighbours(trace: Trace) -> list[Trace]:
     out: list[Trace] = []
     for site in found.tiles:
         for src, dst in _movable(site, None):
+            cap = _room(site, dst)
             for p in _primes(site.factors[src]):
+                if cap is not None and p > cap:
+                    continue
                 factors = list(site.factors)
                 factors[src] //= p
                 factors[dst] *= p
-                last = len(factors) - 1
-                if dst == last and site.max_innermost >= 1 and factors[last] > site.max_innermost:
-                    continue
                 out.append(trace.with_decision(site.index, factors))
     for choice in found.choices:
         for k, p in enumerate(choice.probs):

@@ -286,7 +286,7 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
         return Reply(error_kind="wrong_result", error_message=problem)
     latencies, number = time_kernel(kernel, [*inputs, *outputs], first, request.cutoff)
     info: dict[str, Any] = {"worker_pid": os.getpid(), "calls_per_latency": number}
-    if sum(a.nbytes for a in [*inputs, *outputs]) > COLD_BYTES:
+    if is_cold([*inputs, *outputs]):
         info["cold"] = True  # each call after the caches were emptied
     if request.cutoff is not None and len(latencies) == 1 and latencies[0] > request.cutoff:
         info["cut"] = True  # slower than the cutoff: timed by one warm call
@@ -317,6 +317,11 @@ EVICT_BYTES = 64 << 20
 _evict: np.ndarray | None = None
 
 
+def is_cold(arrays: list[np.ndarray]) -> bool:
+    """Whether a kernel of `arrays` is timed cold (they hold more than COLD_BYTES)."""
+    return sum(a.nbytes for a in arrays) > COLD_BYTES
+
+
 def evict_caches() -> None:
     """Write EVICT_BYTES (twice a large L3), so that what a kernel reads next comes from
     memory."""
@@ -343,7 +348,7 @@ def time_kernel(
     call as well as by ten. A kernel whose arrays hold more than COLD_BYTES is timed cold: one
     call per latency, each after `evict_caches`."""
     k = knobs.get()
-    if sum(a.nbytes for a in arrays) > COLD_BYTES:
+    if is_cold(arrays):
         return _time_cold(kernel, arrays, first, cutoff), 1
     if cutoff is not None and first is not None and first > cutoff:
         with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
@@ -376,7 +381,8 @@ def _time_cold(
             evict_caches()
             latencies.append(kernel.time(*arrays))
             spent += latencies[-1]
-            if cutoff is not None and first is not None and first > cutoff < latencies[-1]:
+            past_cutoff = cutoff is not None and first is not None and first > cutoff
+            if past_cutoff and latencies[-1] > cutoff:
                 break
             if len(latencies) >= MIN_SLOW_REPEATS and spent >= k.timing_max_seconds:
                 break
