@@ -81,6 +81,10 @@ REPLAY_CACHE = 8192
 # took the C compiled from 58k lines to 39k and the time a trial from 1.71 to 1.28 s.
 SOURCE_LIMIT_FACTOR = 2
 
+# Under a search deadline, sampling fresh schedules stops after this share of the time left,
+# and evolution has the rest (`_share`).
+SAMPLING_SHARE = 0.5
+
 
 class Predictor(Protocol):
     """What the search needs of a cost model: scores, higher is faster. A model may also say
@@ -236,6 +240,16 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() >= deadline
 
 
+def _share(deadline: float | None) -> float | None:
+    """When sampling must stop so that evolution keeps the rest of the time to `deadline`:
+    the `SAMPLING_SHARE` of it from now (drawing a conv's schedules takes tens of ms each, and
+    a round's population would take all of it, leaving the model nothing to steer)."""
+    if deadline is None:
+        return None
+    now = time.perf_counter()
+    return now + SAMPLING_SHARE * max(0.0, deadline - now)
+
+
 def _distinct(candidates: Sequence[Candidate]) -> list[Candidate]:
     return list({c.candidate_key: c for c in candidates}.values())
 
@@ -386,7 +400,9 @@ class EvolutionarySearch:
         measured = self.measured_keys()
         best = self.best_candidates(config)
         with self.profile.timing("sampling"):
-            fresh = self.sample(config.population - len(best), deadline, least=n, skip=measured)
+            fresh = self.sample(
+                config.population - len(best), _share(deadline), least=n, skip=measured
+            )
         ranked = evolve(
             best + fresh,
             model,
@@ -444,17 +460,24 @@ class EvolutionarySearch:
         limit = knobs.get().search_max_source_lines
         if limit <= 0 or self.target.kind != "cpu":
             return None
+        if self.default is not None:  # else no default to compare with: the knob's limit
+            with self.profile.timing("building"):
+                limit = max(limit, SOURCE_LIMIT_FACTOR * self.default.c_lines)
+        return limit
+
+    @functools.cached_property
+    def default(self) -> Candidate | None:
+        """The task's default schedule (hexir/runtime/default_schedule.py), made once: a tune
+        measures it first and confirms it, and its C sets `source_limit` (printed once, the
+        builder compiles the same text); None where it cannot be made."""
         from hexir.runtime.default_schedule import default_schedule
 
         try:
-            default = Candidate.from_schedule(
+            return Candidate.from_schedule(
                 self.func, default_schedule(self.func, self.target), self.target
             )
-            with self.profile.timing("building"):
-                limit = max(limit, SOURCE_LIMIT_FACTOR * default.c_lines)
         except HexirError:
-            pass  # no default to compare with: the knob's limit
-        return limit
+            return None
 
     def _fits(self, candidate: Candidate) -> bool:
         """Whether `candidate` prints within `source_limit` (its C, made here, is what the

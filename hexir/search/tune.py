@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from hexir import knobs
-from hexir.errors import HexirError
 from hexir.ir.graph import Graph
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
@@ -298,7 +297,7 @@ class _Tuner:
         # The default schedule first, even in a round of one: the baseline every other
         # candidate (and the other form of a conv: hexir/graph/forms.py) is judged against.
         if first and knobs.get().tune_measure_default:
-            default = _default_candidate(self.tasks[i].func, self.target)
+            default = search.default
             if default is not None and default.candidate_key not in search.measured_keys():
                 batch.append(default)
         taken = {c.candidate_key for c in batch}
@@ -409,7 +408,7 @@ class _Tuner:
                 continue
             records = self.db.best(task.workload_key, self.target, k=k)
             batch = [self.searches[i].replay(r.load_trace()) for r in records]
-            default = _default_candidate(task.func, self.target)
+            default = self.searches[i].default
             if default is not None and default.candidate_key in self.searches[i].measured_keys():
                 batch.append(default)
             batch = list({c.candidate_key: c for c in batch if c is not None}.values())
@@ -508,11 +507,11 @@ class _Tuner:
 
     def result(self) -> TuneResult:
         out = []
-        for task, n in zip(self.tasks, self.trials, strict=True):
+        for task, search, n in zip(self.tasks, self.searches, self.trials, strict=True):
             records = self.db.best(task.workload_key, self.target, k=1)
             trace = records[0].load_trace() if records else None
             latency = records[0].median if records else None
-            default = _default_latency(self.db, task, self.target)
+            default = _default_latency(self.db, task, self.target, search.default)
             out.append(
                 TaskResult(
                     task.name,
@@ -543,17 +542,10 @@ def _task_rng(seed: int | None, key: str) -> random.Random:
     return random.Random() if seed is None else random.Random(f"hexir.tune:{seed}:{key}")
 
 
-def _default_candidate(func: PrimFunc, target: Target) -> Candidate | None:
-    from hexir.runtime.default_schedule import default_schedule
-
-    try:
-        return Candidate.from_schedule(func, default_schedule(func, target), target)
-    except HexirError:
-        return None
-
-
-def _default_latency(db: Database, task: Task, target: Target) -> float | None:
-    default = _default_candidate(task.func, target)
+def _default_latency(
+    db: Database, task: Task, target: Target, default: Candidate | None
+) -> float | None:
+    """The best measured time of task's `default` schedule candidate (None: never measured)."""
     if default is None:
         return None
     times = [

@@ -224,6 +224,26 @@ def test_a_deadline_stops_sampling_and_evolution_where_it_passes(matmul):
     assert late.profile.mutation == 0.0
 
 
+def test_sampling_stops_halfway_to_a_round_deadline_and_leaves_evolution_the_rest(
+    matmul, monkeypatch
+):
+    import time
+
+    config = SearchConfig(population=64, generations=4, min_population=64)
+    search = EvolutionarySearch(matmul, CPU, rng=random.Random(3), config=config)
+    draw = SearchSpace.sample_schedule
+
+    def slow_draw(space, *args):
+        time.sleep(0.02)  # 64 draws would take 1.3 s, twice the deadline
+        return draw(space, *args)
+
+    monkeypatch.setattr(SearchSpace, "sample_schedule", slow_draw)
+    start = time.perf_counter()
+    assert len(search.propose(InnerTile(), 4, deadline=start + 0.6)) == 4
+    assert 0.2 < search.profile.sampling < 0.45  # half of the 0.6 s, with a draw's slack
+    assert search.profile.mutation > 0.0  # evolution had the other half
+
+
 def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(matmul):
     from hexir import knobs
     from hexir.costmodel import RandomModel
