@@ -3,6 +3,7 @@
     curves = tuning_curves(db, tasks, "cpu-avx2-fma", "mlp", model=True)
     print_summary(sys.stdout, curves, db.shown)  # per task: trials, best, speedup over the first
     draw(curves, "mlp.png")                      # needs matplotlib (pip install 'hexir[plot]')
+    figure(curves)                               # the matplotlib Figure it writes
 
 The values come from hexir/database/curves.py; this module only lays them out. matplotlib is
 imported inside `draw` (with the Agg canvas, no pyplot state), so the rest of the command
@@ -21,12 +22,16 @@ from hexir.errors import HexirError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
     from hexir.database import Database
     from hexir.search.scheduler import Task
 
 PLOT_INSTALL = "pip install 'hexir[plot]'"
 LABEL_CHARS = 40
+# A plot names at most this many tasks, the slowest (`_named`); the others are thin grey lines.
+NAMED_TASKS = 12
+DPI = 110
 
 
 @dataclass(frozen=True)
@@ -151,22 +156,36 @@ def _estimate_line(estimate: tuple[Point, ...]) -> str:
 
 
 def draw(curves: Curves, path: str) -> None:
+    """`figure(curves)` written as an image (PNG, or what the file's suffix names)."""
+    figure(curves).savefig(path, dpi=DPI)
+
+
+def figure(curves: Curves) -> Figure:
     """Two panels, best latency so far against trials and against wall time (log scale): a
-    line per task, and a model's estimated end to end thicker; written as an image (PNG, or
-    what the file's suffix names)."""
+    line per task (the slowest NAMED_TASKS named in the legend, `_named`), and a model's
+    estimated end to end thicker."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(13, 5.5), layout="constrained")
-    FigureCanvasAgg(figure)
-    by_trial, by_time = figure.subplots(1, 2, sharey=True)
+    fig = Figure(figsize=(13, 5.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    by_trial, by_time = fig.subplots(1, 2, sharey=True)
     unit, per = _time_unit(curves.span)
     y_unit, y_scale = _latency_unit(curves)
     model = curves.estimate is not None
-    for curve, weight, other in zip(curves.tasks, curves.weights, curves.alternative, strict=True):
-        label = _label(curve, weight, other, model=model)
-        color = _line(by_trial, curve.points, lambda p: p.trial, y_scale, label)
-        _line(by_time, curve.points, lambda p: p.seconds / per, y_scale, None, color=color)
+    named = _named(curves)
+    rest = dict(color="0.7", linewidth=0.8)
+    for i, (curve, weight, other) in enumerate(
+        zip(curves.tasks, curves.weights, curves.alternative, strict=True)
+    ):
+        label = _label(curve, weight, other, model=model) if i in named else None
+        style = {} if i in named else rest
+        color = _line(by_trial, curve.points, lambda p: p.trial, y_scale, label, **style)
+        style = {**style, "color": color}
+        _line(by_time, curve.points, lambda p: p.seconds / per, y_scale, None, **style)
+    if len(named) < len(curves.tasks):
+        others = len(curves.tasks) - len(named)
+        by_trial.plot([], [], label=f"{plural(others, 'other task')} (grey)", **rest)
     if curves.estimate is not None:
         style = dict(color="black", linewidth=3.0)
         label = "end to end (sum of weight x best)"
@@ -179,11 +198,12 @@ def draw(curves: Curves, path: str) -> None:
         axes.set_yscale("log")
         _plain_log_labels(axes, curves)
         axes.grid(True, which="both", alpha=0.3)
-    figure.suptitle(f"tuning {curves.title} on {curves.target_key}")
-    if by_trial.get_legend_handles_labels()[0]:  # none where every trial failed
-        columns = max(1, min(4, (len(curves.tasks) + 1) // 6 + 1))
-        figure.legend(loc="outside lower center", ncols=columns, fontsize="small")
-    figure.savefig(path, dpi=110)
+    fig.suptitle(f"tuning {curves.title} on {curves.target_key}")
+    entries = len(by_trial.get_legend_handles_labels()[0])
+    if entries:  # none where every trial failed
+        columns = max(1, min(3, (entries + 5) // 6))
+        fig.legend(loc="outside lower center", ncols=columns, fontsize="small")
+    return fig
 
 
 def _line(
@@ -202,6 +222,19 @@ def _line(
     (line,) = axes.step(xs, ys, where="post", label=label, **style)
     axes.plot(xs[-1:], ys[-1:], "o", color=line.get_color())
     return line.get_color()
+
+
+def _named(curves: Curves) -> set[int]:
+    """The tasks drawn in colour with a name in the legend: all of them up to NAMED_TASKS,
+    else the NAMED_TASKS that take the most time (weight x best; a model's tasks are tens,
+    and a legend of them all is wider than the figure)."""
+    if len(curves.tasks) <= NAMED_TASKS:
+        return set(range(len(curves.tasks)))
+    cost = [
+        (weight * c.best if c.best is not None else 0.0)
+        for c, weight in zip(curves.tasks, curves.weights, strict=True)
+    ]
+    return set(sorted(range(len(cost)), key=lambda i: -cost[i])[:NAMED_TASKS])
 
 
 def _label(curve: TaskCurve, weight: int, other: bool, *, model: bool) -> str:

@@ -138,3 +138,31 @@ def test_a_workload_whose_every_trial_failed_still_plots(tmp_path, monkeypatch, 
     assert (tmp_path / "matmul-tuning.png").read_bytes()[:8] == PNG_MAGIC
     (row,) = [line for line in capsys.readouterr().out.splitlines() if " matmul " in line]
     assert row.split()[2:8] == ["1", "1", "1", "-", "-", "-"]  # weight, trials, errors, ...
+
+
+def test_a_model_of_many_tasks_names_its_slowest_and_its_legend_fits_the_figure():
+    from hexir.cli.plot import NAMED_TASKS, Curves, figure
+    from hexir.database.curves import Point, TaskCurve
+
+    rng = np.random.default_rng()
+    n = 54  # ResNet-18's tasks, both forms of its convs
+    tasks, weights = [], []
+    for i in range(n):
+        best = float(rng.uniform(1e-5, 1e-3))
+        points = tuple(Point(t + 1, 10.0 * t, best * (1 + 1 / (t + 1))) for t in range(5))
+        tasks.append(TaskCurve(f"fused_conv2d_bias_add_add_relu_{i}", f"{i:064x}", points, 0))
+        weights.append(int(rng.integers(1, 5)))
+    ends = tuple(Point(t + 1, 10.0 * t, 1e-2) for t in range(5))
+    curves = Curves("resnet18", "cpu-x", tuple(tasks), tuple(weights), (False,) * n, ends)
+    fig = figure(curves)
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    labels = [t.get_text() for t in legend.get_texts()]
+    slowest = sorted(range(n), key=lambda i: -weights[i] * tasks[i].best)[:NAMED_TASKS]
+    assert len(labels) == NAMED_TASKS + 2  # and one entry for the others, one for end to end
+    assert {label.split(" x")[0] for label in labels[:NAMED_TASKS]} == {
+        tasks[i].name for i in slowest
+    }
+    assert labels[NAMED_TASKS] == f"{n - NAMED_TASKS} other tasks (grey)"
+    box, page = legend.get_window_extent(), fig.bbox
+    assert 0 <= box.x0 and box.x1 <= page.x1 and 0 <= box.y0
