@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from hexir import knobs
+from hexir.database.record import standing
 from hexir.ir.graph import Graph
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
@@ -545,12 +546,15 @@ def _task_rng(seed: int | None, key: str) -> random.Random:
 def _default_latency(
     db: Database, task: Task, target: Target, default: Candidate | None
 ) -> float | None:
-    """The best measured time of task's `default` schedule candidate (None: never measured)."""
+    """Where task's `default` schedule candidate stands, as `Database.best` ranks candidates
+    (the median of its quiet records: its best against the tune's best on one footing); None
+    where it was never measured."""
     if default is None:
         return None
-    times = [
-        r.median
+    threshold = knobs.get().measure_calibration_threshold
+    runs = [
+        r
         for r in db.records(task.workload_key, target)
-        if r.candidate_key == default.candidate_key and r.median is not None
+        if r.candidate_key == default.candidate_key and r.is_valid
     ]
-    return min(times) if times else None
+    return standing(runs, [int(r.suspect(threshold)) for r in runs])[1].median if runs else None
