@@ -114,35 +114,55 @@ CUDA_BANDWIDTHS: dict[str, float] = {
 # The buffer a CPU's bandwidth is measured on: cache-sized, as candidates are timed with warm
 # inputs (a kernel that streams from DRAM is slower than this rate, never faster).
 BANDWIDTH_BYTES = 4 << 20
+# The buffer of the memory bandwidth (`bandwidth(..., memory=True)`): past any L3 of ours (32
+# MiB), the rate of a kernel timed cold (hexir/search/worker.py: COLD_BYTES).
+MEMORY_BANDWIDTH_BYTES = 128 << 20
 
 
-def bandwidth(target: Target, cache_dir: str) -> Bandwidth:
-    """Bytes a second the target moves: on CUDA the reference GPU's memory (data sheet), on
-    the CPU a copy of a cache-sized buffer, measured once per machine and cached."""
+def bandwidth(target: Target, cache_dir: str, memory: bool = False) -> Bandwidth:
+    """Bytes a second the target moves: on CUDA the reference GPU's memory (data sheet); on
+    the CPU a copy of a cache-sized buffer, or with `memory` of one four times a large L3 (the
+    rate of a kernel whose data comes from DRAM), measured once per machine and cached."""
     if target.kind == "cuda":
         return Bandwidth(CUDA_BANDWIDTHS[target.arch], f"{target.arch} memory (data sheet)")
-    path = _clock_path(target, cache_dir).with_suffix(".bandwidth.json")
+    size = MEMORY_BANDWIDTH_BYTES if memory else BANDWIDTH_BYTES
+    suffix = ".memory-bandwidth.json" if memory else ".bandwidth.json"
+    path = _clock_path(target, cache_dir).with_suffix(suffix)
     rate, how = _cached(path, "bytes_per_s"), "cached"
     if rate is None:
-        rate, how = measure_cpu_bandwidth(), "measured now"
+        rate, how = measure_cpu_bandwidth(size=size), "measured now"
         _write(path, "bytes_per_s", rate)
-    return Bandwidth(rate, f"a {BANDWIDTH_BYTES >> 20} MiB copy, read and written ({how})")
+    return Bandwidth(rate, f"a {size >> 20} MiB copy, read and written ({how})")
 
 
-def measure_cpu_bandwidth(trials: int = 20) -> float:
-    """Bytes read and written a second by numpy's copy of a BANDWIDTH_BYTES buffer: the best
-    of `trials` copies after a warm-up one."""
+def measure_cpu_bandwidth(trials: int = 20, size: int = BANDWIDTH_BYTES) -> float:
+    """Bytes read and written a second by numpy's copy of a `size`-byte buffer: the best of
+    `trials` copies after a warm-up one. A buffer past the caches is copied a slice per core on
+    a thread each (numpy copies without the GIL: one core need not draw all the memory's
+    bandwidth), and fewer times (a copy takes milliseconds); a cache-sized one on one thread
+    (a thread's start would be most of its copy's time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
 
-    src = np.ones(BANDWIDTH_BYTES // 4, np.float32)
+    src = np.ones(size // 4, np.float32)
     dst = np.empty_like(src)
-    np.copyto(dst, src)
-    best = math.inf
-    for _ in range(trials):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * BANDWIDTH_BYTES / max(best, 1e-9)
+    past = size > BANDWIDTH_BYTES
+    cores = max(1, os.cpu_count() or 1) if past else 1
+    parts = list(zip(np.array_split(dst, cores), np.array_split(src, cores), strict=True))
+    trials = max(3, trials // 4) if past else trials
+    with ThreadPoolExecutor(cores) as pool:
+
+        def copy() -> None:
+            list(pool.map(lambda part: np.copyto(*part), parts))
+
+        copy()
+        best = math.inf
+        for _ in range(trials):
+            start = time.perf_counter()
+            copy()
+            best = min(best, time.perf_counter() - start)
+    return 2 * size / max(best, 1e-9)
 
 
 def cpu_peak(target: Target, override_gflops: float, cache_dir: str) -> Peak:

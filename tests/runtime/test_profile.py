@@ -218,6 +218,25 @@ def test_the_cpu_bandwidth_is_measured_once(tmp_path, monkeypatch):
     assert gpu.bytes_per_s == pytest.approx(3.35e12) and "GB/s" in str(gpu)
 
 
+def test_the_memory_bandwidth_is_a_copy_past_the_caches_measured_once(tmp_path, monkeypatch):
+    target = hexir.Target("cpu")
+    sizes = []
+    measure = peak_module.measure_cpu_bandwidth
+
+    def measuring(*args, size, **kwargs):
+        sizes.append(size)
+        return measure(*args, size=size, **kwargs)
+
+    monkeypatch.setattr(peak_module, "measure_cpu_bandwidth", measuring)
+    first = peak_module.bandwidth(target, str(tmp_path), memory=True)
+    second = peak_module.bandwidth(target, str(tmp_path), memory=True)
+    (cached,) = (tmp_path / "peak").glob("*.memory-bandwidth.json")
+    assert sizes == [peak_module.MEMORY_BANDWIDTH_BYTES] and sizes[0] >= 4 * (32 << 20)
+    assert first.bytes_per_s == second.bytes_per_s == json.loads(cached.read_text())["bytes_per_s"]
+    assert 1e9 < first.bytes_per_s < 1e13 and "128 MiB copy" in first.how
+    assert not list((tmp_path / "peak").glob("*[0-9a-f].bandwidth.json"))  # the cache's: apart
+
+
 def test_the_cuda_peak_comes_from_the_arch_table():
     peak = hexir.Target("cuda -arch=sm_90").peak()
     assert peak.flops == pytest.approx(132 * 1.98e9 * 128 * 2)  # ~66.9 TFLOP/s

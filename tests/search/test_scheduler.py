@@ -18,6 +18,7 @@ from hexir.search.scheduler import (
     roofline,
     traffic_bytes,
 )
+from hexir.search.worker import COLD_BYTES
 
 
 def test_a_primfunc_is_one_task():
@@ -90,6 +91,11 @@ def test_roofline_of_compute_and_memory_bound_tasks():
     assert roofline(relu, target) == pytest.approx(2 * 1024**2 * 4 / rate)
     # A 256^3 matmul takes longer at the peak than moving its bytes; a relu the other way.
     assert 2 * 256**3 / peak > 3 * 256**2 * 4 / rate and relu.flops / peak < 2 * 1024**2 * 4 / rate
+    # 16 MB, more than a tune times warm (COLD_BYTES): its bytes move at memory's rate.
+    (big,) = extract_tasks(hexir.workload("relu", shape=(2048, 1024)))
+    memory = bandwidth(target, hexir.knobs.get().cache_dir, memory=True).bytes_per_s
+    assert traffic_bytes(big.func) > COLD_BYTES
+    assert roofline(big, target) == pytest.approx(2 * 2048 * 1024 * 4 / memory)
 
 
 def test_gradient_gains_weigh_recent_progress_and_the_forward_estimate():
@@ -97,10 +103,25 @@ def test_gradient_gains_weigh_recent_progress_and_the_forward_estimate():
     falling = [4.0, 3.0, 2.0, 1.0]
     gains = gradient_gains([flat, falling, [math.inf], []], [1, 1, 1, 1], alpha=0.5, window=3)
     assert gains[1] > gains[0] > 0 and gains[2] == math.inf and gains[3] == 0.0
-    assert gains[0] == pytest.approx(0.5 * 1.0 / 4)
+    # The flat task's forward estimate is weighed by its rounds' hits: its first of four.
+    assert gains[0] == pytest.approx(0.5 * 1.0 / 4 * 1 / 4)
     assert gains[1] == pytest.approx(0.5 * (4.0 - 1.0) / 3 + 0.5 * 1.0 / 4)
     heavy = gradient_gains([flat, flat], [1, 10], alpha=0.2, window=3)
     assert heavy[1] == pytest.approx(10 * heavy[0])
+
+
+def test_a_task_whose_rounds_find_nothing_falls_behind_one_that_keeps_finding():
+    # ResNet-18 at 2000 trials: a Winograd batch_matmul run three times, 0.54 ms from its
+    # first round on, was picked for 462 trials while convs still improving waited.
+    curves = [lambda r: 0.54e-3, lambda r: 0.9e-3 * 0.97 ** (r - 1)]
+    order, _ = _simulate(curves, [3, 1], trials=120)
+    assert order[:2] == [0, 1]
+    later = order[2:]  # 21 rounds to 7 (without the hits, the stuck task's forward estimate,
+    assert later.count(1) >= 2.5 * later.count(0)  # 3 x 0.54 / rounds, won 19 to 9)
+    stuck = gradient_gains([[0.54e-3] * 4, [0.9e-3 * 0.97**r for r in range(4)]], [3, 1], 0.2, 3)
+    assert stuck[1] > stuck[0]
+    noisy = gradient_gains([[1.0, 0.995, 0.999, 0.996]], [1], 0.2, 3)  # timing noise: no hit
+    assert noisy[0] == pytest.approx(0.2 * (1.0 - 0.996) / 3 + 0.8 * 0.996 / 4 / 4)
 
 
 def _simulate(curves, weights, trials, per_round=4, exhausted=()):
