@@ -40,15 +40,10 @@ class DefaultLatencies:
 
     def refresh(self, i: int) -> float | None:
         """Task `i`'s default latency, read from the database while it is not known yet."""
-        if i not in self.known and self.keys[i] is not None:
-            task = self.tasks[i]
-            times = [
-                r.median
-                for r in self.db.records(task.workload_key, self.target)
-                if r.candidate_key == self.keys[i] and r.median is not None
-            ]
-            if times:
-                self.known[i] = min(times)
+        if i not in self.known and (key := self.keys[i]) is not None:
+            record = self.db.standing(self.tasks[i].workload_key, self.target, key)
+            if record is not None:
+                self.known[i] = record.median
         return self.known.get(i)
 
     def get(self, i: int) -> float | None:
@@ -86,16 +81,20 @@ class _Base:
         self.elapsed = progress.elapsed
 
     def _model(self, progress: Progress) -> str:
-        """The model's estimated latency, default and best, or how many tasks are unknown."""
-        best = [t.best_latency for t in progress.tasks]
-        default = [self.defaults.get(i) for i in range(len(progress.tasks))]
-        missing = sum(b is None for b in best)
+        """The model's estimated latency, default and best, or how many tasks are unknown:
+        over the kernels the rule builds, as the final report's estimate (a conv's other form
+        is not in the model as the rule builds it)."""
+        other = {t.workload_key for t in self.tasks if t.alternative}
+        built = [i for i, t in enumerate(progress.tasks) if t.workload_key not in other]
+        best = {i: progress.tasks[i].best_latency for i in built}
+        missing = sum(b is None for b in best.values())
         if missing:
             return f"model est. - ({plural(missing, 'task')} without a valid measurement yet)"
-        after = sum(t.weight * (b or 0.0) for t, b in zip(progress.tasks, best, strict=True))
-        if any(d is None for d in default):
+        after = sum(progress.tasks[i].weight * (best[i] or 0.0) for i in built)
+        default = {i: self.defaults.get(i) for i in built}
+        if any(d is None for d in default.values()):
             return f"model est. {ms(after)} ms"
-        before = sum(t.weight * (d or 0.0) for t, d in zip(progress.tasks, default, strict=True))
+        before = sum(progress.tasks[i].weight * (default[i] or 0.0) for i in built)
         return f"model est. {ms(after)} ms, {ratio(before, after)} over default"
 
     def __enter__(self) -> Self:

@@ -40,6 +40,7 @@ from hexir.database.record import (
     check_result,
     median_of,
     now,
+    standing,
     target_key,
 )
 from hexir.errors import DatabaseError
@@ -132,6 +133,24 @@ class Database:
         threshold = _threshold(threshold)
         with self._reading("look up the best records") as session:
             return queries.best(session, workload_key, target_key(target), k, threshold)
+
+    def standing(
+        self,
+        workload_key: str,
+        target: Target | str,
+        candidate_key: str,
+        threshold: float | None = None,
+    ) -> Record | None:
+        """The record a candidate stands at, as `best` ranks candidates (the median of its
+        quiet valid records, of all where none is quiet, the slower of two middle ones); None
+        where it has no valid record."""
+        threshold = _threshold(threshold)
+        runs = [
+            r
+            for r in self.records(workload_key, target)
+            if r.candidate_key == candidate_key and r.is_valid
+        ]
+        return standing(runs, [int(r.suspect(threshold)) for r in runs])[1] if runs else None
 
     def records(self, workload_key: str, target: Target | str) -> list[Record]:
         """Every record of the workload on the target, errors included, oldest first."""

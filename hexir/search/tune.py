@@ -55,7 +55,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from hexir import knobs
-from hexir.database.record import standing
 from hexir.ir.graph import Graph
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
@@ -546,15 +545,9 @@ def _task_rng(seed: int | None, key: str) -> random.Random:
 def _default_latency(
     db: Database, task: Task, target: Target, default: Candidate | None
 ) -> float | None:
-    """Where task's `default` schedule candidate stands, as `Database.best` ranks candidates
-    (the median of its quiet records: its best against the tune's best on one footing); None
-    where it was never measured."""
-    if default is None:
-        return None
-    threshold = knobs.get().measure_calibration_threshold
-    runs = [
-        r
-        for r in db.records(task.workload_key, target)
-        if r.candidate_key == default.candidate_key and r.is_valid
-    ]
-    return standing(runs, [int(r.suspect(threshold)) for r in runs])[1].median if runs else None
+    """Where task's `default` schedule candidate stands (`Database.standing`: its best
+    against the tune's best on one footing); None where it was never measured."""
+    record = (
+        None if default is None else db.standing(task.workload_key, target, default.candidate_key)
+    )
+    return None if record is None else record.median

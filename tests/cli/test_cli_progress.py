@@ -75,3 +75,18 @@ def test_the_live_table_shows_every_task(setup):
     for task in tasks:
         assert task.name in text
     assert "4.00x" in text
+
+
+def test_the_model_estimate_leaves_out_a_convs_other_form(setup):
+    import dataclasses
+
+    db, tasks, target, seconds = setup
+    # The last task made a conv's other form: not in the model as the rule builds it.
+    marked = [*tasks[:-1], dataclasses.replace(tasks[-1], alternative=True)]
+    out = io.StringIO()
+    with PlainDisplay(out, marked, DefaultLatencies(db, marked, target)) as display:
+        display.update(_progress(marked, [seconds / 2, seconds, None], 8, 1))  # other: unknown
+        display.update(_progress(marked, [seconds / 2, seconds, 100 * seconds], 12, 2))
+    first, last = out.getvalue().splitlines()
+    assert "model est. " + hexir.cli.common.ms(seconds / 2 + seconds) + " ms" in first
+    assert "model est. " + hexir.cli.common.ms(seconds / 2 + seconds) + " ms" in last

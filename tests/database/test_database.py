@@ -264,6 +264,28 @@ def test_best_prefers_records_measured_quietly(db) -> None:
         assert db.stats().suspect == 2
 
 
+def test_a_candidate_stands_where_best_ranks_it(db) -> None:
+    func, key = tiny_func(), hexir.workload_key(tiny_func())
+    one, other, never = traces(3)
+    rng = random.Random()
+    quiet = sorted(rng.uniform(1e-3, 2e-3) for _ in range(3))
+    runs = [(quiet[2], 1.0), (9e-3, 50.0), (quiet[0], 1.0), (quiet[1], 1.2)]  # one under load
+    for median, calibration in runs:
+        db.commit_record(
+            func, "cpu", one, Result((median,), build_info={"calibration": calibration})
+        )
+    db.commit_record(func, "cpu", other, Result((3e-3,)))
+    db.commit_record(func, "cpu", never, Result((), "build", "cc: refused"))
+    candidate = db.records(key, "cpu")[0].candidate_key
+    stands = db.standing(key, "cpu", candidate, threshold=2.0)
+    assert stands.median == quiet[1]  # the median of its quiet runs, not its fastest
+    assert db.best(key, "cpu", k=1, threshold=2.0)[0].id == stands.id
+    # Every run counted (no calibration threshold): the slower middle one of four.
+    assert db.standing(key, "cpu", candidate, threshold=0.0).median == quiet[2]
+    failed = db.records(key, "cpu")[-1].candidate_key
+    assert db.standing(key, "cpu", failed) is None
+
+
 def test_export_and_import_keep_the_calibration(db, new_url, tmp_path) -> None:
     db.commit_record(tiny_func(), "cpu", traces(1)[0],
                      Result((1e-3,), build_info={"calibration": 2.5}))  # fmt: skip
