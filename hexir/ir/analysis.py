@@ -12,16 +12,18 @@ from hexir.ir.tir import (
     For,
     IfThenElse,
     PrimFunc,
+    Select,
     Seq,
     Stmt,
 )
-from hexir.ir.visit import walk
+from hexir.ir.visit import children
 
 
 def flop_count(func: PrimFunc) -> int:
     """Floating-point operations of one call: per store, its float arithmetic (each +, -, *,
     /, min, max and math call counts 1) times the iterations of the loops around it.
-    A predicate or `if` is assumed true, so split tails are counted as full tiles."""
+    A predicate or `if` is assumed true, so split tails are counted as full tiles; of a
+    select, the costlier value is counted."""
     return _flops(func.body, 1)
 
 
@@ -43,4 +45,10 @@ def _flops(stmt: Stmt, trips: int) -> int:
 
 
 def _expr_flops(expr: Expr) -> int:
-    return sum(1 for n in walk(expr) if isinstance(n, (Binary, Call)) and is_float(n.dtype))
+    """The float arithmetic of one evaluation of `expr`: of a select, the costlier of its two
+    values (one of them is evaluated; a case split on a loop var, as Winograd's transforms
+    are written, is one case an element, not all of them)."""
+    if isinstance(expr, Select):
+        return _expr_flops(expr.cond) + max(_expr_flops(expr.then), _expr_flops(expr.else_))
+    own = 1 if isinstance(expr, (Binary, Call)) and is_float(expr.dtype) else 0
+    return own + sum(_expr_flops(c) for c in children(expr))

@@ -129,6 +129,25 @@ def test_flops_of_an_elementwise_kernel(rng):
     assert _row_flops(graph, rng) == 6 * 7
 
 
+@pytest.mark.parametrize("tile", [2, 4])
+def test_flops_of_a_winograd_transform_count_one_case_an_element(tile):
+    # Each element of (Bt d B) is one case of a select chain on its (u, v): a weighted sum of
+    # at most a x a pixels, under 2 a^2 operations. Counting every case's arithmetic (a^2
+    # cases) made F(4x4)'s input transform 784 operations an element, 31x its real cost.
+    import math
+
+    from hexir.ir.analysis import flop_count
+    from hexir.search.scheduler import extract_tasks
+
+    a = tile + 2
+    g = hexir.GraphBuilder("w")
+    x = g.input("x", (1, 2 + 3 * tile, 2 + 3 * tile, 16))
+    graph = g.build(g.winograd_input(x, tile=tile))
+    (task,) = (t for t in extract_tasks(graph, "cpu") if t.name == "winograd_input")
+    elements = math.prod(task.func.params[-1].shape)
+    assert 1 <= flop_count(task.func) / elements < 2 * a * a
+
+
 def test_flops_per_op():
     g = hexir.GraphBuilder("ops")
     x = g.input("x", (2, 8, 9, 9))
