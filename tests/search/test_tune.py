@@ -229,6 +229,38 @@ def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
     _check_matmul(best.load_trace())
 
 
+def test_a_confirmed_candidate_whose_two_runs_disagree_is_measured_a_third_time(db):
+    import dataclasses
+
+    from hexir.search.executor import LocalExecutor
+
+    class Disturbed(LocalExecutor):
+        """The default schedule's first run (the tune's first result) timed 20x too slow,
+        as by a load the calibration missed."""
+
+        first = True
+
+        def measure_each(self, candidates):
+            for r in super().measure_each(candidates):
+                if self.first and r.latencies:
+                    self.first = False
+                    r = dataclasses.replace(r, latencies=tuple(20 * x for x in r.latencies))
+                yield r
+
+    func = _matmul()
+    with hexir.knobs.scope(tune_confirm_best=2), Disturbed("cpu") as executor:
+        result = tune(func, "cpu", trials=6, database=db, seed=0, model=RandomModel(seed=0),
+                      executor=executor)  # fmt: skip
+    records = db.records(hexir.workload_key(func), "cpu")
+    default = records[0].candidate_key
+    runs = sorted(r.median for r in records if r.candidate_key == default)
+    assert len(runs) == 3 and runs[2] > 10 * runs[0]  # the slow run, the confirmation, a third
+    assert result.tasks[0].default_latency == runs[1] < 2 * runs[0]
+    # Candidates whose runs agree were measured twice, no more.
+    again = [k for k in {r.candidate_key for r in records[6:]} if k != default]
+    assert again and all(sum(r.candidate_key == k for r in records) == 2 for k in again)
+
+
 def test_candidates_slower_than_the_cutoff_are_timed_by_one_call(db):
     # A ratio so small that every candidate is past it once the task has a best: each is
     # timed by one warm call; the first (no best yet) and the confirmations in full.
