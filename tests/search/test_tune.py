@@ -13,7 +13,7 @@ from hexir.costmodel import RandomModel, XGBModel
 from hexir.database import Database
 from hexir.frontend.zoo import mlp
 from hexir.graph.evaluate import evaluate
-from hexir.search.tune import Progress, tune
+from hexir.search.tune import DISAGREE, Progress, tune
 
 # A small search and quick timing; these tests count records: no confirmation of the best
 # at the end either (the confirmation's own test turns it on).
@@ -219,12 +219,15 @@ def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
     # The two fastest of the trials and the default (the first trial), once more each.
     fastest = sorted(first, key=lambda r: r.median)[:2]
     assert again == {r.candidate_key for r in fastest} | {first[0].candidate_key}
-    assert result.confirmed == len(again) and all(len(runs[k]) == 2 for k in again)
-    # The best now stands at the slower of a candidate's two runs.
+    for k in again:  # twice, or three times where those two disagreed (tune.DISAGREE)
+        two = sorted(runs[k][:2])
+        assert len(runs[k]) == (3 if two[1] > DISAGREE * two[0] else 2)
+    assert result.confirmed == sum(len(runs[k]) - 1 for k in again)
+    # The best now stands at the median of a candidate's runs, the slower of two middle ones.
     (best,) = db.best(hexir.workload_key(func), "cpu", k=1)
-    standing = {k: max(v) if len(v) == 2 else v[0] for k, v in runs.items()}
+    standing = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
     assert best.median == min(standing.values()) == result.tasks[0].best_latency
-    # The default stands the same way: the slower of its two runs, not the luckier.
+    # The default stands the same way, not at its luckier run.
     assert result.tasks[0].default_latency == standing[first[0].candidate_key]
     _check_matmul(best.load_trace())
 
