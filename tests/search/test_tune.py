@@ -257,11 +257,15 @@ def test_a_confirmed_candidate_whose_two_runs_disagree_is_measured_a_third_time(
     records = db.records(hexir.workload_key(func), "cpu")
     default = records[0].candidate_key
     runs = sorted(r.median for r in records if r.candidate_key == default)
-    assert len(runs) == 3 and runs[2] > 10 * runs[0]  # the slow run, the confirmation, a third
-    assert result.tasks[0].default_latency == runs[1] < 2 * runs[0]
-    # Candidates whose runs agree were measured twice, no more.
+    assert len(runs) == 3 and runs[2] > 5 * runs[0]  # the slow run, the confirmation, a third
+    assert result.tasks[0].default_latency == runs[1] < runs[2] / 4  # not at the slow run
+    # The others twice: three times only where their two runs disagreed too.
     again = [k for k in {r.candidate_key for r in records[6:]} if k != default]
-    assert again and all(sum(r.candidate_key == k for r in records) == 2 for k in again)
+    assert again
+    for k in again:
+        two = [r.median for r in records if r.candidate_key == k][:2]  # in the order measured
+        ran = sum(r.candidate_key == k for r in records)
+        assert ran == 2 or (ran == 3 and max(two) > DISAGREE * min(two))
 
 
 def test_candidates_slower_than_the_cutoff_are_timed_by_one_call(db):
