@@ -154,7 +154,6 @@ def measure_cpu_bandwidth(trials: int = 20, size: int = BANDWIDTH_BYTES) -> floa
     cores = max(1, os.cpu_count() or 1)
     parts = list(zip(np.array_split(dst, cores), np.array_split(src, cores), strict=True))
     repeats = max(1, COPY_ROUND_BYTES // size)
-    trials = trials if size * repeats * trials <= 64 * COPY_ROUND_BYTES else max(3, trials // 4)
 
     def copies(part: tuple[np.ndarray, np.ndarray]) -> None:
         for _ in range(repeats):

@@ -65,7 +65,7 @@ from hexir.search.scheduler import Task, TaskScheduler, extract_tasks, roofline
 
 if TYPE_CHECKING:
     from hexir.costmodel import CostModel
-    from hexir.database import Database
+    from hexir.database import Database, Record
     from hexir.search.executor import MeasureExecutor
 
 __all__ = ["Progress", "ProgressCallback", "TaskProgress", "TaskResult", "TuneResult", "tune"]
@@ -420,7 +420,8 @@ class _Tuner:
             self._confirm(i, batch)
             # Two runs apart by more than DISAGREE: one was timed under a load the calibration
             # missed (a 0.015 ms kernel read 5.1 ms once); a third run decides where it stands.
-            split = [c for c in batch if self._split(task, c)]
+            records = self.db.records(task.workload_key, self.target)  # read once, not per run
+            split = [c for c in batch if self._split(records, c)]
             if split:
                 self._confirm(i, split)
 
@@ -431,12 +432,13 @@ class _Tuner:
             if not r.suspect(self._threshold()):
                 self._improve(i, r)
 
-    def _split(self, task: Task, candidate: Candidate) -> bool:
-        """Whether the middle two of the candidate's quiet valid runs, an even number of them,
-        are more than DISAGREE apart (where it stands would be the slower's luck)."""
+    def _split(self, records: list[Record], candidate: Candidate) -> bool:
+        """Whether the middle two of the candidate's quiet valid runs among its task's
+        `records`, an even number of them, are more than DISAGREE apart (where it stands would
+        be the slower's luck)."""
         runs = sorted(
             r.median
-            for r in self.db.records(task.workload_key, self.target)
+            for r in records
             if r.candidate_key == candidate.candidate_key
             and r.is_valid
             and not r.suspect(self._threshold())

@@ -376,12 +376,12 @@ def _time_cold(
     k = knobs.get()
     latencies: list[float] = []
     spent = 0.0
+    past_cutoff = cutoff is not None and first is not None and first > cutoff
     with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
         while len(latencies) < max(k.timing_repeats, 1):
             evict_caches()
             latencies.append(kernel.time(*arrays))
             spent += latencies[-1]
-            past_cutoff = cutoff is not None and first is not None and first > cutoff
             if past_cutoff and latencies[-1] > cutoff:
                 break
             if len(latencies) >= MIN_SLOW_REPEATS and spent >= k.timing_max_seconds:
