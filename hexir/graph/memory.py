@@ -55,9 +55,9 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ALIGN", "MemoryPlan", "Placement", "Step", "plan_memory", "size_class"]
+from hexir.ir.arrays import ALIGN
 
-ALIGN = 64
+__all__ = ["ALIGN", "MemoryPlan", "Placement", "Step", "plan_memory", "size_class"]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ import numpy as np
 from hexir import knobs
 from hexir.errors import HexirError
 from hexir.graph.evaluate import bind_inputs
-from hexir.graph.memory import ALIGN, MemoryPlan, Step, plan_memory
+from hexir.graph.memory import MemoryPlan, Step, plan_memory
+from hexir.ir.arrays import aligned, aligned_empty
 from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, Op, TensorType, Value
 from hexir.ops import op_def
@@ -223,7 +224,7 @@ class _CpuBuffers:
     a step)."""
 
     def __init__(self, module: Module):
-        self.storages = [_aligned(n) for n in module.plan.storage_sizes]
+        self.storages = [aligned_empty((n,), np.uint8) for n in module.plan.storage_sizes]
         self.types = module._types
         self.root = module.views
         computed = {name for c in module.commands for name in c.outputs}
@@ -235,7 +236,7 @@ class _CpuBuffers:
         placed = module.plan.as_dict()
         arrays: dict[str, np.ndarray] = {}
         for name, data in module.constants.items():
-            arrays[name] = np.ascontiguousarray(data)
+            arrays[name] = aligned(data)  # a kernel's weights start on a cache line
         for command in module.commands:
             for name in command.outputs:
                 if name in bound:
@@ -324,7 +325,10 @@ class _CpuBuffers:
                     array = kept
                     break
             if array is None:
-                array = _empty(self.types[name])
+                # numpy's own array, not an aligned view: a caller's view of it must count
+                # as a reference to it (a view of a view refers to the memory's owner)
+                t = self.types[name]
+                array = np.empty(t.shape, dtype=numpy_dtype(t.dtype))
                 if len(pool) < OUTPUT_POOL:
                     pool.append(array)
             fresh[name] = array
@@ -375,15 +379,8 @@ class _CpuBuffers:
         return results
 
 
-def _aligned(nbytes: int) -> np.ndarray:
-    """`nbytes` bytes starting on an `ALIGN`-byte boundary."""
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
-    return raw[start : start + nbytes]
-
-
 def _empty(t: TensorType) -> np.ndarray:
-    return np.empty(t.shape, dtype=numpy_dtype(t.dtype))
+    return aligned_empty(t.shape, numpy_dtype(t.dtype))
 
 
 def _value_types(graph: Graph) -> dict[str, TensorType]:

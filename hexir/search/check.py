@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hexir.ir.arrays import aligned, aligned_empty
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.build import build
@@ -45,17 +46,18 @@ def random_inputs(func: PrimFunc, seed: int) -> Arrays:
         dtype = numpy_dtype(buffer.dtype)
         shape = tuple(buffer.shape)
         if dtype.kind == "b":
-            arrays.append(rng.random(shape) < 0.5)
+            values = rng.random(shape) < 0.5
         elif dtype.kind in "iu":
-            arrays.append(rng.integers(1, 50, size=shape).astype(dtype))
+            values = rng.integers(1, 50, size=shape).astype(dtype)
         else:
-            arrays.append(rng.standard_normal(shape).astype(dtype))
+            values = rng.standard_normal(shape).astype(dtype)
+        arrays.append(aligned(values))  # as the model's buffers: timed at the same alignment
     return arrays
 
 
 def poisoned_outputs(func: PrimFunc) -> Arrays:
     """Fresh output arrays holding a value no kernel computes: NaN, or the integer minimum."""
-    return [poison(np.empty(tuple(b.shape), numpy_dtype(b.dtype))) for b in func.outputs]
+    return [poison(aligned_empty(b.shape, numpy_dtype(b.dtype))) for b in func.outputs]
 
 
 def poison(array: np.ndarray) -> np.ndarray:

@@ -38,6 +38,7 @@ import numpy as np
 import hexir
 from hexir import knobs
 from hexir.errors import HexirError
+from hexir.ir.arrays import aligned_empty
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.kernel import CpuKernel
 from hexir.runtime.target import Target
@@ -276,7 +277,7 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
         kernel = CpuKernel(request.func, request.source, Path(request.path), target)
     except OSError as e:
         return Reply(error_kind="run", error_message=f"cannot load {request.path}: {e}")
-    outputs = [poison(np.empty_like(e)) for e in expected]
+    outputs = [poison(aligned_empty(e.shape, e.dtype)) for e in expected]
     start = time.perf_counter()
     kernel(*inputs, *outputs)
     first = time.perf_counter() - start
