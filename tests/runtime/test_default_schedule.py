@@ -473,7 +473,37 @@ def test_a_conv_of_a_blocked_weight_takes_panels_of_one_block(block, rng):
     (task,) = extract_tasks(graph, "cpu")
     sch = default_schedule(task.func, "cpu")
     text = str(sch.trace)
-    assert f"decision=[{32 // block}, 1, 1, {block}]" in text
+    one, pair = f"[{32 // block}, 1, 1, {block}]", f"[{16 // block}, 1, 2, {block}]"
+    assert f"decision={one}" in text or f"decision={pair}" in text  # a pair: see below
     vectorized = [lp for lp in _loops(sch.func) if lp.kind == "vectorized"]
     assert any(lp.extent == block for lp in vectorized)
     check_on_cpu(task.func, sch.func, rng)
+
+
+@pytest.mark.parametrize("features, paired", [("avx2,avx512f,fma", True), ("avx2,fma", False)])
+def test_a_conv_of_a_blocked_weight_pairs_its_blocks_where_registers_allow(features, paired, rng):
+    # One block of a 3x3 conv's blocked weight is one vector: the register tile of 7 rows x 1
+    # vector keeps 7 accumulators, a broadcast per multiply-add. Where the registers hold 7 x
+    # 2 (AVX-512's 32), two blocks at level 2 with the whole reduction outside them make one
+    # tile of 14; AVX2's 16 registers do not hold it (7 x 2 + 3 = 17).
+    from hexir.ops.builder import GraphBuilder
+    from hexir.runtime.target import Target
+    from hexir.search.scheduler import extract_tasks
+
+    target = Target(f"cpu -features={features} -cores=2")
+    block = target.vector_width
+    b = GraphBuilder("paired")
+    x = b.input("x", (1, 32, 7, 7))
+    w = b.input("w", (64 // block, 32, 3, 3, block))
+    graph = b.build(b.relu(b.conv2d(x, w, padding=1, weight_block=block)))
+    (task,) = extract_tasks(graph, target)
+    sch = default_schedule(task.func, target)
+    text = str(sch.trace)
+    if paired:
+        assert f"decision=[{64 // block // 2}, 1, 2, {block}]" in text
+        for reduction in ("[32, 1]", "[3, 1]"):  # the whole reduction outside the tile
+            assert f"max_innermost_factor=0, decision={reduction}" in text
+    else:
+        assert f"decision=[{64 // block}, 1, 1, {block}]" in text
+    if target.key == Target("cpu").key:
+        check_on_cpu(task.func, sch.func, rng)
