@@ -54,10 +54,13 @@ def register_tile(vector: int, rows: int, target: Target, ragged: bool = True) -
         vectors = -(-panel // lanes)
         most = max(1, min(MAX_UNROLLED_ROWS, (registers - vectors - 2) // vectors, rows))
         candidates += [(panel, r) for r in range(1, most + 1) if ragged or rows % r == 0]
-        # Every register taken (the FMA reads one panel vector from memory): only where the
-        # guarded tail of `most` rows would waste a quarter of the tiles or more.
+        # Every register taken (the FMA reads panel vectors from memory): only where the
+        # guarded tail of `most` rows would waste a quarter of the tiles or more. Two vectors
+        # wide, or four on AVX-512's 32 registers (7 rows x 4 + a broadcast: the 14-column
+        # images of ResNet-50's 1x1 convs, 1.07-1.12x the 5 x 4 tile and its guarded row).
         extra = most + 1
-        if ragged and vectors == 2 and extra <= MAX_UNROLLED_ROWS and rows in (extra, 2 * extra):
+        wide = vectors == 2 or (vectors == 4 and registers >= 32)
+        if ragged and wide and extra <= MAX_UNROLLED_ROWS and rows in (extra, 2 * extra):
             candidates.append((panel, extra))
 
     def score(tile: tuple[int, int]) -> tuple[float, int, int]:

@@ -71,6 +71,9 @@ def test_cpu_matmul_gets_the_hand_schedule_shape_with_no_draw(rng):
         (8, 16, 1000, 1, (8, 1)),  # 1000 = 125 x 8: one vector panels
         (16, 32, 1024, 1024, (64, 6)),  # AVX-512: 24 accumulators
         (16, 32, 48, 32, (48, 8)),
+        (16, 32, 1024, 14, (64, 7)),  # 7 x 4 on 14 rows, not 5 x 4 and a guarded row
+        (16, 32, 1024, 56, (64, 6)),
+        (8, 16, 1024, 3, (16, 3)),  # AVX2 keeps 4-vector panels within its registers
     ],
 )
 def test_the_register_tile_fits_the_vector_registers(lanes, registers, cols, rows, expect):
