@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["ALIGN", "aligned", "aligned_empty"]
+__all__ = ["ALIGN", "aligned", "aligned_copy", "aligned_empty"]
 
 # One cache line, and the alignment of a 512-bit vector.
 ALIGN = 64
@@ -32,6 +32,13 @@ def aligned(array: np.ndarray) -> np.ndarray:
     aligned copy."""
     if array.flags.c_contiguous and array.ctypes.data % ALIGN == 0:
         return array
-    copy = aligned_empty(array.shape, array.dtype)
-    copy[...] = array
+    return aligned_copy(array)
+
+
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A new C-contiguous copy of `array` (or of anything numpy reads as one, scalars keeping
+    rank 0) starting on an `ALIGN`-byte boundary."""
+    given = np.asarray(array)
+    copy = aligned_empty(given.shape, given.dtype)
+    copy[...] = given
     return copy

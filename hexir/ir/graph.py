@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hexir.ir.arrays import aligned_empty
+from hexir.ir.arrays import aligned_copy
 from hexir.ir.dtype import check_dtype
 from hexir.ir.tir import Annotations, AnnotationValue
 
@@ -81,9 +81,7 @@ class ConstantData:
     def __init__(self, array: np.ndarray):
         # A private copy (the caller's array stays writable), rank kept even for scalars, on
         # a cache line: kernels read it in place as a weight.
-        given = np.asarray(array)
-        array = aligned_empty(given.shape, given.dtype)
-        array[...] = given
+        array = aligned_copy(array)
         array.setflags(write=False)
         self.array = array
         self._digest = hashlib.sha256(

@@ -160,8 +160,8 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
                               block=weight_block)  # fmt: skip
         if not single and not windowed and weight_block:
             fixed_reduce = _block_pair(tiles, reduce_extents, weight_block, target)
-        single_block = not single or _small_pointwise(extents, reduce_extents)
-        if fixed_reduce is None and single_block and not windowed:
+        in_channel_blocks = not single or _small_pointwise(extents, reduce_extents)
+        if fixed_reduce is None and in_channel_blocks and not windowed:
             fixed_reduce = _channel_blocks(tiles, reduce_extents)
         if fixed_reduce is None:
             fixed_reduce = default_reduce_tiles(extents, reduce_extents, target)
