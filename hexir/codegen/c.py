@@ -32,7 +32,14 @@ from hexir.codegen.c_lower import (
 )
 from hexir.codegen.c_math import MATH_NEEDS, math_helper
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
-from hexir.codegen.c_vector import HELPER_NEEDS, VECTOR_HELPERS, BodyPrinter, emit_vector_loop
+from hexir.codegen.c_vector import (
+    HELPER_NEEDS,
+    INTRINSIC_HELPER,
+    VECTOR_HELPERS,
+    BodyPrinter,
+    emit_vector_loop,
+    x86_min_max,
+)
 from hexir.errors import BuildError
 from hexir.ir.arith import bound, simplify
 from hexir.ir.dtype import c_type, is_float, itemsize, short_name
@@ -163,6 +170,7 @@ class CPrinter:
         self._lines: list[str] = []
         self._depth = 0
         self._helpers: dict[str, str] = {}
+        self.extra_includes: set[str] = set()  # headers a helper needs (immintrin.h)
         self._uses_omp = False
         self._in_parallel = False
         self._in_simd = False
@@ -212,7 +220,8 @@ class CPrinter:
         return f"HX_EXPORT void {symbol}({params or 'void'})"
 
     def preamble(self) -> list[str]:
-        includes = self.includes + (("omp.h",) if self._uses_omp else ())
+        includes = self.includes + tuple(sorted(self.extra_includes))
+        includes += ("omp.h",) if self._uses_omp else ()
         lines = [f"#include <{name}>" for name in includes]
         lines.append(f"#define HX_EXPORT {self.export}")
         if self._uses_omp:
@@ -266,7 +275,8 @@ class CPrinter:
         name = f"hx_{kind}_{sv}"
         if name in self._helpers:
             return name
-        for need in HELPER_NEEDS.get(kind, ()):
+        intrinsic = self.min_max_intrinsic(kind, dtype, lanes)
+        for need in HELPER_NEEDS.get(kind, ()) if intrinsic is None else ():
             self.vector_helper(need, dtype, lanes)
         if kind not in VECTOR_HELPERS:  # exp, erf, ...
             for need, need_dtype in MATH_NEEDS.get((kind, dtype), ()):
@@ -274,6 +284,9 @@ class CPrinter:
             self._helpers[name] = math_helper(self, kind, dtype, lanes)
             return name
         template = VECTOR_HELPERS[kind]
+        if intrinsic is not None:
+            self.extra_includes.add("immintrin.h")
+            template = INTRINSIC_HELPER
         mask = "int32" if itemsize(dtype) == 4 else "int64"
         fields = dict(
             q=self.helper_qualifier,
@@ -284,9 +297,19 @@ class CPrinter:
             sv=sv,
             splat=", ".join(["s"] * lanes),
             absmask="INT32_MAX" if mask == "int32" else "INT64_MAX",
+            kind=kind,
+            intrinsic=intrinsic,
         )
         self._helpers[name] = template.format(**fields)
         return name
+
+    def min_max_intrinsic(self, kind: str, dtype: str, lanes: int) -> str | None:
+        """A vector min or max as the CPU target's one instruction, where it has one (a
+        target without `features`, as none, prints the portable compare-and-blend)."""
+        if kind not in ("min", "max"):
+            return None
+        features = getattr(self.target, "features", ())
+        return x86_min_max(kind, dtype, lanes * itemsize(dtype), features)
 
     # -- statements -----------------------------------------------------------------------
 

@@ -281,3 +281,40 @@ def test_register_tile_read_at_a_variable_index_stays_correct(rng):
     assert "float acc[16]" in generate_c(func)
     a = rng.standard_normal((4, 16), dtype=np.float32)
     np.testing.assert_array_equal(run(func, a), (a * 2)[:, ::-1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_vector_min_max_keep_the_scalar_semantics_of_nans_and_signed_zeros(rng, dtype):
+    # min(a, b) = a < b ? a : b and max(a, b) = a > b ? a : b, lane by lane: where the
+    # compare is false (a NaN on either side, or equal zeros of either sign) the result is b.
+    # On x86 targets each is one MINPS/MAXPS (same rule); without features, a compare and blend.
+    n = 64
+    A, B, LO, HI = (Buffer(name, (n,), dtype) for name in ("A", "B", "LO", "HI"))
+    body = seq(
+        BufferStore(LO, (i,), Binary("min", A[i], B[i])),
+        BufferStore(HI, (i,), Binary("max", A[i], B[i])),
+    )
+    func = PrimFunc("minmax", (A, B, LO, HI), For(i, n, "vectorized", body), num_outputs=2)
+    specials = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, 1.0], dtype)
+    a = rng.standard_normal(n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    a[:36], b[:36] = np.repeat(specials, 6), np.tile(specials, 6)  # every pair of specials
+    lo, hi = run(func, a, b)
+    bits = f"u{np.dtype(dtype).itemsize}"  # compared bit for bit: NaNs and zeros' signs too
+    np.testing.assert_array_equal(lo.view(bits), np.where(a < b, a, b).view(bits))
+    np.testing.assert_array_equal(hi.view(bits), np.where(a > b, a, b).view(bits))
+
+
+def test_vector_min_max_are_one_instruction_where_the_target_has_it():
+    A, B = Buffer("A", (64,)), Buffer("B", (64,))
+    func = PrimFunc(
+        "relu",
+        (A, B),
+        For(i, 64, "vectorized", BufferStore(B, (i,), Binary("max", A[i], FloatImm(0.0)))),
+    )
+    avx512 = hexir.Target("cpu -features=avx2,avx512f,fma -cores=2")
+    avx2 = hexir.Target("cpu -features=avx2,fma -cores=2")
+    assert "_mm512_max_ps(a, b)" in generate_c(func, avx512)
+    assert "_mm256_max_ps(a, b)" in generate_c(func, avx2)
+    assert "#include <immintrin.h>" in generate_c(func, avx2)
+    assert "hx_select_f32x16(a > b, a, b)" in generate_c(func)  # no target: portable C

@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(64) softmax(const float* __restrict
       for (int i5_0 = 0; i5_0 < 1; ++i5_0) {
         {  // block softmax_norm
           if (i5_1 < 40) {
-            Y[(i4 * 40) + i5_1] = expf((X[(i4 * 40) + i5_1] - softmax_max[0])) / softmax_sum[0];
+            Y[(i4 * 40) + i5_1] = expf((X[(i4 * 40) + i5_1] - softmax_max[0])) * (1.0f / softmax_sum[0]);
           }
         }
       }
