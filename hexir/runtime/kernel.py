@@ -22,8 +22,15 @@ from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 
 # The thread count last set in each loaded library: kernels that load one path share one
-# library (dlopen), and so its thread count.
+# library (dlopen), and so its thread count. `threads_changes()` counts the settings, so a
+# module whose kernels were all set, and nothing set since, need not look at each again.
 _threads_set: dict[str, int] = {}
+_changes = 0
+
+
+def threads_changes() -> int:
+    """How many times a library's thread count has been set in this process."""
+    return _changes
 
 
 class CpuKernel:
@@ -40,6 +47,7 @@ class CpuKernel:
         self._fn.restype = None
         # Only kernels with a parallel loop export it (and link OpenMP's runtime).
         self._set_threads = getattr(self._lib, "hexir_set_num_threads", None)
+        self._key = str(path)  # the library's, in _threads_set
         self._dtypes = [numpy_dtype(b.dtype) for b in func.params]
 
     def __call__(self, *arrays: np.ndarray) -> None:
@@ -67,11 +75,12 @@ class CpuKernel:
         return statistics.median(times)
 
     def _sync_threads(self) -> None:
+        global _changes
         threads = knobs.get().num_threads
-        key = str(self.path)
-        if self._set_threads is not None and _threads_set.get(key) != threads:
+        if self._set_threads is not None and _threads_set.get(self._key) != threads:
             self._set_threads(ctypes.c_int(threads))
-            _threads_set[key] = threads
+            _threads_set[self._key] = threads
+            _changes += 1
 
     def __reduce__(self):
         # Reloads the library from its path (the build cache) on the other side.

@@ -43,6 +43,7 @@ from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, Op, TensorType, Value
 from hexir.ops import op_def
 from hexir.runtime import native
+from hexir.runtime.kernel import threads_changes
 from hexir.runtime.target import Target
 from hexir.schedule.trace import Trace
 
@@ -116,6 +117,10 @@ class Module:
             runner_library = native.runner_library(target)
         self.runner_library = runner_library
         self._threaded: list | None = None
+        self._synced: tuple[int, int] | None = None  # (threads, threads_changes()) checked
+        self._input_specs = tuple(
+            (v.name, v.type.shape, numpy_dtype(v.type.dtype)) for v in graph.inputs
+        )
 
     def run(
         self,
@@ -127,7 +132,7 @@ class Module:
         output arrays. `plan=False` gives every value its own new buffer and calls each
         kernel through its checked call (on a GPU: copies in and out per kernel), for checking
         the plan: the results are the same bits."""
-        bound = _bind_inputs(self.graph, inputs)
+        bound = self._bind(inputs)
         if self.target.kind == "cpu":
             self._sync_threads()
         if not plan:
@@ -143,7 +148,7 @@ class Module:
     ) -> tuple[list[np.ndarray], list[float]]:
         """A planned run, as `run`, that also gives each command's seconds, timed in place:
         the clock read between calls on the CPU, CUDA events between launches on a GPU."""
-        bound = _bind_inputs(self.graph, inputs)
+        bound = self._bind(inputs)
         if self.target.kind != "cpu":
             from hexir.runtime.cuda_module import cuda_buffers
 
@@ -192,12 +197,37 @@ class Module:
 
     def _sync_threads(self) -> None:
         # The thread count is set per library, once per change: one kernel per library with
-        # a parallel loop checks it.
+        # a parallel loop checks it, unless the count and every library's are as when this
+        # module last checked.
+        threads = knobs.get().num_threads
+        if self._synced == (threads, threads_changes()):
+            return
         if self._threaded is None:
             threaded = (k for k in self.kernels if k._set_threads is not None)
             self._threaded = list({k.path: k for k in threaded}.values())
         for kernel in self._threaded:
             kernel._sync_threads()
+        self._synced = (threads, threads_changes())
+
+    def _bind(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> dict:
+        """The inputs by name. A list of C-contiguous arrays of the graph's types, the usual
+        call, is checked with a few attribute reads (after a run's kernels have swept the
+        caches, each Python object touched is a miss); anything else goes through
+        `bind_inputs`, which converts what it can and says what is wrong."""
+        if type(inputs) in (list, tuple) and len(inputs) == len(self._input_specs):
+            bound = {}
+            for array, (name, shape, dtype) in zip(inputs, self._input_specs, strict=True):
+                if (
+                    type(array) is not np.ndarray
+                    or array.shape != shape
+                    or array.dtype != dtype
+                    or not array.flags.c_contiguous
+                ):
+                    break
+                bound[name] = array
+            else:
+                return bound
+        return _bind_inputs(self.graph, inputs)
 
     def __repr__(self) -> str:
         lines = [
@@ -213,7 +243,7 @@ class Module:
 # Arrays kept per returned value for later runs: a caller that holds a run's outputs while
 # it makes the next run needs two.
 OUTPUT_POOL = 3
-FREE_REFERENCES = 3
+FREE_REFERENCES = 2  # an array only its pool pair holds, as getrefcount counts it
 
 
 class _CpuBuffers:
@@ -230,7 +260,7 @@ class _CpuBuffers:
         computed = {name for c in module.commands for name in c.outputs}
         returned = (self._root(v.name) for v in module.graph.outputs)
         self.returned = [r for r in dict.fromkeys(returned) if r in computed]
-        self.pools: dict[str, list[np.ndarray]] = {name: [] for name in self.returned}
+        self.pools: dict[str, list[tuple[np.ndarray, int]]] = {n: [] for n in self.returned}
         # Bound per run, so given no array here: the graph's inputs and what it returns.
         bound = {v.name for v in module.graph.inputs} | set(self.returned)
         placed = module.plan.as_dict()
@@ -308,30 +338,31 @@ class _CpuBuffers:
             seconds.append(clock() - start)
         return self._results(bound, fresh, outputs), seconds
 
-    def _fresh_outputs(self) -> dict[str, np.ndarray]:
-        """An array for each returned value that nothing outside this module references: one
-        of the earlier runs' that its caller has let go (the pool's reference the only one
-        left, views of it included), else a new one, kept for later runs. Where malloc maps a
-        block that large anew each time (glibc above its mmap threshold), a new array is
-        fresh pages, and faulting them in costs more than a small kernel (two 393 KB arrays,
-        gpt2-decode's KV-cache outputs, allocated and filled: 0.51 ms, against 0.02 ms
+    def _fresh_outputs(self) -> dict[str, tuple[np.ndarray, int]]:
+        """An array for each returned value that nothing outside this module references, with
+        its address: one of the earlier runs' that its caller has let go (the pool's reference
+        the only one left, views of it included), else a new one, kept for later runs. Where
+        malloc maps a block that large anew each time (glibc above its mmap threshold), a new
+        array is fresh pages, and faulting them in costs more than a small kernel (two 393 KB
+        arrays, gpt2-decode's KV-cache outputs, allocated and filled: 0.51 ms, against 0.02 ms
         reused)."""
         fresh = {}
         for name in self.returned:
-            pool, array = self.pools[name], None
+            pool, found = self.pools[name], None
             for kept in pool:
-                # Free: referenced only by the pool, this loop and getrefcount's argument.
-                if sys.getrefcount(kept) == FREE_REFERENCES:
-                    array = kept
+                # Free: referenced only by the pool's pair (and getrefcount's argument).
+                if sys.getrefcount(kept[0]) == FREE_REFERENCES:
+                    found = kept
                     break
-            if array is None:
+            if found is None:
                 # numpy's own array, not an aligned view: a caller's view of it must count
                 # as a reference to it (a view of a view refers to the memory's owner)
                 t = self.types[name]
                 array = np.empty(t.shape, dtype=numpy_dtype(t.dtype))
+                found = (array, address(array))
                 if len(pool) < OUTPUT_POOL:
-                    pool.append(array)
-            fresh[name] = array
+                    pool.append(found)
+            fresh[name] = found
         return fresh
 
     def _bind_native(self, bound: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -340,16 +371,17 @@ class _CpuBuffers:
         fresh = self._fresh_outputs()
         pointers = self.runner.bound  # type: ignore[union-attr]
         for i, name in enumerate(self.bound_names):
-            array = fresh.get(name)
-            pointers[i] = (array if array is not None else bound[name]).ctypes.data
-        return fresh
+            kept = fresh.get(name)
+            pointers[i] = kept[1] if kept is not None else address(bound[name])
+        return {name: array for name, (array, _) in fresh.items()}
 
     def _bind(self, bound: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list]:
         """Fresh arrays for the returned values, and each call's pointers with the inputs and
         those arrays in place."""
-        fresh = self._fresh_outputs()
-        where = {name: a.ctypes.data for name, a in bound.items()}
-        where.update((name, a.ctypes.data) for name, a in fresh.items())
+        kept = self._fresh_outputs()
+        fresh = {name: array for name, (array, _) in kept.items()}
+        where = {name: address(a) for name, a in bound.items()}
+        where.update((name, pointer) for name, (_, pointer) in kept.items())
         calls = []
         for fn, pointers, slots in self.calls:
             if slots:
@@ -435,6 +467,12 @@ def plan_commands(
     pairs = inplace if inplace is not None else [()] * len(commands)
     steps = [Step(c.inputs, c.outputs, p) for c, p in zip(commands, pairs, strict=True)]
     return plan_memory(steps, sizes, views)
+
+
+def address(array: np.ndarray) -> int:
+    """Where an array's data starts (the C-level attribute: `.ctypes.data` runs Python code,
+    which after a run's kernels have swept the caches costs several microseconds)."""
+    return array.__array_interface__["data"][0]
 
 
 def _bind_inputs(

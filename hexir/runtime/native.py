@@ -138,21 +138,23 @@ class NativeRunner:
         self.bound = (ctypes.c_void_p * max(num_bound, 1))()
         self._seconds = (ctypes.c_double * max(len(calls), 1))()
         self._entry = _entry(library)
+        # The call's arguments, converted once: ctypes would convert each array per call.
+        arrays = (self._fns, self._arity, self._args)
+        patches = (self._patch_at, self._patch_of, self.bound)
+        pointer = ctypes.c_void_p
+        self._call = (
+            ctypes.c_int64(self.num_commands),
+            *(pointer(ctypes.addressof(a)) for a in arrays),
+            ctypes.c_int64(self._num_patches),
+            *(pointer(ctypes.addressof(a)) for a in patches),
+        )
+        self._timed = pointer(ctypes.addressof(self._seconds))
+        self._untimed = pointer(None)
 
     def run(self, timed: bool = False) -> list[float] | None:
         """Every command, with `bound` (filled by the caller) patched in; with `timed`, each
         command's seconds."""
-        self._entry(
-            self.num_commands,
-            self._fns,
-            self._arity,
-            self._args,
-            self._num_patches,
-            self._patch_at,
-            self._patch_of,
-            self.bound,
-            self._seconds if timed else None,
-        )
+        self._entry(*self._call, self._timed if timed else self._untimed)
         return list(self._seconds[: self.num_commands]) if timed else None
 
     @staticmethod

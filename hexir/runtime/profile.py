@@ -4,15 +4,18 @@
     print(profile)                     # the table: one row per command, slowest first
     row = profile.rows[0]              # .index, .kernel, .ops, .shapes, .seconds, .share,
                                        # .flops, .gflops, .peak_fraction, .schedule
-    profile.command_seconds, profile.end_to_end, profile.ratio, profile.peak
+    profile.command_seconds, profile.in_commands, profile.end_to_end, profile.ratio, profile.peak
 
 Each repeat is a real planned run of the module (`Module.run_timed`): every command called in
 order on the memory plan's buffers, with the clock read between commands (in the native
 command runner on the CPU, CUDA events on a GPU), so each command reads what a real run hands
 it, the data its producer just wrote, in the cache state that leaves. Beside each profiled run
 one plain `Module.run` is timed end to end, what `hexir run --bench` reports; the totals
-compare the sum of the commands' medians with its median (the difference is binding the inputs
-and fresh outputs, and the call from Python; on a GPU, the copies in and out).
+give the sum of the commands' medians, a run's time in its commands (the median over the runs
+of each run's sum) and the end-to-end median, and the share of a run spent in commands (the
+rest is binding the inputs and fresh outputs, and the call from Python, each Python object
+touched a cache miss after the kernels have swept the caches; on a GPU, the copies in and
+out).
 
 FLOPs come from the ops each command computes (`hexir.ops.op_flops`: 2 per multiply-add of a
 contraction or convolution, one per element of an elementwise op, none for data movement); a
@@ -69,6 +72,7 @@ class Profile:
     target: str
     rows: tuple[ProfileRow, ...]
     end_to_end: float  # median seconds of a plain run, timed between the profiled ones
+    in_commands: float  # median over the profiled runs of each run's commands' seconds, summed
     repeats: int
     peak: Peak
     outputs: list[np.ndarray] = field(repr=False, compare=False)  # of the last profiled run
@@ -80,8 +84,10 @@ class Profile:
 
     @property
     def ratio(self) -> float:
-        """The sum of the commands' times over the end-to-end time."""
-        return self.command_seconds / self.end_to_end
+        """The share of a run spent in its commands: a run's time in them (`in_commands`)
+        over the end-to-end time. Not the sum of the commands' medians, which is less than
+        a typical run's total wherever noise hits a different command in each run."""
+        return self.in_commands / self.end_to_end
 
     @property
     def flops(self) -> int:
@@ -105,6 +111,7 @@ def profile(
         module.run(inputs)
         module.run_timed(inputs)
     per_command: list[list[float]] = [[] for _ in module.commands]
+    per_run: list[float] = []
     end_to_end: list[float] = []
     outputs: list[np.ndarray] = []
     for _ in range(repeats):
@@ -114,6 +121,7 @@ def profile(
         outputs, seconds = module.run_timed(inputs)
         for times, s in zip(per_command, seconds, strict=True):
             times.append(s)
+        per_run.append(sum(seconds))
     medians = [statistics.median(times) for times in per_command]
     peak = module.target.peak()
     rows = [_row(module, i, s, sum(medians), peak) for i, s in enumerate(medians)]
@@ -123,6 +131,7 @@ def profile(
         f"{module.target} ({module.target.key})",
         tuple(rows),
         statistics.median(end_to_end),
+        statistics.median(per_run),
         repeats,
         peak,
         outputs,
@@ -191,6 +200,7 @@ def format_profile(p: Profile) -> str:
     totals = [
         ("", "sum of commands", "", "", _ms(seconds), _percent(1.0 if seconds > 0 else 0.0),
          _number(rate and rate / 1e9), _percent(rate and rate / p.peak.flops), ""),
+        ("", "commands, a run", "", "", _ms(p.in_commands), "", "", "", ""),
         ("", "end to end", "", "", _ms(p.end_to_end), "", "", "", ""),
     ]  # fmt: skip
     lines = [
@@ -198,7 +208,7 @@ def format_profile(p: Profile) -> str:
         f"{p.repeats} runs each",
         f"peak {p.peak}",
         *_align([HEADER, *body, *totals], RIGHT),
-        f"sum of commands / end to end = {p.ratio:.2f}",
+        f"in commands / end to end = {p.ratio:.2f}",
     ]
     return "\n".join(lines)
 

@@ -92,8 +92,9 @@ def test_run_profile_prints_a_row_per_command(tmp_path):
     ]  # fmt: skip
     assert all(row[-1] == "default" for row in rows)
     assert lines[start + 7].split()[:3] == ["sum", "of", "commands"]
-    assert lines[start + 8].split()[:3] == ["end", "to", "end"]
-    assert lines[start + 9].startswith("sum of commands / end to end = ")
+    assert lines[start + 8].split()[:3] == ["commands,", "a", "run"]
+    assert lines[start + 9].split()[:3] == ["end", "to", "end"]
+    assert lines[start + 10].startswith("in commands / end to end = ")
 
 
 def test_run_profile_of_an_artifact(tmp_path, capsys):

@@ -99,6 +99,14 @@ def test_bad_inputs_are_named():
         module.run({})
     with pytest.raises(hexir.HexirError, match=r"takes 1 inputs \(%x\), got 2"):
         module.run([np.ones((2, 3), "float32")] * 2)
+    with pytest.raises(
+        hexir.HexirError, match=r"%x.*numpy float32.*got shape \(2, 3\), numpy float64"
+    ):
+        module.run((np.ones((2, 3)),))  # a tuple, of float64
+    # An array of the input's type in any memory order runs (on a C-ordered copy).
+    expect = np.exp(np.arange(6, dtype="float32").reshape(2, 3))
+    transposed = np.asfortranarray(np.arange(6, dtype="float32").reshape(2, 3))  # not C order
+    np.testing.assert_allclose(module.run([transposed])[0], expect, rtol=1e-6)
 
 
 # -- whole models -----------------------------------------------------------------------------

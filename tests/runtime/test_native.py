@@ -92,3 +92,28 @@ def test_outputs_a_caller_has_let_go_are_reused_and_held_ones_never_written(rng)
     addresses = {module.run(second)[0].ctypes.data for _ in range(5)}
     assert len(addresses) == 1
     np.testing.assert_allclose(module.run(second)[0], evaluate(graph, second)[0], rtol=1e-5)
+
+
+def test_a_change_of_thread_count_reaches_every_library_of_a_module(rng):
+    # A run skips the per-library check while the count and every library's are unchanged;
+    # a knob scope, or another module setting a shared library, must still be seen.
+    from hexir.runtime import kernel
+
+    graph = zoo.mlp(batch=64, sizes=(256, 512, 64))
+    module, other = hexir.compile(graph), hexir.compile(graph)
+    libraries = {k._key for k in module.kernels if k._set_threads is not None}
+    assert libraries  # the mlp's dense layers run in parallel
+    x = _inputs(graph, rng)
+    expect = module.run(x)[0]
+    default = hexir.knobs.get().num_threads
+    assert {kernel._threads_set[key] for key in libraries} == {default}
+    with hexir.knobs.scope(num_threads=1):
+        np.testing.assert_array_equal(module.run(x)[0], expect)
+        assert {kernel._threads_set[key] for key in libraries} == {1}
+        other.run(x)  # shares the libraries (the build cache), as set
+    np.testing.assert_array_equal(module.run(x)[0], expect)
+    assert {kernel._threads_set[key] for key in libraries} == {default}
+    with hexir.knobs.scope(num_threads=1):
+        other.run(x)  # sets the shared libraries to 1 behind module's back
+    module.run(x)
+    assert {kernel._threads_set[key] for key in libraries} == {default}

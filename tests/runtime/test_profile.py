@@ -69,8 +69,10 @@ def test_every_command_appears_exactly_once(rng):
 
 def test_times_are_positive_and_shares_add_up_to_one(rng):
     _, p, _ = _profile(convnet(rng), rng)
-    for value in (*(r.seconds for r in p.rows), p.end_to_end, p.command_seconds, p.ratio):
+    totals = (p.end_to_end, p.command_seconds, p.in_commands, p.ratio)
+    for value in (*(r.seconds for r in p.rows), *totals):
         assert value > 0 and math.isfinite(value)
+    assert p.ratio == p.in_commands / p.end_to_end
     assert sum(r.share for r in p.rows) == pytest.approx(1.0)
     assert all(0 < r.share <= 1 for r in p.rows)
 
@@ -181,7 +183,7 @@ def test_the_table_lists_every_row_and_the_totals(rng):
     for row, line in zip(p.rows, lines[3:], strict=False):
         assert line.split()[:3] == [str(row.index), row.kernel, "+".join(row.ops)]
     assert "sum of commands" in text and "end to end" in text
-    assert lines[-1].startswith("sum of commands / end to end = ")
+    assert lines[-1].startswith("in commands / end to end = ")
 
 
 def test_a_cuda_module_profiles_only_where_it_runs(rng):
