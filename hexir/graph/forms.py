@@ -164,7 +164,9 @@ def _measure(
         chosen = rule.tile
         if rule.seconds is not None and other.seconds is not None and other.seconds < rule.seconds:
             chosen = other.tile
-        convs.append(ConvForms(name, producers[0][name].result.type.shape, rule, other, chosen))
+        # (the direct form keeps the conv's value; the Winograd form's may have sunk away)
+        shape = next(p[name] for p in producers if name in p).result.type.shape
+        convs.append(ConvForms(name, shape, rule, other, chosen))
     return convs
 
 
@@ -172,19 +174,21 @@ def _form_groups(
     producer: dict[str, Op], groups: list[Group], name: str, elsewhere: dict[str, Op]
 ) -> list[Group]:
     """The groups that compute the conv `name` in one variant's form of it (`producer`: that
-    variant's ops by result): those holding an op of its form, found from the op that returns
-    `name` back through the ops that only this form has (their results are not among
-    `elsewhere`, the other variant's): the Winograd form's chain back to the image, or the
-    direct conv alone."""
-    form: set[str] = set()
-    todo: list[Op] = [producer[name]]
-    while todo:
-        op = todo.pop()
-        if op.result.name in form:
+    variant's ops by result): those holding an op of its form, one that only this variant
+    has (its result is not among `elsewhere`, the other variant's) named after `name` (the
+    Winograd form's transforms, batch_matmul and transposes) or `name` itself (the direct
+    conv, the Winograd form's copy back to NCHW where it has not sunk away), and the
+    groups of this variant only that read the form's result: the Winograd form's epilogue
+    where its transposes sank through it (hexir/graph/rewrite.py), which the direct conv's
+    kernel computes too."""
+    form = {n for n in producer if n.startswith(f"{name}_") and n not in elsewhere}
+    form |= {name} & producer.keys()
+    mine = [g for g in groups if any(op.result.name in form for op in g.ops)]
+    read_inside = {v.name for n in form for v in producer[n].operands}
+    results = form - read_inside  # (not its NHWC copy of the image, which a residual reads)
+    for group in groups:
+        if group in mine or any(op.result.name in elsewhere for op in group.ops):
             continue
-        form.add(op.result.name)
-        for operand in op.operands:
-            before = producer.get(operand.name)
-            if before is not None and before.kind != "constant" and operand.name not in elsewhere:
-                todo.append(before)
-    return [group for group in groups if any(op.result.name in form for op in group.ops)]
+        if any(v.name in results for op in group.ops for v in op.operands):
+            mine.append(group)
+    return mine

@@ -24,7 +24,10 @@ Rounds of these passes run until the graph no longer changes:
   and two in a row become one with a single constant); a reshape of a computed value that
   an elementwise op (or a bias_add) is the only use of moves below it, the op computing in
   the value's shape and its other operands viewed there (so an imported 3-D matmul, reshape
-  -> matmul -> reshape, takes its bias, activation and residual add into its kernel);
+  -> matmul -> reshape, takes its bias, activation and residual add into its kernel); a
+  transpose that an elementwise op (or a bias_add) is the only use of moves below it where
+  the chain it starts is transposed back further down, where the two meet and go (the
+  Winograd form's NHWC -> NCHW, a conv's epilogues, NCHW -> NHWC for the next conv);
 - dead ops (and constants nobody uses) are removed (`remove_dead_ops`).
 
 Graph inputs, graph outputs and the type of every value stay as they were: a rewrite that
@@ -102,6 +105,8 @@ class RewritePass:
     uses: dict[str, int] = field(default_factory=dict)  # value -> uses (graph outputs count)
     taken: set[str] = field(default_factory=set)
     blobs: list[tuple[str, ConstantData]] = field(default_factory=list)
+    emitted: list[Op] = field(default_factory=list)  # a pass's ops so far, in order
+    consumers: dict[str, list[Op]] = field(default_factory=dict)  # value -> ops that read it
 
     def __post_init__(self) -> None:
         g = self.graph
@@ -113,6 +118,7 @@ class RewritePass:
                 self.data[op.result.name] = constant_array(g, op)
             for v in op.operands:
                 self.uses[v.name] = self.uses.get(v.name, 0) + 1
+                self.consumers.setdefault(v.name, []).append(op)
         for v in g.outputs:
             self.uses[v.name] = self.uses.get(v.name, 0) + 1
         self.blobs = list(g.constants)
@@ -206,7 +212,7 @@ Rewrite = Callable[[Op, RewritePass], "Value | list[Op] | None"]
 def _exact_rewrites(graph: Graph) -> Graph:
     p = RewritePass(graph)
     renamed: dict[str, Value] = {}
-    ops: list[Op] = []
+    ops = p.emitted
     for op in graph.ops:
         if any(v.name in renamed for v in op.operands):
             op = replace(op, operands=tuple(renamed.get(v.name, v) for v in op.operands))
@@ -266,8 +272,9 @@ def _reshape(op: Op, p: RewritePass) -> Value | list[Op] | None:
 
 
 def _transpose(op: Op, p: RewritePass) -> Value | list[Op] | None:
-    """transpose(transpose(x, p1), p2) -> transpose(x, p1∘p2); an identity transpose -> x;
-    a transpose that moves only axes of extent 1 -> a reshape (the same row-major order)."""
+    """transpose(transpose(x, p1), p2) -> transpose(x, p1∘p2); an identity transpose -> x (a
+    reshape, where it is a graph output); a transpose that moves only axes of extent 1 -> a
+    reshape (the same row-major order)."""
     if op.kind != "transpose":
         return None
     x, perm = op.operands[0], _ints(op, "perm")
@@ -278,7 +285,7 @@ def _transpose(op: Op, p: RewritePass) -> Value | list[Op] | None:
     if perm == tuple(range(len(perm))) and not p.is_output(op.result):
         return x
     moved = [a for a in perm if x.type.shape[a] != 1]
-    if moved == sorted(moved) and perm != tuple(range(len(perm))):
+    if moved == sorted(moved):  # (an identity that is a graph output too: a view of x)
         shape = {"shape": op.result.type.shape}
         return [make_op("reshape", [x], shape, op.result.name, op.placement)]
     if x == op.operands[0]:
@@ -384,6 +391,85 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
     return [*ops, inner, back]
 
 
+def _sink_transpose(op: Op, p: RewritePass) -> list[Op] | None:
+    """f(transpose(x, perm), transpose(y, perm), c) -> transpose(f(x, y, c'), perm) for an
+    elementwise f (and a bias_add, its axis moved to x's) whose transposed operands share one
+    permutation and have no other use, where f's result (or an elementwise chain's from it) is
+    transposed back by a consumer (`_meets`); any other operand is a constant of f's rank, c'
+    its transpose back (folded here), a value an earlier op transposes back already (c' that
+    op's result), or holds one element. So a transpose meets the one its
+    consumer makes back (the Winograd form's NHWC -> NCHW, then NCHW -> NHWC for the next
+    conv) and both go (`_transpose`); the ops between compute in the layout they came in,
+    a vectorized pass where the transposing copy that fused them was a scalar one. Exact: the
+    same operations on the same values."""
+    d = op_def(op.kind)
+    if d is None or (d.fusion is not Pattern.ELEMENTWISE and op.kind != "bias_add"):
+        return None
+    shape, attrs = op.result.type.shape, dict(op.attrs)
+    perms, sunk = set(), {}
+    for i, v in enumerate(op.operands):
+        t = p.producer.get(v.name)
+        if (
+            t is not None
+            and t.kind == "transpose"
+            and p.uses.get(v.name) == 1
+            and v.type.shape == shape
+        ):
+            perms.add(_ints(t, "perm"))
+            sunk[i] = t.operands[0]
+    if len(perms) != 1:
+        return None
+    (perm,) = perms
+    back = tuple(perm.index(a) for a in range(len(perm)))  # x's axis a is the result's back[a]
+    if not _meets(op.result.name, back, p):
+        return None  # it would only part the transposing copy from the epilogue it fuses
+    ops: list[Op] = []
+    operands = []
+    for i, v in enumerate(op.operands):
+        if i in sunk:
+            operands.append(sunk[i])
+        elif op.kind == "bias_add" or v.type.size == 1:
+            operands.append(v)  # a bias along one axis, or one element: any layout
+        elif v.name in p.data and len(v.type.shape) == len(shape):
+            name = p.fresh(f"{v.name}_t")
+            ops.append(make_op("transpose", [v], {"perm": back}, name, op.placement))
+            operands.append(ops[-1].result)
+        elif (made := _made_transpose(v, back, p)) is not None:
+            operands.append(made)
+        else:
+            return None
+    if op.kind == "bias_add":
+        if 0 not in sunk:
+            return None
+        attrs["axis"] = perm[int(attrs["axis"])]  # type: ignore[arg-type]
+    inner = make_op(op.kind, operands, attrs, p.fresh(f"{op.result.name}_t"), op.placement)
+    out = make_op("transpose", [inner.result], {"perm": perm}, op.result.name, op.placement)
+    return [*ops, inner, out]
+
+
+def _meets(name: str, back: tuple[int, ...], p: RewritePass, depth: int = 8) -> bool:
+    """Whether value `name` is transposed by `back` (its own transpose's inverse), by a
+    consumer or through a chain of elementwise consumers (and bias_adds) of up to `depth`."""
+    for c in p.consumers.get(name, ()):
+        if c.kind == "transpose" and _ints(c, "perm") == back:
+            return True
+        d = op_def(c.kind)
+        sinks = d is not None and (d.fusion is Pattern.ELEMENTWISE or c.kind == "bias_add")
+        if sinks and depth > 0 and _meets(c.result.name, back, p, depth - 1):
+            return True
+    return False
+
+
+def _made_transpose(v: Value, perm: tuple[int, ...], p: RewritePass) -> Value | None:
+    """transpose(v, perm) where an op before this one makes it already (for another
+    consumer: the residual of a ResNet block, which the next conv reads in NHWC), else None:
+    an operand in the other layout costs no new transpose, so sinking past it is free."""
+    for o in p.emitted:
+        if o.kind == "transpose" and o.operands[0].name == v.name and _ints(o, "perm") == perm:
+            return o.result
+    return None
+
+
 def _same_axis(shape: tuple[int, ...], source: tuple[int, ...], axis: int) -> int | None:
     """The axis of `source` that row-major order lays out as `axis` of `shape` (the same
     extent, the same number of elements before it), or None."""
@@ -394,4 +480,11 @@ def _same_axis(shape: tuple[int, ...], source: tuple[int, ...], axis: int) -> in
     return None
 
 
-_REWRITES: tuple[Rewrite, ...] = (_identity, _reshape, _transpose, _broadcasts, _sink_reshape)
+_REWRITES: tuple[Rewrite, ...] = (
+    _identity,
+    _reshape,
+    _transpose,
+    _broadcasts,
+    _sink_reshape,
+    _sink_transpose,
+)

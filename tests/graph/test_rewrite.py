@@ -182,6 +182,40 @@ def test_a_transpose_moving_only_unit_axes_is_a_reshape():
     assert reshapes == {(12, 1, 64): (x,), (12, 1, 1, 64): (x,)}
 
 
+NHWC, NCHW = (0, 2, 3, 1), (0, 3, 1, 2)
+
+
+def test_a_transpose_sinks_through_epilogues_to_the_one_that_undoes_it():
+    # The Winograd form's shape: NHWC -> NCHW, a bias, a relu, and NCHW -> NHWC for the next
+    # conv, which also reads the block's input in NHWC for its residual add.
+    b = GraphBuilder("g")
+    x, skip = b.input("x", (1, 4, 5, 8)), b.input("skip", (1, 8, 4, 5))
+    skip_nhwc = b.exp(b.transpose(skip, perm=NHWC))  # the next conv's input, made first
+    h = b.relu(b.bias_add(b.transpose(x, perm=NCHW), b.constant(rand(8)), axis=1))
+    scaled = b.mul(h, b.constant(rand(1, 8, 4, 5)))  # a constant in NCHW: transposed here
+    res = b.relu(b.add(scaled, skip))  # skip's NHWC copy is made already: no new transpose
+    graph = b.build([b.transpose(res, perm=NHWC), skip_nhwc])
+    after = simplified(graph, rtol=1e-6)
+    transposes = [op for op in after.ops if op.kind == "transpose"]
+    assert len(transposes) == 1 and transposes[0].operands == (skip,)  # only skip's, shared
+    assert [op.attr("axis") for op in after.ops if op.kind == "bias_add"] == [3]
+    assert kinds(after).count("relu") == 2 and "mul" in kinds(after)
+
+
+def test_a_transpose_that_meets_no_inverse_keeps_its_epilogues():
+    # NHWC -> NCHW, then a bias and relu read by an NCHW consumer (a 1x1 conv as a matmul, a
+    # graph output): sinking would only part the transposing copy from what it fuses.
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 4, 5, 8))
+    h = b.relu(b.bias_add(b.transpose(x, perm=NCHW), b.constant(rand(8)), axis=1))
+    both = b.add(b.transpose(x, perm=NCHW), b.input("y", (1, 8, 4, 5)))  # y: no NHWC copy
+    after = simplified(b.build([h, b.transpose(both, perm=NHWC)]))
+    assert kinds(after) == ["transpose", "constant", "bias_add", "relu", "transpose", "add",
+                            "transpose"]  # fmt: skip
+    groups = [[op.kind for op in g.ops] for g in partition(after) if not is_view(g)]
+    assert ["transpose", "bias_add", "relu"] in groups
+
+
 def test_chain_of_broadcasts_is_one_broadcast_and_keeps_signed_zeros():
     b = GraphBuilder("g")
     x = b.input("x", (4,))

@@ -9,7 +9,7 @@ import pytest
 import hexir
 from hexir import knobs
 from hexir.graph.evaluate import evaluate
-from hexir.graph.fusion import fused_kernels
+from hexir.graph.fusion import fused_kernels, is_view, partition
 from hexir.graph.layout import layout_weights, winograd_tile
 from hexir.ops.builder import GraphBuilder
 from hexir.ops.contraction import unblock_matmul_weight
@@ -75,6 +75,37 @@ def test_a_conv_in_winograd_form_matches_the_direct_conv(tile, n, c, k, h, w, pa
     # F(4, 3) scales rows by up to 8: its error, about 5e-6 of the largest output, is the bound.
     assert np.abs(evaluated - want).max() <= 1e-4 * scale
     assert np.abs(got - want).max() <= 1e-4 * scale
+
+
+def test_two_winograd_convs_in_a_block_keep_their_activations_in_nhwc(rng):
+    # A ResNet basic block: relu(conv2(relu(conv1(x) + b1)) + b2 + x). Each Winograd form
+    # turns its input to NHWC and its result back to NCHW; between the convs, and for the
+    # residual add, those transposes cancel: x is transposed once, the block's result once.
+    b = GraphBuilder("block")
+    x = b.input("x", (1, 16, 12, 12))
+
+    def conv(v):
+        w = (rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32)
+        return b.bias_add(b.conv2d(v, b.constant(w), padding=1), b.constant(rand16(rng)))
+
+    graph = b.build(b.relu(b.add(conv(b.relu(conv(x))), x)))
+    xv = rng.standard_normal((1, 16, 12, 12), dtype=np.float32)
+    with knobs.scope(winograd="4"):
+        laid_out = layout_weights(graph)
+        (got,) = hexir.compile(graph).run([xv])
+    transposes = [op for op in laid_out.ops if op.kind == "transpose"]
+    assert [op.attr("perm") for op in transposes] == [(0, 2, 3, 1), (0, 3, 1, 2)]
+    assert transposes[0].operands == (x,)
+    # conv1's bias in NHWC; conv2's epilogue stays with the transposing copy it fuses into.
+    assert [op.attr("axis") for op in laid_out.ops if op.kind == "bias_add"] == [3, 1]
+    kernels = [[op.kind for op in g.ops] for g in partition(laid_out) if not is_view(g)]
+    assert ["transpose", "bias_add", "add", "relu"] in kernels
+    (want,) = evaluate(graph, [xv])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def rand16(rng) -> np.ndarray:
+    return rng.standard_normal(16).astype(np.float32)
 
 
 def test_winograd_is_chosen_by_the_number_of_tiles():
