@@ -224,7 +224,7 @@ hextir.func @softmax(%X: buffer<4x8xf32>, %Y: buffer<4x8xf32>) {
     }
     for %i5 in 0..8 serial {
       block @softmax_norm(vi4 = spatial(4) %i3, vi5 = spatial(8) %i5) reads(%softmax_exp[vi4, vi5], %softmax_sum[vi4]) writes(%Y[vi4, vi5]) {
-        %Y[vi4, vi5] = %softmax_exp[vi4, vi5] / %softmax_sum[vi4]
+        %Y[vi4, vi5] = %softmax_exp[vi4, vi5] * (1.0 / %softmax_sum[vi4])
       }
     }
   }
