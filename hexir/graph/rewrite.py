@@ -333,27 +333,36 @@ def _ints(op: Op, key: str) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+def _sinks_through(kind: str) -> bool:
+    """Whether a reshape or a transpose of an operand can move below an op of `kind`: an
+    elementwise op, or a bias_add (its axis moved)."""
+    d = op_def(kind)
+    return d is not None and (d.fusion is Pattern.ELEMENTWISE or kind == "bias_add")
+
+
+def _only_uses(op: Op, kind: str, p: RewritePass) -> dict[int, Op]:
+    """`op`'s operands of its result's shape (not broadcast up) that an op of `kind` computes
+    and that `op` is the only use of: their positions -> those ops."""
+    found = {}
+    for i, v in enumerate(op.operands):
+        q = p.producer.get(v.name)
+        if q is not None and q.kind == kind and p.uses.get(v.name) == 1:
+            if v.type.shape == op.result.type.shape:
+                found[i] = q
+    return found
+
+
 def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
     """f(reshape(x), y, ...) -> reshape(f(x, reshape(y), ...)) for an elementwise f (and a
     bias_add, its axis moved to the same axis of x's shape) whose reshaped operand has no
     other use, every other operand of f's shape: a matmul of a 3-D activation (imported as
     reshape -> matmul -> reshape) then takes its bias and activation into its kernel, which
     a reshape (a group of its own) would stop. Exact: the same values, in row-major order."""
-    d = op_def(op.kind)
-    if d is None or (d.fusion is not Pattern.ELEMENTWISE and op.kind != "bias_add"):
+    if not _sinks_through(op.kind):
         return None
     shape, attrs = op.result.type.shape, dict(op.attrs)
     # The operands that are reshapes of one shape, used only here: the source shape.
-    sunk = {}
-    for i, v in enumerate(op.operands):
-        r = p.producer.get(v.name)
-        if (
-            r is not None
-            and r.kind == "reshape"
-            and p.uses.get(v.name) == 1
-            and v.type.shape == shape
-        ):
-            sunk[i] = r.operands[0]  # (not one that broadcasts up)
+    sunk = {i: r.operands[0] for i, r in _only_uses(op, "reshape", p).items()}
     sources = {x.type.shape for x in sunk.values()}
     # Toward the shape something computes in (not a graph input viewed, which would undo
     # this rewrite's own views of the other operands), and only toward fewer axes: two
@@ -402,21 +411,12 @@ def _sink_transpose(op: Op, p: RewritePass) -> list[Op] | None:
     conv) and both go (`_transpose`); the ops between compute in the layout they came in,
     a vectorized pass where the transposing copy that fused them was a scalar one. Exact: the
     same operations on the same values."""
-    d = op_def(op.kind)
-    if d is None or (d.fusion is not Pattern.ELEMENTWISE and op.kind != "bias_add"):
+    if not _sinks_through(op.kind):
         return None
     shape, attrs = op.result.type.shape, dict(op.attrs)
-    perms, sunk = set(), {}
-    for i, v in enumerate(op.operands):
-        t = p.producer.get(v.name)
-        if (
-            t is not None
-            and t.kind == "transpose"
-            and p.uses.get(v.name) == 1
-            and v.type.shape == shape
-        ):
-            perms.add(_ints(t, "perm"))
-            sunk[i] = t.operands[0]
+    transposes = _only_uses(op, "transpose", p)
+    sunk = {i: t.operands[0] for i, t in transposes.items()}
+    perms = {_ints(t, "perm") for t in transposes.values()}
     if len(perms) != 1:
         return None
     (perm,) = perms
@@ -453,9 +453,7 @@ def _meets(name: str, back: tuple[int, ...], p: RewritePass, depth: int = 8) -> 
     for c in p.consumers.get(name, ()):
         if c.kind == "transpose" and _ints(c, "perm") == back:
             return True
-        d = op_def(c.kind)
-        sinks = d is not None and (d.fusion is Pattern.ELEMENTWISE or c.kind == "bias_add")
-        if sinks and depth > 0 and _meets(c.result.name, back, p, depth - 1):
+        if _sinks_through(c.kind) and depth > 0 and _meets(c.result.name, back, p, depth - 1):
             return True
     return False
 
