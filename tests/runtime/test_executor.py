@@ -270,6 +270,34 @@ def test_a_database_record_is_used_for_its_workload(tmp_path, rng):
     assert hexir.compile(graph, database=Database(url)).report[0].schedule == "tuned"
 
 
+def test_a_record_must_beat_the_defaults_own_records_by_the_margin(tmp_path, rng):
+    from hexir.database import Database
+    from hexir.graph.fusion import fused_kernels
+    from hexir.runtime.default_schedule import default_schedule
+    from hexir.runtime.executor import TUNED_MARGIN
+    from hexir.search.measure import MeasureResult
+
+    g = hexir.GraphBuilder("one")
+    graph = g.build([g.relu(g.dense(g.input("x", (32, 64)), g.constant(_weights(rng, 64, 64))))])
+    func = fused_kernels(graph)[1][0][1]
+    sch = hexir.Schedule(func, seed=0)
+    i, _, _ = sch.get_loops(sch.get_block("matmul"))
+    sch.parallel(sch.split(i, [None, 8])[0])
+    db = Database(f"sqlite:///{tmp_path / 'tuning.db'}")
+    default = default_schedule(func, "cpu").trace
+    for seconds in (1.0e-3, 1.1e-3):  # the default stands at the slower middle one: 1.1 ms
+        db.commit_record(func, "cpu", default, MeasureResult(latencies=(seconds,)))
+    barely = 1.1e-3 * (1 - TUNED_MARGIN / 2)
+    db.commit_record(func, "cpu", sch.trace, MeasureResult(latencies=(barely,)))
+    assert db.best(hexir.workload_key(func), "cpu")[0].median == pytest.approx(barely)
+    assert hexir.compile(graph, database=db).report[0].schedule == "default"
+    faster = 1.1e-3 * (1 - 2 * TUNED_MARGIN)
+    db.commit_record(func, "cpu", sch.trace, MeasureResult(latencies=(faster,)))
+    db.commit_record(func, "cpu", sch.trace, MeasureResult(latencies=(faster,)))
+    (report,) = hexir.compile(graph, database=db).report
+    assert report.schedule == "tuned" and report.trace.to_json() == sch.trace.to_json()
+
+
 def test_a_cuda_module_builds_here_and_running_it_says_there_is_no_gpu(rng):
     from hexir.runtime.cuda_kernel import gpu_unavailable_reason
 
