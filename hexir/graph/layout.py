@@ -67,7 +67,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from hexir import knobs
-from hexir.graph.rewrite import RewritePass, remove_dead_ops, simplify_graph
+from hexir.graph.rewrite import RewritePass, simplify_graph
 from hexir.ir.graph import Graph, Op
 from hexir.ops import make_op
 from hexir.ops.contraction import block_matmul_weight
@@ -103,7 +103,7 @@ def layout_weights(
         ops.extend(rewritten or [op])
     # The Winograd form's transposes sink through the epilogues between two such convs and
     # cancel (`simplify_graph`'s transpose sink): its activations stay in NHWC between them.
-    return simplify_graph(remove_dead_ops(p.finish(ops)))
+    return simplify_graph(p.finish(ops))  # (its rounds remove the dead ops too)
 
 
 def _matmul_of_constant(op: Op, p: RewritePass, target: Target) -> list[Op] | None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["ALIGN", "aligned", "aligned_copy", "aligned_empty"]
+__all__ = ["ALIGN", "address", "aligned", "aligned_copy", "aligned_empty"]
 
 # One cache line, and the alignment of a 512-bit vector.
 ALIGN = 64
@@ -23,14 +23,14 @@ def aligned_empty(shape: Sequence[int], dtype: np.dtype | str) -> np.ndarray:
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = -raw.ctypes.data % ALIGN
+    start = -address(raw) % ALIGN
     return raw[start : start + nbytes].view(dtype).reshape(tuple(shape))
 
 
 def aligned(array: np.ndarray) -> np.ndarray:
     """`array` itself when it is C-contiguous and starts on an `ALIGN`-byte boundary, else an
     aligned copy."""
-    if array.flags.c_contiguous and array.ctypes.data % ALIGN == 0:
+    if array.flags.c_contiguous and address(array) % ALIGN == 0:
         return array
     return aligned_copy(array)
 
@@ -42,3 +42,9 @@ def aligned_copy(array: np.ndarray) -> np.ndarray:
     copy = aligned_empty(given.shape, given.dtype)
     copy[...] = given
     return copy
+
+
+def address(array: np.ndarray) -> int:
+    """Where an array's data starts, read at C level: `.ctypes.data` runs Python code, which
+    after a run's kernels have swept the caches costs several microseconds a call."""
+    return array.__array_interface__["data"][0]

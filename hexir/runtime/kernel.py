@@ -17,6 +17,7 @@ import numpy as np
 from hexir import knobs
 from hexir.codegen.c import kernel_symbol
 from hexir.errors import HexirError
+from hexir.ir.arrays import address
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
@@ -102,7 +103,7 @@ class CpuKernel:
                     f"{dtype} array of shape {tuple(buffer.shape)}, got {problem}"
                 )
         self._check_overlap(arrays)
-        return [a.ctypes.data for a in arrays]
+        return [address(a) for a in arrays]
 
     def _check_overlap(self, arrays: tuple[np.ndarray, ...]) -> None:
         # Parameters are `restrict`: an output may share memory with no other array.

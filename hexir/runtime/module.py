@@ -38,7 +38,7 @@ from hexir import knobs
 from hexir.errors import HexirError
 from hexir.graph.evaluate import bind_inputs
 from hexir.graph.memory import MemoryPlan, Step, plan_memory
-from hexir.ir.arrays import aligned, aligned_empty
+from hexir.ir.arrays import address, aligned, aligned_empty
 from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, Op, TensorType, Value
 from hexir.ops import op_def
@@ -286,7 +286,7 @@ class _CpuBuffers:
         self.calls = [
             (
                 module.kernels[c.kernel]._fn,
-                [0 if self._root(n) in bound else arrays[n].ctypes.data for n in c.args],
+                [0 if self._root(n) in bound else address(arrays[n]) for n in c.args],
                 [(i, self._root(n)) for i, n in enumerate(c.args) if self._root(n) in bound],
             )
             for c in module.commands
@@ -467,12 +467,6 @@ def plan_commands(
     pairs = inplace if inplace is not None else [()] * len(commands)
     steps = [Step(c.inputs, c.outputs, p) for c, p in zip(commands, pairs, strict=True)]
     return plan_memory(steps, sizes, views)
-
-
-def address(array: np.ndarray) -> int:
-    """Where an array's data starts (the C-level attribute: `.ctypes.data` runs Python code,
-    which after a run's kernels have swept the caches costs several microseconds)."""
-    return array.__array_interface__["data"][0]
 
 
 def _bind_inputs(
