@@ -404,6 +404,28 @@ def test_cpu_row_chains_run_every_stage_per_row_in_one_parallel_loop(func, rng):
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "reduce_sum"])
+def test_cpu_long_row_reductions_keep_chains_of_partial_sums_in_flight(op, rng):
+    # A row of at least 4 x CHAINS vectors keeps CHAINS vectors of partials (one chain the
+    # length of the row waits on each addition's latency), added into one vector before the
+    # serial loop over its lanes; a shorter row keeps one vector.
+    from hexir.ir.tir import Allocate
+    from hexir.ir.visit import walk
+    from hexir.runtime.default_schedule import CHAINS
+
+    lanes = Target("cpu").vector_width
+    for n, chains in ((4 * CHAINS * lanes + 3 * lanes, CHAINS), (4 * CHAINS * lanes - lanes, 1)):
+        func = hexir.workload(op, M=8, N=n)
+        sch = default_schedule(func, "cpu")
+        partials = sorted(
+            node.buffer.shape[-1] for node in walk(sch.func.body)
+            if isinstance(node, Allocate) and node.buffer.name.endswith(("_rf", "_rf_1"))
+        )  # fmt: skip
+        per_reduction = [lanes, chains * lanes] if chains > 1 else [lanes]
+        assert partials == sorted(per_reduction * (2 if op == "layer_norm" else 1))
+        check_on_cpu(func, sch.func, rng)
+
+
 def _root_loops(func: hexir.PrimFunc):
     from hexir.ir.tir import For
     from hexir.ir.visit import walk
