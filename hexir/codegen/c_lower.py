@@ -137,6 +137,8 @@ def _fold(stmt: Stmt) -> Stmt:
 def _partition(stmt: Stmt) -> Stmt:
     """A serial loop split where its bound guards start and stop holding (see the module
     docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without."""
+    if isinstance(stmt, For) and stmt.kind == "parallel":
+        return _peel_jobs(stmt)
     if not isinstance(stmt, For) or stmt.kind not in ("serial", "vectorized") or stmt.extent < 2:
         return stmt
     surveyed = _survey(stmt.body)
@@ -159,10 +161,35 @@ def _partition(stmt: Stmt) -> Stmt:
     somewhere = {part: _holds(part, stmt.var, inner, every=False) for part in spans}
     parts = [_piece(stmt, middle, lo, hi, inner, somewhere)]
     if lo > 0:
-        parts.insert(0, _piece(stmt, stmt.body, 0, lo, inner, somewhere))
+        parts.insert(0, _edge(_piece(stmt, stmt.body, 0, lo, inner, somewhere)))
     if hi < stmt.extent:
-        parts.append(_piece(stmt, stmt.body, hi, stmt.extent, inner, somewhere))
+        parts.append(_edge(_piece(stmt, stmt.body, hi, stmt.extent, inner, somewhere)))
     return seq(*_own_locals(parts))
+
+
+def _edge(piece: Stmt) -> Stmt:
+    """An edge of a partitioned loop, which keeps its guards: where it is a few iterations
+    (a job's last two panels, the first of them partly past a ragged edge), partitioned or
+    peeled again, so that the inner loops' guards bound their own vars alone (the partial
+    panel's lanes then run as vectors up to the edge, not as a guarded scalar loop)."""
+    if isinstance(piece, For) and piece.extent <= PEEL_MAX_EXTENT:
+        return _partition(piece)
+    return piece
+
+
+def _peel_jobs(loop: For) -> For:
+    """A parallel loop of a few jobs whose var the guards of inner loops read with their own
+    (a matrix-vector product's ragged columns, one stretch of panels per job, the last job's
+    last panel guarded): still parallel, each job's body its own copy under an `if` on the
+    job, in which the inner loops' guards bound their own vars alone and partition."""
+    surveyed = _survey(loop.body) if 1 < loop.extent <= PEEL_MAX_EXTENT else None
+    if surveyed is None or not _bounds_with(surveyed[0], loop.var, surveyed[1]):
+        return loop
+    jobs = _own_locals([_piece(loop, loop.body, i, i + 1, surveyed[1], {}) for i in range(loop.extent)])
+    chain = jobs[-1]
+    for i in reversed(range(loop.extent - 1)):
+        chain = IfThenElse(Binary("==", loop.var, IntImm(i, loop.var.dtype)), jobs[i], chain)
+    return For(loop.var, loop.extent, loop.kind, chain, loop.annotations)
 
 
 def _own_locals(parts: list[Stmt]) -> list[Stmt]:

@@ -307,7 +307,8 @@ def default_tiles(
     than its extent: the last row tile is then guarded; so may the columns' panels where no
     panel divides them, their loop then serial in the cache level (the jobs from the rows;
     a matrix-vector product, whose jobs are its panels, first takes narrower ones that divide
-    its columns: `_matrix_vector_panel`). A vector loop that slides a window (`windowed`: a
+    its columns, `_matrix_vector_panel`, else one stretch of panels per core, the last one
+    ragged). A vector loop that slides a window (`windowed`: a
     depthwise conv's output columns) keeps its panels in the cache level too: panels side by
     side read overlapping columns of the image, which one job then copies (pads) once. A
     vector loop reading an operand laid out in blocks of `block` takes panels of one block."""
@@ -329,6 +330,13 @@ def default_tiles(
         jobs *= outer
         tiles.append([outer, rest // outer, 1, inner])
     panels = vector // panel
+    if matrix_vector and ragged_columns:
+        # GPT-2's 50257 logits: no part of a vector divides them. One stretch of panels per
+        # core all the same, the last job's last panel guarded (the C backend peels the
+        # parallel loop so that each job's panel loop partitions alone): on one core, the
+        # 147 MiB weight streamed at 30 GB/s.
+        cores = max(1, target.num_cores)
+        return [*tiles, [cores, 1, -(-(-(-vector // panel)) // cores), panel]]
     if ragged_columns or windowed:
         return [*tiles, [1, -(-vector // panel), 1, panel]]
     if matrix_vector:
@@ -370,9 +378,8 @@ def _matrix_vector_panel(vector: int, target: Target) -> int:
     """The column panel of a matrix-vector product of `vector` columns: its register tile's
     where that divides them; else the widest part of a vector, down to GEMV_MIN_PANEL lanes,
     that does (AVX-512's 16 lanes divide neither 200 nor 1000 columns: panels of 8); else the
-    register tile's, ragged. Its panels are its only parallel work: ragged, they run in one
-    serial loop, on one core (`default_tiles`: the C backend splits the guarded last panel
-    off a serial loop only), where whole part-vector panels split between the cores."""
+    register tile's, ragged. Its panels are its only parallel work: whole part-vector panels
+    split between the cores evenly, where ragged ones leave the last job a guarded panel."""
     panel, _ = register_tile(vector, 1, target)
     part = target.vector_width // 2
     while vector % panel and part >= GEMV_MIN_PANEL:
@@ -393,6 +400,8 @@ def _split_fixed(sch: Schedule, loop: LoopRV, tile: list[int], limit: int) -> li
                                           decision=tile)  # fmt: skip
         return sch.split(loop, factors)
     outer, inner = sch.split(loop, [None, tile[-1]])
+    if math.prod(tile[:-1]) != loop_of(sch, outer).extent:  # ragged outer tiles too
+        return [*sch.split(outer, [None, *tile[1:-1]]), inner]
     factors = sch.sample_perfect_tile(outer, n=len(tile) - 1, max_innermost_factor=0,
                                       decision=tile[:-1])  # fmt: skip
     return [*sch.split(outer, factors), inner]

@@ -149,6 +149,26 @@ def test_cpu_matrix_vector_products_give_each_core_one_stretch_of_every_weight_r
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize("N", [985, 197])
+def test_ragged_matrix_vector_products_run_one_stretch_per_core(N, rng):
+    # No part of a vector divides 985 (or GPT-2's 50257) columns: each core takes the same
+    # number of panels, the last job's last one partly past the edge. The C backend keeps the
+    # loop over the jobs parallel and gives each job its own copy, in which the guards bound
+    # the job's own panel loop: the full panels run unguarded, the partial one as vectors up to
+    # the edge, then scalars.
+    func = hexir.workload("matmul", M=1, N=N, K=64)
+    target = Target("cpu")
+    sch = default_schedule(func, target)
+    parallel = [lp for lp in _loops(sch.func) if lp.kind == "parallel"]
+    assert [lp.extent for lp in parallel] == [target.num_cores]
+    source = hexir.build(sch.func).source
+    assert "omp parallel" in source
+    assert ("_fused == 0) {" in source) == (target.num_cores > 1)  # a copy per job
+    guards = [line for line in source.splitlines() if "if (" in line]
+    assert len(guards) == (target.num_cores > 1)  # no guard left but the job's
+    check_on_cpu(func, sch.func, rng)
+
+
 @pytest.mark.parametrize(
     "lanes, registers, N, expect",
     [
@@ -156,13 +176,13 @@ def test_cpu_matrix_vector_products_give_each_core_one_stretch_of_every_weight_r
         (16, 32, 1000, [25, 1, 5, 8]),  # AVX-512: no multiple of 16 divides 1000: half vectors
         (16, 32, 768, [2, 1, 6, 64]),
         (8, 16, 1012, [11, 1, 23, 4]),  # half of AVX2's vector does not divide it either
-        (16, 32, 197, [1, 7, 1, 32]),  # no part of a vector divides: ragged, serial, one job
+        (16, 32, 197, [2, 1, 4, 32]),  # no part of a vector divides: one stretch per core
     ],
 )
 def test_matrix_vector_jobs_split_panels_that_divide_the_columns(lanes, registers, N, expect):
-    # A matrix-vector product's panels are its only parallel work: ragged, its panels would
-    # run serially in one job (the C backend splits a guarded panel off a serial loop only),
-    # so it takes the widest part of a vector that divides its columns, on either width.
+    # A matrix-vector product's panels are its only parallel work: it takes the widest part
+    # of a vector that divides its columns, on either width, so that the jobs split whole
+    # panels; where none does, one stretch of panels per core, the last one ragged.
     from hexir.search.sketch_cpu import default_tiles
 
     target = SimpleNamespace(vector_width=lanes, vector_registers=registers, num_cores=2)
