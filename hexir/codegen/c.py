@@ -38,7 +38,7 @@ from hexir.codegen.c_vector import (
     VECTOR_HELPERS,
     BodyPrinter,
     emit_vector_loop,
-    x86_min_max,
+    x86_intrinsic,
 )
 from hexir.errors import BuildError
 from hexir.ir.arith import bound, simplify
@@ -275,8 +275,16 @@ class CPrinter:
         name = f"hx_{kind}_{sv}"
         if name in self._helpers:
             return name
-        intrinsic = self.min_max_intrinsic(kind, dtype, lanes)
-        for need in HELPER_NEEDS.get(kind, ()) if intrinsic is None else ():
+        features = getattr(self.target, "features", ())  # none: the portable helpers
+        intrinsic = x86_intrinsic(kind, dtype, lanes * itemsize(dtype), features)
+        if intrinsic is not None:
+            self.extra_includes.add("immintrin.h")
+            v = self.vector_type(dtype, lanes)
+            self._helpers[name] = INTRINSIC_HELPER.format(
+                q=self.helper_qualifier, v=v, kind=kind, sv=sv, intrinsic=intrinsic
+            )
+            return name
+        for need in HELPER_NEEDS.get(kind, ()):
             self.vector_helper(need, dtype, lanes)
         if kind not in VECTOR_HELPERS:  # exp, erf, ...
             for need, need_dtype in MATH_NEEDS.get((kind, dtype), ()):
@@ -284,9 +292,6 @@ class CPrinter:
             self._helpers[name] = math_helper(self, kind, dtype, lanes)
             return name
         template = VECTOR_HELPERS[kind]
-        if intrinsic is not None:
-            self.extra_includes.add("immintrin.h")
-            template = INTRINSIC_HELPER
         mask = "int32" if itemsize(dtype) == 4 else "int64"
         fields = dict(
             q=self.helper_qualifier,
@@ -298,18 +303,9 @@ class CPrinter:
             splat=", ".join(["s"] * lanes),
             absmask="INT32_MAX" if mask == "int32" else "INT64_MAX",
             kind=kind,
-            intrinsic=intrinsic,
         )
         self._helpers[name] = template.format(**fields)
         return name
-
-    def min_max_intrinsic(self, kind: str, dtype: str, lanes: int) -> str | None:
-        """A vector min or max as the CPU target's one instruction, where it has one (a
-        target without `features`, as none, prints the portable compare-and-blend)."""
-        if kind not in ("min", "max"):
-            return None
-        features = getattr(self.target, "features", ())
-        return x86_min_max(kind, dtype, lanes * itemsize(dtype), features)
 
     # -- statements -----------------------------------------------------------------------
 

@@ -13,8 +13,9 @@ scalar tail of a vectorized loop keeps libm's calls. Algorithms (coefficients fr
 scripts/fit_math.py, minimax fits; GCC contracts a*b + c into an FMA where the target has one):
 
 - exp: n = round(x·log2 e) by the 1.5·2^23 trick, r = x − n·ln2 in two parts (Cody-Waite),
-  |r| ≤ ln2/2, exp(r) = 1 + r + r²·P5(r); 2^n from exponent bits, in two halves, so that the
-  last multiply overflows to inf and underflows to denormals and 0 as IEEE rounding does.
+  |r| ≤ ln2/2, exp(r) = 1 + r + r²·P5(r); times 2^n (scale2) from exponent bits, in two
+  halves, so that the last multiply overflows to inf and underflows to denormals and 0 as IEEE
+  rounding does; on AVX-512 one VSCALEFPS, the same single rounding (c_vector.py).
 - log: x = 2^e·m with m in [√½, √2) from the bits (denormals scaled by 2^23 first),
   log1p(f) = f − f²/2 + f³·P8(f) for f = m − 1, plus e·ln2 in two parts; 0 → −inf,
   x < 0 → NaN, inf → inf.
@@ -158,16 +159,24 @@ _EXP = (
     "  /* clamped so that n fits (NaN stays NaN) */\n"
     "  x = hx_min_$sv(hx_splat_$sv(89.0f), hx_max_$sv(hx_splat_$sv(-104.0f), x));\n"
     "  $v k = x * 1.44269504f + 12582912.0f;  /* + 1.5*2^23: rounds x*log2(e) to an integer */\n"
-    "  $m n = ($m)k - 0x4B400000;\n"
     "  $v fn = k - 12582912.0f;\n"
     "  $v r = x - fn * 0.693359375f;  /* exact: ln2's leading 9 bits times n */\n"
     "  r = r - fn * -2.12194440e-4f;  /* and the rest of ln2 */\n"
     + _horner("p", "r", EXP_P, "$v")
     + "  p = (r * r) * p + r + 1.0f;\n"
-    "  /* 2^n = 2^n1 * 2^n2, both normal for n in [-150, 128] (the masks: a NaN's n) */\n"
+    "  return hx_scale2_$sv(p, fn);\n"
+    "}"
+)
+
+# a 2^b for b an integer in [-150, 129] (or NaN, with a NaN), rounded once: 2^b as 2^b1 2^b2,
+# both normal, so that the last multiply overflows to inf and underflows to denormals and 0
+# as IEEE rounding does (the masks: a NaN's b). One instruction on AVX-512 (c_vector.py).
+_SCALE2 = (
+    "$q $v hx_scale2_$sv($v a, $v b) {\n"
+    "  $m n = ($m)(b + 12582912.0f) - 0x4B400000;  /* + 1.5*2^23: b's integer in the bits */\n"
     "  $m n1 = n >> 1, n2 = n - n1;\n"
     "  $v s1 = ($v)(((n1 + 127) & 0xFF) << 23), s2 = ($v)(((n2 + 127) & 0xFF) << 23);\n"
-    "  return (p * s1) * s2;\n"
+    "  return (a * s1) * s2;\n"
     "}"
 )
 
@@ -304,15 +313,21 @@ _EXP64 = (
     "     series to r^13 (4e-18 relative for |r| <= ln2/2), 2^n in two halves */\n"
     "  x = hx_min_$sv(hx_splat_$sv(710.0), hx_max_$sv(hx_splat_$sv(-746.0), x));\n"
     "  $v k = x * 1.4426950408889634 + 6755399441055744.0;  /* + 1.5*2^52: round */\n"
-    "  $m n = ($m)k - 0x4338000000000000;\n"
     "  $v fn = k - 6755399441055744.0;\n"
     "  $v r = x - fn * 0.6931471803691238;  /* exact: ln2's leading 32 bits times n */\n"
     "  r = r - fn * 1.9082149292705877e-10;\n"
     + _horner("p", "r", EXP64_P, "$v", "")
     + "  p = (r * r) * p + r + 1.0;\n"
+    "  return hx_scale2_$sv(p, fn);\n"
+    "}"
+)
+
+_SCALE2_64 = (
+    "$q $v hx_scale2_$sv($v a, $v b) {\n"
+    "  $m n = ($m)(b + 6755399441055744.0) - 0x4338000000000000;  /* + 1.5*2^52 */\n"
     "  $m n1 = n >> 1, n2 = n - n1;\n"
     "  $v s1 = ($v)(((n1 + 1023) & 0x7FF) << 52), s2 = ($v)(((n2 + 1023) & 0x7FF) << 52);\n"
-    "  return (p * s1) * s2;\n"
+    "  return (a * s1) * s2;\n"
     "}"
 )
 
@@ -340,6 +355,7 @@ _SIGMOID64 = _SIGMOID.replace("1.0f", "1.0").replace("0.0f", "0.0")
 
 _TEMPLATES: dict[tuple[str, str], str] = {
     ("exp", "float32"): _EXP,
+    ("scale2", "float32"): _SCALE2,
     ("log", "float32"): _LOG,
     ("tanh", "float32"): _TANH,
     ("sigmoid", "float32"): _SIGMOID,
@@ -350,6 +366,7 @@ _TEMPLATES: dict[tuple[str, str], str] = {
     ("powlog", "float32"): _POWLOG,
     ("powexp", "float32"): _POWEXP,
     ("exp", "float64"): _EXP64,
+    ("scale2", "float64"): _SCALE2_64,
     ("log", "float64"): _LOG64,
     ("sigmoid", "float64"): _SIGMOID64,
     ("sqrt", "float64"): _SQRT,
@@ -359,14 +376,14 @@ _TEMPLATES: dict[tuple[str, str], str] = {
 # The helpers each helper calls, as (kind, dtype): registered first, so declared before use.
 _F32, _F64 = "float32", "float64"
 MATH_NEEDS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
-    ("exp", _F32): (("min", _F32), ("max", _F32), ("splat", _F32)),
+    ("exp", _F32): (("min", _F32), ("max", _F32), ("splat", _F32), ("scale2", _F32)),
     ("log", _F32): (("select", _F32), ("abs", _F32), ("splat", _F32)),
     ("tanh", _F32): (("exp", _F32), ("select", _F32), ("abs", _F32)),
     ("sigmoid", _F32): (("exp", _F32), ("select", _F32), ("abs", _F32)),
     ("erf", _F32): (("select", _F32), ("abs", _F32), ("splat", _F32)),
     ("rsqrt", _F32): (("sqrt", _F32),),
     ("rsqrt", _F64): (("sqrt", _F64),),
-    ("exp", _F64): (("min", _F64), ("max", _F64), ("splat", _F64)),
+    ("exp", _F64): (("min", _F64), ("max", _F64), ("splat", _F64), ("scale2", _F64)),
     ("log", _F64): (("select", _F64), ("abs", _F64), ("splat", _F64)),
     ("sigmoid", _F64): (("exp", _F64), ("select", _F64), ("abs", _F64)),
     ("pow", _F32): (("powlog", _F32), ("powexp", _F32), ("abs", _F32)),

@@ -342,24 +342,29 @@ VECTOR_HELPERS: dict[str, str] = {
         "  return r + (((r != 0) & ((r < 0) != (b < 0))) & b);\n}}"
     ),
 }
-# min and max as one instruction where the target has it, by vector bytes: the feature it
-# needs and the intrinsics' prefix. x86's MINPS/MAXPS return the second operand unless the first
-# compares less (greater), exactly the helpers above, NaNs and signed zeros included; the
-# compare-and-blend they replace is three instructions on a reduction's dependency chain.
-X86_MIN_MAX: dict[int, tuple[tuple[str, ...], str]] = {
-    32: (("avx", "avx2"), "_mm256"),
-    64: (("avx512f",), "_mm512"),
+# Helpers that are one x86 instruction where the target has it, by (kind, vector bytes): the
+# features that have it and the intrinsic's name before its `_ps`/`_pd`. x86's MINPS/MAXPS
+# return the second operand unless the first compares less (greater), exactly the portable
+# min/max helpers, NaNs and signed zeros included (the compare-and-blend they replace is three
+# instructions on a reduction's dependency chain). VSCALEFPS is exp's a·2^b in one instruction
+# where the portable scale2 (c_math.py) takes nine, with the same single rounding.
+X86_INTRINSICS: dict[tuple[str, int], tuple[tuple[str, ...], str]] = {
+    ("min", 32): (("avx", "avx2"), "_mm256_min"),
+    ("max", 32): (("avx", "avx2"), "_mm256_max"),
+    ("min", 64): (("avx512f",), "_mm512_min"),
+    ("max", 64): (("avx512f",), "_mm512_max"),
+    ("scale2", 64): (("avx512f",), "_mm512_scalef"),
 }
 
 
-def x86_min_max(kind: str, dtype: str, nbytes: int, features: tuple[str, ...]) -> str | None:
-    """The body of the `kind` ("min" or "max") helper as an x86 intrinsic where the features
-    have one for a vector of `nbytes` bytes of `dtype`, else None."""
+def x86_intrinsic(kind: str, dtype: str, nbytes: int, features: tuple[str, ...]) -> str | None:
+    """The body of the two-operand helper `kind` as an x86 intrinsic where the features have
+    one for a vector of `nbytes` bytes of `dtype`, else None."""
     suffix = {"float32": "ps", "float64": "pd"}.get(dtype)
-    needs, prefix = X86_MIN_MAX.get(nbytes, ((), ""))
+    needs, name = X86_INTRINSICS.get((kind, nbytes), ((), ""))
     if suffix is None or not any(f in features for f in needs):
         return None
-    return f"{prefix}_{kind}_{suffix}(a, b)"
+    return f"{name}_{suffix}(a, b)"
 
 
 INTRINSIC_HELPER = "{q} {v} hx_{kind}_{sv}({v} a, {v} b) {{ return {intrinsic}; }}"

@@ -66,13 +66,16 @@ def reference(name: str, x: np.ndarray) -> np.ndarray:
         return REFERENCE[name](x.astype(np.float64))
 
 
-def kernel(op: str, n: int, lanes: int, vector_math: bool = True, **attrs) -> CpuKernel:
-    """`op` over n float32 values, its loop vectorized at `lanes`, built for this machine."""
+def kernel(
+    op: str, n: int, lanes: int, vector_math: bool = True, features: tuple = (), **attrs
+) -> CpuKernel:
+    """`op` over n float32 values, its loop vectorized at `lanes`, built for this machine;
+    the portable helpers unless `features` name the instructions of one (min, max, scale2)."""
     func = hexir.workload(op, shapes=[(n,)] * (2 if op == "power" else 1), attrs=attrs)
     sch = hexir.Schedule(func, seed=0)
     (loop,) = sch.get_loops(sch.get_block(op))
     sch.vectorize(loop)
-    width = SimpleNamespace(vector_width=lanes)  # all the printer reads of a target
+    width = SimpleNamespace(vector_width=lanes, features=features)  # what the printer reads
     source = generate_c(sch.func, width, vector_math=vector_math)  # type: ignore[arg-type]
     target = Target("cpu")
     return CpuKernel(sch.func, source, compile_c(source, target), target)
@@ -143,6 +146,26 @@ def test_sweep_of_all_float32(name, lanes):
     x = sweep()
     got = run(kernel(name, x.size, lanes), x)
     assert_within(name, x, got, sweep_reference(name), BOUND[name])
+
+
+@pytest.mark.parametrize("name", ["exp", "sigmoid", "tanh"])
+def test_exp_on_this_machines_instructions_is_the_portable_exp_bit_for_bit(name):
+    # With AVX-512, exp's a 2^n is one VSCALEFPS (and min/max one instruction each): the same
+    # single rounding as the portable two-halves multiply, to denormals, 0 and inf, NaN kept.
+    x = sweep()
+    features = Target("cpu").features
+    mine = run(kernel(name, x.size, 16, features=features), x)
+    portable = run(kernel(name, x.size, 16), x)
+    np.testing.assert_array_equal(mine.view(np.uint32), portable.view(np.uint32))
+
+
+def test_exp_scales_by_one_instruction_on_avx512():
+    func = hexir.workload("exp", shapes=[(64,)])
+    sch = hexir.Schedule(func, seed=0)
+    sch.vectorize(sch.get_loops(sch.get_block("exp"))[0])
+    avx512 = Target("cpu -features=avx2,avx512f,fma -cores=2")
+    assert "_mm512_scalef_ps(a, b)" in generate_c(sch.func, avx512)
+    assert "scalef" not in generate_c(sch.func, Target("cpu -features=avx2,fma -cores=2"))
 
 
 @pytest.mark.parametrize("name", FUNCS)
@@ -256,9 +279,11 @@ def ulp_error64(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
 @pytest.mark.skipif(np.finfo(np.longdouble).nmant < 63, reason="needs an 80-bit long double")
 @pytest.mark.parametrize("lanes", [8, 4, 16])  # fp32 lanes: 4, 2 and 8 float64 lanes
 @pytest.mark.parametrize("name", F64_BOUND)
-def test_float64(rng, name, lanes):
+@pytest.mark.parametrize("native", [False, True], ids=["portable", "native"])
+def test_float64(rng, name, lanes, native):
     # Random bit patterns (every exponent, both signs, NaNs), log-uniform magnitudes, the
-    # range where exp overflows and underflows, the edges; against long double numpy.
+    # range where exp overflows and underflows, the edges; against long double numpy. Native:
+    # with this machine's instructions (AVX-512's VSCALEFPD, MINPD, MAXPD).
     n = 1 << 16
     x = np.concatenate(
         [
@@ -273,7 +298,9 @@ def test_float64(rng, name, lanes):
     func = hexir.workload(name, "float64", shape=(x.size,))
     sch = hexir.Schedule(func, seed=0)
     sch.vectorize(sch.get_loops(sch.get_block(name))[0])
-    source = generate_c(sch.func, SimpleNamespace(vector_width=lanes))  # type: ignore[arg-type]
+    features = Target("cpu").features if native else ()
+    printed = SimpleNamespace(vector_width=lanes, features=features)
+    source = generate_c(sch.func, printed)  # type: ignore[arg-type]
     assert f"hx_{name}_f64x{lanes // 2}(" in source and "omp simd" not in source
     out = np.full_like(x, np.nan)
     CpuKernel(sch.func, source, compile_c(source, Target("cpu")), Target("cpu"))(x, out)
