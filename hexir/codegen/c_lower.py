@@ -185,7 +185,8 @@ def _peel_jobs(loop: For) -> For:
     surveyed = _survey(loop.body) if 1 < loop.extent <= PEEL_MAX_EXTENT else None
     if surveyed is None or not _bounds_with(surveyed[0], loop.var, surveyed[1]):
         return loop
-    jobs = _own_locals([_piece(loop, loop.body, i, i + 1, surveyed[1], {}) for i in range(loop.extent)])
+    inner = surveyed[1]
+    jobs = _own_locals([_piece(loop, loop.body, i, i + 1, inner, {}) for i in range(loop.extent)])
     chain = jobs[-1]
     for i in reversed(range(loop.extent - 1)):
         chain = IfThenElse(Binary("==", loop.var, IntImm(i, loop.var.dtype)), jobs[i], chain)

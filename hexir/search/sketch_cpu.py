@@ -336,7 +336,8 @@ def default_tiles(
         # parallel loop so that each job's panel loop partitions alone): on one core, the
         # 147 MiB weight streamed at 30 GB/s.
         cores = max(1, target.num_cores)
-        return [*tiles, [cores, 1, -(-(-(-vector // panel)) // cores), panel]]
+        per_core = -(-math.ceil(vector / panel) // cores)
+        return [*tiles, [cores, 1, per_core, panel]]
     if ragged_columns or windowed:
         return [*tiles, [1, -(-vector // panel), 1, panel]]
     if matrix_vector:
