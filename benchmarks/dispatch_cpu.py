@@ -1,6 +1,7 @@
 """What calling the kernels costs: a module's commands from one native call (the native
-command runner, hexir/runtime/native.py) against a call per command from Python (the
-`native_run` knob off), side by side in one run.
+command runner, hexir/runtime/native.py) with the caller's arrays bound in C (the native
+binder, binder.py) or in Python (the `native_bind` knob off), against a call per command
+from Python (the `native_run` knob off), side by side in one run.
 
     python benchmarks/dispatch_cpu.py [--rounds 5] [--models mlp gpt2-decode bert-base]
 
@@ -38,21 +39,25 @@ def chain(length: int) -> hexir.Graph:
 
 
 def both_ways(graph: hexir.Graph) -> dict[str, Module]:
-    """The graph compiled once, as two modules that share its kernels: one runs natively,
-    one calls each kernel from Python."""
+    """The graph compiled once, as three modules that share its kernels: one runs natively
+    from the caller's list to the outputs (the native binder, hexir/runtime/binder.py), one
+    binds in Python around the native runner (`native_bind` off), one calls each kernel from
+    Python (`native_run` off)."""
     native = hexir.compile(graph)
-    with knobs.scope(native_run=False):
-        python = Module(
-            native.graph,
-            native.target,
-            native.kernels,
-            native.commands,
-            native.constants,
-            native.plan,
-            native.report,
-        )
-        python.run(inputs_of(graph))  # its buffers, made with the knob off
-    return {"native": native, "python": python}
+    ways = {"native": native}
+    for way, knob in (("runner", "native_bind"), ("python", "native_run")):
+        with knobs.scope(**{knob: False}):
+            ways[way] = Module(
+                native.graph,
+                native.target,
+                native.kernels,
+                native.commands,
+                native.constants,
+                native.plan,
+                native.report,
+            )
+            ways[way].run(inputs_of(graph))  # its buffers, made with the knob off
+    return ways
 
 
 def inputs_of(graph: hexir.Graph) -> list[np.ndarray]:
@@ -110,6 +115,8 @@ def main() -> None:
         print(f"{way:8} {end * 1e6:14.1f} {end / n * 1e6:15.3f}")
     saved = (got["python"][0] - got["native"][0]) / n
     print(f"the native runner saves {saved * 1e6:.3f} us a command")
+    bound = got["runner"][0] - got["native"][0]
+    print(f"binding in C (the native binder) saves {bound * 1e6:.1f} us a run")
 
     print("\nzoo models, default schedules: end to end against the sum of the kernels")
     header = f"{'model':14} {'commands':>8} {'way':8} {'end to end ms':>14} {'kernels ms':>11}"

@@ -153,6 +153,9 @@ class Knobs:
     # CPU modules: a planned run calls every command from one native function
     # (hexir/runtime/native.py); off, Python calls each kernel in turn (to compare).
     native_run: bool = field(default_factory=lambda: _flag("HEXIR_NATIVE_RUN", "1"))
+    # ... and binds the caller's arrays and returns the outputs from C too (binder.py), where
+    # Python's headers are there to build it; off, Python binds them (to compare).
+    native_bind: bool = field(default_factory=lambda: _flag("HEXIR_NATIVE_BIND", "1"))
     # CUDA builds: NVRTC's --use_fast_math (approximate exp, division, ...), and keeping the PTX.
     cuda_fast_math: bool = field(default_factory=lambda: _flag("HEXIR_CUDA_FAST_MATH", "0"))
     cuda_keep_ptx: bool = field(default_factory=lambda: _flag("HEXIR_CUDA_KEEP_PTX", "0"))

@@ -12,6 +12,8 @@ An artifact is a zip archive (no pickle anywhere) holding:
     kernels/<i>.c|.cu      its generated source
     kernels/<i>.so|.cubin  its device image
     runner/runner.c|.so    on the CPU, the native command runner (hexir/runtime/native.py)
+    runner/binder.so       and the native binder (binder.py), used where the interpreter's
+                           ABI and numpy's version are those of the manifest's "binder"
     constants/<i>.npy      each constant blob of the graph (numpy format, allow_pickle=False)
 
 `load` refuses an artifact written by another hexir version (the kernels' calling convention
@@ -36,6 +38,7 @@ import numpy as np
 from hexir import knobs
 from hexir.errors import ArtifactError, TargetError
 from hexir.graph.memory import MemoryPlan
+from hexir.runtime import binder
 from hexir.runtime.module import Command, Module, TaskReport
 from hexir.runtime.target import Target
 
@@ -59,6 +62,9 @@ def save(module: Module, path: str | Path) -> Path:
     manifest = _manifest(module, kernels, blobs)
     if module.target.kind == "cpu":
         manifest["runner"] = _runner_entry(module, entries)
+        if module.binder_library is not None:
+            entries["runner/binder.so"] = module.binder_library.read_bytes()
+            manifest["binder"] = {"image": "runner/binder.so", "abi": binder.abi()}
     entries["manifest.json"] = json.dumps(manifest, indent=1).encode()
     _write_zip(path, entries)
     return path
@@ -81,6 +87,9 @@ def load(path: str | Path) -> Module:
         kernels = [_load_kernel(archive, k, target) for k in manifest["kernels"]]
         runner = manifest.get("runner")  # absent on a GPU
         runner_image = archive.read(runner["image"]) if runner else None
+        entry = manifest.get("binder")  # built against this interpreter and numpy, or unused
+        usable = entry is not None and entry.get("abi") == binder.abi()
+        binder_image = archive.read(entry["image"]) if usable else None
     commands = [Command(int(k), tuple(args), int(n)) for k, args, n in manifest["commands"]]
     constants = {
         op.result.name: graph.constant(str(op.attr("name")))
@@ -90,7 +99,10 @@ def load(path: str | Path) -> Module:
     plan = MemoryPlan.from_json(json.dumps(manifest["plan"]))
     report = tuple(_report_from_json(r) for r in manifest["report"])
     runner_library = _image_file(runner_image, ".so") if runner_image is not None else None
-    return Module(graph, target, kernels, commands, constants, plan, report, runner_library)
+    binder_library = _image_file(binder_image, ".so") if binder_image is not None else None
+    return Module(
+        graph, target, kernels, commands, constants, plan, report, runner_library, binder_library
+    )
 
 
 # -- writing ----------------------------------------------------------------------------------

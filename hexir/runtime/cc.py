@@ -17,6 +17,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from hexir import knobs
@@ -47,9 +48,10 @@ def compile_flags(target: Target) -> list[str]:
     return [*QUICK_FLAGS, *cflags, *target.cflags, *MATH_FLAGS, *BASE_FLAGS]
 
 
-def compile_c(source: str, target: Target) -> Path:
+def compile_c(source: str, target: Target, include_dirs: Sequence[str] = ()) -> Path:
     """The path of a shared library built from `source`, from the cache when it is there;
-    TargetError where `target` describes another CPU than this machine's."""
+    TargetError where `target` describes another CPU than this machine's. `include_dirs`:
+    where headers beyond the system's are (Python's and numpy's, for the binder)."""
     here = host_key("cpu")
     if target.key != here:
         raise TargetError(
@@ -57,7 +59,7 @@ def compile_c(source: str, target: Target) -> Path:
             "code is compiled with -march=native, so build it on a machine with that CPU"
         )
     cc = knobs.get().cc
-    flags = compile_flags(target)
+    flags = [*compile_flags(target), *(f"-I{d}" for d in include_dirs)]
     digest = cache_key(source, cc, flags)
     directory = Path(knobs.get().cache_dir).expanduser() / "cc"
     path = directory / f"{digest}.so"

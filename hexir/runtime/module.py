@@ -42,7 +42,7 @@ from hexir.ir.arrays import address, aligned, aligned_empty
 from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, Op, TensorType, Value
 from hexir.ops import op_def
-from hexir.runtime import native
+from hexir.runtime import binder, native
 from hexir.runtime.kernel import threads_changes
 from hexir.runtime.target import Target
 from hexir.schedule.trace import Trace
@@ -100,6 +100,7 @@ class Module:
         plan: MemoryPlan | None = None,
         report: tuple[TaskReport, ...] = (),
         runner_library: Path | None = None,
+        binder_library: Path | None = None,
     ):
         self.graph = graph
         self.target = target
@@ -113,9 +114,14 @@ class Module:
         self._buffers: _CpuBuffers | None = None
         # The native command runner's library (hexir/runtime/native.py): an artifact's image,
         # or built here (once, then from the build cache), so running needs no compiler.
+        # The binder's (binder.py), the same way where this module is built here; an artifact's
+        # module has the artifact's image or none, and compiles nothing.
         if runner_library is None and target.kind == "cpu" and knobs.get().native_run:
             runner_library = native.runner_library(target)
+            if binder_library is None and knobs.get().native_bind:
+                binder_library = binder.library(target)
         self.runner_library = runner_library
+        self.binder_library = binder_library
         self._threaded: list | None = None
         self._synced: tuple[int, int] | None = None  # (threads, threads_changes()) checked
         self._input_specs = tuple(
@@ -132,6 +138,13 @@ class Module:
         output arrays. `plan=False` gives every value its own new buffer and calls each
         kernel through its checked call (on a GPU: copies in and out per kernel), for checking
         the plan: the results are the same bits."""
+        if plan and self.target.kind == "cpu":
+            binder = self._cpu_buffers().binder
+            if binder is not None:  # the usual call, bound in C (binder.py)
+                self._sync_threads()
+                outputs = binder.run(inputs)
+                if outputs is not None:
+                    return outputs
         bound = self._bind(inputs)
         if self.target.kind == "cpu":
             self._sync_threads()
@@ -294,6 +307,9 @@ class _CpuBuffers:
         # The values whose pointers each run hands the native runner, in its order.
         self.bound_names = sorted(bound)
         self.runner = self._native_runner(module)
+        self.binder = None
+        if self.runner is not None and module.binder_library and knobs.get().native_bind:
+            self.binder = binder.Binder.make(self, module.graph, module.binder_library)
 
     def _native_runner(self, module: Module) -> native.NativeRunner | None:
         """The commands as one native call (hexir/runtime/native.py), unless the knob is off

@@ -157,6 +157,17 @@ class NativeRunner:
         self._entry(*self._call, self._timed if timed else self._untimed)
         return list(self._seconds[: self.num_commands]) if timed else None
 
+    def call_addresses(self) -> dict:
+        """What a caller in C needs to call the runner itself (the binder, binder.py): the
+        entry point's address, its arguments before `bound` and after the count (the
+        command arrays and patches, as integers), and the address of `bound`."""
+        value = ctypes.c_void_p
+        return {
+            "entry": ctypes.cast(self._entry, value).value,
+            "args": tuple(a.value or 0 for a in self._call[:7]),
+            "bound": ctypes.addressof(self.bound),
+        }
+
     @staticmethod
     def fits(arities: Sequence[int]) -> bool:
         """Whether every command's kernel takes few enough arguments for the runner."""

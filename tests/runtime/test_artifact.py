@@ -49,9 +49,11 @@ def test_a_module_round_trips_through_one_file(saved, tmp_path, monkeypatch, rng
         for out, again in zip(module.run(inputs), loaded.run(inputs), strict=True):
             np.testing.assert_array_equal(out, again)
         np.testing.assert_array_equal(loaded.run(inputs, plan=False)[0], module.run(inputs)[0])
-        # The native command runner came from the artifact too.
+        # The native command runner came from the artifact too, and the binder.
         assert loaded._cpu_buffers().runner is not None
         assert loaded.runner_library.is_relative_to(tmp_path / "fresh-cache")
+        assert loaded._cpu_buffers().binder is not None
+        assert loaded.binder_library.is_relative_to(tmp_path / "fresh-cache")
     assert loaded.commands == module.commands
     assert loaded.plan == module.plan and loaded.plan.inplace
     assert [str(k.func) for k in loaded.kernels] == [str(k.func) for k in module.kernels]
@@ -59,6 +61,19 @@ def test_a_module_round_trips_through_one_file(saved, tmp_path, monkeypatch, rng
         (r.workload_key, r.schedule, r.trace.to_json()) for r in module.report
     ]
     assert str(loaded.graph) == str(module.graph)
+
+
+def test_an_artifact_binder_of_another_interpreter_is_left_unused(saved, tmp_path, rng):
+    # Its image is built against one CPython ABI and numpy: elsewhere, Python binds, and
+    # loading still compiles nothing.
+    module, path = saved
+    other = tmp_path / "other.hxa"
+    other.write_bytes(path.read_bytes())
+    rewrite_manifest(other, lambda m: m["binder"].update(abi="cpython-39-x86_64-linux-gnu"))
+    loaded = hexir.runtime.load(other)
+    assert loaded.binder_library is None and loaded._cpu_buffers().binder is None
+    inputs = [rng.standard_normal((8, 32)).astype("float32")]
+    np.testing.assert_array_equal(loaded.run(inputs)[0], module.run(inputs)[0])
 
 
 def test_the_artifact_holds_images_commands_constants_plan_and_keys(saved):

@@ -75,8 +75,11 @@ def test_the_runner_calls_every_arity_it_claims():
 
 
 def test_outputs_a_caller_has_let_go_are_reused_and_held_ones_never_written(rng):
+    # The Python path's pools (the binder's, in C: tests/runtime/test_binder.py).
     graph = zoo.mlp(batch=4, sizes=(16, 32, 8))
-    module = hexir.compile(graph)
+    with hexir.knobs.scope(native_bind=False):
+        module = hexir.compile(graph)
+    assert module.binder_library is None
     first, second = _inputs(graph, rng), _inputs(graph, rng)
     held = module.run(first)[0]
     kept = held.copy()
