@@ -76,6 +76,7 @@ typedef struct {
   Py_ssize_t n_in, n_out;
   spec_t *in, *out;
   void **bound;
+  double *seconds;            /* the runner's per-command seconds, for a timed run */
   entry_t entry;
   int64_t args[7];            /* the runner's arguments after its entry, but `bound` */
 } binder_t;
@@ -116,14 +117,14 @@ static int read_specs(PyObject *list, spec_t **out, Py_ssize_t *n) {
   return 0;
 }
 
-/* make(inputs, outputs, bound, entry, args): specs as lists of (slot, type, shape); `bound`
-   the address of the runner's pointer array, `entry` of its function, `args` its arguments
-   from the second to the seventh. */
+/* make(inputs, outputs, bound, seconds, entry, args): specs as lists of (slot, type, shape);
+   `bound` the address of the runner's pointer array, `seconds` of its per-command seconds,
+   `entry` of its function, `args` its arguments from the first to the seventh. */
 static PyObject *make(PyObject *self, PyObject *a) {
   PyObject *ins, *outs, *args;
-  unsigned long long bound, entry;
-  if (!PyArg_ParseTuple(a, "O!O!KKO!", &PyList_Type, &ins, &PyList_Type, &outs, &bound,
-                        &entry, &PyTuple_Type, &args))
+  unsigned long long bound, seconds, entry;
+  if (!PyArg_ParseTuple(a, "O!O!KKKO!", &PyList_Type, &ins, &PyList_Type, &outs, &bound,
+                        &seconds, &entry, &PyTuple_Type, &args))
     return NULL;
   if (PyTuple_GET_SIZE(args) != 7) {
     PyErr_SetString(PyExc_ValueError, "the runner takes 7 arguments before bound");
@@ -141,6 +142,7 @@ static PyObject *make(PyObject *self, PyObject *a) {
     return NULL;
   }
   b->bound = (void **)(uintptr_t)bound;
+  b->seconds = (double *)(uintptr_t)seconds;
   b->entry = (entry_t)(uintptr_t)entry;
   for (int i = 0; i < 7; ++i) {
     b->args[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(args, i));
@@ -182,14 +184,16 @@ static PyObject *fresh(spec_t *s) {
   return array;
 }
 
-/* run(binder, inputs): the outputs, or None where the inputs need the checked path. */
+/* run(binder, inputs[, timed]): the outputs, or None where the inputs need the checked
+   path; timed, the runner writes each command's seconds. */
 static PyObject *run(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-  if (n != 2) {
-    PyErr_SetString(PyExc_TypeError, "run(binder, inputs)");
+  if (n != 2 && n != 3) {
+    PyErr_SetString(PyExc_TypeError, "run(binder, inputs[, timed])");
     return NULL;
   }
   binder_t *b = PyCapsule_GetPointer(a[0], "hexir.binder");
   if (b == NULL) return NULL;
+  double *seconds = n == 3 && PyObject_IsTrue(a[2]) ? b->seconds : NULL;
   PyObject *inputs = a[1];
   if (!PyList_CheckExact(inputs) && !PyTuple_CheckExact(inputs)) Py_RETURN_NONE;
   if (PySequence_Fast_GET_SIZE(inputs) != b->n_in) Py_RETURN_NONE;
@@ -212,14 +216,15 @@ static PyObject *run(PyObject *self, PyObject *const *a, Py_ssize_t n) {
   Py_BEGIN_ALLOW_THREADS
   b->entry(b->args[0], (void *const *)(uintptr_t)b->args[1], (const int64_t *)(uintptr_t)b->args[2],
            (void **)(uintptr_t)b->args[3], b->args[4], (const int64_t *)(uintptr_t)b->args[5],
-           (const int64_t *)(uintptr_t)b->args[6], b->bound, NULL);
+           (const int64_t *)(uintptr_t)b->args[6], b->bound, seconds);
   Py_END_ALLOW_THREADS
   return result;
 }
 
 static PyMethodDef methods[] = {
   {"make", make, METH_VARARGS, "make(inputs, outputs, bound, entry, args) -> binder"},
-  {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "run(binder, inputs) -> outputs"},
+  {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
+   "run(binder, inputs[, timed]) -> outputs"},
   {NULL, NULL, 0, NULL},
 };
 
@@ -268,8 +273,10 @@ class Binder:
         self._state = state
         self._run = run
 
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray] | None:
-        return self._run(self._state, inputs)  # type: ignore[operator]
+    def run(self, inputs: Sequence[np.ndarray], timed: bool = False) -> list[np.ndarray] | None:
+        """The outputs, None where the inputs need the checked path; `timed`, the runner's
+        per-command seconds are written (NativeRunner.seconds)."""
+        return self._run(self._state, inputs, timed)  # type: ignore[operator]
 
     @staticmethod
     def make(buffers: _CpuBuffers, graph: Graph, path: Path) -> Binder | None:
@@ -293,6 +300,7 @@ class Binder:
             [spec(v.name) for v in graph.inputs],
             [spec(name) for name in outputs],
             call["bound"],
+            call["seconds"],
             call["entry"],
             call["args"],
         )

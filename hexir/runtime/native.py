@@ -155,17 +155,22 @@ class NativeRunner:
         """Every command, with `bound` (filled by the caller) patched in; with `timed`, each
         command's seconds."""
         self._entry(*self._call, self._timed if timed else self._untimed)
-        return list(self._seconds[: self.num_commands]) if timed else None
+        return self.seconds() if timed else None
+
+    def seconds(self) -> list[float]:
+        """Each command's seconds in the last timed run."""
+        return list(self._seconds[: self.num_commands])
 
     def call_addresses(self) -> dict:
         """What a caller in C needs to call the runner itself (the binder, binder.py): the
-        entry point's address, its arguments before `bound` and after the count (the
-        command arrays and patches, as integers), and the address of `bound`."""
+        entry point's address, its first seven arguments (the count, the command arrays and
+        the patches, as integers), and the addresses of `bound` and of the seconds."""
         value = ctypes.c_void_p
         return {
             "entry": ctypes.cast(self._entry, value).value,
             "args": tuple(a.value or 0 for a in self._call[:7]),
             "bound": ctypes.addressof(self.bound),
+            "seconds": ctypes.addressof(self._seconds),
         }
 
     @staticmethod

@@ -51,6 +51,10 @@ def test_the_binder_gives_the_bits_of_the_python_path(rng):
     tuple_inputs = tuple(inputs)
     for a, b in zip(module.run(tuple_inputs), theirs, strict=True):
         np.testing.assert_array_equal(a, b)
+    timed, seconds = module.run_timed(inputs)  # bound in C too, each command timed
+    assert len(seconds) == len(module.commands) and all(s > 0 for s in seconds)
+    for a, b in zip(timed, theirs, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_outputs_a_caller_keeps_are_never_written_again_and_released_ones_are_reused(rng):
