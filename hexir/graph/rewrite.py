@@ -284,6 +284,8 @@ def _transpose(op: Op, p: RewritePass) -> Value | list[Op] | None:
         perm = tuple(first[i] for i in perm)
     if perm == tuple(range(len(perm))) and not p.is_output(op.result):
         return x
+    if (made := _made_transpose(x, perm, p)) is not None and not p.is_output(op.result):
+        return made  # the same transpose again (a 1x1 conv and the residual both in NHWC)
     moved = [a for a in perm if x.type.shape[a] != 1]
     if moved == sorted(moved):  # (an identity that is a graph output too: a view of x)
         shape = {"shape": op.result.type.shape}
@@ -291,6 +293,29 @@ def _transpose(op: Op, p: RewritePass) -> Value | list[Op] | None:
     if x == op.operands[0]:
         return None
     return [make_op("transpose", [x], {"perm": perm}, op.result.name, op.placement)]
+
+
+def _slice_before_transpose(op: Op, p: RewritePass) -> list[Op] | None:
+    """slice(transpose(x, perm)) -> transpose(slice(x), perm) where the transpose has no other
+    use: the transpose moves less, and meets a transpose back above it (a strided 1x1 conv's
+    every other pixel, picked from a ResNet stage's NHWC activations)."""
+    if op.kind != "slice":
+        return None
+    t = p.producer.get(op.operands[0].name)
+    if t is None or t.kind != "transpose" or p.uses.get(t.result.name) != 1:
+        return None
+    perm = _ints(t, "perm")
+    bounds = {}
+    for key in ("start", "stop", "step"):
+        along = _ints(op, key)
+        moved = [0] * len(perm)
+        for axis, a in enumerate(perm):
+            moved[a] = along[axis]
+        bounds[key] = tuple(moved)
+    picked = make_op("slice", [t.operands[0]], bounds, p.fresh(f"{op.result.name}_t"),
+                     op.placement)  # fmt: skip
+    out = make_op("transpose", [picked.result], {"perm": perm}, op.result.name, op.placement)
+    return [picked, out]
 
 
 def _broadcasts(op: Op, p: RewritePass) -> list[Op] | None:
@@ -482,6 +507,7 @@ _REWRITES: tuple[Rewrite, ...] = (
     _identity,
     _reshape,
     _transpose,
+    _slice_before_transpose,
     _broadcasts,
     _sink_reshape,
     _sink_transpose,

@@ -310,8 +310,10 @@ def _transpose_tiles(sch: Schedule, name: str, spatial: list[LoopRV]) -> list[Lo
     # operand, one alone (its fused epilogues' operands read along the output, or less).
     across = []
     for read in block.reads:
+        if len(read.region) != len(spatial):
+            continue  # a scalar, or a bias along one axis
         along = [bound[v] for v in index_vars(read.region[-1]) if bound.get(v)]
-        if len(read.region) == len(spatial) and along != [inner]:
+        if along != [inner]:
             across.append(along)
     read_along = across[0][0] if len(across) == 1 and len(across[0]) == 1 else None
     if read_along is None:

@@ -208,12 +208,40 @@ def test_a_transpose_that_meets_no_inverse_keeps_its_epilogues():
     b = GraphBuilder("g")
     x = b.input("x", (1, 4, 5, 8))
     h = b.relu(b.bias_add(b.transpose(x, perm=NCHW), b.constant(rand(8)), axis=1))
-    both = b.add(b.transpose(x, perm=NCHW), b.input("y", (1, 8, 4, 5)))  # y: no NHWC copy
+    z = b.input("z", (1, 4, 5, 8))
+    both = b.add(b.transpose(z, perm=NCHW), b.input("y", (1, 8, 4, 5)))  # y: no NHWC copy
     after = simplified(b.build([h, b.transpose(both, perm=NHWC)]))
     assert kinds(after) == ["transpose", "constant", "bias_add", "relu", "transpose", "add",
                             "transpose"]  # fmt: skip
     groups = [[op.kind for op in g.ops] for g in partition(after) if not is_view(g)]
     assert ["transpose", "bias_add", "relu"] in groups
+
+
+def test_the_same_transpose_twice_is_made_once():
+    # A 1x1 conv in NHWC and a residual add both read a ResNet stage's input transposed.
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 8, 4, 5))
+    one, two = b.transpose(x, perm=NHWC), b.transpose(x, perm=NHWC)
+    after = simplified(b.build([b.relu(one), b.sigmoid(two)]))
+    assert kinds(after) == ["transpose", "relu", "sigmoid"]
+    assert after.ops[1].operands == after.ops[2].operands
+
+
+def test_a_slice_of_a_transpose_moves_above_it_and_meets_the_transpose_back():
+    # A strided 1x1 conv's every other pixel, picked in NCHW from NHWC activations that a
+    # transpose made NCHW, then transposed to NHWC for the conv's matmul: one slice in NHWC.
+    b = GraphBuilder("g")
+    x = b.input("x", (1, 6, 6, 8))
+    nchw = b.transpose(x, perm=NCHW)
+    bounds = {"start": (0, 0, 0, 0), "stop": (1, 8, 5, 5), "step": (1, 1, 2, 2)}
+    picked = b.op("slice", nchw, **bounds)
+    graph = b.build(b.relu(b.transpose(picked, perm=NHWC)))
+    after = simplified(graph)
+    assert kinds(after) == ["slice", "relu"]
+    assert after.ops[0].attr("step") == (1, 2, 2, 1)
+    data = rand(1, 6, 6, 8)
+    np.testing.assert_array_equal(evaluate(after, [data])[0], evaluate(graph, [data])[0])
+    np.testing.assert_array_equal(evaluate(after, [data])[0], np.maximum(data[:, ::2, ::2], 0))
 
 
 def test_chain_of_broadcasts_is_one_broadcast_and_keeps_signed_zeros():
