@@ -11,8 +11,9 @@ order:
   consumers, and at most one reduction, which ends the group (`exp -> reduce_sum`);
 - an out-fusable op (matmul, batch_matmul, dense, conv2d) takes elementwise and broadcast
   epilogues (bias_add, batch_norm, activations, the residual add);
-- a cheap injective op (pad, concat, a slice with unit inner step, a transpose: its kernel
-  computes its consumers where it stores, a transposing copy in tiles included) takes
+- a cheap injective op (pad, concat, a slice with unit inner step, a transpose, a Winograd
+  output transform: its kernel computes its consumers where it stores, a transposing copy in
+  tiles included) takes
   elementwise and broadcast consumers; any other injective op, a reduction, or an opaque op
   stands alone, and so does a reshape (a view, below).
 

@@ -390,9 +390,9 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
     sunk = {i: r.operands[0] for i, r in _only_uses(op, "reshape", p).items()}
     sources = {x.type.shape for x in sunk.values()}
     # Toward the shape something computes in (not a graph input viewed, which would undo
-    # this rewrite's own views of the other operands), and only toward fewer axes: two
-    # chains that meet (a residual add of a 2-D matmul's result and a 4-D conv's) would
-    # otherwise pull the ops between them back and forth.
+    # this rewrite's own views of the other operands), and toward fewer axes: two chains
+    # that meet (a residual add of a 2-D matmul's result and a 4-D conv's) would otherwise
+    # pull the ops between them back and forth.
     computed = any(
         (q := p.producer.get(x.name)) is not None and q.kind not in ("reshape", "constant")
         for x in sunk.values()
@@ -400,7 +400,10 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
     if len(sources) != 1 or not computed:
         return None
     (source,) = sources
-    if len(source) >= len(shape):
+    # Toward more axes only where f reads no other computed value (a Winograd form's bias and
+    # relu, on the 6-D tiles its output transform writes): no second chain to meet.
+    alone = all(i in sunk or v.name in p.data for i, v in enumerate(op.operands))
+    if len(source) >= len(shape) and not alone:
         return None
     ops: list[Op] = []
     if op.kind == "bias_add":

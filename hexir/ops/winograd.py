@@ -281,6 +281,9 @@ WINOGRAD_OUTPUT = OpDef(
     ("tile",),
     infer=_output_infer,
     fusion=Pattern.INJECTIVE,
+    # Its kernel computes the bias, relu and residual add where it stores (each output element
+    # once): in NHWC between Winograd convs, they would be a pass of their own.
+    cheap=lambda op: True,
     evaluate=_output_evaluate,
     lower=_output_lower,
     export=_output_export,

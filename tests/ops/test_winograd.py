@@ -96,9 +96,12 @@ def test_two_winograd_convs_in_a_block_keep_their_activations_in_nhwc(rng):
     transposes = [op for op in laid_out.ops if op.kind == "transpose"]
     assert [op.attr("perm") for op in transposes] == [(0, 2, 3, 1), (0, 3, 1, 2)]
     assert transposes[0].operands == (x,)
-    # conv1's bias in NHWC; conv2's epilogue stays with the transposing copy it fuses into.
-    assert [op.attr("axis") for op in laid_out.ops if op.kind == "bias_add"] == [3, 1]
+    # conv1's bias and relu on its output transform's NHWC tiles ([N, TH, m, TW, m, K]),
+    # computed where that kernel stores; conv2's epilogue stays with the transposing copy it
+    # fuses into.
+    assert [op.attr("axis") for op in laid_out.ops if op.kind == "bias_add"] == [5, 1]
     kernels = [[op.kind for op in g.ops] for g in partition(laid_out) if not is_view(g)]
+    assert ["winograd_output", "bias_add", "relu"] in kernels
     assert ["transpose", "bias_add", "add", "relu"] in kernels
     (want,) = evaluate(graph, [xv])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
