@@ -4,6 +4,7 @@ path; anything unusual still takes the checked Python path."""
 
 import numpy as np
 import pytest
+from modules import fresh_copy
 
 import hexir
 from hexir.errors import BuildError, HexirError
@@ -17,17 +18,8 @@ def _inputs(graph: hexir.Graph, rng) -> list[np.ndarray]:
 
 def _python_path(module) -> hexir.runtime.module.Module:
     """A fresh copy of `module` that binds in Python."""
-    with hexir.knobs.scope(native_bind=False):
-        again = hexir.runtime.module.Module(
-            module.graph,
-            module.target,
-            module.kernels,
-            module.commands,
-            module.constants,
-            module.plan,
-            module.report,
-        )
-        assert again._cpu_buffers().binder is None
+    again = fresh_copy(module, native_bind=False)
+    assert again._cpu_buffers().binder is None
     return again
 
 

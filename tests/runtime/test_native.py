@@ -2,6 +2,7 @@
 the same bits as calling the kernels from Python one by one."""
 
 import numpy as np
+from modules import fresh_copy
 
 import hexir
 from hexir.frontend import zoo
@@ -15,19 +16,9 @@ def _inputs(graph: hexir.Graph, rng) -> list[np.ndarray]:
 
 def _per_command(module, inputs) -> list[np.ndarray]:
     """A planned run of a fresh copy of `module` with the runner off."""
-    with hexir.knobs.scope(native_run=False):
-        again = hexir.runtime.module.Module(
-            module.graph,
-            module.target,
-            module.kernels,
-            module.commands,
-            module.constants,
-            module.plan,
-            module.report,
-        )
-        outputs = again.run(inputs)
-        assert again._cpu_buffers().runner is None
-    return outputs
+    again = fresh_copy(module, native_run=False)
+    assert again._cpu_buffers().runner is None
+    return again.run(inputs)
 
 
 def test_a_planned_run_is_one_native_call_with_the_per_command_bits(rng):
