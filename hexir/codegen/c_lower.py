@@ -19,7 +19,10 @@
   border (conv2d_pad of 64x56x56: 163 -> 18 us). A loop of a few iterations
   (`PEEL_MAX_EXTENT`) whose var the guards of inner loops read but that splits no span off (the
   phase q of a phase-split copy's `0 <= j*2 + q - 1`) is peeled instead, each iteration
-  inlined, so that the inner loops' guards bound their own vars alone and partition.
+  inlined, so that the inner loops' guards bound their own vars alone and partition; so is a
+  partitioned loop's guarded edge of a few iterations. A parallel loop of a few jobs whose
+  var the inner guards read (a ragged matrix-vector product's last job) stays parallel, with
+  a copy of its body per job under an `if` on the job, each partitioned alone.
 """
 
 from __future__ import annotations

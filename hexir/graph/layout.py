@@ -192,7 +192,9 @@ def _strided_pointwise_convs(graph: Graph, target: Target, nhwc: bool = False) -
     same conv of stride 1, which becomes a matmul over the pixels below (ResNet-50's 256 x
     56 x 56 -> 512 with stride 2: 2.2 -> 1.6 ms, the slice included). On smaller outputs
     (14 x 14, 7 x 7) the strided conv stays: there the stride-1 conv of the sliced image ran
-    1.35x slower than it."""
+    1.35x slower than it. `nhwc`: every such conv whose filters fill whole panels, for the
+    NHWC matmul below (the slice then picks the pixels from NHWC activations: simplify_graph
+    moves it above the transpose)."""
     p = RewritePass(graph)
     ops: list[Op] = []
     for op in graph.ops:
