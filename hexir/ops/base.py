@@ -138,6 +138,12 @@ def multiply_adds(n: int) -> int:
     return 2 * n
 
 
+def always_cheap(op: Op) -> bool:
+    """`OpDef.cheap` of an injective op whose every instance is cheap inside its consumer's
+    kernel."""
+    return True
+
+
 def no_flops(op: Op) -> int:
     """The count of an op that moves or converts data and computes nothing."""
     return 0

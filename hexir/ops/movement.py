@@ -24,7 +24,15 @@ from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, Check, dims, fail, normalize_axis
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, const
-from hexir.ops.base import Exporter, OpDef, Pattern, at_least, no_flops, operand_names
+from hexir.ops.base import (
+    Exporter,
+    OpDef,
+    Pattern,
+    always_cheap,
+    at_least,
+    no_flops,
+    operand_names,
+)
 from hexir.ops.compute import (
     Kernel,
     add,
@@ -39,10 +47,6 @@ from hexir.ops.compute import (
 from hexir.ops.numeric import Attrs, get_int, get_ints
 
 Indices = tuple[Expr, ...]
-
-
-def _always(op: Op) -> bool:
-    return True
 
 
 # --- constant ---------------------------------------------------------------------------------
@@ -115,7 +119,7 @@ TRANSPOSE = OpDef(
     export=lambda ex, op: ex.node(
         "Transpose", operand_names(op), op.result.name, perm=list(attr_ints(op, "perm"))
     ),
-    cheap=_always,
+    cheap=always_cheap,
 )
 
 
@@ -209,7 +213,7 @@ RESHAPE = OpDef(
     evaluate=lambda xs, attrs: np.reshape(xs[0], get_ints(attrs, "shape")),
     lower=_reshape_lower,
     export=_reshape_export,
-    cheap=_always,
+    cheap=always_cheap,
     view=True,
 )
 
@@ -266,7 +270,7 @@ CONCAT = OpDef(
         "Concat", operand_names(op), op.result.name, axis=attr_int(op, "axis")
     ),
     variadic=True,
-    cheap=_always,
+    cheap=always_cheap,
 )
 
 
@@ -453,7 +457,7 @@ PAD = OpDef(
     evaluate=_pad_evaluate,
     lower=_pad_lower,
     export=_pad_export,
-    cheap=_always,
+    cheap=always_cheap,
 )
 
 OPS: tuple[OpDef, ...] = (TRANSPOSE, RESHAPE, CONCAT, SLICE, PAD, CONSTANT)

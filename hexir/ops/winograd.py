@@ -43,7 +43,7 @@ import numpy as np
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, Unary, const
-from hexir.ops.base import Exporter, OpDef, Pattern
+from hexir.ops.base import Exporter, OpDef, Pattern, always_cheap
 from hexir.ops.compute import Kernel, add, attr_int, mul
 from hexir.ops.numeric import Attrs, get_int
 
@@ -283,7 +283,7 @@ WINOGRAD_OUTPUT = OpDef(
     fusion=Pattern.INJECTIVE,
     # Its kernel computes the bias, relu and residual add where it stores (each output element
     # once): in NHWC between Winograd convs, they would be a pass of their own.
-    cheap=lambda op: True,
+    cheap=always_cheap,
     evaluate=_output_evaluate,
     lower=_output_lower,
     export=_output_export,

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["BINDER_SOURCE", "Binder"]
 
 _NAME = "hexir_binder"
-POOL = 3  # arrays kept per output, as the Python path's OUTPUT_POOL
+POOL = 3  # arrays kept per output (the Python path's OUTPUT_POOL too)
 
 BINDER_SOURCE = r"""
 /* Hexir's native binder (hexir/runtime/binder.py). */
@@ -68,7 +68,7 @@ typedef void (*entry_t)(int64_t, void *const *, const int64_t *, void **, int64_
 typedef struct {
   int ndim, type;
   npy_intp dims[NPY_MAXDIMS];
-  Py_ssize_t slot;            /* in the runner's bound pointers; -1: none */
+  Py_ssize_t slot;            /* in the runner's bound pointers */
   PyObject *pool[POOL];       /* outputs: the arrays kept, NULL where none yet */
 } spec_t;
 
@@ -78,7 +78,7 @@ typedef struct {
   void **bound;
   double *seconds;            /* the runner's per-command seconds, for a timed run */
   entry_t entry;
-  int64_t args[7];            /* the runner's arguments after its entry, but `bound` */
+  int64_t args[7];            /* the runner's first seven arguments */
 } binder_t;
 
 static void destroy(PyObject *capsule) {
@@ -201,7 +201,7 @@ static PyObject *run(PyObject *self, PyObject *const *a, Py_ssize_t n) {
   for (Py_ssize_t i = 0; i < b->n_in; ++i)
     if (!matches(items[i], &b->in[i])) Py_RETURN_NONE;
   for (Py_ssize_t i = 0; i < b->n_in; ++i)
-    if (b->in[i].slot >= 0) b->bound[b->in[i].slot] = PyArray_DATA((PyArrayObject *)items[i]);
+    b->bound[b->in[i].slot] = PyArray_DATA((PyArrayObject *)items[i]);
   PyObject *result = PyList_New(b->n_out);
   if (result == NULL) return NULL;
   for (Py_ssize_t j = 0; j < b->n_out; ++j) {
@@ -222,7 +222,7 @@ static PyObject *run(PyObject *self, PyObject *const *a, Py_ssize_t n) {
 }
 
 static PyMethodDef methods[] = {
-  {"make", make, METH_VARARGS, "make(inputs, outputs, bound, entry, args) -> binder"},
+  {"make", make, METH_VARARGS, "make(inputs, outputs, bound, seconds, entry, args) -> binder"},
   {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL,
    "run(binder, inputs[, timed]) -> outputs"},
   {NULL, NULL, 0, NULL},
@@ -280,20 +280,21 @@ class Binder:
 
     @staticmethod
     def make(buffers: _CpuBuffers, graph: Graph, path: Path) -> Binder | None:
-        """The binder of a module's buffers from the extension at `path`, None where the
-        graph's outputs are not each a distinct computed value."""
+        """The binder of a module's buffers (with their native runner) from the extension at
+        `path`, None where the graph's outputs are not each a distinct computed value."""
         runner = buffers.runner
+        assert runner is not None
         outputs = [v.name for v in graph.outputs]
-        if runner is None or sorted(outputs) != sorted(buffers.returned):
+        if sorted(outputs) != sorted(buffers.returned):
             return None
         if len(set(outputs)) < len(outputs) or any(buffers._root(n) != n for n in outputs):
             return None
         extension = _extension(path)
-        slot = {name: i for i, name in enumerate(buffers.bound_names)}
+        slot = {name: i for i, name in enumerate(buffers.bound_names)}  # inputs and outputs
 
         def spec(name: str) -> tuple[int, int, tuple[int, ...]]:
             t = buffers.types[name]
-            return slot.get(name, -1), np.dtype(numpy_dtype(t.dtype)).num, tuple(t.shape)
+            return slot[name], np.dtype(numpy_dtype(t.dtype)).num, tuple(t.shape)
 
         call = runner.call_addresses()
         state = extension.make(

@@ -138,13 +138,8 @@ class Module:
         output arrays. `plan=False` gives every value its own new buffer and calls each
         kernel through its checked call (on a GPU: copies in and out per kernel), for checking
         the plan: the results are the same bits."""
-        if plan and self.target.kind == "cpu":
-            binder = self._cpu_buffers().binder
-            if binder is not None:  # the usual call, bound in C (binder.py)
-                self._sync_threads()
-                outputs = binder.run(inputs)
-                if outputs is not None:
-                    return outputs
+        if plan and (outputs := self._run_bound_in_c(inputs, timed=False)) is not None:
+            return outputs
         bound = self._bind(inputs)
         if self.target.kind == "cpu":
             self._sync_threads()
@@ -161,13 +156,8 @@ class Module:
     ) -> tuple[list[np.ndarray], list[float]]:
         """A planned run, as `run`, that also gives each command's seconds, timed in place:
         the clock read between calls on the CPU, CUDA events between launches on a GPU."""
-        if self.target.kind == "cpu":
-            buffers = self._cpu_buffers()
-            if buffers.binder is not None:  # as `run`: the same pooled outputs
-                self._sync_threads()
-                outputs = buffers.binder.run(inputs, timed=True)
-                if outputs is not None:
-                    return outputs, buffers.runner.seconds()  # type: ignore[union-attr]
+        if (outputs := self._run_bound_in_c(inputs, timed=True)) is not None:
+            return outputs, self._cpu_buffers().runner.seconds()  # type: ignore[union-attr]
         bound = self._bind(inputs)
         if self.target.kind != "cpu":
             from hexir.runtime.cuda_module import cuda_buffers
@@ -214,6 +204,17 @@ class Module:
         if self._buffers is None:
             self._buffers = _CpuBuffers(self)
         return self._buffers
+
+    def _run_bound_in_c(
+        self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray], timed: bool
+    ) -> list[np.ndarray] | None:
+        """The usual call on the CPU, bound and answered in C (binder.py), into the same pooled
+        outputs whether timed or not; None where there is no binder or the inputs need the
+        checked path."""
+        if self.target.kind != "cpu" or (in_c := self._cpu_buffers().binder) is None:
+            return None
+        self._sync_threads()
+        return in_c.run(inputs, timed)
 
     def _sync_threads(self) -> None:
         # The thread count is set per library, once per change: one kernel per library with
@@ -262,7 +263,7 @@ class Module:
 
 # Arrays kept per returned value for later runs: a caller that holds a run's outputs while
 # it makes the next run needs two.
-OUTPUT_POOL = 3
+OUTPUT_POOL = binder.POOL
 FREE_REFERENCES = 2  # an array only its pool pair holds, as getrefcount counts it
 
 
