@@ -15,13 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_helpers import SMALL_ENV, run_hexir, save_tiny_mlp
+from tuned_rule import expected_schedule
 
 import hexir
 from hexir.database import Database
-from hexir.graph.fusion import fused_kernels
-from hexir.ir.keys import candidate_key
-from hexir.runtime.default_schedule import default_schedule
-from hexir.runtime.executor import TUNED_MARGIN
 
 pytestmark = pytest.mark.slow
 
@@ -78,16 +75,11 @@ def test_build_in_a_new_process_reuses_the_database_without_search(tuned, tmp_pa
     assert not searching & set(report["search_modules_loaded"])
     assert len(report["tasks"]) == 3
     module = hexir.runtime.load(tmp_path / "tiny.hxa")
+    graph = hexir.load_model(str(folder / "tiny.hexir"))
     for task, r in zip(report["tasks"], module.report, strict=True):
-        (best,) = db.best(task["workload_key"], "cpu", k=1)  # every task was tuned
-        func = next(f for _, f in fused_kernels(hexir.load_model(str(folder / "tiny.hexir")))[1]
-                    if hexir.workload_key(f) == task["workload_key"])  # fmt: skip
-        default = db.standing(task["workload_key"], "cpu", candidate_key(
-            default_schedule(func, "cpu").func))  # fmt: skip
-        takes = default is None or default.candidate_key == best.candidate_key
-        takes = takes or best.median < (1 - TUNED_MARGIN) * default.median
-        assert task["schedule"] == r.schedule == ("tuned" if takes else "default")
-        if takes:  # the artifact holds the best record's trace
+        schedule, best = expected_schedule(db, graph, task["workload_key"])  # all were tuned
+        assert task["schedule"] == r.schedule == schedule
+        if schedule == "tuned":  # the artifact holds the best record's trace
             assert r.trace == best.load_trace()
     tuned = sum(r.schedule == "tuned" for r in module.report)
     ran = run_hexir(folder, "run", str(tmp_path / "tiny.hxa"), "--check", "--bench")

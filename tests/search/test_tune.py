@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from small_search import SMALL_SEARCH
+from tuned_rule import expected_schedule
 
 import hexir
 from hexir.costmodel import RandomModel, XGBModel
@@ -101,7 +102,11 @@ def test_tune_a_graph_spends_the_budget_across_its_tasks(db):
     assert sum(t.trials for t in result.tasks) == 9
     assert all(t.best_trace is not None for t in result.tasks)
     module = hexir.compile(graph, "cpu", database=db)
-    assert {r.schedule for r in module.report} == {"tuned"}
+    for r in module.report:  # tuned unless the default stands within the margin of the best
+        schedule, best = expected_schedule(db, graph, r.workload_key)
+        assert r.schedule == schedule
+        if schedule == "tuned":
+            assert r.trace == best.load_trace()
     x = np.random.default_rng(2).standard_normal((4, 16)).astype("float32")
     (out,) = module.run([x])
     (expected,) = evaluate(graph, [x])
