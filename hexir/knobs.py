@@ -72,6 +72,7 @@ def _choice(name: str, default: str, options: tuple[str, ...]) -> str:
     return text
 
 
+_LAYOUTS = ("auto", "nchw")
 _WINOGRAD = ("auto", "0", "2", "4")
 
 
@@ -150,6 +151,11 @@ class Knobs:
     # tiles are many enough (hexir/graph/layout.py, `winograd_tile`): "auto"; "0" keeps every
     # conv direct, "2" or "4" forces F(2, 3) or F(4, 3) on every conv that has the form.
     winograd: str = field(default_factory=lambda: _choice("HEXIR_WINOGRAD", "auto", _WINOGRAD))
+    # Compile time, CPU: activation layouts chosen for the whole graph (hexir/graph/layout.py):
+    # "auto" keeps a ResNet stage in NHWC between its layout_transforms; "nchw" keeps every
+    # activation between kernels in NCHW, each op that computes in NHWC transforming its own
+    # input and output (to compare).
+    layout: str = field(default_factory=lambda: _choice("HEXIR_LAYOUT", "auto", _LAYOUTS))
     # CPU modules: a planned run calls every command from one native function
     # (hexir/runtime/native.py); off, Python calls each kernel in turn (to compare).
     native_run: bool = field(default_factory=lambda: _flag("HEXIR_NATIVE_RUN", "1"))

@@ -87,6 +87,9 @@ from hexir.runtime.tiling import register_tile
 
 __all__ = ["layout_weights"]
 
+TO_NHWC = {"src": "NCHW", "dst": "NHWC"}
+TO_NCHW = {"src": "NHWC", "dst": "NCHW"}
+
 
 def layout_weights(
     graph: Graph, target: Target | None = None, winograd: Mapping[str, int] | None = None
@@ -103,15 +106,19 @@ def layout_weights(
     if target.kind != "cpu":
         return _lay_out(graph, target, {})
     nchw = _pointwise_convs_as_matmuls(_strided_pointwise_convs(graph, target), target)
-    nhwc = _pointwise_convs_as_matmuls(_strided_pointwise_convs(graph, target, True), target, True)
     layouts = [_lay_out(nchw, target, winograd or {})]
-    if nhwc is not graph:  # some 1x1 conv computes in NHWC: where fewer elements transpose
-        layouts.append(_lay_out(nhwc, target, winograd or {}))
-    return min(layouts, key=_transposed_elements)  # the first (NCHW) on a tie
+    if knobs.get().layout == "auto":
+        nhwc = _strided_pointwise_convs(graph, target, True)
+        nhwc = _pointwise_convs_as_matmuls(nhwc, target, True)
+        if nhwc is not graph:  # some 1x1 conv computes in NHWC: where fewer elements move
+            layouts.append(_lay_out(nhwc, target, winograd or {}))
+    return min(layouts, key=transposed_elements)  # the first (NCHW) on a tie
 
 
-def _transposed_elements(graph: Graph) -> int:
-    return sum(op.result.type.size for op in graph.ops if op.kind == "transpose")
+def transposed_elements(graph: Graph) -> int:
+    """How many elements `graph`'s transposes and layout transforms move."""
+    moving = ("transpose", "layout_transform")
+    return sum(op.result.type.size for op in graph.ops if op.kind in moving)
 
 
 def _lay_out(graph: Graph, target: Target, winograd: Mapping[str, int]) -> Graph:
@@ -265,14 +272,14 @@ def _as_nhwc_matmul(conv: Op, p: RewritePass) -> list[Op]:
     c, where = w.type.shape[1], conv.placement
     weight = p.constant(f"{w.name}_ck", np.ascontiguousarray(p.data[w.name].reshape(k, c).T),
                         where)  # fmt: skip
-    nhwc = make_op("transpose", [x], {"perm": (0, 2, 3, 1)}, p.fresh(f"{x.name}_nhwc"), where)
+    nhwc = make_op("layout_transform", [x], TO_NHWC, p.fresh(f"{x.name}_nhwc"), where)
     rows = make_op("reshape", [nhwc.result], {"shape": (n * h * wd, c)},
                    p.fresh(f"{x.name}_rows"), where)  # fmt: skip
     product = make_op("matmul", [rows.result, weight.result], {},
                       p.fresh(f"{conv.result.name}_pk"), where)  # fmt: skip
     image = make_op("reshape", [product.result], {"shape": (n, h, wd, k)},
                     p.fresh(f"{conv.result.name}_nhwc"), where)  # fmt: skip
-    back = make_op("transpose", [image.result], {"perm": (0, 3, 1, 2)}, conv.result.name, where)
+    back = make_op("layout_transform", [image.result], TO_NCHW, conv.result.name, where)
     return [weight, nhwc, rows, product, image, back]
 
 
@@ -351,7 +358,7 @@ def _winograd_conv(
         ops.append(op)
         return op
 
-    nhwc = add("transpose", x, {"perm": (0, 2, 3, 1)})
+    nhwc = add("layout_transform", x, TO_NHWC)
     after = (th * m + 2 - h - ph, tw * m + 2 - wd - pw)
     padded = add("pad", nhwc, {"before": (0, ph, pw, 0), "after": (0, *after, 0)})
     tiles = add("winograd_input", padded, {"tile": m})
@@ -370,7 +377,7 @@ def _winograd_conv(
     out_tiles = add("winograd_output", spread, {"tile": m})
     image = add("reshape", out_tiles, {"shape": (n, th * m, tw * m, k)})
     cropped = (th * m, tw * m) != (oh, ow)
-    nchw = add("transpose", image, {"perm": (0, 3, 1, 2)}, None if cropped else base)
+    nchw = add("layout_transform", image, TO_NCHW, None if cropped else base)
     if cropped:
         bounds = {"start": (0, 0, 0, 0), "stop": (n, k, oh, ow), "step": (1, 1, 1, 1)}
         add("slice", nchw, bounds, base)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hexir import knobs
 from hexir.errors import HexirError
 from hexir.graph.evaluate import constant_array
 from hexir.graph.fold import fold_constants
@@ -49,6 +50,7 @@ from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
 from hexir.ops import make_op, op_def
 from hexir.ops.base import Pattern
+from hexir.ops.movement import layout_permutation
 
 __all__ = ["RewritePass", "fold_batch_norms", "remove_dead_ops", "simplify_graph"]
 
@@ -274,14 +276,21 @@ def _reshape(op: Op, p: RewritePass) -> Value | list[Op] | None:
 def _transpose(op: Op, p: RewritePass) -> Value | list[Op] | None:
     """transpose(transpose(x, p1), p2) -> transpose(x, p1∘p2); an identity transpose -> x (a
     reshape, where it is a graph output); a transpose that moves only axes of extent 1 -> a
-    reshape (the same row-major order)."""
-    if op.kind != "transpose":
+    reshape (the same row-major order). A layout_transform between unblocked layouts is the
+    transpose it moves by (`layout_permutation`); two of them in a row make one from the
+    first's layout to the second's."""
+    perm = layout_permutation(op)
+    if perm is None:
         return None
-    x, perm = op.operands[0], _ints(op, "perm")
+    x, kind, attrs = op.operands[0], op.kind, dict(op.attrs)
     inner = p.producer.get(x.name)
-    if inner is not None and inner.kind == "transpose":
-        x, first = inner.operands[0], _ints(inner, "perm")
-        perm = tuple(first[i] for i in perm)
+    first = None if inner is None else layout_permutation(inner)
+    if first is not None:
+        x, perm = inner.operands[0], tuple(first[i] for i in perm)  # type: ignore[union-attr]
+        if kind == inner.kind == "layout_transform" and inner.attr("dst") == op.attr("src"):
+            attrs["src"] = inner.attr("src")  # type: ignore[union-attr]
+        else:
+            kind, attrs = "transpose", {"perm": perm}
     if perm == tuple(range(len(perm))) and not p.is_output(op.result):
         return x
     if (made := _made_transpose(x, perm, p)) is not None and not p.is_output(op.result):
@@ -292,7 +301,7 @@ def _transpose(op: Op, p: RewritePass) -> Value | list[Op] | None:
         return [make_op("reshape", [x], shape, op.result.name, op.placement)]
     if x == op.operands[0]:
         return None
-    return [make_op("transpose", [x], {"perm": perm}, op.result.name, op.placement)]
+    return [make_op(kind, [x], attrs, op.result.name, op.placement)]
 
 
 def _slice_before_transpose(op: Op, p: RewritePass) -> list[Op] | None:
@@ -302,9 +311,9 @@ def _slice_before_transpose(op: Op, p: RewritePass) -> list[Op] | None:
     if op.kind != "slice":
         return None
     t = p.producer.get(op.operands[0].name)
-    if t is None or t.kind != "transpose" or p.uses.get(t.result.name) != 1:
+    perm = None if t is None else layout_permutation(t)
+    if perm is None or p.uses.get(t.result.name) != 1:  # type: ignore[union-attr]
         return None
-    perm = _ints(t, "perm")
     bounds = {}
     for key in ("start", "stop", "step"):
         along = _ints(op, key)
@@ -314,7 +323,7 @@ def _slice_before_transpose(op: Op, p: RewritePass) -> list[Op] | None:
         bounds[key] = tuple(moved)
     picked = make_op("slice", [t.operands[0]], bounds, p.fresh(f"{op.result.name}_t"),
                      op.placement)  # fmt: skip
-    out = make_op("transpose", [picked.result], {"perm": perm}, op.result.name, op.placement)
+    out = make_op(t.kind, [picked.result], dict(t.attrs), op.result.name, op.placement)  # type: ignore[union-attr]
     return [picked, out]
 
 
@@ -365,13 +374,13 @@ def _sinks_through(kind: str) -> bool:
     return d is not None and (d.fusion is Pattern.ELEMENTWISE or kind == "bias_add")
 
 
-def _only_uses(op: Op, kind: str, p: RewritePass) -> dict[int, Op]:
-    """`op`'s operands of its result's shape (not broadcast up) that an op of `kind` computes
-    and that `op` is the only use of: their positions -> those ops."""
+def _only_uses(op: Op, kind: Callable[[Op], bool], p: RewritePass) -> dict[int, Op]:
+    """`op`'s operands of its result's shape (not broadcast up) that an op `kind` holds for
+    computes and that `op` is the only use of: their positions -> those ops."""
     found = {}
     for i, v in enumerate(op.operands):
         q = p.producer.get(v.name)
-        if q is not None and q.kind == kind and p.uses.get(v.name) == 1:
+        if q is not None and kind(q) and p.uses.get(v.name) == 1:
             if v.type.shape == op.result.type.shape:
                 found[i] = q
     return found
@@ -387,7 +396,7 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
         return None
     shape, attrs = op.result.type.shape, dict(op.attrs)
     # The operands that are reshapes of one shape, used only here: the source shape.
-    sunk = {i: r.operands[0] for i, r in _only_uses(op, "reshape", p).items()}
+    sunk = {i: r.operands[0] for i, r in _only_uses(op, lambda q: q.kind == "reshape", p).items()}
     sources = {x.type.shape for x in sunk.values()}
     # Toward the shape something computes in (not a graph input viewed, which would undo
     # this rewrite's own views of the other operands), and toward fewer axes: two chains
@@ -442,12 +451,14 @@ def _sink_transpose(op: Op, p: RewritePass) -> list[Op] | None:
     if not _sinks_through(op.kind):
         return None
     shape, attrs = op.result.type.shape, dict(op.attrs)
-    transposes = _only_uses(op, "transpose", p)
+    transposes = _only_uses(op, _sinkable_transpose, p)
     sunk = {i: t.operands[0] for i, t in transposes.items()}
-    perms = {_ints(t, "perm") for t in transposes.values()}
-    if len(perms) != 1:
+    made = {(t.kind, t.attrs) for t in transposes.values()}
+    if len(made) != 1:
         return None
-    (perm,) = perms
+    ((kind, made_attrs),) = made
+    perm = layout_permutation(next(iter(transposes.values())))
+    assert perm is not None
     back = tuple(perm.index(a) for a in range(len(perm)))  # x's axis a is the result's back[a]
     if not _meets(op.result.name, back, p):
         return None  # it would only part the transposing copy from the epilogue it fuses
@@ -471,15 +482,23 @@ def _sink_transpose(op: Op, p: RewritePass) -> list[Op] | None:
             return None
         attrs["axis"] = perm[int(attrs["axis"])]  # type: ignore[arg-type]
     inner = make_op(op.kind, operands, attrs, p.fresh(f"{op.result.name}_t"), op.placement)
-    out = make_op("transpose", [inner.result], {"perm": perm}, op.result.name, op.placement)
+    out = make_op(kind, [inner.result], dict(made_attrs), op.result.name, op.placement)
     return [*ops, inner, out]
+
+
+def _sinkable_transpose(op: Op) -> bool:
+    """A transpose, or a layout_transform between unblocked layouts unless the `layout` knob
+    keeps every activation in the layout it has (then each stays beside the op it serves)."""
+    if op.kind == "layout_transform" and knobs.get().layout != "auto":
+        return False
+    return layout_permutation(op) is not None
 
 
 def _meets(name: str, back: tuple[int, ...], p: RewritePass, depth: int = 8) -> bool:
     """Whether value `name` is transposed by `back` (its own transpose's inverse), by a
     consumer or through a chain of elementwise consumers (and bias_adds) of up to `depth`."""
     for c in p.consumers.get(name, ()):
-        if c.kind == "transpose" and _ints(c, "perm") == back:
+        if layout_permutation(c) == back:
             return True
         if _sinks_through(c.kind) and depth > 0 and _meets(c.result.name, back, p, depth - 1):
             return True
@@ -491,7 +510,7 @@ def _made_transpose(v: Value, perm: tuple[int, ...], p: RewritePass) -> Value | 
     consumer: the residual of a ResNet block, which the next conv reads in NHWC), else None:
     an operand in the other layout costs no new transpose, so sinking past it is free."""
     for o in p.emitted:
-        if o.kind == "transpose" and o.operands[0].name == v.name and _ints(o, "perm") == perm:
+        if o.operands and o.operands[0].name == v.name and layout_permutation(o) == perm:
             return o.result
     return None
 

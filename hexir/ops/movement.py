@@ -16,6 +16,7 @@ Python-style indices and give the normal form.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -119,6 +120,173 @@ TRANSPOSE = OpDef(
     export=lambda ex, op: ex.node(
         "Transpose", operand_names(op), op.result.name, perm=list(attr_ints(op, "perm"))
     ),
+    cheap=always_cheap,
+)
+
+
+# --- layout_transform -------------------------------------------------------------------------
+
+LAYOUT_RE = re.compile(r"(?:[A-Z]|[1-9][0-9]*[a-z])+")
+_TOKEN_RE = re.compile(r"[A-Z]|[1-9][0-9]*[a-z]")
+
+
+class Layout:
+    """A layout string: one capital per axis in memory order, and `<b><letter>` for a block
+    of b of that axis's capital, innermost where it stands ("NCHW16c": C in blocks of 16, the
+    block after W). `axes` are the tokens, each (capital, block or 0)."""
+
+    def __init__(self, text: str):
+        if not LAYOUT_RE.fullmatch(text):
+            fail(f"layout {text!r} is not capitals with optional blocks like NCHW16c")
+        self.text = text
+        self.axes: tuple[tuple[str, int], ...] = tuple(
+            (t, 0) if t.isupper() else (t[-1].upper(), int(t[:-1])) for t in _TOKEN_RE.findall(text)
+        )
+        self.letters = tuple(a for a, b in self.axes if not b)
+        self.blocks = {a: b for a, b in self.axes if b}
+        if len(set(self.letters)) != len(self.letters):
+            fail(f"layout {text!r} names an axis twice")
+        if len(self.blocks) != len(self.axes) - len(self.letters) or not set(self.blocks) <= set(
+            self.letters
+        ):
+            fail(f"layout {text!r}: each block needs its axis, once")
+
+    def primal(self, letter: str) -> int:
+        return self.axes.index((letter, 0))
+
+    def inner(self, letter: str) -> int | None:
+        b = self.blocks.get(letter)
+        return None if b is None else self.axes.index((letter, b))
+
+    def permutation(self, dst: Layout) -> tuple[int, ...] | None:
+        """The transpose this layout -> `dst` is where neither has blocks, else None."""
+        if self.blocks or dst.blocks:
+            return None
+        return tuple(self.letters.index(a) for a in dst.letters)
+
+
+def _layouts(attrs: Attrs) -> tuple[Layout, Layout]:
+    return Layout(str(attrs["src"])), Layout(str(attrs["dst"]))
+
+
+def layout_permutation(op: Op) -> tuple[int, ...] | None:
+    """The permutation an op moves its operand's axes by, where it is one: a transpose's
+    `perm`, an unblocked layout_transform's; None for any other op."""
+    if op.kind == "transpose":
+        return attr_ints(op, "perm")
+    if op.kind == "layout_transform":
+        src, dst = _layouts(dict(op.attrs))
+        return src.permutation(dst)
+    return None
+
+
+def _extents(src: Layout, shape: tuple[int, ...]) -> dict[str, int]:
+    """Each axis's whole extent, from an array in layout `src` of `shape`."""
+    return {a: shape[src.primal(a)] * src.blocks.get(a, 1) for a in src.letters}
+
+
+def _layout_transform_infer(c: Check) -> TensorType:
+    (x,) = c.types
+    src, dst = Layout(c.string("src", LAYOUT_RE)), Layout(c.string("dst", LAYOUT_RE))
+    if len(src.axes) != len(x.shape):
+        fail(f"layout {src.text!r} has {len(src.axes)} axes for rank {len(x.shape)}")
+    if sorted(src.letters) != sorted(dst.letters):
+        fail(f"layouts {src.text!r} and {dst.text!r} name different axes")
+    whole = _extents(src, x.shape)
+    shape = []
+    for a, b in dst.axes:
+        if b == 0 and whole[a] % dst.blocks.get(a, 1):
+            fail(f"axis {a} of extent {whole[a]} does not split into blocks of {dst.blocks[a]}")
+        shape.append(b or whole[a] // dst.blocks.get(a, 1))
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _unblocked(x: np.ndarray, src: Layout) -> np.ndarray:
+    """`x` in layout `src` as an array of its capitals in src's order, blocks merged."""
+    order = [d for a in src.letters for d in (src.primal(a), src.inner(a)) if d is not None]
+    whole = _extents(src, x.shape)
+    return np.transpose(x, order).reshape([whole[a] for a in src.letters])
+
+
+def _blocked(x: np.ndarray, letters: tuple[str, ...], dst: Layout) -> np.ndarray:
+    """An array of axes `letters` (blocks merged) in layout `dst`."""
+    split, where = [], {}
+    for a, extent in zip(letters, x.shape, strict=True):
+        b = dst.blocks.get(a)
+        where[(a, 0)] = len(split)
+        split.append(extent // b if b else extent)
+        if b:
+            where[(a, b)] = len(split)
+            split.append(b)
+    return np.transpose(x.reshape(split), [where[t] for t in dst.axes])
+
+
+def _layout_transform_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    src, dst = _layouts(attrs)
+    return _blocked(_unblocked(xs[0], src), src.letters, dst)
+
+
+def _layout_transform_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    (x,) = args
+    src, dst = _layouts(dict(op.attrs))
+
+    def load(i: Indices) -> Expr:
+        whole: dict[str, Expr] = {}
+        for a in dst.letters:
+            b, inner = dst.blocks.get(a, 1), dst.inner(a)
+            whole[a] = (
+                i[dst.primal(a)]
+                if inner is None
+                else affine([(i[dst.primal(a)], b), (i[inner], 1)])
+            )
+        index: list[Expr] = []
+        for a, b in src.axes:
+            if a not in src.blocks:
+                index.append(whole[a])
+            elif b == 0:
+                index.append(floordiv(whole[a], src.blocks[a]))
+            else:
+                index.append(Binary("floormod", whole[a], IntImm(b)))
+        return x[tuple(index)]
+
+    # An unblocked transform is a transpose: the same kernel (and workload) as one.
+    plain = src.permutation(dst) is not None
+    k.compute("transpose" if plain else "layout_transform", out, load)
+
+
+def _layout_transform_export(ex: Exporter, op: Op) -> None:
+    """As ONNX's Transpose and Reshape: src's axes in order, merged; split, in dst's order."""
+    src, dst = _layouts(dict(op.attrs))
+    x, out = op.operands[0], op.result.name
+    perm = src.permutation(dst)
+    if perm is not None:
+        ex.node("Transpose", [x.name], out, perm=list(perm))
+        return
+    order = [d for a in src.letters for d in (src.primal(a), src.inner(a)) if d is not None]
+    whole = _extents(src, x.type.shape)
+    merged = ex.node("Transpose", [x.name], perm=order)
+    logical = tuple(whole[a] for a in src.letters)
+    merged = ex.node("Reshape", [merged, ex.ints(logical, f"{out}.whole")])
+    split = [
+        s
+        for a in src.letters
+        for s in ((whole[a] // dst.blocks[a], dst.blocks[a]) if a in dst.blocks else (whole[a],))
+    ]
+    at = [(a, b) for a in src.letters for b in ((0, dst.blocks[a]) if a in dst.blocks else (0,))]
+    parts = ex.node("Reshape", [merged, ex.ints(tuple(split), f"{out}.split")])
+    ex.node("Transpose", [parts], out, perm=[at.index(t) for t in dst.axes])
+
+
+LAYOUT_TRANSFORM = OpDef(
+    "layout_transform",
+    "x, laid out as layout `src` (capitals are axes, `16c` a block of 16 of C), in layout `dst`",
+    ("x",),
+    ("src", "dst"),
+    infer=_layout_transform_infer,
+    fusion=Pattern.INJECTIVE,
+    evaluate=_layout_transform_evaluate,
+    lower=_layout_transform_lower,
+    export=_layout_transform_export,
     cheap=always_cheap,
 )
 
@@ -460,4 +628,4 @@ PAD = OpDef(
     cheap=always_cheap,
 )
 
-OPS: tuple[OpDef, ...] = (TRANSPOSE, RESHAPE, CONCAT, SLICE, PAD, CONSTANT)
+OPS: tuple[OpDef, ...] = (TRANSPOSE, LAYOUT_TRANSFORM, RESHAPE, CONCAT, SLICE, PAD, CONSTANT)

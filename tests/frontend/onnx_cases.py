@@ -171,6 +171,16 @@ CASES: dict[str, Graph] = {
         [((2, 3, 4), F)],
         lambda b, x: b.reshape(b.transpose(x, (2, 0, 1)), (4, -1)),
     ),
+    "layout_transform": one_op(
+        "layout_transform",
+        [((1, 8, 3, 2), F)],
+        lambda b, x: [
+            b.layout_transform(x, src="NCHW", dst="NHWC"),
+            b.layout_transform(
+                b.layout_transform(x, src="NCHW", dst="NCHW4c"), src="NCHW4c", dst="NHW2cC"
+            ),
+        ],
+    ),
     "concat": one_op(
         "concat",
         [((2, 3), F), ((2, 1), F), ((2, 2), F)],

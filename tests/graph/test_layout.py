@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import hexir
 from hexir import knobs
 from hexir.graph.evaluate import evaluate
 from hexir.graph.fusion import fused_kernels
-from hexir.graph.layout import layout_weights
+from hexir.graph.layout import layout_weights, transposed_elements
 from hexir.ops.builder import GraphBuilder
 from hexir.runtime.default_schedule import default_schedule
 from hexir.runtime.target import Target
@@ -280,9 +281,8 @@ def test_a_1x1_conv_between_winograd_convs_computes_in_nhwc_where_fewer_elements
     target = Target("cpu")
     after = layout_weights(graph, target)
     nchw = layout._lay_out(layout._pointwise_convs_as_matmuls(graph, target), target, {})
-    moved = [sum(op.result.type.size for op in g.ops if op.kind == "transpose")
-             for g in (after, nchw)]  # fmt: skip
-    assert moved[0] < moved[1]
+    assert transposed_elements(after) < transposed_elements(nchw)
+    assert not any(op.kind == "transpose" for op in after.ops)  # layout_transforms, named
     (pointwise,) = [op for op in after.ops if op.kind == "matmul"]
     assert pointwise.result.type.shape == (28 * 28, 32)  # the pixels' rows by the filters
     x = rng.standard_normal((1, 16, 28, 28), dtype=np.float32)
@@ -293,8 +293,8 @@ def test_a_1x1_conv_between_winograd_convs_computes_in_nhwc_where_fewer_elements
 
 
 def test_resnet50s_1x1_convs_compute_in_nhwc_and_mobilenets_stay_in_nchw():
-    # ResNet-50's stages are Winograd convs between 1x1 convs: in NHWC, 13 transposes where
-    # 22 were; MobileNetV2's depthwise convs read NCHW, so its 1x1 convs stay there (NHWC
+    # ResNet-50's stages are Winograd convs between 1x1 convs: in NHWC, 13 layout transforms
+    # where 22 were; MobileNetV2's depthwise convs read NCHW, so its 1x1 convs stay there (NHWC
     # would transpose around each of them: 6.4 -> 9.5 ms).
     from hexir.frontend.zoo import zoo_model
     from hexir.graph.rewrite import simplify_graph
@@ -303,6 +303,51 @@ def test_resnet50s_1x1_convs_compute_in_nhwc_and_mobilenets_stay_in_nchw():
     resnet = layout_weights(simplify_graph(zoo_model("resnet50")), target)
     rows = [op for op in resnet.ops if op.kind == "matmul" and op.attr("weight_block")]
     assert len(rows) == 36  # every 1x1 conv: the pixels' rows by the filters, in panels
-    assert sum(op.kind == "transpose" for op in resnet.ops) <= 14
+    transforms = [op for op in resnet.ops if op.kind == "layout_transform"]
+    assert len(transforms) <= 14 and not any(op.kind == "transpose" for op in resnet.ops)
+    assert {(op.attr("src"), op.attr("dst")) for op in transforms} == {
+        ("NCHW", "NHWC"), ("NHWC", "NCHW")}  # fmt: skip
     mobilenet = layout_weights(simplify_graph(zoo_model("mobilenet-v2")), target)
-    assert not any(op.kind == "transpose" for op in mobilenet.ops)
+    assert not any(op.kind in ("transpose", "layout_transform") for op in mobilenet.ops)
+
+
+@pytest.mark.parametrize(
+    "name", ["resnet18", pytest.param("resnet50", marks=pytest.mark.slow), "mobilenet-v2"]
+)
+def test_the_planned_layouts_compute_what_nchw_everywhere_does(name, rng):
+    # The zoo's CNNs at full size, evaluated by the reference: the layouts planned for the
+    # whole graph (`layout` knob "auto") and NCHW between every two ops ("nchw") agree with
+    # the model as imported; a ResNet keeps its stages in NHWC, so fewer elements move.
+    from hexir.frontend.zoo import zoo_model
+    from hexir.graph.rewrite import simplify_graph
+
+    graph = zoo_model(name)
+    x = rng.standard_normal(graph.inputs[0].type.shape, dtype=np.float32)
+    expected = evaluate(graph, [x])[0]
+    planned = {}
+    for layout in ("auto", "nchw"):
+        with knobs.scope(layout=layout):
+            planned[layout] = layout_weights(simplify_graph(graph), Target("cpu"))
+        got = evaluate(planned[layout], [x])[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+    moved = {k: transposed_elements(g) for k, g in planned.items()}
+    assert moved["auto"] < moved["nchw"] if name.startswith("resnet") else moved["auto"] == 0
+
+
+def test_the_layout_knob_keeps_activations_in_nchw_between_kernels(rng):
+    # Under "nchw" the 1x1 conv stays a matmul over NCHW pixels and each Winograd conv
+    # transforms its own input and output: a layout_transform to NHWC is read only by the
+    # Winograd form's pad, and the module's answer is the same.
+    graph = _between_winograd_convs(rng)
+    x = rng.standard_normal((1, 16, 28, 28), dtype=np.float32)
+    expected = evaluate(graph, [x])[0]
+    with knobs.scope(layout="nchw"):
+        after = layout_weights(graph, Target("cpu"))
+        got = hexir.compile(graph).run([x])[0]
+    producers = {op.result.name: op for op in after.ops}
+    to_nhwc = [op for op in after.ops if op.kind == "layout_transform" and op.attr("dst") == "NHWC"]
+    assert len(to_nhwc) == 2  # one per Winograd conv
+    for op in after.ops:
+        if any(producers.get(v.name) in to_nhwc for v in op.operands):
+            assert op.kind == "pad"
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)

@@ -276,6 +276,10 @@ CASES = [
     *[(kind, "float32", [(3, 4, 5)], attrs, "normal")
       for kind in ("reduce_sum", "reduce_mean", "reduce_max")
       for attrs in ({"axes": (1,)}, {"axes": (0, 2), "keepdims": True}, {})],
+    ("layout_transform", "float32", [(1, 8, 3, 5)], {"src": "NCHW", "dst": "NHWC"}, "normal"),
+    ("layout_transform", "float32", [(2, 3, 5, 4, 4)], {"src": "NCHW4c", "dst": "NHW2cC"},
+     "normal"),
+    ("layout_transform", "float64", [(2, 8, 3)], {"src": "NCW", "dst": "WN4cC"}, "normal"),
     ("transpose", "float32", [(2, 3, 4)], {"perm": (2, 0, 1)}, "normal"),
     ("transpose", "float32", [(3, 4)], {}, "normal"),
     *[("reshape", "float32", [src], {"attrs": {"shape": dst}}, "normal")
@@ -323,7 +327,8 @@ CASES = [
 ELEMENTWISE = {
     *("add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "relu", "sigmoid"),
     *("tanh", "exp", "log", "erf", "sqrt", "rsqrt", "gelu", "cast", "bias_add", "batch_norm"),
-    *("transpose", "reshape", "concat", "slice", "pad", "max_pool2d", "reduce_max"),
+    *("transpose", "layout_transform", "reshape", "concat", "slice", "pad", "max_pool2d"),
+    "reduce_max",
 }
 
 

@@ -80,7 +80,7 @@ def test_a_conv_in_winograd_form_matches_the_direct_conv(tile, n, c, k, h, w, pa
 def test_two_winograd_convs_in_a_block_keep_their_activations_in_nhwc(rng):
     # A ResNet basic block: relu(conv2(relu(conv1(x) + b1)) + b2 + x). Each Winograd form
     # turns its input to NHWC and its result back to NCHW; between the convs, and for the
-    # residual add, those transposes cancel: x is transposed once, the block's result once.
+    # residual add, those layout transforms cancel: x is transformed once, the result once.
     b = GraphBuilder("block")
     x = b.input("x", (1, 16, 12, 12))
 
@@ -93,16 +93,16 @@ def test_two_winograd_convs_in_a_block_keep_their_activations_in_nhwc(rng):
     with knobs.scope(winograd="4"):
         laid_out = layout_weights(graph)
         (got,) = hexir.compile(graph).run([xv])
-    transposes = [op for op in laid_out.ops if op.kind == "transpose"]
-    assert [op.attr("perm") for op in transposes] == [(0, 2, 3, 1), (0, 3, 1, 2)]
-    assert transposes[0].operands == (x,)
+    transforms = [op for op in laid_out.ops if op.kind == "layout_transform"]
+    assert [op.attr("dst") for op in transforms] == ["NHWC", "NCHW"]
+    assert transforms[0].operands == (x,) and not any(op.kind == "transpose" for op in laid_out.ops)
     # conv1's bias and relu on its output transform's NHWC tiles ([N, TH, m, TW, m, K]),
     # computed where that kernel stores; conv2's epilogue stays with the transposing copy it
     # fuses into.
     assert [op.attr("axis") for op in laid_out.ops if op.kind == "bias_add"] == [5, 1]
     kernels = [[op.kind for op in g.ops] for g in partition(laid_out) if not is_view(g)]
     assert ["winograd_output", "bias_add", "relu"] in kernels
-    assert ["transpose", "bias_add", "add", "relu"] in kernels
+    assert ["layout_transform", "bias_add", "add", "relu"] in kernels
     (want,) = evaluate(graph, [xv])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
