@@ -245,16 +245,20 @@ def test_cpu_transposes_run_in_unrolled_8x8_tiles_in_parallel_over_the_outer_loo
 @pytest.mark.parametrize(
     "shape, perm, tiled",
     [
-        ((128, 12, 64), (1, 2, 0), True),
-        ((12, 197, 64), (0, 2, 1), False),
-        ((128, 12, 64), (1, 0, 2), False),
+        ((128, 12, 64), (1, 2, 0), (8, 8)),
+        ((12, 197, 64), (0, 2, 1), None),
+        ((128, 12, 64), (1, 0, 2), None),
+        ((1, 14, 14, 512), (0, 3, 1, 2), (8, 7)),  # ResNet-50's NHWC -> NCHW at 14 x 14
+        ((1, 7, 7, 2048), (0, 3, 1, 2), (8, 7)),
     ],  # fmt: skip
 )
-def test_cpu_transposes_tile_where_8_divides_both_loops(shape, perm, tiled, rng):
-    # 197 keeps the plain loops; a transpose that keeps the last axis vectorizes instead.
+def test_cpu_transposes_tile_by_divisors_of_both_loops_up_to_8(shape, perm, tiled, rng):
+    # 197 (prime) keeps the plain loops; a transpose that keeps the last axis vectorizes
+    # instead; 7, 14 and 28 tile by 7.
     func = hexir.workload("transpose", shape=shape, perm=perm)
     sch = default_schedule(func, "cpu")
-    assert any(lp.kind == "unrolled" for lp in _loops(sch.func)) == tiled
+    unrolled = tuple(lp.extent for lp in _loops(sch.func) if lp.kind == "unrolled")
+    assert unrolled == (tiled or ())
     check_on_cpu(func, sch.func, rng)
 
 
