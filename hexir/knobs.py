@@ -72,7 +72,7 @@ def _choice(name: str, default: str, options: tuple[str, ...]) -> str:
     return text
 
 
-_LAYOUTS = ("auto", "nchw")
+_LAYOUTS = ("auto", "nchw", "nhwc")
 _WINOGRAD = ("auto", "0", "2", "4")
 
 
@@ -154,7 +154,7 @@ class Knobs:
     # Compile time, CPU: activation layouts chosen for the whole graph (hexir/graph/layout.py):
     # "auto" keeps a ResNet stage in NHWC between its layout_transforms; "nchw" keeps every
     # activation between kernels in NCHW, each op that computes in NHWC transforming its own
-    # input and output (to compare).
+    # input and output; "nhwc" takes the NHWC plan wherever there is one (both to compare).
     layout: str = field(default_factory=lambda: _choice("HEXIR_LAYOUT", "auto", _LAYOUTS))
     # CPU modules: a planned run calls every command from one native function
     # (hexir/runtime/native.py); off, Python calls each kernel in turn (to compare).

@@ -51,6 +51,7 @@ from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
 from hexir.ops import make_op, op_def
 from hexir.ops.base import Pattern
 from hexir.ops.movement import layout_permutation
+from hexir.ops.nn import is_nhwc
 
 __all__ = ["RewritePass", "fold_batch_norms", "remove_dead_ops", "simplify_graph"]
 
@@ -181,8 +182,8 @@ def _conv_chain(bn: Op, p: RewritePass) -> tuple[Op, Op | None] | None:
             return None
         bias, x = op, op.operands[0]
         op = p.producer.get(x.name)
-    if op is None or op.kind != "conv2d" or p.uses[x.name] != 1:
-        return None
+    if op is None or op.kind != "conv2d" or p.uses[x.name] != 1 or is_nhwc(op):
+        return None  # (an NHWC conv's channels are axis 3)
     return (op, bias) if op.operands[1].name in p.data else None
 
 
@@ -391,7 +392,8 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
     bias_add, its axis moved to the same axis of x's shape) whose reshaped operand has no
     other use, every other operand of f's shape: a matmul of a 3-D activation (imported as
     reshape -> matmul -> reshape) then takes its bias and activation into its kernel, which
-    a reshape (a group of its own) would stop. Exact: the same values, in row-major order."""
+    a reshape (a group of its own) would stop. An operand of one element (relu6's 6) goes
+    along, with no more axes than x. Exact: the same values, in row-major order."""
     if not _sinks_through(op.kind):
         return None
     shape, attrs = op.result.type.shape, dict(op.attrs)
@@ -426,9 +428,13 @@ def _sink_reshape(op: Op, p: RewritePass) -> list[Op] | None:
         for i, v in enumerate(op.operands):
             if i in sunk:
                 operands.append(sunk[i])
-            elif v.type.shape == shape:  # viewed in the source's shape
+            elif v.type.shape == shape or v.type.size == 1:  # viewed in the source's shape
+                view = source if v.type.size > 1 else (1,) * min(len(source), len(v.type.shape))
+                if v.type.shape == view:
+                    operands.append(v)  # one element of no more axes than the source: as is
+                    continue
                 name = p.fresh(f"{v.name}_flat")
-                ops.append(make_op("reshape", [v], {"shape": source}, name, op.placement))
+                ops.append(make_op("reshape", [v], {"shape": view}, name, op.placement))
                 operands.append(ops[-1].result)
             else:
                 return None
@@ -489,7 +495,7 @@ def _sink_transpose(op: Op, p: RewritePass) -> list[Op] | None:
 def _sinkable_transpose(op: Op) -> bool:
     """A transpose, or a layout_transform between unblocked layouts unless the `layout` knob
     keeps every activation in the layout it has (then each stays beside the op it serves)."""
-    if op.kind == "layout_transform" and knobs.get().layout != "auto":
+    if op.kind == "layout_transform" and knobs.get().layout == "nchw":
         return False
     return layout_permutation(op) is not None
 

@@ -198,6 +198,69 @@ BATCH_NORM = OpDef(
 )
 
 
+# --- image layouts ----------------------------------------------------------------------------
+
+# conv2d and the pools read and write NCHW images, or NHWC ones where `layout = "NHWC"` (the
+# attribute is recorded only then: an NCHW op prints, and keys, as it always has).
+IMAGE_LAYOUTS = ("NCHW", "NHWC")
+
+
+def _image_layout(c: Check) -> bool:
+    """Whether the op computes in NHWC (its `layout` attribute, checked)."""
+    nhwc = c.choice("layout", IMAGE_LAYOUTS, "NCHW") == "NHWC"
+    if not nhwc:
+        del c.out["layout"]
+    return nhwc
+
+
+def is_nhwc(op: Op | Attrs) -> bool:
+    attrs = op.attrs if isinstance(op, Op) else tuple(op.items())
+    return dict(attrs).get("layout") == "NHWC"
+
+
+def as_nchw(shape: tuple[int, ...], nhwc: bool) -> tuple[int, ...]:
+    """An image's shape as NCHW (N, C, H, W)."""
+    return (shape[0], shape[3], shape[1], shape[2]) if nhwc else shape
+
+
+def in_layout(nchw: tuple, nhwc: bool) -> tuple:
+    """An NCHW shape or index (N, C, H, W) in the op's layout."""
+    return (nchw[0], nchw[2], nchw[3], nchw[1]) if nhwc else nchw
+
+
+def _nchw_semantics(evaluate):
+    """`evaluate` of NCHW images, taking and giving the op's layout."""
+
+    def in_op_layout(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+        if not is_nhwc(attrs):
+            return evaluate(xs, attrs)
+        x = np.transpose(xs[0], (0, 3, 1, 2))
+        return np.transpose(evaluate([x, *xs[1:]], attrs), (0, 2, 3, 1))
+
+    return in_op_layout
+
+
+def _nchw_export(export: Export) -> Export:
+    """`export` of an NCHW op, between Transposes where the op computes in NHWC."""
+
+    def in_op_layout(ex: Exporter, op: Op) -> None:
+        if not is_nhwc(op):
+            export(ex, op)
+            return
+        x, out = op.operands[0], op.result
+        image = _nchw_value(x, ex.node("Transpose", [x.name], perm=[0, 3, 1, 2]))
+        result = _nchw_value(out, ex.fresh(f"{out.name}.nchw"))
+        export(ex, replace(op, operands=(image, *op.operands[1:]), result=result))
+        ex.node("Transpose", [result.name], out.name, perm=[0, 2, 3, 1])
+
+    return in_op_layout
+
+
+def _nchw_value(v: Value, name: str) -> Value:
+    """NHWC image `v` as the NCHW value `name`."""
+    return Value(name, TensorType(as_nchw(v.type.shape, True), v.type.dtype))
+
+
 # --- conv2d -----------------------------------------------------------------------------------
 
 
@@ -216,7 +279,8 @@ def _conv2d_infer(c: Check) -> TensorType:
     padding = at_least("padding", c.ints("padding", 0, length=2), 0)
     dilation = at_least("dilation", c.ints("dilation", 1, length=2), 1)
     groups = c.integer("groups", 1, minimum=1)
-    n, ch, h, wd = x.shape
+    nhwc = _image_layout(c)
+    n, ch, h, wd = as_nchw(x.shape, nhwc)
     if block and w.shape[4] != block:
         fail(
             f"weight_block={block} needs w of shape [K/{block}, C/groups, R, S, {block}], "
@@ -231,7 +295,7 @@ def _conv2d_infer(c: Check) -> TensorType:
     ow = window_extent(wd, s, stride[1], padding[1], dilation[1])
     if oh < 1 or ow < 1:
         fail(f"the {r}x{s} kernel (dilation {dilation}) does not fit x's padded {h}x{wd} image")
-    return TensorType((n, k, oh, ow), dtype)
+    return TensorType(in_layout((n, k, oh, ow), nhwc), dtype)
 
 
 def conv_weight_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -290,17 +354,20 @@ def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
     x, w = args
     (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
     (dh, dw), groups = attr_ints(op, "dilation"), attr_int(op, "groups")
-    k_per_group, c_per_group = out.shape[1] // groups, w.shape[1]
+    nhwc = is_nhwc(op)
+    _, c_per_group, kh, kw = conv_weight_shape(w.shape)
+    k_per_group = as_nchw(out.shape, nhwc)[1] // groups
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
-    phases = sw if groups > 1 and c_per_group == 1 and sw > 1 else 1
-    if w.shape[2:4] == (1, 1) and not (ph or pw) and (sh, sw) != (1, 1):
-        x = _strided_copy(k, x, (sh, sw), out.shape[2:])
+    # In NHWC a depthwise conv reads its channels contiguously: no phases.
+    phases = sw if groups > 1 and c_per_group == 1 and sw > 1 and not nhwc else 1
+    if (kh, kw) == (1, 1) and not (ph or pw) and (sh, sw) != (1, 1):
+        x = _strided_copy(k, x, (sh, sw), as_nchw(out.shape, nhwc)[2:], nhwc)
         (sh, sw) = (1, 1)
     elif ph or pw or phases > 1:
-        x = _padded_copy(k, x, ph, pw, phases)
+        x = _padded_copy(k, x, ph, pw, phases, nhwc)
 
     def value(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        n, kk, oh, ow = s
+        n, kk, oh, ow = as_nchw(s, nhwc)
         c, rh, rw = r
         channel = c if groups == 1 else affine([(floordiv(kk, k_per_group), c_per_group), (c, 1)])
         h = affine([(oh, sh), (rh, dh)])
@@ -312,38 +379,50 @@ def _conv2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
             )
         else:
             columns = (affine([(ow, sw), (rw, dw)]),)
+        pixel = (
+            (n, channel, h, *columns) if phases > 1 else in_layout((n, channel, h, *columns), nhwc)
+        )
         if block:
             filt = w[floordiv(kk, block), c, rh, rw, Binary("floormod", kk, IntImm(block))]
-            return x[(n, channel, h, *columns)] * filt
-        return x[(n, channel, h, *columns)] * w[kk, c, rh, rw]
+            return x[pixel] * filt
+        return x[pixel] * w[kk, c, rh, rw]
 
-    k.reduce("conv2d", out, w.shape[1:4], value)
+    k.reduce("conv2d", out, (c_per_group, kh, kw), value)
 
 
-def _strided_copy(k: Kernel, x: Buffer, stride: tuple[int, int], size: tuple[int, ...]) -> Buffer:
+def _strided_copy(
+    k: Kernel, x: Buffer, stride: tuple[int, int], size: tuple[int, ...], nhwc: bool
+) -> Buffer:
     """`conv2d_stride`: the pixels a strided 1x1 conv reads, gathered into a compact image."""
-    n, c = x.shape[:2]
-    picked = k.alloc("conv2d_stride", (n, c, *size), x.dtype)
-    k.compute("conv2d_stride", picked,
-              lambda i: x[i[0], i[1], mul(i[2], stride[0]), mul(i[3], stride[1])])  # fmt: skip
+    n, c = as_nchw(x.shape, nhwc)[:2]
+    picked = k.alloc("conv2d_stride", in_layout((n, c, *size), nhwc), x.dtype)
+
+    def pixel(i: tuple[Expr, ...]) -> Expr:
+        n, c, h, w = as_nchw(i, nhwc)
+        return x[in_layout((n, c, mul(h, stride[0]), mul(w, stride[1])), nhwc)]
+
+    k.compute("conv2d_stride", picked, pixel)
     return picked
 
 
-def _padded_copy(k: Kernel, x: Buffer, ph: int, pw: int, phases: int) -> Buffer:
+def _padded_copy(k: Kernel, x: Buffer, ph: int, pw: int, phases: int, nhwc: bool) -> Buffer:
     """`conv2d_pad`: x with a zero border of ph rows and pw columns, its columns split by
-    `phases` when more than one ([N, C, H', phases, W'/phases], see `_conv2d_lower`)."""
-    n, c, h, wd = x.shape
+    `phases` when more than one (NCHW only: [N, C, H', phases, W'/phases], see
+    `_conv2d_lower`)."""
+    n, c, h, wd = as_nchw(x.shape, nhwc)
     height, width = h + 2 * ph, wd + 2 * pw
     if phases == 1:
-        padded = k.alloc("conv2d_pad", (n, c, height, width), x.dtype)
+        padded = k.alloc("conv2d_pad", in_layout((n, c, height, width), nhwc), x.dtype)
     else:
         shape = (n, c, height, phases, -(-width // phases))
         padded = k.alloc("conv2d_pad", shape, x.dtype)
 
     def border(i: tuple[Expr, ...]) -> Expr:
+        if phases == 1:
+            i = as_nchw(i, nhwc)
         column = i[3] if phases == 1 else affine([(i[4], phases), (i[3], 1)])
         inner = (i[0], i[1], affine([(i[2], 1)], -ph), add(column, -pw))
-        return guarded_value(k, x, inner, const(0, x.dtype))
+        return guarded_value(k, x, in_layout(inner, nhwc), const(0, x.dtype))
 
     k.compute("conv2d_pad", padded, border)
     return padded
@@ -376,14 +455,14 @@ def _conv2d_export(ex: Exporter, op: Op) -> None:
 CONV2D = OpDef(
     "conv2d",
     "NCHW x convolved with KCRS w (C/groups channels per filter; weight_block=b: w's filters in "
-    "blocks of b, innermost, [K/b, C/groups, R, S, b])",
+    'blocks of b, innermost, [K/b, C/groups, R, S, b]; layout="NHWC": x and the result NHWC)',
     ("x", "w"),
-    ("stride", "padding", "dilation", "groups", "weight_block"),
+    ("stride", "padding", "dilation", "groups", "weight_block", "layout"),
     infer=_conv2d_infer,
     fusion=Pattern.OUT_FUSABLE,
-    evaluate=_conv2d_evaluate,
+    evaluate=_nchw_semantics(_conv2d_evaluate),
     lower=_conv2d_lower,
-    export=float_only(_conv2d_export),
+    export=float_only(_nchw_export(_conv2d_export)),
     flops=_conv2d_flops,
 )
 
@@ -399,12 +478,13 @@ def _pool2d_infer(c: Check) -> TensorType:
     padding = at_least("padding", c.ints("padding", 0, length=2), 0)
     if padding[0] >= kernel[0] or padding[1] >= kernel[1]:
         fail(f"padding {padding} must be smaller than the kernel {kernel}")
-    n, ch, h, w = x.shape
+    nhwc = _image_layout(c)
+    n, ch, h, w = as_nchw(x.shape, nhwc)
     oh = window_extent(h, kernel[0], stride[0], padding[0])
     ow = window_extent(w, kernel[1], stride[1], padding[1])
     if oh < 1 or ow < 1:
         fail(f"the {kernel[0]}x{kernel[1]} window does not fit x's padded {h}x{w} image")
-    return TensorType((n, ch, oh, ow), x.dtype)
+    return TensorType(in_layout((n, ch, oh, ow), nhwc), x.dtype)
 
 
 def _max_pool2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
@@ -435,10 +515,11 @@ def _window(
 ) -> Expr:
     """The pool window element r at output position s (`fill` in the padding)."""
     (sh, sw), (ph, pw) = attr_ints(op, "stride"), attr_ints(op, "padding")
-    n, c, oh, ow = s
+    nhwc = is_nhwc(op)
+    n, c, oh, ow = as_nchw(s, nhwc)
     h = affine([(oh, sh), (r[0], 1)], -ph)
     w = affine([(ow, sw), (r[1], 1)], -pw)
-    return guarded_value(k, x, (n, c, h, w), fill)
+    return guarded_value(k, x, in_layout((n, c, h, w), nhwc), fill)
 
 
 def _max_pool2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
@@ -467,12 +548,13 @@ def _in_bounds_count(k: Kernel, op: Op, x: Buffer, s: tuple[Expr, ...]) -> Expr:
     """How many elements of the window at output position s lie inside the input
     (count_include_pad=False), as an expression of the output position."""
     extents = []
+    nhwc = is_nhwc(op)
     for pos, stride, pad, size, extent in zip(
-        s[2:],
+        as_nchw(s, nhwc)[2:],
         attr_ints(op, "stride"),
         attr_ints(op, "padding"),
         attr_ints(op, "kernel"),
-        x.shape[2:],
+        as_nchw(x.shape, nhwc)[2:],
         strict=True,
     ):
         start = limit(k, affine([(pos, stride)], -pad), 0, extent)
@@ -504,25 +586,25 @@ def _pool(name: str, doc: str, evaluate, lower) -> OpDef:
         name,
         doc,
         ("x",),
-        ("kernel", "stride", "padding"),
+        ("kernel", "stride", "padding", "layout"),
         infer=_pool2d_infer,
         fusion=Pattern.REDUCTION,
-        evaluate=evaluate,
+        evaluate=_nchw_semantics(evaluate),
         lower=lower,
-        export=float_only(_pool_export),
+        export=float_only(_nchw_export(_pool_export)),
         flops=_pool_flops,
     )
 
 
 MAX_POOL2D = _pool(
     "max_pool2d",
-    "the max over each NCHW window's in-bounds elements",
+    'the max over each NCHW (or NHWC, layout="NHWC") window\'s in-bounds elements',
     _max_pool2d_evaluate,
     _max_pool2d_lower,
 )
 AVG_POOL2D = _pool(
     "avg_pool2d",
-    "the mean over each NCHW window's in-bounds elements (count_include_pad=False)",
+    "the mean over each NCHW (or NHWC) window's in-bounds elements (count_include_pad=False)",
     _avg_pool2d_evaluate,
     _avg_pool2d_lower,
 )
@@ -531,7 +613,8 @@ AVG_POOL2D = _pool(
 def _global_avg_pool2d_infer(c: Check) -> TensorType:
     (x,) = c.ranks(4)
     c.dtype_in("numeric")
-    return TensorType(x.shape[:2] + (1, 1), x.dtype)
+    nhwc = _image_layout(c)
+    return TensorType(in_layout(as_nchw(x.shape, nhwc)[:2] + (1, 1), nhwc), x.dtype)
 
 
 def _global_avg_pool2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
@@ -542,21 +625,22 @@ def _global_avg_pool2d_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarra
 
 def _global_avg_pool2d_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     (x,) = args
-    h, w = x.shape[2:]
-    term = lambda s, r: x[s[0], s[1], r[0], r[1]]  # noqa: E731
+    nhwc = is_nhwc(op)
+    h, w = as_nchw(x.shape, nhwc)[2:]
+    term = lambda s, r: x[in_layout((s[0], as_nchw(s, nhwc)[1], r[0], r[1]), nhwc)]  # noqa: E731
     mean(k, "global_avg_pool2d", out, (h, w), term, h * w)
 
 
 GLOBAL_AVG_POOL2D = OpDef(
     "global_avg_pool2d",
-    "the mean over each NCHW image: [N,C,1,1]",
+    'the mean over each NCHW image: [N,C,1,1] (NHWC where layout="NHWC": [N,1,1,C])',
     ("x",),
-    (),
+    ("layout",),
     infer=_global_avg_pool2d_infer,
     fusion=Pattern.REDUCTION,
-    evaluate=_global_avg_pool2d_evaluate,
+    evaluate=_nchw_semantics(_global_avg_pool2d_evaluate),
     lower=_global_avg_pool2d_lower,
-    export=float_only(onnx_same("GlobalAveragePool")),
+    export=float_only(_nchw_export(onnx_same("GlobalAveragePool"))),
 )
 
 OPS: tuple[OpDef, ...] = (

@@ -171,6 +171,23 @@ CASES: dict[str, Graph] = {
         [((2, 3, 4), F)],
         lambda b, x: b.reshape(b.transpose(x, (2, 0, 1)), (4, -1)),
     ),
+    "nhwc_images": one_op(
+        "nhwc_images",
+        [((1, 7, 6, 4), F)],
+        lambda b, x: [
+            b.conv2d(x, b.constant(_w(4, 1, 3, 3)), stride=2, padding=1, groups=4, layout="NHWC"),
+            b.conv2d(
+                x,
+                b.constant(block_conv_weight(_w(8, 4, 3, 3), 4)),
+                padding=1,
+                weight_block=4,
+                layout="NHWC",
+            ),
+            b.max_pool2d(x, 3, stride=2, padding=1, layout="NHWC"),
+            b.avg_pool2d(x, 2, layout="NHWC"),
+            b.global_avg_pool2d(x, layout="NHWC"),
+        ],
+    ),
     "layout_transform": one_op(
         "layout_transform",
         [((1, 8, 3, 2), F)],

@@ -232,6 +232,13 @@ CASES = [
      {"stride": (2, 1), "padding": (1, 2), "dilation": (2, 1), "groups": 2}, "normal"),
     ("conv2d", "float32", [(1, 4, 5, 5), (4, 1, 3, 3)], {"padding": 1, "groups": 4}, "normal"),
     ("conv2d", "float32", [(1, 2, 6, 5), (3, 2, 2, 3)], {"stride": 2, "padding": (2, 0)}, "normal"),
+    # NHWC: x [N,H,W,C] and the result [N,OH,OW,K]; a depthwise one strided and padded
+    ("conv2d", "float32", [(1, 6, 5, 3), (4, 3, 3, 3)], {"padding": 1, "layout": "NHWC"},
+     "normal"),
+    ("conv2d", "float32", [(1, 7, 6, 4), (4, 1, 3, 3)],
+     {"stride": 2, "padding": 1, "groups": 4, "layout": "NHWC"}, "normal"),
+    ("conv2d", "float32", [(1, 6, 6, 4), (8, 4, 1, 1)], {"stride": 2, "layout": "NHWC"},
+     "normal"),
     ("batch_norm", "float32", [(2, 3, 4, 4), (3,), (3,), (3,), (3,)], {}, "positive"),
     ("batch_norm", "float32", [(3, 4), (3,), (3,), (3,), (3,)], {"axis": 0, "epsilon": 0.1},
      "positive"),
@@ -298,8 +305,12 @@ CASES = [
       for kind in ("max_pool2d", "avg_pool2d")
       for shape, attrs in [((1, 2, 6, 6), {"kernel": 2}),
                            ((2, 3, 7, 5), {"kernel": (3, 2), "stride": (2, 1), "padding": 1})]],
+    *[(kind, "float32", [(2, 7, 5, 3)],
+       {"kernel": (3, 2), "stride": (2, 1), "padding": 1, "layout": "NHWC"}, "normal")
+      for kind in ("max_pool2d", "avg_pool2d")],
     ("global_avg_pool2d", "float32", [(2, 3, 4, 5)], {}, "normal"),
     ("global_avg_pool2d", "float32", [(1, 1, 3, 3)], {}, "normal"),
+    ("global_avg_pool2d", "float32", [(2, 4, 5, 3)], {"layout": "NHWC"}, "normal"),
     # float64: tighter tolerances
     ("matmul", "float64", [(4, 6), (6, 3)], {}, "normal"),
     ("conv2d", "float64", [(1, 2, 5, 5), (3, 2, 3, 3)], {"padding": 1, "stride": 2}, "normal"),

@@ -149,6 +149,23 @@ def test_a_reshape_sinks_below_elementwise_ops_into_the_shape_its_producer_compu
     assert [[op.kind for op in g.ops] for g in groups] == [["matmul", "bias_add", "gelu", "add"]]
 
 
+def test_a_reshape_sinks_past_an_operand_of_one_element():
+    # relu6 after a 1x1 conv computed as a matmul: its 6 (one element, of the 4-D image's
+    # rank) goes along as a [1, 1] view, so the clip is the matmul's epilogue too.
+    b = GraphBuilder("g")
+    x = b.input("x", (12, 8))
+    m = b.reshape(b.matmul(x, b.constant(rand(8, 16))), (1, 3, 4, 16))
+    six = b.constant(np.full((1, 1, 1, 1), 6.0, np.float32))
+    graph = b.build(b.minimum(b.relu(m), six))
+    after = simplified(graph)
+    assert kinds(after)[-2:] == ["minimum", "reshape"]
+    (clip,) = [op for op in after.ops if op.kind == "minimum"]
+    assert [v.type.shape for v in clip.operands] == [(12, 16), (1, 1)]
+    groups = [g for g in partition(after) if not is_view(g)]
+    assert [[op.kind for op in g.ops if op.kind != "constant"] for g in groups] == [
+        ["matmul", "relu", "minimum"]]  # fmt: skip
+
+
 def test_a_reshape_stays_above_a_broadcast_and_a_viewed_input():
     b = GraphBuilder("g")
     x = b.input("x", (4, 6))
