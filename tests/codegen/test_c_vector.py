@@ -63,14 +63,23 @@ def axpb(n: int, dtype: str = "float32", kind: str = "vectorized") -> PrimFunc:
 
 
 @pytest.mark.parametrize(
-    "n,chunk_loop,tail",
-    [(64, False, False), (37, False, True), (1000, True, True), (5, False, True)],
+    "n,chunk_loop,half,tail",
+    [
+        (64, False, False, False),
+        (37, False, False, True),
+        (1000, True, True, False),
+        (5, False, False, True),
+        (45, False, True, True),
+    ],  # fmt: skip
 )
-def test_vector_shapes(rng, n, chunk_loop, tail):
+def test_vector_shapes(rng, n, chunk_loop, half, tail):
+    # 16 lanes a chunk, up to MAX_STRAIGHT_CHUNKS straight, more as a loop; a tail of at
+    # least 8 runs as one 8-lane vector, what is left as a scalar loop.
     func = axpb(n)
     body = body_of(generate_c(func))
     assert "hx_load_f32x" in body and "#pragma omp simd" not in body
     assert ("i += 16" in body) == chunk_loop
+    assert ("hx_load_f32x8(" in body) == half
     assert ("for (int32_t i = " in body and "++i" in body) == tail
     a, b = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     s = rng.standard_normal(1, dtype=np.float32)
