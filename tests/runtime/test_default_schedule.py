@@ -262,6 +262,26 @@ def test_cpu_transposes_tile_by_divisors_of_both_loops_up_to_8(shape, perm, tile
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize(
+    "kind, attrs",
+    [("max_pool2d", {"kernel": 3, "stride": 2, "padding": 1}),
+     ("avg_pool2d", {"kernel": 3, "stride": 1, "padding": 1}), ("global_avg_pool2d", {})],
+)  # fmt: skip
+def test_cpu_nhwc_pools_accumulate_each_pixels_channels_in_registers(kind, attrs, rng):
+    # Along the channels (unit stride in and out): a vector of them per output pixel,
+    # accumulated in registers over the unrolled window, the rows in parallel and each row's
+    # pixels a serial loop (no fused index to divide at every window element); a global
+    # pool of 7x7x64 is too little work to share, and runs on one core.
+    shape = (1, 7, 7, 64) if kind == "global_avg_pool2d" else (1, 40, 36, 32)
+    func = hexir.workload(kind, shape=shape, layout="NHWC", **attrs)
+    sch = default_schedule(func, "cpu")
+    text = str(sch.func)
+    assert "_local" in text and "vectorized" in text
+    kinds = [lp.kind for lp in _loops(sch.func)]
+    assert kinds[0] == "parallel" if kind != "global_avg_pool2d" else "parallel" not in kinds
+    check_on_cpu(func, sch.func, rng)
+
+
 def test_cpu_padded_conv2d_vectorizes_output_channels_with_a_channels_last_weight(rng):
     # The input is read through windows along rows and columns: the vector loop runs over
     # output channels, W packed channels-last per parallel job. The zero border is a stage of
