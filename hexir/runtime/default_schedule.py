@@ -385,12 +385,17 @@ def _vector_window(
     sch.reverse_compute_at(acc, spatial[-2])
     sch.decompose_reduction(block, reduce[0])  # its init keeps the vector loop's kind
     sch.vectorize(sch.get_loops(acc)[-1])
-    if math.prod(_extent(sch, lp) for lp in reduce) <= MAX_UNROLLED_WINDOW:
-        for loop in reduce:
-            sch.unroll(loop)
+    _unroll_small_window(sch, reduce)
     outer = _enough_jobs(sch, spatial[:-2], target) if share else []
     if outer:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+
+
+def _unroll_small_window(sch: Schedule, reduce: list[LoopRV]) -> None:
+    """A window's loops unrolled where it has at most MAX_UNROLLED_WINDOW elements."""
+    if math.prod(_extent(sch, lp) for lp in reduce) <= MAX_UNROLLED_WINDOW:
+        for loop in reduce:
+            sch.unroll(loop)
 
 
 def _window_rows(
@@ -415,9 +420,7 @@ def _window_rows(
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, spatial[-1])
     sch.decompose_reduction(block, reduce[0])
-    if math.prod(_extent(sch, lp) for lp in reduce) <= MAX_UNROLLED_WINDOW:
-        for loop in reduce:
-            sch.unroll(loop)
+    _unroll_small_window(sch, reduce)
     if share:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
