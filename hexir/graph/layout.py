@@ -40,9 +40,13 @@ here, as the kernel reads it:
   result transposed back. Between Winograd convs, which read and write NHWC, those
   transposes meet the Winograd form's and go (`simplify_graph`; a ResNet-50 stage stays in
   NHWC from its first 1x1 conv to its last residual add); next to convs that read NCHW (a
-  depthwise conv) they stay. So both layouts are made whole, and the one that transposes
+  direct conv of stride 2) they stay. So both layouts are made whole, and the one that transposes
   fewer elements is kept (NCHW on a tie): ResNet-50 22 transposes -> 13, 0.90x the time in
-  one process alternated with the NCHW build; MobileNetV2 keeps NCHW (NHWC: 1.48x);
+  one process alternated with the NCHW build. The NHWC plan also computes depthwise convs,
+  a narrow RGB stem and the pools whose images are NHWC already in NHWC (`_images_in_nhwc`:
+  a depthwise conv then vectorizes along its channels), and a plan's cost counts what its
+  NHWC depthwise convs save: MobileNetV2 computes in NHWC after one transform of its input
+  (0.83x the time of its NCHW plan);
 - on the CPU, before the weights are blocked, a 3x3 conv of stride 1 whose output has enough
   tiles (`winograd_tile`: F(4, 3) from 49 tiles of 4 x 4, F(2, 3) from 49 of 2 x 2, direct
   below) takes the Winograd form (hexir/ops/winograd.py): its image in NHWC tiles,
@@ -142,8 +146,10 @@ def _narrow_stem(op: Op, target: Target) -> bool:
 
 def _depthwise(op: Op) -> bool:
     """A conv2d of one input channel per group, one filter each."""
-    channels = op.operands[0].type.shape[1]
-    return op.attr("groups") == channels == op.result.type.shape[1] > 1
+    if op.kind != "conv2d":
+        return False
+    channels = as_nchw(op.operands[0].type.shape, is_nhwc(op))[1]
+    return op.attr("groups") == channels == as_nchw(op.result.type.shape, is_nhwc(op))[1] > 1
 
 
 def _images_in_nhwc(graph: Graph, target: Target) -> Graph:
@@ -191,7 +197,7 @@ def _plan_cost(graph: Graph) -> int:
     transforms', less what each depthwise conv it computes in NHWC saves, counted as moving
     its output once (measured: 0.2 ns an output element saved, 0.1-0.5 ns one transformed;
     MobileNetV2's 56x56x144 of stride 1: 0.136 -> 0.063 ms)."""
-    saved = sum(op.result.type.size for op in graph.ops if is_nhwc(op) and op.kind == "conv2d")
+    saved = sum(op.result.type.size for op in graph.ops if is_nhwc(op) and _depthwise(op))
     return transposed_elements(graph) - saved
 
 
