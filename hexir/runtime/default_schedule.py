@@ -19,7 +19,8 @@ it was, and the default does less.
   the outer loops in parallel, each output (an NHWC pool's: each pixel's vector of
   channels) accumulated in registers over its window, unrolled. A copy whose innermost loop
   reads with a stride (a transpose) runs in unrolled tiles instead (8 x 8, or by the largest
-  divisors up to 8: 8 x 7 for ResNet-50's NHWC -> NCHW at 7 x 7 and 14 x 14). A block whose
+  divisors up to 8: 8 x 7 for ResNet-50's NHWC -> NCHW at 7 x 7 and 14 x 14; ViT's 197 by 8
+  and a guarded last tile). A block whose
   value is a case split on some of its indices (Winograd's transforms, hexir/ops/winograd.py:
   those indices appear only in select conditions, `case_vars`) has those loops unrolled
   inside the others, around one vector of the innermost loop, so every case folds to
@@ -300,10 +301,10 @@ TRANSPOSE_TILE = 8
 def _transpose_tiles(sch: Schedule, name: str, spatial: list[LoopRV]) -> list[LoopRV]:
     """A copy whose innermost loop reads with a stride (a transpose that moves the last
     axis), tiled over that loop and the one its read is unit-stride in, each by its largest
-    divisor up to TRANSPOSE_TILE (at least half of it), both tiles unrolled: straight-line
-    code in which GCC transposes the tile in registers (gpt2-decode's 12x128x64 ->
-    12x64x128, one core: 51 -> 24 us; ResNet-50's 7x7x2048 -> 2048x7x7 by 8 x 7: 116 -> 29
-    us). The loops outside the tile, outermost first."""
+    divisor up to TRANSPOSE_TILE (at least half of it; `_tile_side`), both tiles unrolled:
+    straight-line code in which GCC transposes the tile in registers (gpt2-decode's
+    12x128x64 -> 12x64x128, one core: 51 -> 24 us; ResNet-50's 7x7x2048 -> 2048x7x7 by
+    8 x 7: 116 -> 29 us). The loops outside the tile, outermost first."""
     block = sch.get(sch.get_block(name))
     assert isinstance(block, Block)
     if len(spatial) < 2:
@@ -338,8 +339,11 @@ def _transpose_tiles(sch: Schedule, name: str, spatial: list[LoopRV]) -> list[Lo
 
 
 def _tile_side(extent: int) -> int:
-    """The largest divisor of `extent` up to TRANSPOSE_TILE (7 of 7, 14 and 28)."""
-    return max(d for d in range(1, TRANSPOSE_TILE + 1) if extent % d == 0)
+    """The largest divisor of `extent` up to TRANSPOSE_TILE (7 of 7, 14 and 28); a long
+    extent without one (197) takes TRANSPOSE_TILE, its last tile guarded (the C backend
+    splits it off)."""
+    side = max(d for d in range(1, TRANSPOSE_TILE + 1) if extent % d == 0)
+    return TRANSPOSE_TILE if side < TRANSPOSE_TILE // 2 and extent >= 4 * TRANSPOSE_TILE else side
 
 
 def _enough_jobs(sch: Schedule, loops: list[LoopRV], target: Target) -> list[LoopRV]:

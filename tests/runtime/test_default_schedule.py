@@ -246,15 +246,16 @@ def test_cpu_transposes_run_in_unrolled_8x8_tiles_in_parallel_over_the_outer_loo
     "shape, perm, tiled",
     [
         ((128, 12, 64), (1, 2, 0), (8, 8)),
-        ((12, 197, 64), (0, 2, 1), None),
+        ((12, 197, 64), (0, 2, 1), (8, 8)),  # 197 (prime): 24 tiles and a guarded one
+        ((2, 11, 13), (0, 2, 1), None),  # short and without divisors: the plain loops
         ((128, 12, 64), (1, 0, 2), None),
         ((1, 14, 14, 512), (0, 3, 1, 2), (8, 7)),  # ResNet-50's NHWC -> NCHW at 14 x 14
         ((1, 7, 7, 2048), (0, 3, 1, 2), (8, 7)),
     ],  # fmt: skip
 )
 def test_cpu_transposes_tile_by_divisors_of_both_loops_up_to_8(shape, perm, tiled, rng):
-    # 197 (prime) keeps the plain loops; a transpose that keeps the last axis vectorizes
-    # instead; 7, 14 and 28 tile by 7.
+    # A transpose that keeps the last axis vectorizes instead; 7, 14 and 28 tile by 7; 197
+    # (prime) by 8, its last tile guarded.
     func = hexir.workload("transpose", shape=shape, perm=perm)
     sch = default_schedule(func, "cpu")
     unrolled = tuple(lp.extent for lp in _loops(sch.func) if lp.kind == "unrolled")
