@@ -49,7 +49,7 @@ from hexir.ir.tir import (
     Unary,
     Var,
 )
-from hexir.ir.visit import free_vars, substitute
+from hexir.ir.visit import free_vars, substitute, walk
 
 if TYPE_CHECKING:
     from hexir.codegen.c import CPrinter
@@ -117,22 +117,8 @@ MIN_TAIL_BYTES = 16
 
 def _dtype_of(loop: For) -> str:
     """The widest element the loop's stores write (what sets its lanes)."""
-    return max((s.buffer.dtype for s in _stores(loop.body)), key=itemsize, default="float32")
-
-
-def _stores(stmt: Stmt):
-    match stmt:
-        case Seq(stmts):
-            for s in stmts:
-                yield from _stores(s)
-        case Block(body=body):
-            yield from _stores(body)
-        case IfThenElse(_, then, else_):
-            yield from _stores(then)
-            if else_ is not None:
-                yield from _stores(else_)
-        case BufferStore():
-            yield stmt
+    dtypes = (n.buffer.dtype for n in walk(loop.body) if isinstance(n, BufferStore))
+    return max(dtypes, key=itemsize, default="float32")
 
 
 class _Chunk:

@@ -158,6 +158,11 @@ class Layout:
         b = self.blocks.get(letter)
         return None if b is None else self.axes.index((letter, b))
 
+    def grouped(self) -> list[int]:
+        """The axes in the order of the capitals, each capital's block after it: the
+        transpose after which merging each pair gives the unblocked array."""
+        return [d for a in self.letters for d in (self.primal(a), self.inner(a)) if d is not None]
+
     def permutation(self, dst: Layout) -> tuple[int, ...] | None:
         """The transpose this layout -> `dst` is where neither has blocks, else None."""
         if self.blocks or dst.blocks:
@@ -201,29 +206,27 @@ def _layout_transform_infer(c: Check) -> TensorType:
     return TensorType(tuple(shape), x.dtype)
 
 
-def _unblocked(x: np.ndarray, src: Layout) -> np.ndarray:
-    """`x` in layout `src` as an array of its capitals in src's order, blocks merged."""
-    order = [d for a in src.letters for d in (src.primal(a), src.inner(a)) if d is not None]
-    whole = _extents(src, x.shape)
-    return np.transpose(x, order).reshape([whole[a] for a in src.letters])
-
-
-def _blocked(x: np.ndarray, letters: tuple[str, ...], dst: Layout) -> np.ndarray:
-    """An array of axes `letters` (blocks merged) in layout `dst`."""
+def _split(letters: tuple[str, ...], whole: dict[str, int], dst: Layout):
+    """How an array of axes `letters` (blocks merged, extents `whole`) reaches layout `dst`:
+    the shape that splits each blocked axis into its outer extent and block, and the
+    transpose of that shape into dst's order."""
     split, where = [], {}
-    for a, extent in zip(letters, x.shape, strict=True):
+    for a in letters:
         b = dst.blocks.get(a)
         where[(a, 0)] = len(split)
-        split.append(extent // b if b else extent)
+        split.append(whole[a] // b if b else whole[a])
         if b:
             where[(a, b)] = len(split)
             split.append(b)
-    return np.transpose(x.reshape(split), [where[t] for t in dst.axes])
+    return tuple(split), [where[t] for t in dst.axes]
 
 
 def _layout_transform_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     src, dst = _layouts(attrs)
-    return _blocked(_unblocked(xs[0], src), src.letters, dst)
+    whole = _extents(src, xs[0].shape)
+    unblocked = np.transpose(xs[0], src.grouped()).reshape([whole[a] for a in src.letters])
+    shape, perm = _split(src.letters, whole, dst)
+    return np.transpose(unblocked.reshape(shape), perm)
 
 
 def _layout_transform_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
@@ -262,19 +265,13 @@ def _layout_transform_export(ex: Exporter, op: Op) -> None:
     if perm is not None:
         ex.node("Transpose", [x.name], out, perm=list(perm))
         return
-    order = [d for a in src.letters for d in (src.primal(a), src.inner(a)) if d is not None]
     whole = _extents(src, x.type.shape)
-    merged = ex.node("Transpose", [x.name], perm=order)
+    merged = ex.node("Transpose", [x.name], perm=src.grouped())
     logical = tuple(whole[a] for a in src.letters)
     merged = ex.node("Reshape", [merged, ex.ints(logical, f"{out}.whole")])
-    split = [
-        s
-        for a in src.letters
-        for s in ((whole[a] // dst.blocks[a], dst.blocks[a]) if a in dst.blocks else (whole[a],))
-    ]
-    at = [(a, b) for a in src.letters for b in ((0, dst.blocks[a]) if a in dst.blocks else (0,))]
-    parts = ex.node("Reshape", [merged, ex.ints(tuple(split), f"{out}.split")])
-    ex.node("Transpose", [parts], out, perm=[at.index(t) for t in dst.axes])
+    shape, perm = _split(src.letters, whole, dst)
+    parts = ex.node("Reshape", [merged, ex.ints(shape, f"{out}.split")])
+    ex.node("Transpose", [parts], out, perm=perm)
 
 
 LAYOUT_TRANSFORM = OpDef(
