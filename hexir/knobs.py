@@ -72,6 +72,7 @@ def _choice(name: str, default: str, options: tuple[str, ...]) -> str:
     return text
 
 
+_CUDA_DRIVERS = ("auto", "pycuda", "cuda-bindings")
 _LAYOUTS = ("auto", "nchw", "nhwc")
 _WINOGRAD = ("auto", "0", "2", "4")
 
@@ -165,6 +166,11 @@ class Knobs:
     # CUDA builds: NVRTC's --use_fast_math (approximate exp, division, ...), and keeping the PTX.
     cuda_fast_math: bool = field(default_factory=lambda: _flag("HEXIR_CUDA_FAST_MATH", "0"))
     cuda_keep_ptx: bool = field(default_factory=lambda: _flag("HEXIR_CUDA_KEEP_PTX", "0"))
+    # Running CUDA kernels: the driver API through pycuda where it imports, else through
+    # cuda-bindings ("auto"), or the one named (hexir/runtime/cuda_driver.py).
+    cuda_driver: str = field(
+        default_factory=lambda: _choice("HEXIR_CUDA_DRIVER", "auto", _CUDA_DRIVERS)
+    )
     # Fuse ops into one kernel per group (the whole-models issue); off means one op per kernel.
     fusion: bool = field(default_factory=lambda: _flag("HEXIR_FUSION", "1"))
     # Cost model (hexir/costmodel/xgb.py): retrain only once the training data has grown by

@@ -1,29 +1,49 @@
 #!/usr/bin/env bash
 # The one command to run on a machine with an NVIDIA GPU, no package registry needed:
 #
-#   scripts/gpu_check.sh WHEELHOUSE          # WHEELHOUSE: made by scripts/make_wheelhouse.sh
+#   scripts/gpu_check.sh WHEELHOUSE [--dry-run] [--build-pycuda] [--model NAME]
 #
-# It installs what is missing (pycuda and its small pure-Python needs; numpy, cuda-bindings,
-# NVRTC or pytest when absent) from WHEELHOUSE into a private folder ($HEXIR_GPU_SITE, default
-# ~/.cache/hexir/gpu-site-cpXY), never into the Python environment; pycuda is built from its
-# source distribution against the machine's CUDA toolkit when no wheel fits, and the wheel it
-# builds is kept (in that folder, and in WHEELHOUSE where writable) for the next run. Then it
-# runs the NVRTC and runner tests, every GPU test (`pytest -m gpu tests/gpu`: tests/conftest.py
-# refuses a `gpu`-marked test anywhere else) and benchmarks/matmul_gpu.py, and prints a short
-# table last. Exit status 0 only when every step passed. Hexir itself runs from this checkout
-# (PYTHONPATH), with numpy, cuda-bindings and pycuda alone: no SQLAlchemy, XGBoost or onnx;
-# the one test of Ray's GPU runners needs Ray (where it is missing, that test skips, and a skip
-# fails the check). Environment: PYTHON (default python3),
-# CUDA_HOME (the toolkit pycuda builds against; found from nvcc otherwise),
-# PYCUDA_CONFIGURE_ARGS (more options for pycuda's configure.py).
+# WHEELHOUSE: a folder made by scripts/make_wheelhouse.sh (it may be empty where the machine
+# has numpy, cuda-bindings with NVRTC, and pytest). What is missing is installed from it into a
+# private folder ($HEXIR_GPU_SITE, default ~/.cache/hexir/gpu-site-cpXY), never into the Python
+# environment. Kernels run through the driver API: pycuda where it is installed or its wheel is
+# in WHEELHOUSE (--build-pycuda builds it from its source distribution against the machine's
+# CUDA toolkit, minutes of a lease), else cuda-bindings (hexir/runtime/cuda_driver.py), so
+# nothing has to be compiled on the GPU machine. Then it runs the NVRTC and runner tests, every
+# GPU test (`pytest -m gpu tests/gpu`: tests/conftest.py refuses a `gpu`-marked test anywhere
+# else), benchmarks/matmul_gpu.py (cuBLAS through CuPy or PyTorch) and `hexir run MODEL
+# --target cuda --profile --check` for each --model (default: mlp, bert-base, gpt2-decode), and prints a
+# short table last. Exit status 0 only when every step passed; a skipped test fails the check,
+# except the one test of Ray's GPU runners where Ray is not installed (its row says so).
+# --dry-run, on any machine: installs from WHEELHOUSE into a scratch folder, checks that
+# everything imports and that NVRTC compiles for the GPU archs, and prints the plan.
+# Environment: PYTHON (default python3), CUDA_HOME (the toolkit pycuda builds against; found
+# from nvcc otherwise), PYCUDA_CONFIGURE_ARGS (more options for pycuda's configure.py).
 set -uo pipefail
 
-if (($# != 1)) || [[ ! -d "$1" ]]; then
-    echo "usage: scripts/gpu_check.sh WHEELHOUSE   (a folder made by scripts/make_wheelhouse.sh)" >&2
+usage() {
+    echo "usage: scripts/gpu_check.sh WHEELHOUSE [--dry-run] [--build-pycuda] [--model NAME]..." >&2
+    echo "  (WHEELHOUSE: a folder made by scripts/make_wheelhouse.sh)" >&2
     exit 2
-fi
+}
+wheelhouse=""
+dry_run=0
+build_pycuda=0
+models=()
+while (($#)); do
+    case "$1" in
+        --dry-run) dry_run=1; shift ;;
+        --build-pycuda) build_pycuda=1; shift ;;
+        --model) (($# > 1)) || usage; models+=("$2"); shift 2 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -*) usage ;;
+        *) [[ -z "$wheelhouse" ]] || usage; wheelhouse="$1"; shift ;;
+    esac
+done
+[[ -n "$wheelhouse" && -d "$wheelhouse" ]] || usage
+((${#models[@]})) || models=(mlp bert-base gpt2-decode)
 root="$(cd "$(dirname "$0")/.." && pwd)"
-wheelhouse="$(cd "$1" && pwd)"
+wheelhouse="$(cd "$wheelhouse" && pwd)"
 py="${PYTHON:-python3}"
 started=$SECONDS
 status=0
@@ -113,7 +133,7 @@ build_pycuda() {  # pycuda's sdist from the wheelhouse -> a wheel in $built
 
 # What each check needs, as (module distribution): only the missing ones are installed, with
 # --no-deps, so nothing the environment has is shadowed by another version.
-NEEDS=(numpy:numpy cuda.bindings.nvrtc:cuda-bindings pytest:pytest pycuda:pycuda)
+NEEDS=(numpy:numpy cuda.bindings.nvrtc:cuda-bindings pytest:pytest)
 PYTEST_NEEDS=(iniconfig:iniconfig pluggy:pluggy packaging:packaging)
 PYCUDA_NEEDS=(pytools:pytools platformdirs:platformdirs mako:mako markupsafe:markupsafe
     siphash24:siphash24 typing_extensions:typing-extensions)
@@ -124,12 +144,19 @@ missing_of() {  # module:distribution pairs -> the distributions whose module do
     for pair in "$@"; do importable "${pair%%:*}" || echo "${pair#*:}"; done
 }
 
+has_pycuda() {  # pycuda importable, or its wheel at hand, or its build asked for
+    importable pycuda || ((build_pycuda)) ||
+        [[ -n "$(find "$wheelhouse" "$built" -maxdepth 1 -name 'pycuda-*.whl' 2>/dev/null)" ]]
+}
+
 setup() {
     local step=$SECONDS note="nothing to install" missing
     mapfile -t missing < <(missing_of "${NEEDS[@]}")
     [[ " ${missing[*]} " == *" pytest "* ]] && mapfile -t -O "${#missing[@]}" missing < <(missing_of "${PYTEST_NEEDS[@]}")
     [[ " ${missing[*]} " == *" cuda-bindings "* ]] && mapfile -t -O "${#missing[@]}" missing < <(missing_of "${BINDINGS_NEEDS[@]}")
-    mapfile -t -O "${#missing[@]}" missing < <(missing_of "${PYCUDA_NEEDS[@]}")
+    if has_pycuda; then
+        mapfile -t -O "${#missing[@]}" missing < <(missing_of pycuda:pycuda "${PYCUDA_NEEDS[@]}")
+    fi
     if ((${#missing[@]})); then
         note="installed ${missing[*]}"
         if [[ " ${missing[*]} " == *" pycuda "* ]] && ! install --no-deps pycuda 2>/dev/null; then
@@ -142,9 +169,16 @@ setup() {
         install --no-deps nvidia-cuda-nvrtc || return 1
         note="$note, nvidia-cuda-nvrtc"
     fi
-    "$py" -c 'import numpy, pytest, pycuda, pytools, mako, cuda.bindings.nvrtc' || return 1
+    "$py" -c 'import numpy, pytest, cuda.bindings.driver, cuda.bindings.nvrtc' || return 1
     echo "$note ($((SECONDS - step)) s)"
 }
+
+if ((dry_run)); then  # a scratch site: nothing this machine has kept from a real run
+    site="$work/site"
+    built="$work/site.wheels"
+    mkdir -p "$site" "$built"
+    export PYTHONPATH="$root:$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 if note="$(setup 2>&1)"; then
     row "install" "$(tail -n 1 <<<"$note")"
@@ -155,22 +189,44 @@ else
     exit 1
 fi
 
+# -- dry run: what would run -------------------------------------------------------------------
+
+if ((dry_run)); then
+    compiled="$("$py" - <<'PYEOF' 2>&1
+import tempfile
+import hexir
+from hexir import knobs
+from hexir.runtime.cuda_driver import load
+from hexir.runtime.nvrtc import nvrtc_version
+from hexir.schedule.handwritten import gpu_schedule
+func = gpu_schedule(hexir.workload("matmul", M=256, N=256, K=256)).func
+with knobs.scope(cache_dir=tempfile.mkdtemp()):
+    for arch in ("sm_80", "sm_90"):
+        hexir.build(func, f"cuda -arch={arch}")
+print(f"NVRTC {nvrtc_version()} compiles for sm_80 and sm_90; runner: {load().name}")
+PYEOF
+)" && row "NVRTC" "$compiled" || failed "NVRTC" "$(tail -n 1 <<<"$compiled")"
+    row "plan" "tests/runtime/test_nvrtc.py tests/runtime/test_cuda_kernel.py, -m gpu tests/gpu"
+    row "" "benchmarks/matmul_gpu.py; hexir run {${models[*]}} --target cuda --profile --check"
+    table
+    exit "$status"
+fi
+
 # -- is there a GPU to run on ------------------------------------------------------------------
 
-gpu="$("$py" - <<'EOF' 2>&1
+gpu="$("$py" - <<'PYEOF' 2>&1
 import sys
 from hexir.runtime.cuda_kernel import gpu_unavailable_reason
+from hexir.runtime.cuda_driver import load
 from hexir.runtime.nvrtc import nvrtc_version
 reason = gpu_unavailable_reason()
 if reason:
     sys.exit(reason)
-import pycuda.driver as cuda
-d = cuda.Device(0)
-v = cuda.get_driver_version()
-major, minor = d.compute_capability()
-print(f"{d.name()} (sm_{major}{minor}), driver CUDA {v // 1000}.{v % 1000 // 10}, "
-      f"NVRTC {nvrtc_version()}")
-EOF
+driver = load()
+d = driver.device()
+print(f"{d.name} ({d.arch}), driver CUDA {driver.version()}, NVRTC {nvrtc_version()}, "
+      f"runner {driver.name}")
+PYEOF
 )"
 if (($? != 0)); then
     echo "$gpu"
@@ -183,7 +239,7 @@ row "GPU" "$gpu"
 # -- tests -------------------------------------------------------------------------------------
 
 summary() {  # a junit XML file -> "N passed, N failed, N skipped"; exit 1 unless all passed
-    "$py" - "$1" <<'EOF'
+    "$py" - "$1" <<'PYEOF'
 import sys, xml.etree.ElementTree as ET
 try:
     suite = ET.parse(sys.argv[1]).getroot()
@@ -194,7 +250,7 @@ n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")
 bad = n["failures"] + n["errors"]
 print(f"{n['tests'] - bad - n['skipped']} passed, {bad} failed, {n['skipped']} skipped")
 sys.exit(1 if bad or n["skipped"] or not n["tests"] else 0)
-EOF
+PYEOF
 }
 
 run_tests() {  # label, timeout seconds, pytest arguments...
@@ -209,23 +265,43 @@ run_tests() {  # label, timeout seconds, pytest arguments...
 # Where no GPU is missing, a skip means something else is (a schedule, a module): it fails too.
 run_tests "NVRTC and runner tests" 120 tests/runtime/test_nvrtc.py tests/runtime/test_cuda_kernel.py \
     -k "not without_a_gpu and not says_no_gpu"
-run_tests "GPU tests (pytest -m gpu)" 180 -m gpu tests/gpu
+ray_test=tests/gpu/test_gpu_measure.py::test_cuda_candidates_are_measured_on_gpu_runners
+if importable ray; then
+    run_tests "GPU tests (pytest -m gpu)" 240 -m gpu tests/gpu
+else
+    run_tests "GPU tests (pytest -m gpu)" 240 -m gpu tests/gpu --deselect "$ray_test"
+    row "GPU tests on Ray's runners" "not run: Ray is not installed here"
+fi
 
-# -- benchmark ---------------------------------------------------------------------------------
+# -- benchmarks --------------------------------------------------------------------------------
 
 echo "== benchmarks/matmul_gpu.py"
 if timeout 150 "$py" benchmarks/matmul_gpu.py --summary "$work/bench.json"; then
-    while IFS= read -r line; do rows+=("$line"); done < <("$py" - "$work/bench.json" <<'EOF'
+    while IFS= read -r line; do rows+=("$line"); done < <("$py" - "$work/bench.json" <<'PYEOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
 print(f"{'hand matmul ' + s['size']:36} {s['hexir_tflops']:.1f} TFLOP/s ({s['hexir_ms']:.2f} ms)")
 print(f"{s['vendor']:36} {s['vendor_tflops']:.1f} TFLOP/s ({s['vendor_ms']:.2f} ms)")
 print(f"{'ratio (hand / vendor)':36} {s['ratio']:.3f}")
-EOF
+PYEOF
 )
 else
     failed "benchmarks/matmul_gpu.py" "exit status $? (see above)"
 fi
+
+for model in "${models[@]}"; do  # a whole model: built, checked against numpy, profiled
+    echo "== hexir run $model --target cuda --profile --check"
+    log="$work/model.log"
+    if timeout 180 "$py" -m hexir run "$model" --target cuda --profile --check --repeats 20 \
+        >"$log" 2>&1; then
+        cat "$log"
+        row "model $model" "$(awk '/^check /{$1=""; c=$0} /^ *end to end /{e=$NF}
+            END {printf "%s ms end to end,%s", e, c}' "$log")"
+    else
+        cat "$log"
+        failed "model $model" "$(tail -n 1 "$log" | cut -c 1-90)"
+    fi
+done
 
 table
 exit "$status"

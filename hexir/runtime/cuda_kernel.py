@@ -1,20 +1,19 @@
-"""A compiled CUDA kernel, run and timed on the GPU through pycuda, called on numpy arrays.
+"""A compiled CUDA kernel, run and timed on the GPU, called on numpy arrays.
 
     kernel = hexir.build(func, target="cuda -arch=sm_90")   # NVRTC: works without a GPU
     kernel(a, b, c)         # copies in, launches, copies out: outputs are written in place
     kernel.time(a, b, c)    # median seconds per launch, CUDA events, after warm-up
     kernel.resources        # {"registers", "spill_bytes", "shared_bytes", "stack_bytes"}
 
-pycuda (the optional `cuda` extra) is imported on the first call, not at build: a GPU-less
-machine builds CUDA kernels, and only calling one says there is no GPU to run on. Kernels run
-in the device's primary context (the one the CUDA runtime, CuPy and PyTorch use), made current
-for the length of each call.
+The driver is reached on the first call, not at build, through pycuda or cuda-bindings
+(hexir/runtime/cuda_driver.py): a GPU-less machine builds CUDA kernels, and only calling one
+says there is no GPU to run on. Kernels run in the device's primary context (the one the CUDA
+runtime, CuPy and PyTorch use), made current for the length of each call.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import statistics
 from collections.abc import Callable, Iterator
@@ -27,22 +26,14 @@ from hexir import knobs
 from hexir.errors import HexirError, MeasureError, ResourceError, TargetError
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import PrimFunc
+from hexir.runtime import cuda_driver
+from hexir.runtime.cuda_driver import Device, Driver, DriverError
 from hexir.runtime.kernel import _problem
 from hexir.runtime.nvrtc import CudaBinary
 from hexir.runtime.target import Target
 
 # Registers per block on every arch Hexir targets (sm_80 ... sm_90).
 REGISTERS_PER_BLOCK = 65536
-# Dynamic shared memory beyond this needs the kernel's opt-in attribute.
-_DEFAULT_DYNAMIC_SHARED = 48 * 1024
-
-_NO_GPU = "no GPU to run on: "
-_HOW = (
-    "Run CUDA kernels on a machine with an NVIDIA GPU, its driver and pycuda "
-    "(`pip install 'hexir[cuda]'`, or `pip install pycuda`, which builds against the CUDA "
-    "toolkit; scripts/gpu_check.sh installs it from a wheelhouse where no registry can be "
-    "reached). Building needs none of them: hexir.build compiles CUDA with NVRTC anywhere."
-)
 
 Dim3 = tuple[int, int, int]
 
@@ -72,7 +63,7 @@ class CudaKernel:
         self.shared_bytes = shared_bytes
         self.resources = dict(binary.resources)
         self._dtypes = [numpy_dtype(b.dtype) for b in func.params]
-        self._function: Any = None  # the loaded pycuda Function, after the first call
+        self._functions: dict[str, Any] = {}  # the loaded function, per driver binding
         check_launch(self)
 
     def __call__(self, *arrays: np.ndarray) -> None:
@@ -90,14 +81,13 @@ class CudaKernel:
             for _ in range(k.timing_warmup):
                 launch()
             driver = _gpu().driver
-            start, end = driver.Event(), driver.Event()
+            start, end = driver.event(), driver.event()
             times: list[float] = []
             while len(times) < max(k.timing_repeats, 1) or sum(times) < k.timing_min_seconds:
-                start.record()
+                driver.record(start)
                 launch()
-                end.record()
-                end.synchronize()
-                times.append(end.time_since(start) * 1e-3)
+                driver.record(end)
+                times.append(driver.elapsed(start, end))
         return statistics.median(times)
 
     def _check(self, arrays: tuple[np.ndarray, ...]) -> None:
@@ -152,65 +142,37 @@ def check_launch(kernel: CudaKernel) -> None:
 
 
 def gpu_unavailable_reason() -> str | None:
-    """Why CUDA kernels cannot run here (no pycuda, no driver, no GPU), or None when they can.
-    Cheap: it initializes the driver and counts devices, but creates no context."""
+    """Why CUDA kernels cannot run here (no driver binding, no driver, no GPU), or None when
+    they can. Cheap: it initializes the driver and counts devices, but creates no context."""
     try:
-        driver = _import_driver()
-        _init(driver)
+        cuda_driver.load().check()
     except TargetError as e:
         return str(e)
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Gpu:
-    """Device 0, its primary context (retained once per process) and its arch."""
+    """Device 0 and its primary context, through the driver binding in use."""
 
-    driver: Any  # the pycuda.driver module
-    context: Any
-    arch: str
-    name: str
+    driver: Driver
+    device: Device
 
-    @contextlib.contextmanager
-    def current(self) -> Iterator[None]:
-        self.context.push()
-        try:
-            yield
-        finally:
-            self.driver.Context.pop()
+    @property
+    def arch(self) -> str:
+        return self.device.arch
+
+    @property
+    def name(self) -> str:
+        return self.device.name
+
+    def current(self) -> contextlib.AbstractContextManager[None]:
+        return self.driver.current(self.device)
 
 
-@functools.cache
 def _gpu() -> _Gpu:
-    driver = _import_driver()
-    device = _init(driver)
-    major, minor = device.compute_capability()
-    context = device.retain_primary_context()
-    return _Gpu(driver, context, f"sm_{major}{minor}", device.name())
-
-
-def _import_driver() -> Any:
-    try:
-        import pycuda.driver as driver
-    except ModuleNotFoundError as e:
-        raise TargetError(f"{_NO_GPU}pycuda is not installed ({e}). {_HOW}") from e
-    except ImportError as e:  # pycuda is there, the driver library (libcuda) is not
-        raise TargetError(
-            f"{_NO_GPU}pycuda cannot load the CUDA driver ({e}): this machine has no NVIDIA "
-            f"driver. {_HOW}"
-        ) from e
-    return driver
-
-
-def _init(driver: Any) -> Any:
-    """Device 0, after initializing the driver; TargetError where there is none."""
-    try:
-        driver.init()
-        if driver.Device.count() == 0:
-            raise TargetError(f"{_NO_GPU}the CUDA driver sees no GPU. {_HOW}")
-        return driver.Device(0)
-    except driver.Error as e:
-        raise TargetError(f"{_NO_GPU}the CUDA driver did not start ({e}). {_HOW}") from e
+    driver = cuda_driver.load()
+    return _Gpu(driver, driver.device())
 
 
 def _runs_on(binary_arch: str, device_arch: str) -> bool:
@@ -232,49 +194,45 @@ def _launcher(kernel: CudaKernel, arrays: tuple[np.ndarray, ...]) -> Iterator[Ca
             f"'cuda -arch={gpu.arch}'"
         )
     driver = gpu.driver
-    with gpu.current(), _driver_errors(kernel, driver):
+    with gpu.current(), _driver_errors(kernel):
         function = _load(kernel, driver)
-        buffers = [driver.mem_alloc(max(a.nbytes, 1)) for a in arrays]
+        pointers: list[int] = []
         try:
-            for buffer, array in zip(buffers, arrays, strict=True):
-                driver.memcpy_htod(buffer, array)
-            pointers = [int(b) for b in buffers]
+            for array in arrays:
+                pointers.append(driver.alloc(array.nbytes))
+                driver.htod(pointers[-1], array)
 
             def launch() -> None:
-                function.prepared_call(
-                    kernel.grid, kernel.block, *pointers, shared_size=kernel.shared_bytes
-                )
+                driver.launch(function, kernel.grid, kernel.block, kernel.shared_bytes, pointers)
 
             yield launch
-            driver.Context.synchronize()
+            driver.synchronize()
             n_in = len(arrays) - kernel.func.num_outputs
-            for buffer, array in zip(buffers[n_in:], arrays[n_in:], strict=True):
-                driver.memcpy_dtoh(array, buffer)
+            for pointer, array in zip(pointers[n_in:], arrays[n_in:], strict=True):
+                driver.dtoh(array, pointer)
         finally:
-            for buffer in buffers:
-                with contextlib.suppress(driver.Error):  # keep the error that got us here
-                    buffer.free()
+            for pointer in pointers:
+                with contextlib.suppress(DriverError):  # keep the error that got us here
+                    driver.free(pointer)
 
 
-def _load(kernel: CudaKernel, driver: Any) -> Any:
-    """The kernel's pycuda Function, loading its CUBIN into the context on first use."""
-    if kernel._function is None:
-        module = driver.module_from_buffer(kernel.binary.cubin)
-        function = module.get_function(kernel.name)  # keeps the module alive
-        function.prepare([np.uintp] * len(kernel.func.params))
-        if kernel.shared_bytes > _DEFAULT_DYNAMIC_SHARED:
-            attribute = driver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES
-            function.set_attribute(attribute, kernel.shared_bytes)
-        kernel._function = function
-    return kernel._function
+def _load(kernel: CudaKernel, driver: Driver) -> Any:
+    """The kernel's function in the driver binding, loading its CUBIN on first use."""
+    function = kernel._functions.get(driver.name)
+    if function is None:
+        function = driver.load_function(
+            kernel.binary.cubin, kernel.name, len(kernel.func.params), kernel.shared_bytes
+        )
+        kernel._functions[driver.name] = function
+    return function
 
 
 @contextlib.contextmanager
-def _driver_errors(kernel: CudaKernel, driver: Any) -> Iterator[None]:
-    """pycuda's errors as MeasureError, naming the kernel and its launch."""
+def _driver_errors(kernel: CudaKernel) -> Iterator[None]:
+    """The driver's errors as MeasureError, naming the kernel and its launch."""
     try:
         yield
-    except driver.Error as e:
+    except DriverError as e:
         raise MeasureError(
             f"kernel {kernel.name!r} failed on the GPU (grid {kernel.grid}, block "
             f"{kernel.block}, {kernel.shared_bytes} bytes of dynamic shared memory): {e}. "

@@ -6,12 +6,14 @@ constant — and uploads the constants; a view (`Module.views`) is its value's p
 run then copies the inputs in, launches the kernels of the command list in order on
 precomputed device pointers, and copies the outputs out; a timed run (`Module.run_timed`, for
 profiles) records a CUDA event after each launch.
-Without a GPU (or without pycuda) the first run raises `TargetError` saying so; building
+Without a GPU (or a driver) the first run raises `TargetError` saying so; building
 needs neither (NVRTC compiles anywhere).
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,8 @@ from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 
 if TYPE_CHECKING:
-    from hexir.runtime.cuda_kernel import CudaKernel
+    from hexir.runtime.cuda_driver import Driver
+    from hexir.runtime.cuda_kernel import CudaKernel, _Gpu
     from hexir.runtime.module import Module
 
 __all__ = ["cuda_buffers", "kernel_launch", "load_kernel"]
@@ -56,7 +59,7 @@ class _CudaBuffers:
                     f"GPU's arch) or 'cuda -arch={gpu.arch}'"
                 )
         driver = gpu.driver
-        self.allocations: list[Any] = []
+        self.allocations: list[int] = []
         with gpu.current():
             self.pointers = self._allocate(module, driver)
             functions = [_load(k, driver) for k in module.kernels]
@@ -65,11 +68,12 @@ class _CudaBuffers:
             for c in module.commands
         ]
         self.types = {v.name: v.type for v in module.graph.outputs}
+        weakref.finalize(self, _free, gpu, self.allocations)
 
-    def _allocate(self, module: Module, driver: Any) -> dict[str, int]:
+    def _allocate(self, module: Module, driver: Driver) -> dict[str, int]:
         def alloc(nbytes: int) -> int:
-            self.allocations.append(driver.mem_alloc(max(nbytes, 1)))
-            return int(self.allocations[-1])
+            self.allocations.append(driver.alloc(nbytes))
+            return self.allocations[-1]
 
         storages = [alloc(n) for n in module.plan.storage_sizes]
         placed = module.plan.as_dict()
@@ -79,7 +83,7 @@ class _CudaBuffers:
         for name, data in module.constants.items():
             array = np.ascontiguousarray(data)
             pointers[name] = alloc(array.nbytes)
-            driver.memcpy_htod(pointers[name], array)
+            driver.htod(pointers[name], array)
         for command in module.commands:
             for name in command.outputs:
                 p = placed.get(name)
@@ -97,8 +101,8 @@ class _CudaBuffers:
         with self.gpu.current():
             self._copy_in(bound)
             for call in self.calls:
-                _launch(*call)
-            driver.Context.synchronize()
+                _launch(driver, *call)
+            driver.synchronize()
             return self._copy_out(outputs)
 
     def run_timed(
@@ -107,31 +111,38 @@ class _CudaBuffers:
         """As `run`, with each launch's seconds between the CUDA events around it."""
         driver = self.gpu.driver
         with self.gpu.current():
-            events = [driver.Event() for _ in range(len(self.calls) + 1)]
+            events = [driver.event() for _ in range(len(self.calls) + 1)]
             self._copy_in(bound)
-            events[0].record()
+            driver.record(events[0])
             for call, event in zip(self.calls, events[1:], strict=True):
-                _launch(*call)
-                event.record()
-            events[-1].synchronize()
-            seconds = [end.time_since(start) * 1e-3 for start, end in pairwise(events)]
+                _launch(driver, *call)
+                driver.record(event)
+            seconds = [driver.elapsed(start, end) for start, end in pairwise(events)]
             return self._copy_out(outputs), seconds
 
     def _copy_in(self, bound: dict[str, np.ndarray]) -> None:
         for name, array in bound.items():
-            self.gpu.driver.memcpy_htod(self.pointers[name], array)
+            self.gpu.driver.htod(self.pointers[name], array)
 
     def _copy_out(self, outputs: Sequence[Value]) -> list[np.ndarray]:
         results = []
         for v in outputs:
             out = np.empty(v.type.shape, numpy_dtype(v.type.dtype))
-            self.gpu.driver.memcpy_dtoh(out, self.pointers[v.name])
+            self.gpu.driver.dtoh(out, self.pointers[v.name])
             results.append(out)
         return results
 
 
-def _launch(function: Any, kernel: CudaKernel, pointers: list[int]) -> None:
-    function.prepared_call(kernel.grid, kernel.block, *pointers, shared_size=kernel.shared_bytes)
+def _free(gpu: _Gpu, allocations: list[int]) -> None:
+    """Frees a module's device buffers once it is collected (or at exit, where the driver may
+    already be gone: then the process's end frees them)."""
+    with contextlib.suppress(Exception), gpu.current():
+        for pointer in allocations:
+            gpu.driver.free(pointer)
+
+
+def _launch(driver: Driver, function: Any, kernel: CudaKernel, pointers: list[int]) -> None:
+    driver.launch(function, kernel.grid, kernel.block, kernel.shared_bytes, pointers)
 
 
 def _nbytes(v: Value) -> int:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,10 +82,11 @@ def compile_cuda(
     cached = _load(directory, digest)
     if cached is None:
         cubin, ptx, log = _invoke(source, name, flags)
-        resources = parse_resources(log, name)
+        resources = parse_resources(log, name) or cubin_resources(cubin, name)
         if resources is None:
             raise BuildError(
-                f"NVRTC built no kernel named {name!r} (no ptxas report for it): "
+                f"NVRTC built no kernel named {name!r} (neither ptxas's report nor the CUBIN "
+                f"has it): "
                 f'check the source\'s `extern "C" __global__` name',
                 source=source,
                 log=log,
@@ -143,6 +145,78 @@ def parse_resources(log: str, name: str) -> dict[str, int] | None:
         "shared_bytes": int(smem.group(1)) if smem else 0,
         "stack_bytes": int(stack.group(1)) if stack else 0,
     }
+
+
+# The CUBIN's ELF: per-function attributes in the .nv.info section, each (format, attribute,
+# then a u16 value, or for format 4 a u16 size and that many bytes); REGCOUNT and FRAME_SIZE
+# hold (symbol index u32, value u32). On sm_90 a block's reserved shared memory (1 KB) is
+# counted into .nv.shared.<name> where the image has a .nv.shared.reserved section.
+_EIFMT_SVAL, _EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE = 4, 0x2F, 0x11
+_RESERVED_SHARED = 1024
+
+
+def cubin_resources(cubin: bytes, name: str) -> dict[str, int] | None:
+    """The resources of entry function `name` read from the CUBIN itself, or None when the
+    image has no such function: the fallback where NVRTC's log lacks ptxas's report (seen with
+    NVRTC 13.0 on an H200 machine, where a program compiled a second time in one process logged
+    nothing). The image does not record spill stores: `spill_bytes` is the stack frame there,
+    zero exactly when the kernel uses no local memory."""
+    try:
+        sections = _elf_sections(cubin)
+        symbols = _elf_symbols(cubin, sections)
+    except (struct.error, ValueError, KeyError):
+        return None
+    if name not in symbols or f".text.{name}" not in sections:
+        return None
+    values: dict[int, int] = {}
+    offset, size = sections.get(".nv.info", (0, 0))
+    end = offset + size
+    while offset + 4 <= end:
+        fmt, attribute, length = struct.unpack_from("<BBH", cubin, offset)
+        if fmt == _EIFMT_SVAL:
+            if length == 8:
+                symbol, value = struct.unpack_from("<II", cubin, offset + 4)
+                if symbol == symbols[name] and attribute in (_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE):
+                    values[attribute] = value
+            offset += 4 + length
+        else:
+            offset += 4
+    shared = sections.get(f".nv.shared.{name}", (0, 0))[1]
+    if ".nv.shared.reserved.0" in sections and shared >= _RESERVED_SHARED:
+        shared -= _RESERVED_SHARED
+    frame = values.get(_EIATTR_FRAME_SIZE, 0)
+    return {
+        "registers": values.get(_EIATTR_REGCOUNT, 0),
+        "spill_bytes": frame,
+        "shared_bytes": shared,
+        "stack_bytes": frame,
+    }
+
+
+def _elf_sections(elf: bytes) -> dict[str, tuple[int, int]]:
+    """Each section of a 64-bit little-endian ELF image by name: (offset, size)."""
+    if elf[:5] != b"\x7fELF\x02":
+        raise ValueError("not a 64-bit ELF image")
+    (table,) = struct.unpack_from("<Q", elf, 0x28)
+    entry, count, names = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, table + i * entry) for i in range(count)]
+    strings = headers[names][4]
+    return {_string(elf, strings + h[0]): (h[4], h[5]) for h in headers}
+
+
+def _elf_symbols(elf: bytes, sections: dict[str, tuple[int, int]]) -> dict[str, int]:
+    """Each symbol's index in .symtab, by name (names in .strtab)."""
+    offset, size = sections[".symtab"]
+    strings = sections[".strtab"][0]
+    symbols = {}
+    for index in range(size // 24):  # Elf64_Sym: name u32, info, other, shndx, value, size
+        (name,) = struct.unpack_from("<I", elf, offset + 24 * index)
+        symbols[_string(elf, strings + name)] = index
+    return symbols
+
+
+def _string(elf: bytes, start: int) -> str:
+    return elf[start : elf.index(b"\0", start)].decode(errors="replace")
 
 
 def _nvrtc():  # -> the cuda.bindings.nvrtc module

@@ -24,11 +24,13 @@ import math
 from dataclasses import dataclass
 
 from hexir.ir.tir import Block, PrimFunc
+from hexir.ir.visit import free_vars
 from hexir.schedule.common import all_blocks
 from hexir.schedule.schedule import Schedule
 from hexir.schedule.trace import BlockRV, LoopRV
 
 ROW_THREADS = 128  # threads per row of a row reduction
+VECTOR_MIN_COLUMNS = 256  # a one-row contraction this wide is tiled over its columns
 FLAT_THREADS = 256  # threads per block of an elementwise kernel
 
 
@@ -44,15 +46,35 @@ class Tiling:
     bk: int = 8
 
 
+# ... with one row per block, a thread per column and a deep reduction step: as many blocks
+# as the columns allow, each step's weight tile fetched by all threads at once.
+VECTOR_TILING = Tiling(ty=1, tx=64, mi=1, nj=1, bk=64)
+
+
 def gpu_schedule(func: PrimFunc, tiling: Tiling | None = None) -> Schedule:
     """A hand-written GPU schedule of `func` (see the module docstring)."""
     blocks = list(all_blocks(func.body))
     contraction = [b for b in blocks if _reduces(b) and _spatial(b) >= 2]
     if contraction:
         return _tiled(func, contraction[0], tiling)
+    vector = [b for b in blocks if _matrix_vector(b)]
+    if vector:
+        return _tiled(func, vector[0], tiling or VECTOR_TILING)
     if any(_reduces(b) for b in blocks):
         return _rows(func)
     return _flat(func)
+
+
+def _matrix_vector(block: Block) -> bool:
+    """A contraction with one output row (a matmul or dense of M = 1: GPT-2's decode step),
+    which a row reduction would run as one thread block looping over every column: two
+    operands indexed by the reduction, a row axis of 1 and a wide column axis."""
+    if not _reduces(block) or _spatial(block) != 1:
+        return False
+    spatial = [iv for iv in block.iter_vars if iv.kind == "spatial"]
+    reduce = {iv.var for iv in block.iter_vars if iv.kind == "reduce"}
+    operands = [r for r in block.reads if any(reduce & free_vars(x) for x in r.region)]
+    return len(spatial) >= 2 and spatial[-1].dom >= VECTOR_MIN_COLUMNS and len(operands) >= 2
 
 
 def _reduces(block: Block) -> bool:
@@ -99,13 +121,16 @@ def _tiled(func: PrimFunc, block: Block, tiling: Tiling | None) -> Schedule:
     sch.unroll(ji)
     sch.decompose_reduction(mm, k0)  # the zeroing keeps the thread loops' kinds
     sch.reverse_compute_at(c_local, bx)
-    *_, rows, cols = sch.get_loops(c_local)  # the write-back, thread by thread
-    r0, r1 = sch.split(rows, [t.ty, None])
-    c0, c1 = sch.split(cols, [t.tx, None])
-    sch.reorder(r0, c0, r1, c1)
-    sch.bind(r0, "threadIdx.y")
+    loops = sch.get_loops(c_local)  # the write-back, thread by thread
+    own = loops[[sch.get(lp) for lp in loops].index(sch.get(bx)) + 1 :]
+    c0, c1 = sch.split(own[-1], [t.tx, None])
+    if len(own) >= 2:
+        r0, r1 = sch.split(own[-2], [t.ty, None])
+        sch.reorder(r0, c0, r1, c1)
+        sch.bind(r0, "threadIdx.y")
+        sch.unroll(r1)
+    # else one row per block (a matrix-vector product): its row loop has gone
     sch.bind(c0, "threadIdx.x")
-    sch.unroll(r1)
     sch.unroll(c1)
     return sch
 

@@ -19,7 +19,7 @@ from hexir.codegen.cuda import generate_cuda
 from hexir.errors import ScheduleError
 from hexir.runtime.nvrtc import compile_cuda
 from hexir.runtime.target import Target
-from hexir.schedule.handwritten import Tiling, cpu_schedule, gpu_schedule
+from hexir.schedule.handwritten import VECTOR_TILING, Tiling, cpu_schedule, gpu_schedule
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -95,6 +95,22 @@ def test_matmul_tile_has_no_spills_and_vector_fetches(arch):
     binary = compile_cuda(cuda.source, target, cuda.name)
     assert binary.resources["spill_bytes"] == 0
     assert binary.resources["stack_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+    "name,shape",
+    [("matmul", dict(M=1, N=600, K=96)), ("dense", dict(M=1, N=300, K=130, bias=True))],
+)
+def test_a_one_row_contraction_spreads_its_columns_over_blocks_and_threads(name, shape, rng):
+    """GPT-2's decode step multiplies one row by each weight: the columns go to blocks of
+    threads (a row reduction's schedule would loop over every column in one block)."""
+    func = hexir.workload(name, **shape)
+    sch = gpu_schedule(func)
+    cuda = generate_cuda(sch.func, Target("cuda -arch=sm_90"))
+    threads = VECTOR_TILING.tx * VECTOR_TILING.nj
+    assert cuda.block == (VECTOR_TILING.tx, 1, 1)
+    assert cuda.grid == (-(-shape["N"] // threads), 1, 1)
+    _run_cpu(func, sch.func, rng)
 
 
 def test_row_reductions_are_one_kernel_of_warp_shuffles():

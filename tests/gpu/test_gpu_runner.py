@@ -1,5 +1,6 @@
-"""The pycuda runner on hand-written CUDA C: copies, launch shape, dynamic shared memory,
-timing, pickling and a CUBIN for the wrong arch (independent of the CUDA code generator)."""
+"""The GPU runner on hand-written CUDA C: copies, launch shape, dynamic shared memory,
+timing, pickling and a CUBIN for the wrong arch (independent of the CUDA code generator),
+through each driver binding installed (cuda-bindings always, pycuda where it imports)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,25 @@ def test_hand_written_kernel_runs(cache, n, rng):
     y = np.full(n, np.nan, np.float32)
     kernel(x, y)
     np.testing.assert_array_equal(y, 2.0 * x[::-1])
+
+
+def _bindings() -> list[str]:
+    try:
+        import pycuda.driver  # noqa: F401
+    except ImportError:
+        return ["cuda-bindings"]
+    return ["cuda-bindings", "pycuda"]
+
+
+def test_each_installed_driver_binding_runs_and_times_the_same_kernel(cache, rng):
+    kernel = _kernel(20000, Target("cuda"), 20000 * 4)  # past the 48 KB default: opted in
+    x = rng.standard_normal(20000, dtype=np.float32)
+    for binding in _bindings():
+        y = np.full(20000, np.nan, np.float32)
+        with knobs.scope(cuda_driver=binding, timing_warmup=1, timing_repeats=3,
+                         timing_min_seconds=0.0):  # fmt: skip
+            assert 0 < kernel.time(x, y) < 0.1, binding
+        np.testing.assert_array_equal(y, 2.0 * x[::-1], err_msg=binding)
 
 
 def test_time_and_pickle(cache, rng):

@@ -21,6 +21,8 @@ WORKLOADS = [
     ("batch_matmul", dict(B=3, M=64, N=96, K=80)),
     ("dense", dict(M=64, N=200, K=96, bias=True, activation="relu")),
     ("conv2d", dict(N=2, C=16, H=14, W=14, K=32, R=3, S=3, padding=1)),
+    ("matmul", dict(M=1, N=600, K=96)),  # one row: columns over blocks and threads
+    ("dense", dict(M=1, N=300, K=130, bias=True)),
     ("softmax", dict(M=48, N=300)),
     ("log_softmax", dict(M=48, N=197)),
     ("layer_norm", dict(M=48, N=300)),

@@ -3,6 +3,7 @@ there is no GPU to run on. The GPU side runs in tests/gpu."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import pickle
 import subprocess
@@ -16,7 +17,7 @@ import hexir
 from hexir import knobs
 from hexir.errors import HexirError, ResourceError, TargetError
 from hexir.ir.tir import Binary, Buffer, BufferStore, FloatImm, For, PrimFunc, Var
-from hexir.runtime import cuda_kernel
+from hexir.runtime import cuda_driver, cuda_kernel
 from hexir.runtime.cuda_kernel import CudaKernel, gpu_unavailable_reason
 from hexir.runtime.nvrtc import compile_cuda
 from hexir.runtime.target import Target
@@ -75,10 +76,33 @@ def test_calling_without_a_gpu_says_so(kernel, arrays):
     with pytest.raises(TargetError, match="no GPU to run on") as info:
         kernel(*arrays)
     message = str(info.value)
-    assert "pycuda" in message and "\n" not in message  # one paragraph, saying what to install
+    assert "NVIDIA driver" in message and "\n" not in message  # one paragraph: what is missing
     with pytest.raises(TargetError, match="no GPU to run on"):
         kernel.time(*arrays)
     assert gpu_unavailable_reason() == message
+
+
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+@needs_no_gpu
+def test_the_driver_binding_follows_the_knob_without_a_gpu():
+    """pycuda where it imports, else cuda-bindings; either, asked for, says why it cannot run."""
+    expected = "pycuda" if _imports("pycuda.driver") else "cuda-bindings"
+    with knobs.scope(cuda_driver="auto"):
+        assert cuda_driver.load().name == expected
+    with knobs.scope(cuda_driver="cuda-bindings"):
+        assert cuda_driver.load().name == "cuda-bindings"
+        reason = gpu_unavailable_reason()
+        assert reason.startswith("no GPU to run on: ") and "\n" not in reason
+    if not _imports("pycuda.driver"):
+        with knobs.scope(cuda_driver="pycuda"):
+            assert "pycuda is not installed" in gpu_unavailable_reason()
 
 
 def test_arguments_are_checked_before_the_gpu(kernel, arrays):
@@ -135,7 +159,7 @@ def test_hexir_build_for_cuda_succeeds_and_calling_says_no_gpu(cache, rng):
 
 
 def test_the_cuda_path_imports_no_heavy_dependency(tmp_path):
-    """`import hexir`, a CUDA build and a call need numpy, cuda-bindings and pycuda only
+    """`import hexir`, a CUDA build and a call need numpy and cuda-bindings only
     (scripts/gpu_check.sh runs where Ray, SQLAlchemy, XGBoost and onnx are not installed)."""
     script = textwrap.dedent(f"""
         import sys

@@ -193,6 +193,41 @@ def test_parse_resources_picks_the_named_entry():
     assert parse_resources(log, "c") is None
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize(
+    "source,name,options",
+    [(SCALE, "scale", []), (SPILL, "spill", []), (SPILL, "spill", ["--maxrregcount=24"])],
+)
+def test_the_cubin_holds_what_ptxas_reports(cache, arch, source, name, options):
+    """Registers, shared memory and the stack frame read from the image agree with ptxas's
+    report; spills are not in the image, so there they are the frame (zero iff no spills)."""
+    binary = compile_cuda(source, Target(f"cuda -arch={arch}"), name, options=options)
+    read = nvrtc.cubin_resources(binary.cubin, name)
+    reported = binary.resources
+    assert read["registers"] == reported["registers"] > 0
+    assert read["shared_bytes"] == reported["shared_bytes"]
+    assert read["stack_bytes"] == reported["stack_bytes"]
+    assert (read["spill_bytes"] > 0) == (reported["spill_bytes"] > 0)
+    assert nvrtc.cubin_resources(binary.cubin, "nope") is None
+    assert nvrtc.cubin_resources(b"not an image", name) is None
+
+
+def test_a_build_whose_log_lacks_the_report_reads_the_cubin(cache, monkeypatch):
+    real = nvrtc._invoke
+
+    def silent(*args):  # NVRTC 13.0 on a GPU machine: the second build of a program logged nothing
+        cubin, ptx, _ = real(*args)
+        return cubin, ptx, ""
+
+    monkeypatch.setattr(nvrtc, "_invoke", silent)
+    binary = compile_cuda(SCALE, Target("cuda -arch=sm_90"), "scale")
+    assert binary.resources == {"registers": binary.resources["registers"], "spill_bytes": 0,
+                                "shared_bytes": 128 * 4, "stack_bytes": 0}  # fmt: skip
+    assert binary.resources["registers"] > 0
+    with pytest.raises(BuildError, match="no kernel named 'scal'"):
+        compile_cuda(SCALE, Target("cuda -arch=sm_90"), "scal")
+
+
 def test_missing_cuda_bindings_says_what_to_install(tmp_path):
     script = (
         "import sys\n"
