@@ -1,6 +1,6 @@
 """float32 matmul 4096^3 on the GPU: a hand schedule against cuBLAS, side by side in one run.
 
-    python benchmarks/matmul_gpu.py [--size 4096] [--rounds 3] [--tiling 16,16,8,8,8]
+    python benchmarks/matmul_gpu.py [--size 4096] [--rounds 3] [--tiling 8,32,8,4,64]
                                     [--summary FILE]
 
 The schedule is `hexir.schedule.handwritten.gpu_schedule` (the public primitives: a thread

@@ -19,7 +19,15 @@ from hexir.codegen.cuda import generate_cuda
 from hexir.errors import ScheduleError
 from hexir.runtime.nvrtc import compile_cuda
 from hexir.runtime.target import Target
-from hexir.schedule.handwritten import VECTOR_TILING, Tiling, cpu_schedule, gpu_schedule
+from hexir.schedule.handwritten import (
+    MIN_BLOCKS,
+    MIN_THREADS,
+    VECTOR_TILING,
+    Tiling,
+    _fit,
+    cpu_schedule,
+    gpu_schedule,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -85,13 +93,15 @@ def _loops(func: hexir.PrimFunc):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_matmul_tile_has_no_spills_and_vector_fetches(arch):
-    func = hexir.workload("matmul", M=256, N=256, K=64)
-    sch = gpu_schedule(func)  # 16 x 16 threads, 8 x 8 outputs each
+    func = hexir.workload("matmul", M=2048, N=2048, K=64)
+    sch = gpu_schedule(func)  # the default tiling: enough blocks at this size
+    t = Tiling()
     target = Target(f"cuda -arch={arch}")
     cuda = generate_cuda(sch.func, target)
-    assert cuda.block == (16, 16, 1) and cuda.grid == (2, 2, 1)
+    assert cuda.block == (t.tx, t.ty, 1)
+    assert cuda.grid == (2048 // (t.tx * t.nj), 2048 // (t.ty * t.mi), 1)
     assert "float4" in cuda.source and "__shared__" in cuda.source
-    assert "float C_local[64];" in cuda.source  # the accumulator: one thread's 8 x 8 share
+    assert f"float C_local[{t.mi * t.nj}];" in cuda.source  # the accumulator: one thread's
     binary = compile_cuda(cuda.source, target, cuda.name)
     assert binary.resources["spill_bytes"] == 0
     assert binary.resources["stack_bytes"] == 0
@@ -111,6 +121,20 @@ def test_a_one_row_contraction_spreads_its_columns_over_blocks_and_threads(name,
     assert cuda.block == (VECTOR_TILING.tx, 1, 1)
     assert cuda.grid == (-(-shape["N"] // threads), 1, 1)
     _run_cpu(func, sch.func, rng)
+
+
+@pytest.mark.parametrize(
+    "rows,cols,outer", [(128, 768, 1), (197, 3072, 1), (128, 64, 12), (256, 256, 1), (8, 8, 1)]
+)
+def test_small_contractions_split_into_enough_blocks(rows, cols, outer):
+    """BERT's 128 x 768 matmul in the 128 x 128 tile of a large one would be 6 blocks on a
+    132-multiprocessor GPU: the tile shrinks, outputs per thread first, until the grid has
+    MIN_BLOCKS blocks or the block MIN_THREADS threads."""
+    t = _fit(Tiling(), rows, cols, outer)
+    blocks = outer * -(-rows // (t.ty * t.mi)) * -(-cols // (t.tx * t.nj))
+    assert blocks >= MIN_BLOCKS or t.ty * t.tx <= MIN_THREADS
+    assert t.bk == Tiling().bk and t.ty * t.mi <= max(rows, 16) and t.tx * t.nj <= max(cols, 16)
+    assert _fit(Tiling(), 4096, 4096) == Tiling()  # 1024 blocks already: the large tile stays
 
 
 def test_row_reductions_are_one_kernel_of_warp_shuffles():

@@ -9,16 +9,18 @@ from hexir.codegen.cuda import generate_cuda
 from hexir.codegen.gpu_verify import launch_shape, verify_gpu
 from hexir.errors import ResourceError, ScheduleError
 from hexir.runtime.target import Target
-from hexir.schedule.handwritten import gpu_schedule
+from hexir.schedule.handwritten import Tiling, gpu_schedule
 
 SM90 = Target("cuda -arch=sm_90")
 
 
 def test_launch_shape_of_a_tiled_matmul():
-    func = gpu_schedule(hexir.workload("matmul", M=256, N=512, K=64)).func
+    func = gpu_schedule(hexir.workload("matmul", M=2048, N=4096, K=64)).func
     launch = verify_gpu(func, SM90)
-    assert launch.grid == (4, 2, 1) and launch.block == (16, 16, 1)
-    assert launch.threads == 256 and launch.loop_of("blockIdx.x") == "i1_0"
+    t = Tiling()
+    assert launch.grid == (4096 // (t.tx * t.nj), 2048 // (t.ty * t.mi), 1)
+    assert launch.block == (t.tx, t.ty, 1)
+    assert launch.threads == t.tx * t.ty and launch.loop_of("blockIdx.x") == "i1_0"
 
 
 def test_too_many_threads_per_block():
