@@ -171,6 +171,9 @@ class Knobs:
     cuda_driver: str = field(
         default_factory=lambda: _choice("HEXIR_CUDA_DRIVER", "auto", _CUDA_DRIVERS)
     )
+    # GPU modules: a planned run's launches captured once as a CUDA graph and replayed with one
+    # call (where the driver binding has graphs: cuda-bindings); off, launched one by one.
+    cuda_graphs: bool = field(default_factory=lambda: _flag("HEXIR_CUDA_GRAPHS", "1"))
     # Fuse ops into one kernel per group (the whole-models issue); off means one op per kernel.
     fusion: bool = field(default_factory=lambda: _flag("HEXIR_FUSION", "1"))
     # Cost model (hexir/costmodel/xgb.py): retrain only once the training data has grown by

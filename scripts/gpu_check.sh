@@ -12,8 +12,9 @@
 # nothing has to be compiled on the GPU machine. Then it runs the NVRTC and runner tests, every
 # GPU test (`pytest -m gpu tests/gpu`: tests/conftest.py refuses a `gpu`-marked test anywhere
 # else), benchmarks/matmul_gpu.py (cuBLAS through CuPy or PyTorch) and `hexir run MODEL
-# --target cuda --profile --check` for each --model (default: mlp, bert-base, gpt2-decode), and prints a
-# short table last. Exit status 0 only when every step passed; a skipped test fails the check,
+# --target cuda --profile --check` for each --model (default: mlp, bert-base, gpt2-decode; its
+# end-to-end time replays a CUDA graph, beside the time of launching kernel by kernel), and
+# prints a short table last. Exit status 0 only when every step passed; a skipped test fails the check,
 # except the one test of Ray's GPU runners where Ray is not installed (its row says so).
 # --dry-run, on any machine: installs from WHEELHOUSE into a scratch folder, checks that
 # everything imports and that NVRTC compiles for the GPU archs, and prints the plan.
@@ -295,8 +296,11 @@ for model in "${models[@]}"; do  # a whole model: built, checked against numpy, 
     if timeout 180 "$py" -m hexir run "$model" --target cuda --profile --check --repeats 20 \
         >"$log" 2>&1; then
         cat "$log"
-        row "model $model" "$(awk '/^check /{$1=""; c=$0} /^ *end to end /{e=$NF}
-            END {printf "%s ms end to end,%s", e, c}' "$log")"
+        # The same model launched kernel by kernel, to compare with the CUDA graph's replay.
+        eager="$(HEXIR_CUDA_GRAPHS=0 timeout 120 "$py" -m hexir run "$model" --target cuda \
+            --bench --repeats 20 2>&1 | awk '/^bench /{print $2}')"
+        row "model $model" "$(awk -v eager="${eager:-?}" '/^check /{$1=""; c=$0}
+            /^ *end to end /{e=$NF} END {printf "%s ms end to end (%s eager),%s", e, eager, c}' "$log")"
     else
         cat "$log"
         failed "model $model" "$(tail -n 1 "$log" | cut -c 1-90)"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,11 +115,29 @@ class Driver:
     def synchronize(self) -> None: ...
     def load_function(self, cubin: bytes, name: str, params: int, dynamic_shared: int) -> Any: ...
     def launch(
-        self, function: Any, grid: Dim3, block: Dim3, shared: int, pointers: Sequence[int]
+        self,
+        function: Any,
+        grid: Dim3,
+        block: Dim3,
+        shared: int,
+        pointers: Sequence[int],
+        stream: Any = None,
     ) -> Any: ...
     def event(self) -> Any: ...
     def record(self, event: Any) -> None: ...
     def elapsed(self, start: Any, end: Any) -> float: ...
+
+    # CUDA graphs, where the binding has them (`supports_graphs`): launches captured once on
+    # a stream of their own, then replayed with one call.
+    supports_graphs = False
+
+    def capture(self, launches: Callable[[Any], None]) -> Any:
+        """A graph of what `launches(stream)` launches on a new stream; `replay` runs it."""
+        raise NotImplementedError(f"{self.name} does not capture CUDA graphs")
+
+    def replay(self, graph: Any) -> None:
+        """Runs a captured graph and waits for it."""
+        raise NotImplementedError(f"{self.name} does not capture CUDA graphs")
 
 
 # Dynamic shared memory beyond this needs the kernel's opt-in attribute.
@@ -207,10 +225,19 @@ class _PyCuda(Driver):
         return function
 
     def launch(
-        self, function: Any, grid: Dim3, block: Dim3, shared: int, pointers: Sequence[int]
+        self,
+        function: Any,
+        grid: Dim3,
+        block: Dim3,
+        shared: int,
+        pointers: Sequence[int],
+        stream: Any = None,
     ) -> None:
         with self._errors():
-            function.prepared_call(grid, block, *pointers, shared_size=shared)
+            if stream is None:
+                function.prepared_call(grid, block, *pointers, shared_size=shared)
+            else:
+                function.prepared_async_call(grid, block, stream, *pointers, shared_size=shared)
 
     def event(self) -> Any:
         return self.cuda.Event()
@@ -312,13 +339,36 @@ class _Bindings(Driver):
         return _Function(module, function)
 
     def launch(
-        self, function: Any, grid: Dim3, block: Dim3, shared: int, pointers: Sequence[int]
+        self,
+        function: Any,
+        grid: Dim3,
+        block: Dim3,
+        shared: int,
+        pointers: Sequence[int],
+        stream: Any = None,
     ) -> None:
         # kernelParams: an array of N addresses, each of one argument's value (a pointer).
         values = np.array(pointers, dtype=np.uint64)
         params = np.array([values.ctypes.data + 8 * i for i in range(len(values))], np.uint64)
-        self._call("cuLaunchKernel", function.handle, *grid, *block, shared, self._stream,
-                   params.ctypes.data, 0)  # fmt: skip
+        self._call("cuLaunchKernel", function.handle, *grid, *block, shared,
+                   stream or self._stream, params.ctypes.data, 0)  # fmt: skip
+
+    supports_graphs = True
+
+    def capture(self, launches: Callable[[Any], None]) -> Any:
+        # A blocking stream: it waits for the copies made on the legacy stream before it.
+        stream = self._call("cuStreamCreate", self.cu.CUstream_flags.CU_STREAM_DEFAULT)
+        mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self._call("cuStreamBeginCapture", stream, mode)
+        try:
+            launches(stream)
+        finally:
+            graph = self._call("cuStreamEndCapture", stream)
+        return _Graph(self, stream, graph, self._call("cuGraphInstantiate", graph, 0))
+
+    def replay(self, graph: Any) -> None:
+        self._call("cuGraphLaunch", graph.executable, graph.stream)
+        self._call("cuStreamSynchronize", graph.stream)
 
     def event(self) -> Any:
         return _Event(self, self._call("cuEventCreate", self.cu.CUevent_flags.CU_EVENT_DEFAULT))
@@ -335,6 +385,20 @@ class _Bindings(Driver):
 class _Function:
     module: Any  # kept, so the module stays loaded as long as the function is used
     handle: Any
+
+
+class _Graph:
+    """A captured graph, its executable form and its stream, destroyed when collected."""
+
+    def __init__(self, driver: _Bindings, stream: Any, graph: Any, executable: Any):
+        self.driver, self.stream, self.graph, self.executable = driver, stream, graph, executable
+
+    def __del__(self):
+        cu = self.driver.cu
+        with contextlib.suppress(Exception):
+            cu.cuGraphExecDestroy(self.executable)
+            cu.cuGraphDestroy(self.graph)
+            cu.cuStreamDestroy(self.stream)
 
 
 class _Event:

@@ -4,8 +4,10 @@ The first run allocates every device buffer once — one allocation per storage 
 plan, with each intermediate at its offset in one, and one per graph input, graph output and
 constant — and uploads the constants; a view (`Module.views`) is its value's pointer. Every
 run then copies the inputs in, launches the kernels of the command list in order on
-precomputed device pointers, and copies the outputs out; a timed run (`Module.run_timed`, for
-profiles) records a CUDA event after each launch.
+precomputed device pointers, and copies the outputs out. Where the driver binding has CUDA
+graphs (cuda-bindings; knob `cuda_graphs`), the first run captures the launches as a graph on
+a stream of its own and every run replays it with one call, with no Python between kernels; a
+timed run (`Module.run_timed`, for profiles) launches one by one, with a CUDA event after each.
 Without a GPU (or a driver) the first run raises `TargetError` saying so; building
 needs neither (NVRTC compiles anywhere).
 """
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hexir import knobs
 from hexir.errors import TargetError
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
@@ -68,6 +71,7 @@ class _CudaBuffers:
             for c in module.commands
         ]
         self.types = {v.name: v.type for v in module.graph.outputs}
+        self.graph: Any = None  # the command list as a CUDA graph, after the first run
         weakref.finalize(self, _free, gpu, self.allocations)
 
     def _allocate(self, module: Module, driver: Driver) -> dict[str, int]:
@@ -100,10 +104,18 @@ class _CudaBuffers:
         driver = self.gpu.driver
         with self.gpu.current():
             self._copy_in(bound)
-            for call in self.calls:
-                _launch(driver, *call)
-            driver.synchronize()
+            if knobs.get().cuda_graphs and driver.supports_graphs:
+                if self.graph is None:  # the first run captures the launches, then replays them
+                    self.graph = driver.capture(self._launch_all)
+                driver.replay(self.graph)
+            else:
+                self._launch_all()
+                driver.synchronize()
             return self._copy_out(outputs)
+
+    def _launch_all(self, stream: Any = None) -> None:
+        for call in self.calls:
+            _launch(self.gpu.driver, *call, stream)
 
     def run_timed(
         self, bound: dict[str, np.ndarray], outputs: Sequence[Value]
@@ -141,8 +153,10 @@ def _free(gpu: _Gpu, allocations: list[int]) -> None:
             gpu.driver.free(pointer)
 
 
-def _launch(driver: Driver, function: Any, kernel: CudaKernel, pointers: list[int]) -> None:
-    driver.launch(function, kernel.grid, kernel.block, kernel.shared_bytes, pointers)
+def _launch(
+    driver: Driver, function: Any, kernel: CudaKernel, pointers: list[int], stream: Any = None
+) -> None:
+    driver.launch(function, kernel.grid, kernel.block, kernel.shared_bytes, pointers, stream)
 
 
 def _nbytes(v: Value) -> int:

@@ -46,3 +46,23 @@ def test_a_cuda_module_profiles_every_launch_in_place(rng):
     for got in (profile.outputs, module.run(inputs)):
         for out, ref in zip(got, expected, strict=True):
             np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4)
+
+
+def test_a_cuda_graph_replays_the_command_list_on_new_inputs(rng):
+    """The first planned run captures the launches as a CUDA graph, later runs replay it: the
+    same bits as launching one by one, on each run's own inputs."""
+    from hexir.runtime.cuda_driver import load
+    from hexir.runtime.cuda_module import cuda_buffers
+
+    graph = zoo.gpt2_decode(past=7, hidden=32, heads=2)
+    module = hexir.compile(graph, target="cuda")
+    for _ in range(3):  # capture, then replays on fresh inputs
+        inputs = [rng.standard_normal(v.type.shape).astype("float32") for v in graph.inputs]
+        with hexir.knobs.scope(cuda_graphs=True):
+            replayed = module.run(inputs)
+        with hexir.knobs.scope(cuda_graphs=False):
+            eager = module.run(inputs)
+        for out, same, ref in zip(replayed, eager, evaluate(graph, inputs), strict=True):
+            np.testing.assert_array_equal(out, same)
+            np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-4 * max(1.0, np.abs(ref).max()))
+    assert (cuda_buffers(module).graph is not None) == load().supports_graphs
