@@ -100,12 +100,20 @@ def _tiled(
     func: PrimFunc, block: Block, tiling: Tiling | None, base: Tiling = Tiling()
 ) -> Schedule:
     sch = Schedule(func)
-    _inline_elementwise(sch, func, keep=block.name)
+    # A producer the contraction reads directly (a convolution's padding) is inlined into the
+    # shared fetch of what it makes, not into the contraction: the fetch then copies a tile of
+    # the padded image, which the contraction indexes affinely (h + r), where the image's own
+    # clamped indices would make the tile the whole image.
+    operands = {r.buffer for r in block.reads}
+    feeding = [b.name for b in all_blocks(func.body) if any(w.buffer in operands for w in b.writes)]
+    _inline_elementwise(sch, func, keep={block.name, *feeding})
     mm = sch.get_block(block.name)
     c_local = sch.cache_write(mm, 0, "local")
     _inline_consumers(sch, func, block.name)
     reads = len(sch.get(mm).reads)  # type: ignore[union-attr]
     fetches = [sch.cache_read(mm, n, "shared") for n in range(reads)]
+    for name in feeding:
+        sch.compute_inline(sch.get_block(name))
     loops = sch.get_loops(mm)
     ivs = sch.get(mm).iter_vars  # type: ignore[union-attr]
     spatial = [lp for lp, iv in zip(loops, ivs, strict=True) if iv.kind == "spatial"]
@@ -115,9 +123,12 @@ def _tiled(
     t = tiling or _fit(base, extent[-2], extent[-1], math.prod(extent[:-2]))
     by, ty, ii = sch.split(i, [None, t.ty, t.mi])
     bx, tx, ji = sch.split(j, [None, t.tx, t.nj])
-    k = reduce[0] if len(reduce) == 1 else sch.fuse(*reduce)
-    k0, k1 = sch.split(k, [None, t.bk])
-    sch.reorder(*outer, by, bx, k0, ty, tx, k1, ii, ji)
+    # A step of the reduction: bk of one reduce axis; a convolution's channels in steps of
+    # about bk / (R * S) with its window (r, s) whole inside, so that a step's image tile is a
+    # few channels of a few rows (fusing c, r and s first would make it the whole image).
+    steps = [sch.get(lp).extent for lp in reduce[1:]]  # type: ignore[union-attr]
+    k0, k1 = sch.split(reduce[0], [None, _pow2_at_most(max(t.bk // math.prod(steps), 1))])
+    sch.reorder(*outer, by, bx, k0, ty, tx, k1, *reduce[1:], ii, ji)
     if outer:
         sch.bind(outer[0], "blockIdx.z")
     sch.bind(by, "blockIdx.y")
@@ -157,6 +168,8 @@ def _fit(t: Tiling, rows: int, cols: int, outer: int = 1) -> Tiling:
     while tx * nj > cols and (tx > 1 or nj > 1):
         tx, nj = (tx // 2, nj) if tx >= nj else (tx, nj // 2)
     ty, mi, tx, nj = max(ty, 1), max(mi, 1), max(tx, 1), max(nj, 1)
+    while ty * tx < t.ty * t.tx and 2 * ty * mi <= rows:  # narrow columns (a 7-wide image):
+        ty *= 2  # the threads they cannot take go to the rows (the channels)
 
     def blocks(ty: int, mi: int, tx: int, nj: int) -> int:
         return outer * -(-rows // (ty * mi)) * -(-cols // (tx * nj))
@@ -199,9 +212,12 @@ def _cooperative_fetch(sch: Schedule, fetch: BlockRV, at: LoopRV, t: Tiling) -> 
     names = [sch.describe(lp) for lp in loops]
     loops = loops[names.index(sch.describe(at)) + 1 :]
     row = sch.get(loops[-1]).extent  # type: ignore[union-attr]
+    rank = len(sch.get(fetch).writes[0].buffer.shape)  # type: ignore[union-attr]
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = sch.get(fused).extent  # type: ignore[union-attr]
-    lanes = 4 if row % 4 == 0 and extent % (4 * t.ty * t.tx) == 0 else 1
+    # float4 where the innermost loop is the buffer's last axis (no unit axis dropped after it)
+    whole = row % 4 == 0 and len(loops) == rank
+    lanes = 4 if whole and extent % (4 * t.ty * t.tx) == 0 else 1
     if lanes > 1:
         _, y, x, v = sch.split(fused, [None, t.ty, t.tx, lanes])
         sch.vectorize(v)
@@ -211,11 +227,12 @@ def _cooperative_fetch(sch: Schedule, fetch: BlockRV, at: LoopRV, t: Tiling) -> 
     sch.bind(x, "threadIdx.x")
 
 
-def _inline_elementwise(sch: Schedule, func: PrimFunc, keep: str) -> None:
-    """Inline every elementwise block that feeds another block (bias_add into relu)."""
+def _inline_elementwise(sch: Schedule, func: PrimFunc, keep: set[str]) -> None:
+    """Inline every elementwise block that feeds another block (bias_add into relu), but
+    those in `keep`."""
     outputs = {b.name for b in func.outputs}
     for b in all_blocks(func.body):
-        if b.name == keep or _reduces(b):
+        if b.name in keep or _reduces(b):
             continue
         if any(w.buffer.name in outputs for w in b.writes):
             continue
@@ -299,6 +316,10 @@ def _rfactor_rows(sch: Schedule, block: Block) -> Schedule:
 
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << max(0, int(math.log2(max(n, 1))))
 
 
 # ---------------------------------------------------------------------------------------------
