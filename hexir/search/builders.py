@@ -88,12 +88,26 @@ class CpuBuilder(_PoolBuilder):
 
 class CudaBuilder(_PoolBuilder):
     """CUDA C through NVRTC (`hexir.build` for a CUDA target). The result keeps the loaded
-    kernel for the in-process CudaRunner, and NVRTC's resource report in its info."""
+    kernel for the in-process CudaRunner, and NVRTC's resource report in its info. A kernel
+    that spills registers or keeps a stack frame (local memory, hundreds of cycles a load) is
+    a "resource" error: the search does not spend a measurement on it."""
 
     def _result(self, kernel: Any, info: dict[str, Any]) -> BuildResult:
         resources = getattr(kernel, "resources", None)
         if resources is not None:
             info["resources"] = dict(resources)
+            spill, stack = resources.get("spill_bytes", 0), resources.get("stack_bytes", 0)
+            if spill or stack:
+                return BuildResult(
+                    source=kernel.source,
+                    error_kind="resource",
+                    error_message=(
+                        f"kernel {kernel.name!r} spills {spill} bytes to local memory "
+                        f"({stack} bytes of stack) with {resources.get('registers')} registers "
+                        "per thread: fewer outputs per thread would keep it in registers"
+                    ),
+                    info=info,
+                )
         path = getattr(kernel, "path", None)
         return BuildResult(
             path=str(path) if path is not None else None,

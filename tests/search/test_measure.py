@@ -247,6 +247,18 @@ def test_cuda_builder_compiles_with_nvrtc_without_a_gpu(tmp_path):
     assert CudaRunner().run([], []) == []
 
 
+def test_a_cuda_candidate_that_spills_is_a_resource_error_not_a_measurement(tmp_path):
+    from hexir.schedule.handwritten import Tiling, gpu_schedule
+
+    func = hexir.workload("matmul", M=512, N=512, K=64)
+    sch = gpu_schedule(func, Tiling(ty=2, tx=32, mi=16, nj=16, bk=8))  # 256 outputs a thread
+    candidate = Candidate.from_schedule(func, sch, "cuda -arch=sm_90")
+    with knobs.scope(cache_dir=str(tmp_path)):
+        (result,) = CudaBuilder(workers=1).build([candidate])
+    assert result.error_kind == "resource" and result.kernel is None
+    assert "spills" in result.error_message and result.info["resources"]["spill_bytes"] > 0
+
+
 class _Clock:
     """A kernel whose every call takes `seconds` (as `CpuKernel.time` reports it)."""
 
