@@ -1,6 +1,7 @@
 """float32 matmul 4096^3 on the GPU: a hand schedule against cuBLAS, side by side in one run.
 
-    python benchmarks/matmul_gpu.py [--size 4096] [--rounds 3] [--tiling 8,32,8,4,64]
+    python benchmarks/matmul_gpu.py [--size 4096] [--op matmul|dense] [--rounds 3]
+                                    [--tiling 8,32,8,4,64]
                                     [--summary FILE]
 
 The schedule is `hexir.schedule.handwritten.gpu_schedule` (the public primitives: a thread
@@ -88,6 +89,8 @@ def parse_tiling(text: str | None) -> Tiling | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--op", choices=("matmul", "dense"), default="matmul",
+                        help="dense: Y = X W^T with W stored [N][K] (cuBLAS gets W^T)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tiling", help="ty,tx,mi,nj,bk (default: the schedule's own)")
     parser.add_argument("--summary", help="write the figures to this JSON file")
@@ -98,7 +101,7 @@ def main() -> None:
 
     n = args.size
     flop = 2.0 * n**3
-    func = hexir.workload("matmul", M=n, N=n, K=n)
+    func = hexir.workload(args.op, M=n, N=n, K=n)
     sch = gpu_schedule(func, parse_tiling(args.tiling))
     print(sch.trace, end="\n\n")
     kernel = hexir.build(sch.func, target="cuda")  # the visible GPU's arch
@@ -109,7 +112,7 @@ def main() -> None:
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     c = np.full((n, n), np.nan, np.float32)
-    vendor, vendor_run, expect = vendor_peer(a, b)
+    vendor, vendor_run, expect = vendor_peer(a, b if args.op == "matmul" else b.T.copy())
     kernel(a, b, c)
     # K products of unit normals: |c| ~ sqrt(K); summation orders differ between the two.
     np.testing.assert_allclose(c, expect, rtol=1e-3, atol=1e-3 * np.sqrt(n))
@@ -136,7 +139,7 @@ def report(
     t = parse_tiling(args.tiling) or Tiling()
     label = f"hexir, hand schedule ({t.ty}x{t.tx} threads, {t.mi}x{t.nj} per thread, bk {t.bk})"
     gpu = kernel.target.arch
-    print(f"\nfloat32 matmul {args.size}^3 on {gpu}, medians of CUDA-event timings")
+    print(f"\nfloat32 {args.op} {args.size}^3 on {gpu}, medians of CUDA-event timings")
     print(f"{'':58} {'ms':>8} {'TFLOP/s':>8} {'x cuBLAS':>9}")
     for name, shown in ((vendor, vendor), ("hexir", label)):
         s, tf = seconds[name], tflops[name]

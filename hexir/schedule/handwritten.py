@@ -23,12 +23,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hexir.ir.tir import Block, PrimFunc
+from hexir.ir.tir import Block, PrimFunc, Var
 from hexir.ir.visit import free_vars
 from hexir.schedule.common import all_blocks
 from hexir.schedule.schedule import Schedule
 from hexir.schedule.trace import BlockRV, LoopRV
 
+BANKS = 32  # shared memory banks of 4 bytes
 ROW_THREADS = 128  # threads per row of a row reduction
 VECTOR_MIN_COLUMNS = 256  # a one-row contraction this wide is tiled over its columns
 FLAT_THREADS = 256  # threads per block of an elementwise kernel
@@ -118,11 +119,19 @@ def _tiled(
     ivs = sch.get(mm).iter_vars  # type: ignore[union-attr]
     spatial = [lp for lp, iv in zip(loops, ivs, strict=True) if iv.kind == "spatial"]
     reduce = [lp for lp, iv in zip(loops, ivs, strict=True) if iv.kind == "reduce"]
+    column = ivs[loops.index(spatial[-1])].var if len(spatial) < 4 else None  # the output's
     outer, i, j = _output_axes(sch, spatial)
     extent = [sch.get(lp).extent for lp in (*outer, i, j)]  # type: ignore[union-attr]
     t = tiling or _fit(base, extent[-2], extent[-1], math.prod(extent[:-2]))
+    node = sch.get(mm)
+    across = [column is not None and _rows_across_lanes(node, n, column) for n in range(reads)]
+    if any(across) and tiling is None:  # its padded rows take shared memory: a shorter step
+        t = Tiling(t.ty, t.tx, t.mi, t.nj, max(t.bk // 2, 1))
     by, ty, ii = sch.split(i, [None, t.ty, t.mi])
-    bx, tx, ji = sch.split(j, [None, t.tx, t.nj])
+    if any(across):  # a thread's columns tx, tx + t.tx, ...: a warp reads adjacent W rows
+        bx, ji, tx = sch.split(j, [None, t.nj, t.tx])
+    else:  # a thread's columns adjacent: its B reads merge into a vector load
+        bx, tx, ji = sch.split(j, [None, t.tx, t.nj])
     # A step of the reduction: bk of one reduce axis; a convolution's channels in steps of
     # about bk / (R * S) with its window (r, s) whole inside, so that a step's image tile is a
     # few channels of a few rows (fusing c, r and s first would make it the whole image).
@@ -135,16 +144,22 @@ def _tiled(
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
-    for fetch in fetches:
+    for fetch, padded in zip(fetches, across, strict=True):
         sch.compute_at(fetch, k0)
-        _cooperative_fetch(sch, fetch, k0, t)
+        if padded:  # W[n][k] of a dense: each row padded by a word, fetched word by word
+            rank = len(sch.get(fetch).writes[0].buffer.shape)  # type: ignore[union-attr]
+            sch.storage_align(fetch, 0, rank - 2, BANKS, 1)
+        _cooperative_fetch(sch, fetch, k0, t, vector=not padded)
     sch.unroll(ii)
     sch.unroll(ji)
     sch.decompose_reduction(mm, k0)  # the zeroing keeps the thread loops' kinds
     sch.reverse_compute_at(c_local, bx)
     loops = sch.get_loops(c_local)  # the write-back, thread by thread
     own = loops[[sch.get(lp) for lp in loops].index(sch.get(bx)) + 1 :]
-    c0, c1 = sch.split(own[-1], [t.tx, None])
+    if any(across):
+        c1, c0 = sch.split(own[-1], [None, t.tx])
+    else:
+        c0, c1 = sch.split(own[-1], [t.tx, None])
     if len(own) >= 2:
         r0, r1 = sch.split(own[-2], [t.ty, None])
         sch.reorder(r0, c0, r1, c1)
@@ -205,9 +220,30 @@ def _fused(sch: Schedule, loops: list[LoopRV]) -> list[LoopRV]:
     return [loops[0] if len(loops) == 1 else sch.fuse(*loops)]
 
 
-def _cooperative_fetch(sch: Schedule, fetch: BlockRV, at: LoopRV, t: Tiling) -> None:
+def _rows_across_lanes(block: Block, n: int, column: Var) -> bool:
+    """Whether the contraction's `n`th operand has the reduction on its last axis and the
+    output column on another (a dense's W[n][k]): the warp's lanes, one column each, then
+    read one word per row of the shared tile, all in one bank unless the rows are padded."""
+    region = block.reads[n].region
+    reduce = {iv.var for iv in block.iter_vars if iv.kind == "reduce"}
+    last = _region_vars(region[-1])
+    return (
+        bool(last & reduce)
+        and column not in last
+        and any(column in _region_vars(x) for x in region[:-1])
+    )
+
+
+def _region_vars(x) -> set[Var]:  # noqa: ANN001 - an index or a Range
+    parts = (x.start, x.stop) if hasattr(x, "start") else (x,)
+    return set().union(*(free_vars(p) for p in parts))
+
+
+def _cooperative_fetch(
+    sch: Schedule, fetch: BlockRV, at: LoopRV, t: Tiling, vector: bool = True
+) -> None:
     """The copy's loops (under `at`) fused, split over the block's threads (ty, tx), the
-    innermost four lanes vectorized when the copied rows allow float4."""
+    innermost four lanes vectorized when the copied rows allow float4 (and `vector`)."""
     loops = sch.get_loops(fetch)
     names = [sch.describe(lp) for lp in loops]
     loops = loops[names.index(sch.describe(at)) + 1 :]
@@ -216,7 +252,7 @@ def _cooperative_fetch(sch: Schedule, fetch: BlockRV, at: LoopRV, t: Tiling) -> 
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = sch.get(fused).extent  # type: ignore[union-attr]
     # float4 where the innermost loop is the buffer's last axis (no unit axis dropped after it)
-    whole = row % 4 == 0 and len(loops) == rank
+    whole = vector and row % 4 == 0 and len(loops) == rank
     lanes = 4 if whole and extent % (4 * t.ty * t.tx) == 0 else 1
     if lanes > 1:
         _, y, x, v = sch.split(fused, [None, t.ty, t.tx, lanes])

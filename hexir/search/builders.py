@@ -90,7 +90,9 @@ class CudaBuilder(_PoolBuilder):
     """CUDA C through NVRTC (`hexir.build` for a CUDA target). The result keeps the loaded
     kernel for the in-process CudaRunner, and NVRTC's resource report in its info. A kernel
     that spills registers or keeps a stack frame (local memory, hundreds of cycles a load) is
-    a "resource" error: the search does not spend a measurement on it."""
+    a "resource" error: the search does not spend a measurement on it. The info also holds
+    the static analyzer's reading (hexir/codegen/gpu_analyze.py): the worst shared-memory
+    bank conflict, the occupancy and the fraction of FP32 peak the inner loop allows."""
 
     def _result(self, kernel: Any, info: dict[str, Any]) -> BuildResult:
         resources = getattr(kernel, "resources", None)
@@ -108,6 +110,7 @@ class CudaBuilder(_PoolBuilder):
                     ),
                     info=info,
                 )
+            info["analysis"] = _analysis(kernel)
         path = getattr(kernel, "path", None)
         return BuildResult(
             path=str(path) if path is not None else None,
@@ -115,3 +118,14 @@ class CudaBuilder(_PoolBuilder):
             info=info,
             kernel=kernel,
         )
+
+
+def _analysis(kernel: Any) -> dict[str, float]:
+    from hexir.codegen.gpu_analyze import analyze
+
+    report = analyze(kernel)
+    return {
+        "worst_conflict": report.worst,
+        "occupancy": report.occupancy,
+        "predicted_peak": report.predicted,
+    }

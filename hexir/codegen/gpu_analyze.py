@@ -1,0 +1,341 @@
+"""A static reading of a CUDA kernel, no GPU needed: shared-memory bank conflicts, occupancy,
+and the fraction of FP32 peak its innermost loop's issue mix allows.
+
+    report = analyze(kernel)        # a CudaKernel: hexir.build(func, "cuda -arch=sm_90")
+    report.accesses                 # each shared access: wavefronts per warp request vs ideal
+    report.conflict_free            # no access needs more wavefronts than its width
+    report.occupancy                # resident warps per multiprocessor / the most it holds
+    report.predicted                # fraction of FP32 peak the inner loop's issue mix allows
+    print(report)                   # one line
+
+The model (documented, not measured):
+- A shared access is evaluated for the first warp (lanes 0..31, threadIdx.x fastest), every
+  other loop at its first iteration. Shared memory has 32 banks of 4 bytes; a request takes as
+  many wavefronts as the most distinct words any bank is asked for (lanes reading one word
+  share it). A lane reading 8 or 16 bytes (a vectorized loop) splits the warp into phases of
+  16 or 8 lanes, each phase its own wavefronts: conflict-free, a float4 request takes 4.
+- Occupancy: blocks per multiprocessor limited by registers (allocated per warp in units of
+  256), shared memory (static plus dynamic plus 1 KB the driver reserves per block), threads
+  and blocks per multiprocessor of the arch.
+- Predicted peak: in one iteration of the innermost loop that is not unrolled around the
+  contraction's update (its unrolled loops enumerated), FMAs per warp take FMAs / 4 clocks of
+  a multiprocessor (128 FP32 lanes), the distinct loads take their wavefronts at one a clock
+  (a shared load its banks' wavefronts, a global one, through L1, a wavefront per 128-byte
+  line); unrolled loads of consecutive words, aligned, count as one vector load (ptxas emits
+  LDS.64/LDS.128 for them). Predicted = FMA clocks / max(FMA clocks, memory clocks). L2 and
+  DRAM bandwidth and latency are left out: a ceiling of the issue mix, not a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from hexir.ir import arith
+from hexir.ir.tir import (
+    Binary,
+    Block,
+    Buffer,
+    BufferLoad,
+    BufferStore,
+    Expr,
+    For,
+    IfThenElse,
+    IntImm,
+    Seq,
+    Var,
+)
+from hexir.ir.visit import free_vars, substitute, walk
+from hexir.runtime.cuda_kernel import CudaKernel
+from hexir.schedule.compact import compact_buffers
+
+BANKS = 32
+WARP = 32
+FMA_LANES_PER_CLOCK = 128  # FP32 lanes of one multiprocessor (sm_80's are 64: see LIMITS)
+RESERVED_SHARED = 1024  # bytes per block the driver keeps (sm_80 and later)
+REGISTER_UNIT = 256  # registers are allocated per warp in units of this many
+
+# Per arch: (shared memory per multiprocessor, threads, blocks, FP32 lanes), NVIDIA's tables.
+LIMITS = {
+    "sm_80": (164 * 1024, 2048, 32, 64),
+    "sm_86": (100 * 1024, 1536, 16, 128),
+    "sm_89": (100 * 1024, 1536, 24, 128),
+    "sm_90": (228 * 1024, 2048, 32, 128),
+}
+REGISTERS_PER_SM = 65536
+
+
+@dataclass(frozen=True)
+class Access:
+    """One shared-memory access of the kernel, read for the first warp."""
+
+    buffer: str
+    kind: str  # "load" or "store"
+    width: int  # words per lane (1, 2 or 4)
+    wavefronts: int  # per warp request
+    ideal: int  # without conflicts: one per phase
+
+    @property
+    def degree(self) -> float:
+        return self.wavefronts / self.ideal
+
+
+@dataclass(frozen=True)
+class Report:
+    kernel: str
+    accesses: tuple[Access, ...]
+    registers: int
+    spill_bytes: int
+    blocks_per_sm: int
+    occupancy: float  # resident warps / the most a multiprocessor holds
+    fma_clocks: float  # per warp, one iteration of the innermost rolled loop
+    memory_clocks: float  # shared wavefronts and L1 lines, same iteration
+    predicted: float  # FMA clocks / max(FMA clocks, shared clocks): a ceiling
+
+    @property
+    def conflict_free(self) -> bool:
+        return all(a.wavefronts <= a.ideal for a in self.accesses)
+
+    @property
+    def worst(self) -> float:
+        return max((a.degree for a in self.accesses), default=1.0)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kernel}: {len(self.accesses)} shared accesses, worst conflict "
+            f"{self.worst:.0f}-way; {self.registers} registers, {self.spill_bytes} B spilled; "
+            f"{self.blocks_per_sm} blocks/SM, occupancy {self.occupancy:.0%}; "
+            f"issue mix allows {self.predicted:.0%} of FP32 peak"
+        )
+
+
+def analyze(kernel: CudaKernel) -> Report:
+    """The static reading of a built CUDA kernel (see the module docstring)."""
+    func = compact_buffers(kernel.func)
+    threads = _thread_vars(func.body)
+    block = kernel.block
+    lanes = [_lane(n, block) for n in range(min(WARP, math.prod(block)))]
+    fma, memory, inner = _issue_mix(func.body, threads, lanes)
+    accesses = [  # the update's loads as the inner loop issues them (merged into vectors)
+        _access(indices, node, loops, threads, lanes)
+        for indices, node, loops in _shared_accesses(func.body, [])
+        if node not in inner
+    ]
+    blocks, occupancy = _occupancy(kernel)
+    predicted = fma / max(fma, memory) if fma else 0.0
+    return Report(
+        kernel.name,
+        tuple(a for a in [*accesses, *inner.values()] if a is not None),
+        kernel.resources.get("registers", 0),
+        kernel.resources.get("spill_bytes", 0),
+        blocks,
+        occupancy,
+        fma,
+        memory,
+        predicted,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared accesses and their wavefronts
+
+
+def _thread_vars(body) -> dict[Var, str]:  # noqa: ANN001 - any statement
+    return {
+        n.var: n.kind for n in walk(body) if isinstance(n, For) and n.kind.startswith("threadIdx")
+    }
+
+
+def _lane(n: int, block: tuple[int, int, int]) -> dict[str, int]:
+    x, y, z = block
+    return {"threadIdx.x": n % x, "threadIdx.y": n // x % y, "threadIdx.z": n // (x * y) % z}
+
+
+def _shared_accesses(stmt, loops: list[For], bound: dict | None = None):  # noqa: ANN001, ANN202
+    """(indices of a shared access in loop vars, its BufferLoad or BufferStore, the loops
+    around it, outermost first): a block's iter vars replaced by their bindings."""
+    bound = bound or {}
+    if isinstance(stmt, For):
+        yield from _shared_accesses(stmt.body, [*loops, stmt], bound)
+        return
+    if isinstance(stmt, Block):
+        bound = bound | {iv.var: substitute(iv.binding, bound) for iv in stmt.iter_vars}
+    if isinstance(stmt, BufferStore):
+        nodes = [stmt] + [n for e in (stmt.value, *stmt.indices) for n in walk(e)]
+        for n in nodes:
+            if isinstance(n, (BufferLoad, BufferStore)) and n.buffer.scope == "shared":
+                yield tuple(substitute(i, bound) for i in n.indices), n, loops
+        return
+    for child in _children(stmt):
+        yield from _shared_accesses(child, loops, bound)
+
+
+def _children(stmt) -> list:  # noqa: ANN001 - any statement
+    match stmt:
+        case Seq(stmts):
+            return list(stmts)
+        case Block():
+            return [s for s in (stmt.init, stmt.body) if s is not None]
+        case IfThenElse():
+            return [s for s in (stmt.then, stmt.else_) if s is not None]
+    return []
+
+
+def _flat(buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
+    flat: Expr = IntImm(0)
+    for extent, index in zip(buffer.shape, indices, strict=True):
+        flat = Binary("+", Binary("*", flat, IntImm(extent)), index)
+    return flat
+
+
+def _value(expr: Expr, env: dict[Var, int]) -> int | None:
+    done = arith.simplify(substitute(expr, {v: IntImm(env.get(v, 0)) for v in free_vars(expr)}))
+    return done.value if isinstance(done, IntImm) else None
+
+
+def _access(indices, node, loops: list[For], threads: dict[Var, str], lanes) -> Access | None:  # noqa: ANN001
+    buffer = node.buffer
+    words = max(buffer_bytes(buffer) // 4, 1)
+    vector = [lp for lp in loops if lp.kind == "vectorized"]
+    width = (vector[-1].extent if vector else 1) * words
+    flat = _flat(buffer, indices)
+    addresses = []
+    for lane in lanes:
+        env = {v: lane[kind] for v, kind in threads.items()}
+        value = _value(flat, env)
+        if value is None:
+            return None
+        addresses.append(value * words)
+    wavefronts, ideal = _wavefronts(addresses, width)
+    kind = "store" if isinstance(node, BufferStore) else "load"
+    return Access(buffer.name, kind, width, wavefronts, ideal)
+
+
+def buffer_bytes(buffer: Buffer) -> int:
+    import numpy as np
+
+    from hexir.ir.dtype import numpy_dtype
+
+    return np.dtype(numpy_dtype(buffer.dtype)).itemsize
+
+
+def _wavefronts(addresses: list[int], width: int) -> tuple[int, int]:
+    """(wavefronts, ideal) of one warp request: lane n reads words addresses[n] ..
+    addresses[n] + width - 1; phases of 32 / width lanes."""
+    per_phase = max(WARP // max(width, 1), 1)
+    total = phases = 0
+    for start in range(0, len(addresses), per_phase):
+        banks: dict[int, set[int]] = {}
+        for a in addresses[start : start + per_phase]:
+            for w in range(a, a + width):
+                banks.setdefault(w % BANKS, set()).add(w)
+        total += max(len(words) for words in banks.values())
+        phases += 1
+    return total, phases
+
+
+# ---------------------------------------------------------------------------------------------
+# Occupancy
+
+
+def _occupancy(kernel: CudaKernel) -> tuple[int, float]:
+    shared_sm, threads_sm, blocks_sm, _ = LIMITS.get(kernel.binary.arch, LIMITS["sm_90"])
+    threads = math.prod(kernel.block)
+    warps = -(-threads // WARP)
+    registers = kernel.resources.get("registers", 0)
+    per_warp = -(-registers * WARP // REGISTER_UNIT) * REGISTER_UNIT
+    by_registers = REGISTERS_PER_SM // (per_warp * warps) if per_warp else blocks_sm
+    shared = kernel.resources.get("shared_bytes", 0) + kernel.shared_bytes + RESERVED_SHARED
+    blocks = min(blocks_sm, threads_sm // (warps * WARP), by_registers, shared_sm // shared)
+    return blocks, blocks * warps / (threads_sm // WARP)
+
+
+# ---------------------------------------------------------------------------------------------
+# The inner loop's issue mix
+
+
+def _issue_mix(body, threads: dict[Var, str], lanes):  # noqa: ANN001, ANN202
+    """(FMA clocks, memory clocks, {shared load: its Access}) per warp for one iteration of
+    the innermost rolled loop around the contraction's update (a block whose value
+    multiplies two loads from memory). A load from global memory (read through L1, the same
+    SRAM and bandwidth as shared memory) takes a wavefront per 128-byte line the warp
+    touches."""
+    found = _update(body, [])
+    if found is None:
+        return 0.0, 0.0, {}
+    update, loops = found
+    rolled = [n for n, lp in enumerate(loops) if lp.kind in ("serial", "parallel")]
+    inner = loops[rolled[-1] + 1 :] if rolled else loops
+    unrolled = [lp for lp in inner if lp.kind in ("unrolled", "vthread")]
+    space = [range(lp.extent) for lp in unrolled]
+    fmas = math.prod(lp.extent for lp in unrolled)
+    clocks = 0.0
+    accesses: dict[BufferLoad, Access] = {}
+    for load in _memory_loads(update):
+        flat = _flat(load.buffer, tuple(substitute(i, update.bindings) for i in load.indices))
+        base = {v: lanes[0][kind] for v, kind in threads.items()}
+        values = set()
+        for point in itertools.product(*space):
+            values.add(
+                _value(flat, base | {lp.var: p for lp, p in zip(unrolled, point, strict=True)})
+            )
+        width = _vector_width(sorted(v for v in values if v is not None))
+        addresses = [_value(flat, {v: lane[k] for v, k in threads.items()}) or 0 for lane in lanes]
+        if load.buffer.scope == "shared":
+            wavefronts, ideal = _wavefronts(addresses, width)
+            accesses[load] = Access(load.buffer.name, "load", width, wavefronts, ideal)
+        else:  # lines of 32 words
+            wavefronts = len({w // BANKS for a in addresses for w in range(a, a + width)})
+        clocks += len(values) // width * wavefronts
+    return fmas * WARP / FMA_LANES_PER_CLOCK, clocks, accesses
+
+
+@dataclass(frozen=True)
+class _Update:
+    block: Block
+    bindings: dict  # the block's iter vars -> their bindings in loop vars
+
+
+def _update(stmt, loops: list[For], bound: dict | None = None):  # noqa: ANN001, ANN202
+    bound = bound or {}
+    if isinstance(stmt, For):
+        return _update(stmt.body, [*loops, stmt], bound)
+    if isinstance(stmt, Block):
+        bound = bound | {iv.var: substitute(iv.binding, bound) for iv in stmt.iter_vars}
+        if len(_memory_loads(stmt)) >= 2:
+            if any(isinstance(n, Binary) and n.op == "*" for n in walk(stmt.body)):
+                return _Update(stmt, bound), loops
+    for child in _children(stmt):
+        found = _update(child, loops, bound)
+        if found is not None:
+            return found
+    return None
+
+
+def _memory_loads(block: Block | _Update) -> list[BufferLoad]:
+    """The distinct loads of `block` from shared or global memory (not registers)."""
+    if isinstance(block, _Update):
+        block = block.block
+    loads: dict[tuple, BufferLoad] = {}
+    for n in walk(block.body):
+        if isinstance(n, BufferLoad) and n.buffer.scope in ("shared", "global"):
+            loads.setdefault((n.buffer.name, n.indices), n)
+    return list(loads.values())
+
+
+def _vector_width(values: list[int]) -> int:
+    """4 or 2 where the distinct indices a thread reads come in aligned runs of consecutive
+    words that long (ptxas merges them into LDS.128 / LDS.64), else 1."""
+    for width in (4, 2):
+        runs = len(values) % width == 0 and all(
+            values[i] % width == 0
+            and values[i : i + width] == list(range(values[i], values[i] + width))
+            for i in range(0, len(values), width)
+        )
+        if values and runs:
+            return width
+    return 1
+
+
+__all__ = ["Access", "Report", "analyze"]

@@ -1,0 +1,81 @@
+"""The static GPU analyzer (hexir/codegen/gpu_analyze.py): the bank model on access patterns
+whose wavefronts are known, and its reading of the reference schedules, built with NVRTC (no
+GPU needed)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import hexir
+from hexir import knobs
+from hexir.codegen.gpu_analyze import REGISTER_UNIT, _wavefronts, analyze
+from hexir.schedule.handwritten import Tiling, gpu_schedule
+from hexir.search.space import SearchSpace
+
+SM90 = "cuda -arch=sm_90"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    with knobs.scope(cache_dir=str(tmp_path_factory.mktemp("cache"))):
+        yield
+
+
+@pytest.mark.parametrize(
+    "stride,width,expected",
+    [
+        (1, 1, (1, 1)),  # 32 lanes, 32 banks
+        (0, 1, (1, 1)),  # one word for all: a broadcast
+        (2, 1, (2, 1)),  # two lanes per bank, different words
+        (32, 1, (32, 1)),  # every lane in bank 0
+        (33, 1, (1, 1)),  # a row padded by a word
+        (4, 4, (4, 4)),  # float4 of consecutive rows: 4 phases of 8 lanes, no conflict
+        (8, 4, (8, 4)),  # float4 two apart: each phase 2-way
+    ],
+)
+def test_wavefronts_of_a_warp_request(stride, width, expected):
+    assert _wavefronts([lane * stride for lane in range(32)], width) == expected
+
+
+@pytest.mark.parametrize("name", ["matmul", "dense"])
+def test_the_reference_matmul_and_dense_read_shared_memory_without_conflicts(name):
+    kernel = hexir.build(gpu_schedule(hexir.workload(name, M=4096, N=4096, K=4096)).func, SM90)
+    report = analyze(kernel)
+    assert report.conflict_free and report.spill_bytes == 0, report.accesses
+    # per k step a warp issues 32 FMAs a thread (8 clocks) and 12 shared wavefronts
+    assert report.fma_clocks == 8 and report.memory_clocks == 12
+    assert report.predicted == pytest.approx(8 / 12)
+    assert "worst conflict 1-way" in str(report)
+
+
+def test_the_old_square_tiling_shows_the_conflicts_the_expert_reading_found():
+    """16 x 16 threads of 8 x 8 outputs: A's reads 2-way, B's LDS.128 on half the banks."""
+    func = hexir.workload("matmul", M=4096, N=4096, K=4096)
+    report = analyze(hexir.build(gpu_schedule(func, Tiling(16, 16, 8, 8, 8)).func, SM90))
+    loads = {a.buffer: a for a in report.accesses if a.kind == "load"}
+    assert loads["A_shared"].degree == 2 and loads["B_shared"].degree == 2
+    assert loads["B_shared"].width == 4 and not report.conflict_free
+    assert report.predicted == pytest.approx(0.5)
+
+
+def test_occupancy_follows_registers_shared_memory_and_threads():
+    kernel = hexir.build(gpu_schedule(hexir.workload("matmul", M=4096, N=4096, K=4096)).func, SM90)
+    report = analyze(kernel)
+    warps = kernel.block[0] * kernel.block[1] // 32
+    per_warp = -(-kernel.resources["registers"] * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    shared = kernel.resources["shared_bytes"] + 1024
+    expected = min(32, 2048 // (warps * 32), 65536 // (per_warp * warps), 228 * 1024 // shared)
+    assert report.blocks_per_sm == expected and report.occupancy == expected * warps / 64
+
+
+def test_the_analyzer_reads_every_sampled_kernel():
+    """Any kernel the search space draws: every shared access evaluated, nothing raised."""
+    func = hexir.workload("matmul", M=1024, N=1024, K=1024)
+    rng = random.Random(0)
+    for _ in range(4):
+        sch = SearchSpace().sample_schedule(func, hexir.Target(SM90), rng)
+        report = analyze(hexir.build(sch.func, SM90))
+        assert 0 <= report.predicted <= 1 and 0 < report.occupancy <= 1
+        assert all(a.wavefronts >= a.ideal >= 1 for a in report.accesses)
