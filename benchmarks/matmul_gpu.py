@@ -101,7 +101,8 @@ def main() -> None:
 
     n = args.size
     flop = 2.0 * n**3
-    func = hexir.workload(args.op, M=n, N=n, K=n)
+    extra = {"bias": False} if args.op == "dense" else {}
+    func = hexir.workload(args.op, M=n, N=n, K=n, **extra)
     sch = gpu_schedule(func, parse_tiling(args.tiling))
     print(sch.trace, end="\n\n")
     kernel = hexir.build(sch.func, target="cuda")  # the visible GPU's arch
