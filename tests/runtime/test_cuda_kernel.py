@@ -3,7 +3,6 @@ there is no GPU to run on. The GPU side runs in tests/gpu."""
 
 from __future__ import annotations
 
-import importlib
 import math
 import pickle
 import subprocess
@@ -82,25 +81,17 @@ def test_calling_without_a_gpu_says_so(kernel, arrays):
     assert gpu_unavailable_reason() == message
 
 
-def _imports(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
 @needs_no_gpu
 def test_the_driver_binding_follows_the_knob_without_a_gpu():
     """pycuda where it imports, else cuda-bindings; either, asked for, says why it cannot run."""
-    expected = "pycuda" if _imports("pycuda.driver") else "cuda-bindings"
+    expected = "pycuda" if cuda_driver._imports("pycuda.driver") else "cuda-bindings"
     with knobs.scope(cuda_driver="auto"):
         assert cuda_driver.load().name == expected
     with knobs.scope(cuda_driver="cuda-bindings"):
         assert cuda_driver.load().name == "cuda-bindings"
         reason = gpu_unavailable_reason()
         assert reason.startswith("no GPU to run on: ") and "\n" not in reason
-    if not _imports("pycuda.driver"):
+    if not cuda_driver._imports("pycuda.driver"):
         with knobs.scope(cuda_driver="pycuda"):
             assert "pycuda is not installed" in gpu_unavailable_reason()
 
