@@ -32,7 +32,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from hexir.ir import arith
+from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import (
     Binary,
     Block,
@@ -194,9 +197,16 @@ def _value(expr: Expr, env: dict[Var, int]) -> int | None:
     return done.value if isinstance(done, IntImm) else None
 
 
-def _access(indices, node, loops: list[For], threads: dict[Var, str], lanes) -> Access | None:  # noqa: ANN001
+def _access(
+    indices: tuple[Expr, ...],
+    node: BufferLoad | BufferStore,
+    loops: list[For],
+    threads: dict[Var, str],
+    lanes: list[dict[str, int]],
+) -> Access | None:
+    """The access `node` (its `indices` in loop vars) for the first warp's lanes."""
     buffer = node.buffer
-    words = max(buffer_bytes(buffer) // 4, 1)
+    words = max(_itemsize(buffer) // 4, 1)
     vector = [lp for lp in loops if lp.kind == "vectorized"]
     width = (vector[-1].extent if vector else 1) * words
     flat = _flat(buffer, indices)
@@ -212,11 +222,7 @@ def _access(indices, node, loops: list[For], threads: dict[Var, str], lanes) -> 
     return Access(buffer.name, kind, width, wavefronts, ideal)
 
 
-def buffer_bytes(buffer: Buffer) -> int:
-    import numpy as np
-
-    from hexir.ir.dtype import numpy_dtype
-
+def _itemsize(buffer: Buffer) -> int:
     return np.dtype(numpy_dtype(buffer.dtype)).itemsize
 
 
