@@ -30,6 +30,7 @@ from hexir.errors import ResourceError, ScheduleError, TargetError
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import is_float, itemsize, short_name
 from hexir.ir.tir import (
+    AUTO_UNROLL_KEY,
     Allocate,
     Barrier,
     Block,
@@ -189,11 +190,16 @@ class CudaPrinter(CPrinter):
     def loop(self, loop: For) -> None:
         if loop.kind in THREAD_AXES or loop.kind in BLOCK_AXES:
             v = self.var(loop.var)
+            saved = self._unroll_step
+            step = dict(loop.annotations).get(AUTO_UNROLL_KEY)  # the search's unroll, kept on
+            if isinstance(step, int) and not isinstance(step, bool):  # the block loop
+                self._unroll_step = step
             with self.scope(f"{{  // {loop.kind}"), self.bind_ranges({loop.var: loop.extent}):
                 if loop.var in free_vars(loop.body):
                     self.emit(f"const int {v} = (int){loop.kind};")
                 with self.on_axes([loop.kind]):
                     self.stmt_list(loop.body)
+            self._unroll_step = saved
             return
         if loop.kind == "vectorized" and self.vector_loop(loop):
             return

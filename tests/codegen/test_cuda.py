@@ -271,3 +271,19 @@ def test_every_resnet_conv_takes_the_tiled_schedule_within_shared_memory(model):
         # verify_gpu raises ResourceError over the target's shared memory or thread limits
         launch = verify_gpu(compact_buffers(gpu_schedule(func).func), target)
         assert launch.threads >= 16 and math.prod(launch.grid) >= 64, func.name
+
+
+def test_the_search_unroll_annotation_on_a_block_loop_unrolls_the_small_loops_inside():
+    """The GPU sketch puts `pragma_auto_unroll_max_step` on the blockIdx loop; the printer
+    honours it on the serial loops inside (it was dropped with the bound loop's annotations)."""
+    from hexir.ir.tir import AUTO_UNROLL_KEY
+
+    target = Target("cuda -arch=sm_90")
+    sch = hexir.Schedule(hexir.workload("matmul", M=64, N=64, K=8))
+    i, j, _ = sch.get_loops(sch.get_block("matmul"))
+    sch.bind(i, "blockIdx.x")
+    sch.bind(j, "threadIdx.x")
+    plain = generate_cuda(sch.func, target).source
+    sch.annotate(i, AUTO_UNROLL_KEY, 16)  # k's 8 iterations fit
+    assert "#pragma unroll" not in plain
+    assert "#pragma unroll" in generate_cuda(sch.func, target).source
