@@ -230,6 +230,18 @@ def _identity(ctx: Context) -> Sequence[Value]:
     return [ctx.input(0)]
 
 
+def _dropout(ctx: Context) -> Sequence[Value]:
+    """Inference: the identity. In training mode (opset 12's third input, true) Dropout draws a
+    random mask, which Hexir does not compute: refused, not run as the identity."""
+    training = ctx.optional_array(2, "training_mode")
+    if training is not None and bool(np.asarray(training).any()):
+        raise Unsupported(
+            "Dropout in training mode (training_mode = true) zeroes a random share of its "
+            "input; Hexir compiles models for inference: export the model in eval mode"
+        )
+    return [ctx.input(0)]
+
+
 # --- contractions, normalization, pools -----------------------------------------------------
 
 
@@ -393,7 +405,7 @@ SPECS: dict[str, Spec] = {
     "LayerNormalization": Spec(_layer_norm, {"axis": None, "epsilon": None, "stash_type": None}),
     "RMSNormalization": Spec(_rms_norm, {"axis": None, "epsilon": None, "stash_type": None}),
     "Identity": Spec(_identity),
-    "Dropout": Spec(_identity, {"seed": None}),
+    "Dropout": Spec(_dropout, {"seed": None}),
     "MatMul": Spec(_matmul),
     "Gemm": Spec(_gemm, {"alpha": None, "beta": None, "transA": None, "transB": None}),
     "Conv": Spec(

@@ -526,3 +526,15 @@ def test_model_local_functions_are_inlined():
     proto.opset_import.append(helper.make_opsetid("local", 1))
     graph = agrees(proto)
     assert kinds(graph) == Counter(mul=1)
+
+
+def test_dropout_is_the_identity_in_inference_and_refused_in_training_mode():
+    def dropout(training: bool):
+        nodes = [helper.make_node("Dropout", ["x", "ratio", "training"], ["y"])]
+        inits = [("ratio", np.array(0.5, np.float32)), ("training", np.array(training))]
+        return model(nodes, [("x", [3, 4])], ["y"], inits)
+
+    graph = agrees(dropout(False))  # the reference evaluator: the identity too
+    assert kinds(graph) == Counter()
+    with pytest.raises(ModelError, match="Dropout in training mode"):
+        import_onnx(dropout(True))  # was run as the identity: a wrong answer
