@@ -163,11 +163,15 @@ def _shape(ctx: Context) -> Sequence[Value]:
 
 
 def _gather(ctx: Context) -> Sequence[Value]:
-    """Gather with constant indices: slices (one when the indices step evenly), concat."""
+    """Gather with constant indices: slices (one when the indices step evenly), concat; with
+    indices computed at run time (a language model's token ids): the `gather` op."""
     x = ctx.input(0)
     axis = _axis(int(ctx.attr("axis", 0)), len(x.type.shape))
     dim = x.type.shape[axis]
-    indices = np.asarray(ctx.array(1, "indices")).astype(np.int64)
+    try:
+        indices = np.asarray(ctx.array(1, "indices")).astype(np.int64)
+    except Unsupported:
+        return [_runtime_gather(ctx, x, ctx.input(1), axis)]
     flat = [int(i) + dim if i < 0 else int(i) for i in indices.reshape(-1)]
     if not flat or any(not 0 <= i < dim for i in flat):
         raise Unsupported(f"Gather indices {flat} for extent {dim}")
@@ -180,6 +184,13 @@ def _gather(ctx: Context) -> Sequence[Value]:
         taken = ctx.op("concat", *(_take(ctx, x, axis, i, i + 1) for i in flat), axis=axis)
     shape = x.type.shape[:axis] + indices.shape + x.type.shape[axis + 1 :]
     return [reshape(ctx, taken, shape)]
+
+
+def _runtime_gather(ctx: Context, x: Value, indices: Value, axis: int) -> Value:
+    if indices.type.shape:
+        return ctx.op("gather", x, indices, axis=axis)
+    one = ctx.op("gather", x, reshape(ctx, indices, (1,)), axis=axis)  # a scalar index
+    return reshape(ctx, one, x.type.shape[:axis] + x.type.shape[axis + 1 :])
 
 
 def _expand(ctx: Context) -> Sequence[Value]:

@@ -147,8 +147,8 @@ def workload(name: str, dtype: str = "float32", **shape: object) -> PrimFunc:
     Any op of docs/ops.md also lowers alone, given its operand shapes: `shape=(4, 8)` for one
     operand, `shapes=[(4, 8), (8,)]` for several; other keywords are the op's attributes
     (`attrs={...}` for one named like a keyword here, e.g. cast's `dtype`). Operands take
-    `dtype` (where's condition is bool); params are `in0, in1, ..., out0`. `shape`/`shapes`
-    select this form for the names above too.
+    `dtype` (where's condition is bool, gather's indices int64); params are `in0, in1, ...,
+    out0`. `shape`/`shapes` select this form for the names above too.
     """
     try:
         dtype = check_dtype(dtype)
@@ -186,6 +186,13 @@ def _check_keywords(name: str, builder: Callable[..., PrimFunc], given: Mapping)
             raise HexirError(f"workload {name!r}: {key} must be a positive int, got {value!r}")
 
 
+def _operand_dtype(kind: str, n: int, dtype: str) -> str:
+    """`dtype`, but where's condition is bool and gather's indices int64."""
+    if kind == "where" and n == 0:
+        return "bool"
+    return "int64" if kind == "gather" and n == 1 else dtype
+
+
 def _op_workload(kind: str, dtype: str, kwargs: dict[str, object]) -> PrimFunc:
     if not lowered(kind):
         raise HexirError(f"unknown op {kind!r}; the ops are {', '.join(lowered_kinds())}")
@@ -196,7 +203,7 @@ def _op_workload(kind: str, dtype: str, kwargs: dict[str, object]) -> PrimFunc:
     attrs.update(attrs.pop("attrs", None) or {})  # type: ignore[call-overload]
     b = GraphBuilder(kind)
     operands = [
-        b.input(f"in{i}", shape, "bool" if kind == "where" and i == 0 else dtype)  # type: ignore[arg-type]
+        b.input(f"in{i}", shape, _operand_dtype(kind, i, dtype))  # type: ignore[arg-type]
         for i, shape in enumerate(shapes)
     ]
     return _finish(b, b.op(kind, *operands, **attrs), "out0")  # type: ignore[arg-type]

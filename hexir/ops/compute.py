@@ -189,7 +189,9 @@ def affine(terms: Iterable[tuple[Expr, int]], offset: int = 0) -> Expr:
 
 
 def bound(expr: Expr, domains: dict[Var, int]) -> tuple[int, int] | None:
-    """Interval arithmetic over `+ - * floordiv floormod min max` of vars with known extents."""
+    """Interval arithmetic over `+ - * floordiv floormod min max` of vars with known extents;
+    a clamp `max(min(e, hi), lo)` is bounded by its constants even where `e` is not (an index
+    loaded at run time, as gather's)."""
     match expr:
         case IntImm(value, _):
             return value, value
@@ -198,9 +200,26 @@ def bound(expr: Expr, domains: dict[Var, int]) -> tuple[int, int] | None:
         case Binary(op, a, b):
             ba, bb = bound(a, domains), bound(b, domains)
             if ba is None or bb is None:
-                return None
+                lo, hi = _half_bound(expr, domains)
+                return None if lo is None or hi is None else (lo, hi)
             return _bound_binary(op, ba, bb)
     return None
+
+
+def _half_bound(expr: Expr, domains: dict[Var, int]) -> tuple[int | None, int | None]:
+    """(lowest, highest) of `expr` where either is known: min and max keep the known side."""
+    whole = None if not isinstance(expr, Binary) or expr.op not in ("min", "max") else expr
+    if whole is None:
+        b = bound(expr, domains)
+        return (None, None) if b is None else b
+    (alo, ahi), (blo, bhi) = _half_bound(whole.a, domains), _half_bound(whole.b, domains)
+    if whole.op == "min":  # below both highs, and as low as the lower of the lows
+        highs = [h for h in (ahi, bhi) if h is not None]
+        lo = None if alo is None or blo is None else min(alo, blo)
+        return lo, min(highs) if highs else None
+    lows = [x for x in (alo, blo) if x is not None]  # max: above both lows
+    hi = None if ahi is None or bhi is None else max(ahi, bhi)
+    return max(lows) if lows else None, hi
 
 
 def _bound_binary(op: str, a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:

@@ -1,4 +1,5 @@
-"""Data movement: transpose, reshape, concat, slice, pad, and constant (the graph's data).
+"""Data movement: transpose, reshape, concat, slice, pad, gather, and constant (the graph's
+data).
 
 Each moving op lowers to one spatial block whose every output element is one element of an
 operand (or pad's fill); its fusion role is injective, and `cheap` says when computing it
@@ -24,7 +25,7 @@ import numpy as np
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, Check, dims, fail, normalize_axis
-from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, const
+from hexir.ir.tir import Binary, Buffer, Cast, Expr, IntImm, Select, const
 from hexir.ops.base import (
     Exporter,
     OpDef,
@@ -625,4 +626,68 @@ PAD = OpDef(
     cheap=always_cheap,
 )
 
-OPS: tuple[OpDef, ...] = (TRANSPOSE, LAYOUT_TRANSFORM, RESHAPE, CONCAT, SLICE, PAD, CONSTANT)
+# --- gather -----------------------------------------------------------------------------------
+
+
+def _gather_infer(c: Check) -> TensorType:
+    x, indices = c.types
+    if indices.dtype not in ("int32", "int64"):
+        fail(f"indices must be int32 or int64, got {indices.dtype}")
+    if not indices.shape:
+        fail("indices must have at least one axis (a scalar index: reshape it to [1] first)")
+    axis = c.axis("axis", len(x.shape), 0)
+    return TensorType(x.shape[:axis] + indices.shape + x.shape[axis + 1 :], x.dtype)
+
+
+def _gather_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, indices = xs
+    axis = get_int(attrs, "axis")
+    n = x.shape[axis]
+    bad = indices[(indices < -n) | (indices >= n)]
+    if bad.size:
+        raise IndexError(f"gather: index {int(bad.flat[0])} out of range for axis {axis} of {n}")
+    return np.take(x, indices, axis=axis)
+
+
+def _gather_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """out[..., j..., ...] = x[..., indices[j...], ...]: a negative index counts from the end;
+    an index out of range is clamped into it, so the kernel never reads outside x (the
+    reference evaluator refuses such an index)."""
+    x, indices = args
+    axis, rank = attr_int(op, "axis"), len(indices.shape)
+    n = x.shape[axis]
+
+    def load(i: Indices) -> Expr:
+        raw = Cast("int32", indices[tuple(i[axis : axis + rank])])
+        wrapped = Select(Binary("<", raw, IntImm(0)), Binary("+", raw, IntImm(n)), raw)
+        return x[i[:axis] + (clamp(k, wrapped, n),) + i[axis + rank :]]
+
+    k.compute("gather", out, load)
+
+
+GATHER = OpDef(
+    "gather",
+    "x's slices along axis at runtime indices (an embedding lookup): "
+    "out.shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]",
+    ("x", "indices"),
+    ("axis",),
+    infer=_gather_infer,
+    fusion=Pattern.INJECTIVE,  # each output element is one element of x, at a loaded index
+    evaluate=_gather_evaluate,
+    lower=_gather_lower,
+    export=lambda ex, op: ex.node(
+        "Gather", operand_names(op), op.result.name, axis=attr_int(op, "axis")
+    ),
+    flops=no_flops,
+)
+
+OPS: tuple[OpDef, ...] = (
+    TRANSPOSE,
+    LAYOUT_TRANSFORM,
+    RESHAPE,
+    CONCAT,
+    SLICE,
+    PAD,
+    GATHER,
+    CONSTANT,
+)

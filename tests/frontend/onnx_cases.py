@@ -211,6 +211,9 @@ CASES: dict[str, Graph] = {
             b.slice(x, (1,), (4,)),
         ],
     ),
+    "gather": one_op(  # runtime indices in -5..5 of an axis of 6
+        "gather", [((6, 3), F), ((2, 2), "int64")], lambda b, x, i: b.gather(x, i, axis=0)
+    ),
     "pad": one_op(
         "pad", [((2, 3), F)], lambda b, x: b.pad(x, before=(1, 0), after=(2, 3), value=1.5)
     ),

@@ -299,6 +299,8 @@ CASES = [
     ("slice", "float32", [(4, 7, 3)], S((4, 7, 3), (None, 6, 1), (None, 0, 2), (-2, -3, 1)),
      "normal"),
     ("pad", "float32", [(3, 4)], {"before": (1, 0), "after": (2, 3), "value": 0.5}, "normal"),
+    ("gather", "float32", [(10, 3), (4,)], {"axis": 0}, "normal"),  # ids in -9..9: in range
+    ("gather", "float32", [(2, 12, 3), (2, 2)], {"axis": 1}, "normal"),
     ("pad", "float32", [(2, 3, 4)], {"before": (0, 1, 2), "after": (1, 0, 0), "value": -1.0},
      "normal"),
     *[(kind, "float32", [shape], attrs, "normal")
@@ -339,6 +341,7 @@ ELEMENTWISE = {
     *("add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "relu", "sigmoid"),
     *("tanh", "exp", "log", "erf", "sqrt", "rsqrt", "gelu", "cast", "bias_add", "batch_norm"),
     *("transpose", "layout_transform", "reshape", "concat", "slice", "pad", "max_pool2d"),
+    "gather",
     "reduce_max",
 }
 
