@@ -168,6 +168,13 @@ def _not(ctx: Context) -> Sequence[Value]:
     return [ctx.op("equal", x, ctx.scalar(False, x))]
 
 
+def _isnan(ctx: Context) -> Sequence[Value]:
+    """x != x: true exactly for NaN (the C backend compiles without -ffast-math, which would
+    assume it false). The dynamo exporter's attention writes Where(IsNaN(softmax), 0, ...)."""
+    x = ctx.input(0)
+    return [ctx.op("not_equal", x, x)]
+
+
 def _clip(ctx: Context) -> Sequence[Value]:
     y = ctx.input(0)
     if ctx.has(1):
@@ -392,6 +399,7 @@ SPECS: dict[str, Spec] = {
     "Or": Spec(_binary("maximum")),
     "Xor": Spec(_binary("not_equal")),
     "Not": Spec(_not),
+    "IsNaN": Spec(_isnan),
     **{k: Spec(_unary(k.lower())) for k in ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Erf")},
     "Sqrt": Spec(_unary("sqrt")),
     "Reciprocal": Spec(_reciprocal),

@@ -199,6 +199,19 @@ def _expand(ctx: Context) -> Sequence[Value]:
     return [broadcast_to(ctx, x, target)]
 
 
+def _constant_of_shape(ctx: Context) -> Sequence[Value]:
+    """A constant of a shape known at import (PyTorch's legacy exporter writes it for
+    `torch.ones/zeros` of traced shapes: BERT's attention mask): folded to its data."""
+    from onnx import numpy_helper
+
+    shape = tuple(int_list(ctx.array(0, "shape")))
+    value = ctx.attr("value")
+    fill = np.zeros(1, np.float32) if value is None else np.asarray(numpy_helper.to_array(value))
+    if fill.size != 1:
+        raise Unsupported(f"ConstantOfShape value of {fill.size} elements (ONNX allows one)")
+    return [ctx.constant(np.full(shape, fill.reshape(()), fill.dtype))]
+
+
 def _constant(ctx: Context) -> Sequence[Value]:
     from onnx import numpy_helper
 
@@ -224,6 +237,7 @@ SHAPE_SPECS: dict[str, Spec] = {
     "Pad": Spec(_pad, {"mode": ("constant",)}),
     "Shape": Spec(_shape, {"start": None, "end": None}),
     "Gather": Spec(_gather, {"axis": None}),
+    "ConstantOfShape": Spec(_constant_of_shape, {"value": None}),
     "Expand": Spec(_expand),
     "Constant": Spec(
         _constant,

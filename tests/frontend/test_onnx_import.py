@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from seeding import current_rng
 
+import hexir
 from hexir.errors import ModelError
 from hexir.frontend.onnx_import import import_onnx
 from hexir.graph.evaluate import evaluate
@@ -538,3 +539,29 @@ def test_dropout_is_the_identity_in_inference_and_refused_in_training_mode():
     assert kinds(graph) == Counter()
     with pytest.raises(ModelError, match="Dropout in training mode"):
         import_onnx(dropout(True))  # was run as the identity: a wrong answer
+
+
+def test_constant_of_shape_is_folded_at_import():
+    value = numpy_helper.from_array(np.array([2.5], np.float32))
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["c"], value=value),
+        helper.make_node("Add", ["x", "c"], ["y"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["z"]),  # no value: float zeros
+        helper.make_node("Mul", ["y", "z"], ["out"]),
+    ]
+    proto = model(nodes, [("x", [2, 3])], ["y", "out"], [("shape", np.array([2, 3], np.int64))])
+    graph = agrees(proto)
+    assert "constant_of_shape" not in kinds(graph)
+
+
+def test_isnan_finds_the_nans_of_a_runtime_tensor():
+    nodes = [helper.make_node("IsNaN", ["x"], ["m"]),
+             helper.make_node("Where", ["m", "zero", "x"], ["y"])]  # fmt: skip
+    proto = model(nodes, [("x", [2, 4])], ["m", "y"], [("zero", np.float32(0.0))])
+    graph = import_onnx(proto)
+    x = current_rng().standard_normal((2, 4)).astype(np.float32)
+    x[0, 1] = x[1, 3] = np.nan
+    want = ReferenceEvaluator(proto).run(None, {"x": x})
+    for got in (evaluate(graph, [x]), hexir.compile(graph, target="cpu").run([x])):
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
