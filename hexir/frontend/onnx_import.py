@@ -176,7 +176,9 @@ def _convert(ctx: Context, nodes: list[Node], onnx_graph: Any) -> list[str]:
     problems: list[str] = []
     poisoned: set[str] = set()
     for node in nodes:
-        if node.index in interior:
+        if node.index in interior:  # made by its pattern's root, unless a refusal reaches it
+            if any(t in poisoned for t in node.inputs):
+                poisoned.update(node.outputs)
             continue
         found = _static_problems(node, uses)
         if found or any(t in poisoned for t in node.inputs):

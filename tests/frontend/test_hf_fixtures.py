@@ -39,3 +39,17 @@ def test_an_exported_language_model_imports_compiles_and_matches_the_reference(n
         session = onnxruntime.InferenceSession(proto.SerializeToString())
         (peer,) = session.run(None, {proto.graph.input[0].name: ids})
         np.testing.assert_allclose(got, peer, rtol=1e-4, atol=1e-4)
+
+
+def test_a_refused_node_is_the_only_problem_listed_not_its_followers(monkeypatch):
+    """With ConstantOfShape refused, BERT's import lists the two ConstantOfShape nodes alone:
+    the nodes downstream (the gelu and scale patterns among them) are not listed as using
+    undefined tensors."""
+    from hexir.errors import ModelError
+    from hexir.frontend import onnx_import
+
+    monkeypatch.delitem(onnx_import.SUPPORTED, "ConstantOfShape")
+    with pytest.raises(ModelError) as info:
+        import_onnx(onnx.load(FIXTURES / "bert_tiny.onnx"))
+    assert [p.split(":")[1].strip() for p in info.value.problems] == ["op type not supported"] * 2
+    assert all("(ConstantOfShape)" in p for p in info.value.problems)
