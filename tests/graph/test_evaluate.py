@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from seeding import current_rng
 
+import hexir
 from hexir.errors import HexirError
 from hexir.graph.evaluate import evaluate
 from hexir.ir.graph import Graph, TensorType
@@ -453,3 +454,16 @@ def test_inputs_are_checked(inputs, message):
     graph = mlp_graph(rand(32, 16), rand(32), rand(32, 4))
     with pytest.raises(HexirError, match=message):
         evaluate(graph, inputs)
+
+
+def test_reference_evaluates_a_whole_graph_by_position_or_by_name(rng):
+    """`hexir.reference` takes a Graph too (it took lowered PrimFuncs only)."""
+    from hexir.frontend import zoo
+
+    graph = zoo.mlp(batch=4, sizes=(16, 8, 3))
+    (x,) = [rng.standard_normal(v.type.shape).astype("float32") for v in graph.inputs]
+    want = evaluate(graph, [x])
+    for got in (hexir.reference(graph, [x]), hexir.reference(graph, {graph.inputs[0].name: x})):
+        np.testing.assert_array_equal(got[0], want[0])
+    with pytest.raises(HexirError, match="missing: x; unknown: y"):
+        hexir.reference(graph, {"y": x})
