@@ -565,3 +565,32 @@ def test_isnan_finds_the_nans_of_a_runtime_tensor():
     for got in (evaluate(graph, [x]), hexir.compile(graph, target="cpu").run([x])):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize(
+    "op,attrs",
+    [
+        ("LeakyRelu", {"alpha": 0.1}),
+        ("LeakyRelu", {}),
+        ("Elu", {"alpha": 0.7}),
+        ("Selu", {}),
+        ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+        ("HardSwish", {}),
+        ("Softplus", {}),
+        ("Mish", {}),
+    ],
+)
+def test_activations_import_as_compositions_that_agree_with_the_reference(op, attrs):
+    proto = model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", [3, 5])], ["y"], opset=18)
+    graph = agrees(proto, rtol=1e-5, atol=1e-6)
+    x = current_rng().uniform(-4, 4, (3, 5)).astype(np.float32)
+    got = hexir.compile(graph, target="cpu").run([x])[0]
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_prelu_takes_a_slope_per_channel():
+    slope = current_rng().uniform(0, 0.5, (3, 1, 1)).astype(np.float32)
+    proto = model([helper.make_node("PRelu", ["x", "slope"], ["y"])], [("x", [2, 3, 4, 4])],
+                  ["y"], [("slope", slope)])  # fmt: skip
+    agrees(proto)
