@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, int_list
+from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
 
 Convert = Callable[[Context], Sequence[Value]]
@@ -282,6 +283,38 @@ def _layer_norm(ctx: Context) -> Sequence[Value]:
     return [ctx.op("layer_norm", x, scale, bias, axis=axis, epsilon=eps)]
 
 
+def _group_norm(ctx: Context, groups: int) -> Value:
+    """x [N, C, ...] normalized over each group of C / groups channels and the spatial axes
+    (layer_norm over the rows of an [N * groups, rest] view), then scaled and shifted per
+    channel by inputs 1 and 2 (of C elements; of `groups`, opset 18's GroupNormalization, each
+    spreads over its group's channels)."""
+    x = ctx.input(0)
+    n, c = x.type.shape[:2]
+    if len(x.type.shape) < 3 or c % groups:
+        raise Unsupported(f"{ctx.current.op_type} of {x.type!r} in {groups} groups")
+    rows = reshape(ctx, x, (n * groups, x.type.size // (n * groups)))
+    ones = ctx.constant(np.ones(rows.type.shape[1:], numpy_dtype(x.type.dtype)))
+    zeros = ctx.constant(np.zeros(rows.type.shape[1:], numpy_dtype(x.type.dtype)))
+    eps = ctx.float_attr("epsilon", 1e-5)
+    normed = ctx.op("layer_norm", rows, ones, zeros, axis=1, epsilon=eps)
+    per_channel = (c,) + (1,) * (len(x.type.shape) - 2)
+    out = reshape(ctx, normed, x.type.shape)
+    for i, combine in ((1, "mul"), (2, "add")):
+        v = ctx.array(i, "scale" if i == 1 else "bias").astype(numpy_dtype(x.type.dtype))
+        if v.size == groups and groups != c:
+            v = np.repeat(v.reshape(-1), c // groups)
+        out = ctx.op(combine, out, ctx.constant(v.reshape(per_channel)))
+    return out
+
+
+def _instance_norm(ctx: Context) -> Sequence[Value]:
+    return [_group_norm(ctx, ctx.input(0).type.shape[1])]
+
+
+def _group_norm_op(ctx: Context) -> Sequence[Value]:
+    return [_group_norm(ctx, int(ctx.attr("num_groups")))]
+
+
 def _rms_norm(ctx: Context) -> Sequence[Value]:
     """RMSNormalization (opset 23). A scale of another float type than X is cast to X's, which
     is Y's (as onnx's shape inference has it)."""
@@ -490,6 +523,10 @@ SPECS: dict[str, Spec] = {
     "LogSoftmax": Spec(_log_softmax, {"axis": None}),
     "LayerNormalization": Spec(_layer_norm, {"axis": None, "epsilon": None, "stash_type": None}),
     "RMSNormalization": Spec(_rms_norm, {"axis": None, "epsilon": None, "stash_type": None}),
+    "InstanceNormalization": Spec(_instance_norm, {"epsilon": None}),
+    "GroupNormalization": Spec(
+        _group_norm_op, {"num_groups": None, "epsilon": None, "stash_type": None}
+    ),
     "Identity": Spec(_identity),
     "Dropout": Spec(_dropout, {"seed": None}),
     "MatMul": Spec(_matmul),

@@ -594,3 +594,23 @@ def test_prelu_takes_a_slope_per_channel():
     proto = model([helper.make_node("PRelu", ["x", "slope"], ["y"])], [("x", [2, 3, 4, 4])],
                   ["y"], [("slope", slope)])  # fmt: skip
     agrees(proto)
+
+
+@pytest.mark.parametrize("op,groups,opset", [("InstanceNormalization", None, 17),
+                                             ("GroupNormalization", 2, 21),
+                                             ("GroupNormalization", 3, 18)])  # fmt: skip
+def test_instance_and_group_normalization_are_layer_norms_of_channel_groups(op, groups, opset):
+    rng = current_rng()
+    channels = 6
+    per = channels if groups is None or opset >= 21 else groups  # opset 18: a scale per group
+    attrs = {"epsilon": 1e-4} | ({} if groups is None else {"num_groups": groups})
+    node = helper.make_node(op, ["x", "scale", "bias"], ["y"], **attrs)
+    inits = [("scale", rng.uniform(0.5, 2, per).astype(np.float32)),
+             ("bias", rng.uniform(-1, 1, per).astype(np.float32))]  # fmt: skip
+    proto = model([node], [("x", [2, channels, 5, 4])], ["y"], inits, opset=opset)
+    graph = agrees(proto, rtol=1e-4, atol=1e-4)
+    assert "layer_norm" in kinds(graph)
+    x = rng.standard_normal((2, channels, 5, 4)).astype(np.float32)
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": x})
+    got = hexir.compile(graph, target="cpu").run([x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
