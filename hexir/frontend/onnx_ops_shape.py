@@ -212,6 +212,62 @@ def _constant_of_shape(ctx: Context) -> Sequence[Value]:
     return [ctx.constant(np.full(shape, fill.reshape(()), fill.dtype))]
 
 
+def _range(ctx: Context) -> Sequence[Value]:
+    """Range of constant start, limit and delta: folded to its data."""
+    start, limit, delta = (
+        np.asarray(ctx.array(i, n)) for i, n in enumerate(("start", "limit", "delta"))
+    )
+    if delta.item() == 0:
+        raise Unsupported("Range with delta 0")
+    return [ctx.constant(np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype))]
+
+
+def _tile(ctx: Context) -> Sequence[Value]:
+    """Tile by constant repeats: the operand concatenated with itself along each axis."""
+    x = ctx.input(0)
+    repeats = int_list(ctx.array(1, "repeats"))
+    if len(repeats) != len(x.type.shape) or any(r < 1 for r in repeats):
+        raise Unsupported(f"Tile repeats {repeats} for {x.type!r}")
+    for axis, r in enumerate(repeats):
+        if r > 1:
+            x = ctx.op("concat", *([x] * r), axis=axis)
+    return [x]
+
+
+def _trilu(ctx: Context) -> Sequence[Value]:
+    """The upper (or lower) triangle of the last two axes from diagonal k, zeros elsewhere:
+    a select against a constant mask."""
+    x = ctx.input(0)
+    if len(x.type.shape) < 2:
+        raise Unsupported(f"Trilu of {x.type!r}")
+    k = 0 if not ctx.has(1) else int(np.asarray(ctx.array(1, "k")).reshape(-1)[0])
+    ones = np.ones(x.type.shape[-2:], bool)
+    mask = np.triu(ones, k) if int(ctx.attr("upper", 1)) else np.tril(ones, k)
+    zero = ctx.constant(np.zeros((), np.dtype(x.type.dtype)))
+    return [ctx.op("where", ctx.constant(mask), x, zero)]
+
+
+def _cumsum(ctx: Context) -> Sequence[Value]:
+    """Cumulative sum along a constant axis as a matmul with a triangle of ones (exclusive: the
+    strict triangle; reverse: from the end), the axis moved last and back."""
+    x = ctx.input(0)
+    ndim = len(x.type.shape)
+    if not x.type.dtype.startswith("float"):
+        raise Unsupported(f"CumSum of {x.type.dtype} (float tensors only)")
+    axis = _axis(int(np.asarray(ctx.array(1, "axis")).reshape(-1)[0]), ndim)
+    n = x.type.shape[axis]
+    # column j sums the rows i <= j (i < j exclusive; i >= j, i > j in reverse)
+    k = 1 if ctx.attr("exclusive", 0) else 0
+    ones = np.ones((n, n), np.dtype(x.type.dtype))
+    triangle = np.tril(ones, -k) if ctx.attr("reverse", 0) else np.triu(ones, k)
+    perm = [d for d in range(ndim) if d != axis] + [axis]
+    moved = x if axis == ndim - 1 else ctx.op("transpose", x, perm=tuple(perm))
+    rows = reshape(ctx, moved, (moved.type.size // n, n))
+    summed = reshape(ctx, ctx.op("matmul", rows, ctx.constant(triangle)), moved.type.shape)
+    back = [perm.index(d) for d in range(ndim)]
+    return [summed if axis == ndim - 1 else ctx.op("transpose", summed, perm=tuple(back))]
+
+
 def _constant(ctx: Context) -> Sequence[Value]:
     from onnx import numpy_helper
 
@@ -238,6 +294,10 @@ SHAPE_SPECS: dict[str, Spec] = {
     "Shape": Spec(_shape, {"start": None, "end": None}),
     "Gather": Spec(_gather, {"axis": None}),
     "ConstantOfShape": Spec(_constant_of_shape, {"value": None}),
+    "Range": Spec(_range),
+    "Tile": Spec(_tile),
+    "Trilu": Spec(_trilu, {"upper": None}),
+    "CumSum": Spec(_cumsum, {"exclusive": None, "reverse": None}),
     "Expand": Spec(_expand),
     "Constant": Spec(
         _constant,

@@ -614,3 +614,34 @@ def test_instance_and_group_normalization_are_layer_norms_of_channel_groups(op, 
     (want,) = ReferenceEvaluator(proto).run(None, {"x": x})
     got = hexir.compile(graph, target="cpu").run([x])[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_range_of_constants_is_folded():
+    nodes = [
+        helper.make_node("Range", ["s", "l", "d"], ["r"]),
+        helper.make_node("Add", ["x", "r"], ["y"]),
+    ]
+    inits = [("s", np.float32(1.5)), ("l", np.float32(9.0)), ("d", np.float32(1.5))]
+    graph = agrees(model(nodes, [("x", [5])], ["y"], inits))
+    assert kinds(graph) == Counter({"add": 1, "constant": 1})  # the range, as data
+
+
+def test_tile_by_constant_repeats():
+    nodes = [helper.make_node("Tile", ["x", "r"], ["y"])]
+    agrees(model(nodes, [("x", [2, 3])], ["y"], [("r", np.array([2, 3], np.int64))]))
+
+
+@pytest.mark.parametrize("upper,k", [(1, 0), (0, 1), (1, -2)])
+def test_trilu_keeps_a_triangle_of_the_last_two_axes(upper, k):
+    nodes = [helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)]
+    agrees(model(nodes, [("x", [2, 4, 5])], ["y"], [("k", np.array(k, np.int64))]))
+
+
+@pytest.mark.parametrize("axis,exclusive,reverse", [(1, 0, 0), (2, 1, 0), (0, 0, 1), (-1, 1, 1)])
+def test_cumsum_along_a_constant_axis(axis, exclusive, reverse):
+    node = helper.make_node("CumSum", ["x", "a"], ["y"], exclusive=exclusive, reverse=reverse)
+    proto = model([node], [("x", [3, 5, 4])], ["y"], [("a", np.array(axis, np.int64))])
+    graph = agrees(proto)
+    x = current_rng().standard_normal((3, 5, 4)).astype(np.float32)
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": x})
+    np.testing.assert_allclose(hexir.compile(graph, target="cpu").run([x])[0], want, atol=1e-5)
