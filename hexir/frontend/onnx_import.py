@@ -1,4 +1,6 @@
-"""ONNX import: an ONNX model (default domain, opset 13–23, static shapes) as a Hexir graph.
+"""ONNX import: an ONNX model (default domain, static shapes) as a Hexir graph. Nodes are read
+as of opsets 13–23: an older model is converted up with onnx.version_converter, a newer one is
+read as opset 23 where none of its ops changed definition since (else refused, naming them).
 
     graph = import_onnx("model.onnx")                       # or an onnx.ModelProto
     graph = import_onnx("bert.onnx", input_shapes={"input_ids": (1, 128)})
@@ -49,7 +51,7 @@ def import_onnx(
     """The Hexir graph of `model` (a path or an onnx.ModelProto). `input_shapes` fixes the
     shapes of inputs whose ONNX shapes are symbolic; `name` names the graph."""
     proto, source = _load(model)
-    opset = _opset(proto, source)
+    proto, opset = _opset(proto, source)
     onnx_graph = proto.graph
     nodes = [_node(i, n) for i, n in enumerate(onnx_graph.node)]
     initializers = {t.name: t for t in onnx_graph.initializer}
@@ -99,16 +101,74 @@ def _load(model: Any) -> tuple[Any, str]:
     return proto, source
 
 
-def _opset(proto: Any, source: str) -> int:
+def _opset(proto: Any, source: str) -> tuple[Any, int]:
+    """(the model, the opset its nodes are read at). An opset before OPSETS is converted up with
+    onnx.version_converter; one after it is read as the last of OPSETS where none of the
+    model's ops changed its definition since (an op that did is refused, named)."""
+    import onnx
+
     versions = [o.version for o in proto.opset_import if o.domain in _DOMAINS]
     version = versions[0] if versions else 0
-    if version not in OPSETS:
-        raise ModelError(
-            f"{source} uses ONNX opset {version}; Hexir imports opsets {OPSETS.start}-"
-            f"{OPSETS.stop - 1}. Convert it first, e.g. with "
-            "onnx.version_converter.convert_version(model, 17)."
+    first, last = OPSETS.start, OPSETS.stop - 1
+    if version < first:
+        try:
+            converted = onnx.version_converter.convert_version(proto, first)
+        except Exception as e:  # the converter raises several kinds
+            raise ModelError(
+                f"{source} uses ONNX opset {version}; Hexir imports opsets {first}-{last}, and "
+                f"onnx.version_converter could not convert it to {first}: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            ) from e
+        return converted, first
+    if version > last:
+        changed = sorted(
+            {_changed(n, last, version) for n in proto.graph.node if n.domain in _DOMAINS} - {""}
         )
-    return version
+        if changed:
+            raise ModelError(
+                f"{source} uses ONNX opset {version}; Hexir reads ops as defined up to opset "
+                f"{last}, and these changed since: {', '.join(changed)}. Export the model at "
+                f"opset {last} or lower."
+            )
+        return proto, last
+    return proto, version
+
+
+def _changed(node: Any, last: int, version: int) -> str:
+    """'' where `node` means at opset `version` what it meant at `last`: its op's definition is
+    the same, or differs only in types it widened (which Hexir's dtype checks still refuse
+    where it lacks them) and in attributes the node does not set; else what changed."""
+    from onnx import defs
+
+    try:
+        old = defs.get_schema(node.op_type, max_inclusive_version=last)
+        new = defs.get_schema(node.op_type, max_inclusive_version=version)
+    except Exception:  # noqa: BLE001 - an op onnx does not know: the node check names it
+        return ""
+    if old.since_version == new.since_version:
+        return ""
+    set_attrs = {a.name for a in node.attribute}
+    added = set(new.attributes) - set(old.attributes)
+    same = (
+        not (added & set_attrs)
+        and set(old.attributes) <= set(new.attributes)
+        and _ports(old.inputs) == _ports(new.inputs)
+        and _ports(old.outputs) == _ports(new.outputs)
+        and all(types <= _types(new).get(k, set()) for k, types in _types(old).items())
+    )
+    return (
+        ""
+        if same
+        else f"{node.op_type} (version {new.since_version}, Hexir reads {old.since_version})"
+    )
+
+
+def _ports(params: Any) -> list[tuple[str, Any]]:
+    return [(p.name, p.option) for p in params]
+
+
+def _types(schema: Any) -> dict[str, set[str]]:
+    return {t.type_param_str: set(t.allowed_type_strs) for t in schema.type_constraints}
 
 
 def _node(index: int, proto: Any) -> Node:

@@ -116,9 +116,10 @@ def test_symbolic_dims_need_input_shapes():
     assert graph.outputs[0].type.shape == (3, 4)
 
 
-def test_opset_outside_the_range_is_refused():
-    proto = model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], ["y"], opset=11)
-    with pytest.raises(ModelError, match="opset 11.*13-23"):
+def test_an_old_opset_the_converter_cannot_convert_is_refused_saying_why():
+    node = helper.make_node("Upsample", ["x", "scales"], ["y"])  # scales: an undefined input
+    proto = model([node], [("x", [1, 1, 2, 2])], ["y"], opset=9)
+    with pytest.raises(ModelError, match="opset 9; .*13-23.*could not convert it to 13"):
         import_onnx(proto)
 
 
@@ -645,3 +646,15 @@ def test_cumsum_along_a_constant_axis(axis, exclusive, reverse):
     x = current_rng().standard_normal((3, 5, 4)).astype(np.float32)
     (want,) = ReferenceEvaluator(proto).run(None, {"x": x})
     np.testing.assert_allclose(hexir.compile(graph, target="cpu").run([x])[0], want, atol=1e-5)
+
+
+def test_an_old_opset_is_converted_and_a_new_one_read_where_its_ops_did_not_change():
+    relu = [helper.make_node("Relu", ["x"], ["y"])]
+    agrees(model(relu, [("x", [2, 3])], ["y"], opset=11))  # converted up to 13
+    agrees(model(relu, [("x", [2, 3])], ["y"], opset=25))  # Relu unchanged since 14
+    flatten = [helper.make_node("Flatten", ["x"], ["y"], axis=1)]  # Flatten-24: types only
+    agrees(model(flatten, [("x", [2, 3, 4])], ["y"], opset=25))
+    attention = [helper.make_node("Attention", ["q", "k", "v"], ["y"])]  # changed at 24
+    with pytest.raises(ModelError, match=r"changed since: Attention \(version 2[4-9]"):
+        import_onnx(model(attention, [("q", [1, 2, 4, 8]), ("k", [1, 2, 4, 8]),
+                                      ("v", [1, 2, 4, 8])], ["y"], opset=25))  # fmt: skip

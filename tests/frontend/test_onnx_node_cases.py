@@ -1,0 +1,72 @@
+"""The onnx package's own node test cases (`onnx.backend.test.case.node.collect_testcases`:
+the generators ship in the wheel, so the cases are built here, not downloaded), run through
+Hexir's import. Every case whose op types Hexir supports either imports and computes the
+case's expected outputs (numpy semantics, and compiled for the CPU) or is refused
+with a ModelError/HexirError naming why: never a wrong answer, never another exception."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir.errors import HexirError
+from hexir.frontend.onnx_import import SUPPORTED, import_onnx
+from hexir.graph.evaluate import evaluate
+
+# Cases that pass on 2026-12-04 (onnx 1.23): a floor, so that a regression shows.
+PASSING_AT_LEAST = 341
+COMPILED_AT_LEAST = 337  # the other 4 are float16, which the C backend refuses
+
+
+@functools.cache
+def _supported_cases() -> tuple:
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases()
+    return tuple(c for c in cases if {n.op_type for n in c.model.graph.node} <= set(SUPPORTED))
+
+
+def _outcome(case, compile_it: bool = False) -> str:
+    """'pass', 'refused: ...' or 'wrong: ...' for one case (its first data set)."""
+    try:
+        graph = import_onnx(case.model)
+    except HexirError as e:
+        return f"refused: {str(e).splitlines()[-1]}"
+    inputs, expected = case.data_sets[0]
+    arrays = [np.asarray(a) for a in inputs][: len(graph.inputs)]
+    try:
+        got = evaluate(graph, arrays)
+        if compile_it:
+            got = hexir.compile(graph, target="cpu").run(arrays)
+    except HexirError as e:
+        return f"refused: {str(e).splitlines()[0]}"
+    rtol, atol = case.rtol or 1e-3, case.atol or 1e-5
+    for g, want in zip(got, expected, strict=True):
+        want = np.asarray(want)
+        if g.shape != want.shape or not np.allclose(g, want, rtol=rtol, atol=atol, equal_nan=True):
+            return f"wrong: output {g.shape} against {want.shape}"
+    return "pass"
+
+
+def test_every_supported_node_case_passes_or_is_refused_never_wrong():
+    outcomes = {c.name: _outcome(c) for c in _supported_cases()}
+    wrong = {name: o for name, o in outcomes.items() if o.startswith("wrong")}
+    assert not wrong, wrong
+    passing = sum(o == "pass" for o in outcomes.values())
+    assert passing >= PASSING_AT_LEAST, f"{passing} of {len(outcomes)} supported cases pass"
+
+
+@pytest.mark.slow
+def test_every_passing_node_case_compiled_for_the_cpu_computes_the_same():
+    passing = [c for c in _supported_cases() if _outcome(c) == "pass"]
+    outcomes = {c.name: _outcome(c, compile_it=True) for c in passing}
+    wrong = {name: o for name, o in outcomes.items() if o.startswith("wrong")}
+    assert not wrong, wrong
+    compiled = sum(o == "pass" for o in outcomes.values())  # the rest: the C backend refused
+    assert compiled >= COMPILED_AT_LEAST, f"{compiled} of {len(passing)} compile and pass"
