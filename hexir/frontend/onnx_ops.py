@@ -260,6 +260,12 @@ def _cast(ctx: Context) -> Sequence[Value]:
     return [ctx.op("cast", ctx.input(0), dtype=dtype)]
 
 
+def _cast_like(ctx: Context) -> Sequence[Value]:
+    x, like = ctx.input(0), ctx.input(1)
+    same = x.type.dtype == like.type.dtype
+    return [x if same else ctx.op("cast", x, dtype=like.type.dtype)]
+
+
 def _gelu(ctx: Context) -> Sequence[Value]:
     return [ctx.op("gelu", ctx.input(0), approximate=ctx.attr("approximate", "none"))]
 
@@ -455,9 +461,14 @@ def _global_pool(ctx: Context) -> Sequence[Value]:
     return [ctx.op(kind, x, axes=tuple(range(2, ndim)), keepdims=True)]
 
 
-def _reduce(kind: str) -> Convert:
-    def convert(ctx: Context) -> Sequence[Value]:
-        x = ctx.input(0)
+def _reduce(kind: str) -> Callable[..., Sequence[Value]]:
+    """The ONNX reduction of input 0 (or of `x`, given), its axes and keepdims (or `keepdims`,
+    given) from the node."""
+
+    def convert(
+        ctx: Context, x: Value | None = None, keepdims: bool | None = None
+    ) -> Sequence[Value]:
+        x = ctx.input(0) if x is None else x
         if ctx.attr("axes") is not None:
             axes = int_list(ctx.attr("axes"))
         else:
@@ -467,10 +478,44 @@ def _reduce(kind: str) -> Convert:
             if ctx.attr("noop_with_empty_axes", 0):
                 return [x]
             axes = list(range(len(x.type.shape)))
-        keepdims = bool(ctx.attr("keepdims", 1))
-        return [ctx.op(kind, x, axes=tuple(axes), keepdims=keepdims)]
+        keep = bool(ctx.attr("keepdims", 1)) if keepdims is None else keepdims
+        return [ctx.op(kind, x, axes=tuple(axes), keepdims=keep)]
 
     return convert
+
+
+def _reduce_of(kind: str, before: str | None = None, after: str | None = None) -> Convert:
+    """A reduction ONNX names, as `after(kind(before(x)))`: ReduceSumSquare is
+    reduce_sum(x * x), ReduceL1 reduce_sum(|x|), ReduceL2 its sqrt, ReduceMin -max(-x)."""
+    reduce = _reduce(kind)
+
+    def convert(ctx: Context) -> Sequence[Value]:
+        x = ctx.input(0)
+        if before == "square":
+            x = ctx.op("mul", x, x)
+        elif before == "abs":
+            x = ctx.op("maximum", x, _neg(ctx, x))
+        elif before == "neg":
+            x = _neg(ctx, x)
+        (out,) = reduce(ctx, x)
+        if after == "sqrt":
+            out = ctx.op("sqrt", out)
+        elif after == "neg":
+            out = _neg(ctx, out)
+        return [out]
+
+    return convert
+
+
+def _reduce_log_sum_exp(ctx: Context) -> Sequence[Value]:
+    """log(sum(exp(x))) = m + log(sum(exp(x - m))) with m the max over the same axes: no
+    overflow where exp(x) alone would."""
+    x = ctx.input(0)
+    keep = _reduce("reduce_max")(ctx, x, keepdims=True)[0]
+    shifted = ctx.op("exp", ctx.op("sub", x, keep))
+    (total,) = _reduce("reduce_sum")(ctx, shifted)
+    (peak,) = _reduce("reduce_max")(ctx, x)
+    return [ctx.op("add", ctx.op("log", total), peak)]
 
 
 _POOL = {
@@ -552,4 +597,10 @@ SPECS: dict[str, Spec] = {
     "ReduceSum": Spec(_reduce("reduce_sum"), _REDUCE),
     "ReduceMean": Spec(_reduce("reduce_mean"), _REDUCE),
     "ReduceMax": Spec(_reduce("reduce_max"), _REDUCE),
+    "ReduceMin": Spec(_reduce_of("reduce_max", "neg", "neg"), _REDUCE),
+    "ReduceSumSquare": Spec(_reduce_of("reduce_sum", "square"), _REDUCE),
+    "ReduceL1": Spec(_reduce_of("reduce_sum", "abs"), _REDUCE),
+    "ReduceL2": Spec(_reduce_of("reduce_sum", "square", "sqrt"), _REDUCE),
+    "ReduceLogSumExp": Spec(_reduce_log_sum_exp, _REDUCE),
+    "CastLike": Spec(_cast_like, {"saturate": None}),
 }

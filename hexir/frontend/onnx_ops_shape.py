@@ -295,6 +295,7 @@ SHAPE_SPECS: dict[str, Spec] = {
     "Gather": Spec(_gather, {"axis": None}),
     "ConstantOfShape": Spec(_constant_of_shape, {"value": None}),
     "Range": Spec(_range),
+    "Size": Spec(lambda ctx: [ctx.constant(np.asarray(ctx.input(0).type.size, np.int64))]),
     "Tile": Spec(_tile),
     "Trilu": Spec(_trilu, {"upper": None}),
     "CumSum": Spec(_cumsum, {"exclusive": None, "reverse": None}),

@@ -658,3 +658,21 @@ def test_an_old_opset_is_converted_and_a_new_one_read_where_its_ops_did_not_chan
     with pytest.raises(ModelError, match=r"changed since: Attention \(version 2[4-9]"):
         import_onnx(model(attention, [("q", [1, 2, 4, 8]), ("k", [1, 2, 4, 8]),
                                       ("v", [1, 2, 4, 8])], ["y"], opset=25))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "op", ["ReduceMin", "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSumExp"]
+)
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_reductions_composed_of_sum_and_max(op, keepdims):
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims)
+    inits = [("axes", np.array([1, -1], np.int64))]
+    agrees(model([node], [("x", [2, 3, 4])], ["y"], inits, opset=18), rtol=1e-5, atol=1e-5)
+
+
+def test_cast_like_and_size():
+    nodes = [helper.make_node("CastLike", ["x", "like"], ["c"]),
+             helper.make_node("Size", ["x"], ["n"])]  # fmt: skip
+    proto = model(nodes, [("x", [2, 3])], ["c", "n"], [("like", np.zeros(1, np.float64))])
+    graph = agrees(proto)
+    assert graph.outputs[0].type.dtype == "float64"
