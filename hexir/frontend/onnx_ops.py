@@ -286,7 +286,16 @@ def _layer_norm(ctx: Context) -> Sequence[Value]:
     bias = ctx.constant(np.zeros(tail, scale.type.dtype)) if not ctx.has(2) else ctx.input(2)
     bias = _as_shape(ctx, bias, tail, "B")
     eps = ctx.float_attr("epsilon", 1e-5)
-    return [ctx.op("layer_norm", x, scale, bias, axis=axis, epsilon=eps)]
+    y = ctx.op("layer_norm", x, scale, bias, axis=axis, epsilon=eps)
+    if len([o for o in ctx.current.outputs if o]) == 1:
+        return [y]
+    # Mean and InvStdDev asked for too (training graphs, ONNX's tests): over the same axes.
+    axes = tuple(range(axis, len(x.type.shape)))
+    mean = ctx.op("reduce_mean", x, axes=axes, keepdims=True)
+    centered = ctx.op("sub", x, mean)
+    var = ctx.op("reduce_mean", ctx.op("mul", centered, centered), axes=axes, keepdims=True)
+    inv = ctx.op("rsqrt", ctx.op("add", var, ctx.scalar(eps, var)))
+    return [y, mean, inv]
 
 
 def _group_norm(ctx: Context, groups: int) -> Value:
@@ -355,7 +364,9 @@ def _dropout(ctx: Context) -> Sequence[Value]:
             "Dropout in training mode (training_mode = true) zeroes a random share of its "
             "input; Hexir compiles models for inference: export the model in eval mode"
         )
-    return [ctx.input(0)]
+    x = ctx.input(0)
+    keep = ctx.constant(np.ones(x.type.shape, bool))  # the mask, where asked: all kept
+    return [x, keep][: max(1, len([o for o in ctx.current.outputs if o]))]
 
 
 # --- contractions, normalization, pools -----------------------------------------------------
@@ -566,14 +577,16 @@ SPECS: dict[str, Spec] = {
     "Gelu": Spec(_gelu, {"approximate": ("none", "tanh")}),
     "Softmax": Spec(_softmax, {"axis": None}),
     "LogSoftmax": Spec(_log_softmax, {"axis": None}),
-    "LayerNormalization": Spec(_layer_norm, {"axis": None, "epsilon": None, "stash_type": None}),
+    "LayerNormalization": Spec(
+        _layer_norm, {"axis": None, "epsilon": None, "stash_type": None}, outputs=None
+    ),
     "RMSNormalization": Spec(_rms_norm, {"axis": None, "epsilon": None, "stash_type": None}),
     "InstanceNormalization": Spec(_instance_norm, {"epsilon": None}),
     "GroupNormalization": Spec(
         _group_norm_op, {"num_groups": None, "epsilon": None, "stash_type": None}
     ),
     "Identity": Spec(_identity),
-    "Dropout": Spec(_dropout, {"seed": None}),
+    "Dropout": Spec(_dropout, {"seed": None}, outputs=None),
     "MatMul": Spec(_matmul),
     "Gemm": Spec(_gemm, {"alpha": None, "beta": None, "transA": None, "transB": None}),
     "Conv": Spec(

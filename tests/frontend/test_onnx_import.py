@@ -69,7 +69,7 @@ def test_unsupported_nodes_are_all_listed():
         helper.make_node("Attention", ["a"], ["e"], name="fused", domain="com.microsoft"),
         helper.make_node("Reshape", ["a", "s"], ["f"], name="reshape"),
         helper.make_node("Add", ["b", "c"], ["g"], name="add"),  # fine, after broken inputs
-        helper.make_node("Dropout", ["g"], ["h", "mask"], name="drop"),
+        helper.make_node("MaxPool", ["g"], ["h", "mask"], name="drop", kernel_shape=[1, 1]),
         helper.make_node("TopK", ["h", "k"], ["i", "j"], name="topk"),
     ]
     proto = model(
@@ -87,7 +87,7 @@ def test_unsupported_nodes_are_all_listed():
         "node 'pool' (MaxPool)",
         "node 'fused' (Attention)",
         "node 'reshape' (Reshape)",
-        "node 'drop' (Dropout)",
+        "node 'drop' (MaxPool)",
         "node 'topk' (TopK)",
     ]
     text = str(info.value)
@@ -676,3 +676,14 @@ def test_cast_like_and_size():
     proto = model(nodes, [("x", [2, 3])], ["c", "n"], [("like", np.zeros(1, np.float64))])
     graph = agrees(proto)
     assert graph.outputs[0].type.dtype == "float64"
+
+
+def test_layer_norm_mean_and_inv_std_dev_and_dropout_mask_outputs():
+    rng = current_rng()
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"], axis=1),
+        helper.make_node("Dropout", ["y"], ["z", "mask"]),
+    ]
+    inits = [("s", rng.uniform(0.5, 2, (3, 4)).astype(np.float32)),
+             ("b", rng.uniform(-1, 1, (3, 4)).astype(np.float32))]  # fmt: skip
+    agrees(model(nodes, [("x", [2, 3, 4])], ["z", "mean", "inv", "mask"], inits), atol=1e-4)
