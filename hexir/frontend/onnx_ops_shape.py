@@ -293,6 +293,12 @@ SHAPE_SPECS: dict[str, Spec] = {
     "Pad": Spec(_pad, {"mode": ("constant",)}),
     "Shape": Spec(_shape, {"start": None, "end": None}),
     "Gather": Spec(_gather, {"axis": None}),
+    "GatherElements": Spec(
+        lambda ctx: [
+            ctx.op("gather_elements", ctx.input(0), ctx.input(1), axis=int(ctx.attr("axis", 0)))
+        ],
+        {"axis": None},
+    ),
     "ConstantOfShape": Spec(_constant_of_shape, {"value": None}),
     "Range": Spec(_range),
     "Size": Spec(lambda ctx: [ctx.constant(np.asarray(ctx.input(0).type.size, np.int64))]),

@@ -147,7 +147,7 @@ def workload(name: str, dtype: str = "float32", **shape: object) -> PrimFunc:
     Any op of docs/ops.md also lowers alone, given its operand shapes: `shape=(4, 8)` for one
     operand, `shapes=[(4, 8), (8,)]` for several; other keywords are the op's attributes
     (`attrs={...}` for one named like a keyword here, e.g. cast's `dtype`). Operands take
-    `dtype` (where's condition is bool, gather's indices int64); params are `in0, in1, ...,
+    `dtype` (where's condition is bool, gathers' indices int64); params are `in0, in1, ...,
     out0`. `shape`/`shapes` select this form for the names above too.
     """
     try:
@@ -190,7 +190,7 @@ def _operand_dtype(kind: str, n: int, dtype: str) -> str:
     """`dtype`, but where's condition is bool and gather's indices int64."""
     if kind == "where" and n == 0:
         return "bool"
-    return "int64" if kind == "gather" and n == 1 else dtype
+    return "int64" if kind in ("gather", "gather_elements") and n == 1 else dtype
 
 
 def _op_workload(kind: str, dtype: str, kwargs: dict[str, object]) -> PrimFunc:

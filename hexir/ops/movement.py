@@ -1,5 +1,5 @@
-"""Data movement: transpose, reshape, concat, slice, pad, gather, and constant (the graph's
-data).
+"""Data movement: transpose, reshape, concat, slice, pad, gather, gather_elements, and
+constant (the graph's data).
 
 Each moving op lowers to one spatial block whose every output element is one element of an
 operand (or pad's fill); its fusion role is injective, and `cheap` says when computing it
@@ -681,6 +681,62 @@ GATHER = OpDef(
     flops=no_flops,
 )
 
+
+def _gather_elements_infer(c: Check) -> TensorType:
+    x, indices = c.types
+    if indices.dtype not in ("int32", "int64"):
+        fail(f"indices must be int32 or int64, got {indices.dtype}")
+    if len(indices.shape) != len(x.shape) or not x.shape:
+        fail(f"indices {dims(indices)} must have x's rank ({len(x.shape)})")
+    axis = c.axis("axis", len(x.shape), 0)
+    pairs = enumerate(zip(indices.shape, x.shape, strict=True))
+    if any(i > d for k, (i, d) in pairs if k != axis):
+        fail(f"indices {dims(indices)} extend past x {dims(x)} off axis {axis}")
+    return TensorType(indices.shape, x.dtype)
+
+
+def _gather_elements_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x, indices = xs
+    axis = get_int(attrs, "axis")
+    n = x.shape[axis]
+    bad = indices[(indices < -n) | (indices >= n)]
+    if bad.size:
+        raise IndexError(
+            f"gather_elements: index {int(bad.flat[0])} out of range for axis {axis} of {n}"
+        )
+    return np.take_along_axis(x, np.where(indices < 0, indices + n, indices), axis=axis)
+
+
+def _gather_elements_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """out[i] = x[i with axis replaced by indices[i]]: wrapped and clamped as gather's."""
+    x, indices = args
+    axis = attr_int(op, "axis")
+    n = x.shape[axis]
+
+    def load(i: Indices) -> Expr:
+        raw = Cast("int32", indices[i])
+        wrapped = Select(Binary("<", raw, IntImm(0)), Binary("+", raw, IntImm(n)), raw)
+        return x[i[:axis] + (clamp(k, wrapped, n),) + i[axis + 1 :]]
+
+    k.compute("gather_elements", out, load)
+
+
+GATHER_ELEMENTS = OpDef(
+    "gather_elements",
+    "x's elements at runtime indices along axis, elsewhere at their own position: "
+    "out[i] = x[i with i[axis] = indices[i]] (ONNX GatherElements)",
+    ("x", "indices"),
+    ("axis",),
+    infer=_gather_elements_infer,
+    fusion=Pattern.INJECTIVE,
+    evaluate=_gather_elements_evaluate,
+    lower=_gather_elements_lower,
+    export=lambda ex, op: ex.node(
+        "GatherElements", operand_names(op), op.result.name, axis=attr_int(op, "axis")
+    ),
+    flops=no_flops,
+)
+
 OPS: tuple[OpDef, ...] = (
     TRANSPOSE,
     LAYOUT_TRANSFORM,
@@ -689,5 +745,6 @@ OPS: tuple[OpDef, ...] = (
     SLICE,
     PAD,
     GATHER,
+    GATHER_ELEMENTS,
     CONSTANT,
 )

@@ -214,6 +214,11 @@ CASES: dict[str, Graph] = {
     "gather": one_op(  # runtime indices in -5..5 of an axis of 6
         "gather", [((6, 3), F), ((2, 2), "int64")], lambda b, x, i: b.gather(x, i, axis=0)
     ),
+    "gather_elements": one_op(  # runtime indices in -5..5 of an axis of 6
+        "gather_elements",
+        [((6, 3), F), ((4, 3), "int64")],
+        lambda b, x, i: b.gather_elements(x, i, axis=0),
+    ),
     "pad": one_op(
         "pad", [((2, 3), F)], lambda b, x: b.pad(x, before=(1, 0), after=(2, 3), value=1.5)
     ),

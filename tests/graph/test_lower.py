@@ -301,6 +301,8 @@ CASES = [
     ("pad", "float32", [(3, 4)], {"before": (1, 0), "after": (2, 3), "value": 0.5}, "normal"),
     ("gather", "float32", [(10, 3), (4,)], {"axis": 0}, "normal"),  # ids in -9..9: in range
     ("gather", "float32", [(2, 12, 3), (2, 2)], {"axis": 1}, "normal"),
+    ("gather_elements", "float32", [(10, 3), (4, 3)], {"axis": 0}, "normal"),
+    ("gather_elements", "float32", [(2, 12, 3), (2, 5, 3)], {"axis": -2}, "normal"),
     ("pad", "float32", [(2, 3, 4)], {"before": (0, 1, 2), "after": (1, 0, 0), "value": -1.0},
      "normal"),
     *[(kind, "float32", [shape], attrs, "normal")
@@ -342,6 +344,7 @@ ELEMENTWISE = {
     *("tanh", "exp", "log", "erf", "sqrt", "rsqrt", "gelu", "cast", "bias_add", "batch_norm"),
     *("transpose", "layout_transform", "reshape", "concat", "slice", "pad", "max_pool2d"),
     "gather",
+    "gather_elements",
     "reduce_max",
 }
 

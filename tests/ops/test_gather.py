@@ -92,3 +92,24 @@ def test_gather_builds_for_cuda_with_nvrtc(rng, tmp_path):
     with hexir.knobs.scope(cache_dir=str(tmp_path)):
         module = hexir.compile(graph, target="cuda -arch=sm_90")
     assert all("__global__" in k.source for k in module.kernels)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_onnx_gather_elements_of_runtime_indices(rng, axis):
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    node = helper.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)
+    graph_proto = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [3, 5] if axis == 0 else [4, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    proto = helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)])
+    graph = import_onnx(proto)
+    module = hexir.compile(graph, target="cpu")
+    n = x.shape[axis]
+    i = rng.integers(-n, n, (3, 5) if axis == 0 else (4, 2)).astype(np.int64)
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": x, "i": i})
+    np.testing.assert_array_equal(evaluate(graph, [x, i])[0], want)
+    np.testing.assert_array_equal(module.run([x, i])[0], want)
