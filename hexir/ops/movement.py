@@ -629,10 +629,29 @@ PAD = OpDef(
 # --- gather -----------------------------------------------------------------------------------
 
 
-def _gather_infer(c: Check) -> TensorType:
-    x, indices = c.types
+def _index_dtype(indices: TensorType) -> None:
     if indices.dtype not in ("int32", "int64"):
         fail(f"indices must be int32 or int64, got {indices.dtype}")
+
+
+def _in_range(kind: str, indices: np.ndarray, axis: int, n: int) -> np.ndarray:
+    """`indices` with the negative ones counted from the end; IndexError for one outside."""
+    bad = indices[(indices < -n) | (indices >= n)]
+    if bad.size:
+        raise IndexError(f"{kind}: index {int(bad.flat[0])} out of range for axis {axis} of {n}")
+    return np.where(indices < 0, indices + n, indices)
+
+
+def _loaded_index(k: Kernel, index: Expr, n: int) -> Expr:
+    """An index loaded at run time as an index into an axis of `n`: a negative one counted
+    from the end, one out of range clamped into it (never a read outside the operand)."""
+    raw = Cast("int32", index)
+    return clamp(k, Select(Binary("<", raw, IntImm(0)), Binary("+", raw, IntImm(n)), raw), n)
+
+
+def _gather_infer(c: Check) -> TensorType:
+    x, indices = c.types
+    _index_dtype(indices)
     if not indices.shape:
         fail("indices must have at least one axis (a scalar index: reshape it to [1] first)")
     axis = c.axis("axis", len(x.shape), 0)
@@ -642,11 +661,7 @@ def _gather_infer(c: Check) -> TensorType:
 def _gather_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     x, indices = xs
     axis = get_int(attrs, "axis")
-    n = x.shape[axis]
-    bad = indices[(indices < -n) | (indices >= n)]
-    if bad.size:
-        raise IndexError(f"gather: index {int(bad.flat[0])} out of range for axis {axis} of {n}")
-    return np.take(x, indices, axis=axis)
+    return np.take(x, _in_range("gather", indices, axis, x.shape[axis]), axis=axis)
 
 
 def _gather_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
@@ -658,9 +673,8 @@ def _gather_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
     n = x.shape[axis]
 
     def load(i: Indices) -> Expr:
-        raw = Cast("int32", indices[tuple(i[axis : axis + rank])])
-        wrapped = Select(Binary("<", raw, IntImm(0)), Binary("+", raw, IntImm(n)), raw)
-        return x[i[:axis] + (clamp(k, wrapped, n),) + i[axis + rank :]]
+        j = _loaded_index(k, indices[tuple(i[axis : axis + rank])], n)
+        return x[i[:axis] + (j,) + i[axis + rank :]]
 
     k.compute("gather", out, load)
 
@@ -684,8 +698,7 @@ GATHER = OpDef(
 
 def _gather_elements_infer(c: Check) -> TensorType:
     x, indices = c.types
-    if indices.dtype not in ("int32", "int64"):
-        fail(f"indices must be int32 or int64, got {indices.dtype}")
+    _index_dtype(indices)
     if len(indices.shape) != len(x.shape) or not x.shape:
         fail(f"indices {dims(indices)} must have x's rank ({len(x.shape)})")
     axis = c.axis("axis", len(x.shape), 0)
@@ -698,13 +711,8 @@ def _gather_elements_infer(c: Check) -> TensorType:
 def _gather_elements_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     x, indices = xs
     axis = get_int(attrs, "axis")
-    n = x.shape[axis]
-    bad = indices[(indices < -n) | (indices >= n)]
-    if bad.size:
-        raise IndexError(
-            f"gather_elements: index {int(bad.flat[0])} out of range for axis {axis} of {n}"
-        )
-    return np.take_along_axis(x, np.where(indices < 0, indices + n, indices), axis=axis)
+    wrapped = _in_range("gather_elements", indices, axis, x.shape[axis])
+    return np.take_along_axis(x, wrapped, axis=axis)
 
 
 def _gather_elements_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
@@ -714,9 +722,7 @@ def _gather_elements_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buf
     n = x.shape[axis]
 
     def load(i: Indices) -> Expr:
-        raw = Cast("int32", indices[i])
-        wrapped = Select(Binary("<", raw, IntImm(0)), Binary("+", raw, IntImm(n)), raw)
-        return x[i[:axis] + (clamp(k, wrapped, n),) + i[axis + 1 :]]
+        return x[i[:axis] + (_loaded_index(k, indices[i], n),) + i[axis + 1 :]]
 
     k.compute("gather_elements", out, load)
 
