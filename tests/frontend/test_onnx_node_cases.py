@@ -70,3 +70,33 @@ def test_every_passing_node_case_compiled_for_the_cpu_computes_the_same():
     assert not wrong, wrong
     compiled = sum(o == "pass" for o in outcomes.values())  # the rest: the C backend refused
     assert compiled >= COMPILED_AT_LEAST, f"{compiled} of {len(passing)} compile and pass"
+
+
+def _with_constant_inputs(case, keep: int):
+    """The case's model with every input after the first `keep` turned into an initializer of
+    the case's value, and the data set cut to match."""
+    from onnx import numpy_helper
+
+    inputs, expected = case.data_sets[0]
+    model = type(case.model)()
+    model.CopyFrom(case.model)
+    graph = model.graph
+    constant = list(graph.input)[keep:]
+    for info, value in zip(constant, inputs[keep:], strict=False):
+        graph.initializer.append(numpy_helper.from_array(np.asarray(value), info.name))
+        graph.input.remove(info)
+    return model, inputs[:keep], expected
+
+
+def test_resize_nearest_cases_with_their_scales_or_sizes_as_constants():
+    """ONNX's cases feed scales and sizes as graph inputs; Hexir reads them as constants (as
+    exported models have them): with those made initializers, every nearest case that keeps
+    the aspect-ratio policy "stretch" computes the case's expected output."""
+    cases = [c for c in _supported_cases() if "resize" in c.name and "nearest" in c.name
+             and "not_" not in c.name]  # fmt: skip
+    assert len(cases) >= 10
+    for case in cases:
+        model, inputs, expected = _with_constant_inputs(case, keep=1)
+        graph = import_onnx(model)
+        for got in (evaluate(graph, inputs), hexir.compile(graph, target="cpu").run(inputs)):
+            np.testing.assert_array_equal(got[0], np.asarray(expected[0]), err_msg=case.name)
