@@ -44,13 +44,12 @@ from hexir.ir.tir import (
     BufferStore,
     Expr,
     For,
-    IfThenElse,
     IntImm,
-    Seq,
     Var,
 )
 from hexir.ir.visit import free_vars, substitute, walk
 from hexir.runtime.cuda_kernel import CudaKernel
+from hexir.schedule.common import sub_stmts
 from hexir.schedule.compact import compact_buffers
 
 BANKS = 32
@@ -170,19 +169,8 @@ def _shared_accesses(stmt, loops: list[For], bound: dict | None = None):  # noqa
             if isinstance(n, (BufferLoad, BufferStore)) and n.buffer.scope == "shared":
                 yield tuple(substitute(i, bound) for i in n.indices), n, loops
         return
-    for child in _children(stmt):
+    for child in sub_stmts(stmt):
         yield from _shared_accesses(child, loops, bound)
-
-
-def _children(stmt) -> list:  # noqa: ANN001 - any statement
-    match stmt:
-        case Seq(stmts):
-            return list(stmts)
-        case Block():
-            return [s for s in (stmt.init, stmt.body) if s is not None]
-        case IfThenElse():
-            return [s for s in (stmt.then, stmt.else_) if s is not None]
-    return []
 
 
 def _flat(buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
@@ -312,7 +300,7 @@ def _update(stmt, loops: list[For], bound: dict | None = None):  # noqa: ANN001,
         if len(_memory_loads(stmt)) >= 2:
             if any(isinstance(n, Binary) and n.op == "*" for n in walk(stmt.body)):
                 return _Update(stmt, bound), loops
-    for child in _children(stmt):
+    for child in sub_stmts(stmt):
         found = _update(child, loops, bound)
         if found is not None:
             return found

@@ -159,9 +159,12 @@ def _reciprocal(ctx: Context) -> Sequence[Value]:
     return [ctx.op("div", ctx.scalar(1, x), x)]
 
 
-def _abs(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    return [ctx.op("maximum", x, _neg(ctx, x))]
+def _abs_of(ctx: Context, x: Value) -> Value:
+    return ctx.op("maximum", x, _neg(ctx, x))
+
+
+def _square(ctx: Context, x: Value) -> Value:
+    return ctx.op("mul", x, x)
 
 
 def _not(ctx: Context) -> Sequence[Value]:
@@ -495,25 +498,18 @@ def _reduce(kind: str) -> Callable[..., Sequence[Value]]:
     return convert
 
 
-def _reduce_of(kind: str, before: str | None = None, after: str | None = None) -> Convert:
+Compose = Callable[[Context, Value], Value]
+
+
+def _reduce_of(kind: str, before: Compose | None = None, after: Compose | None = None) -> Convert:
     """A reduction ONNX names, as `after(kind(before(x)))`: ReduceSumSquare is
     reduce_sum(x * x), ReduceL1 reduce_sum(|x|), ReduceL2 its sqrt, ReduceMin -max(-x)."""
     reduce = _reduce(kind)
 
     def convert(ctx: Context) -> Sequence[Value]:
         x = ctx.input(0)
-        if before == "square":
-            x = ctx.op("mul", x, x)
-        elif before == "abs":
-            x = ctx.op("maximum", x, _neg(ctx, x))
-        elif before == "neg":
-            x = _neg(ctx, x)
-        (out,) = reduce(ctx, x)
-        if after == "sqrt":
-            out = ctx.op("sqrt", out)
-        elif after == "neg":
-            out = _neg(ctx, out)
-        return [out]
+        (out,) = reduce(ctx, x if before is None else before(ctx, x))
+        return [out if after is None else after(ctx, out)]
 
     return convert
 
@@ -571,7 +567,7 @@ SPECS: dict[str, Spec] = {
     "Sqrt": Spec(_unary("sqrt")),
     "Reciprocal": Spec(_reciprocal),
     "Neg": Spec(lambda ctx: [_neg(ctx, ctx.input(0))]),
-    "Abs": Spec(_abs),
+    "Abs": Spec(lambda ctx: [_abs_of(ctx, ctx.input(0))]),
     "Clip": Spec(_clip),
     "Cast": Spec(_cast, {"to": None, "saturate": None}),
     "Gelu": Spec(_gelu, {"approximate": ("none", "tanh")}),
@@ -610,10 +606,10 @@ SPECS: dict[str, Spec] = {
     "ReduceSum": Spec(_reduce("reduce_sum"), _REDUCE),
     "ReduceMean": Spec(_reduce("reduce_mean"), _REDUCE),
     "ReduceMax": Spec(_reduce("reduce_max"), _REDUCE),
-    "ReduceMin": Spec(_reduce_of("reduce_max", "neg", "neg"), _REDUCE),
-    "ReduceSumSquare": Spec(_reduce_of("reduce_sum", "square"), _REDUCE),
-    "ReduceL1": Spec(_reduce_of("reduce_sum", "abs"), _REDUCE),
-    "ReduceL2": Spec(_reduce_of("reduce_sum", "square", "sqrt"), _REDUCE),
+    "ReduceMin": Spec(_reduce_of("reduce_max", _neg, _neg), _REDUCE),
+    "ReduceSumSquare": Spec(_reduce_of("reduce_sum", _square), _REDUCE),
+    "ReduceL1": Spec(_reduce_of("reduce_sum", _abs_of), _REDUCE),
+    "ReduceL2": Spec(_reduce_of("reduce_sum", _square, lambda ctx, x: ctx.op("sqrt", x)), _REDUCE),
     "ReduceLogSumExp": Spec(_reduce_log_sum_exp, _REDUCE),
     "CastLike": Spec(_cast_like, {"saturate": None}),
 }

@@ -204,8 +204,6 @@ def _resize(ctx: Context) -> Sequence[Value]:
     nearest rounding, clamped into the axis)."""
     x = ctx.input(0)
     shape = x.type.shape
-    if ctx.attr("mode", b"nearest") not in ("nearest", b"nearest"):
-        raise Unsupported(f"Resize mode {ctx.attr('mode')!r} (only 'nearest')")
     axes = [_axis(a, len(shape)) for a in int_list(ctx.attr("axes", list(range(len(shape)))))]
     sizes = ctx.optional_array(3, "sizes")
     scales = None if ctx.has(3) else ctx.optional_array(2, "scales")
@@ -362,7 +360,7 @@ SHAPE_SPECS: dict[str, Spec] = {
     "Resize": Spec(
         _resize,
         {
-            "mode": None,
+            "mode": ("nearest",),
             "axes": None,
             "coordinate_transformation_mode": _RESIZE_COORDINATES,
             "nearest_mode": _NEAREST,

@@ -4,10 +4,10 @@
     device = driver.device()         # device 0: .arch ("sm_90"), .name
     with driver.current(device):     # its primary context, current for the block
         ptr = driver.alloc(nbytes); driver.htod(ptr, array); driver.dtoh(array, ptr)
-        function = driver.load_function(cubin, "name", dynamic_shared_bytes)
+        function = driver.load_function(cubin, "name", params, dynamic_shared_bytes)
         driver.launch(function, grid, block, shared_bytes, [ptr, ...])
-        start, end = driver.event(), driver.event(); start.record(); end.record()
-        driver.elapsed(start, end)   # seconds
+        start, end = driver.event(), driver.event(); driver.record(start); ...
+        driver.record(end); driver.elapsed(start, end)   # seconds
 
 pycuda (the `cuda` extra) is the runner where it is installed; cuda-bindings (a dependency of
 Hexir already, for NVRTC) runs the same kernels through the driver API where pycuda is not,

@@ -27,15 +27,13 @@ from hexir.errors import HexirError, MeasureError, ResourceError, TargetError
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import PrimFunc
 from hexir.runtime import cuda_driver
-from hexir.runtime.cuda_driver import Device, Driver, DriverError
+from hexir.runtime.cuda_driver import Device, Dim3, Driver, DriverError
 from hexir.runtime.kernel import _problem
 from hexir.runtime.nvrtc import CudaBinary
 from hexir.runtime.target import Target
 
 # Registers per block on every arch Hexir targets (sm_80 ... sm_90).
 REGISTERS_PER_BLOCK = 65536
-
-Dim3 = tuple[int, int, int]
 
 
 class CudaKernel:

@@ -49,7 +49,7 @@ from hexir.ir.tir import Block, BufferStore, Expr, For, PrimFunc, Select, Var
 from hexir.ir.visit import children, free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import LoopRV, Schedule
-from hexir.schedule.common import all_blocks
+from hexir.schedule.common import all_blocks, index_vars
 
 __all__ = ["GPU_THREADS", "default_schedule"]
 
@@ -309,8 +309,6 @@ def _transpose_tiles(sch: Schedule, name: str, spatial: list[LoopRV]) -> list[Lo
     assert isinstance(block, Block)
     if len(spatial) < 2:
         raise ScheduleError("not a copy of one buffer", "transpose_tiles")
-    from hexir.search.analysis import index_vars
-
     loop_of = {sch.get(lp).var: lp for lp in spatial}  # type: ignore[union-attr]
     bound = {iv.var: loop_of.get(iv.binding) for iv in block.iter_vars}  # type: ignore[arg-type]
     inner = spatial[-1]

@@ -52,6 +52,17 @@ def sub_stmts(stmt: Stmt) -> tuple[Stmt, ...]:
             return ()
 
 
+def index_vars(index: Expr | Range) -> set[Var]:
+    """The vars one index (or range) of a buffer region uses."""
+    parts = (index.start, index.stop) if isinstance(index, Range) else (index,)
+    return set().union(*(free_vars(p) for p in parts))
+
+
+def region_vars(region: BufferRegion) -> set[Var]:
+    """The vars a buffer region's indices (or ranges) use."""
+    return set().union(*(index_vars(index) for index in region.region))
+
+
 def find_path(stmt: Stmt, match: Callable[[Stmt], bool]) -> list[Stmt] | None:
     """The statements from `stmt` down to the first (pre-order) one that `match`es."""
     if match(stmt):

@@ -24,8 +24,7 @@ import math
 from dataclasses import dataclass
 
 from hexir.ir.tir import Block, PrimFunc, Var
-from hexir.ir.visit import free_vars
-from hexir.schedule.common import all_blocks
+from hexir.schedule.common import all_blocks, index_vars, region_vars
 from hexir.schedule.schedule import Schedule
 from hexir.schedule.trace import BlockRV, LoopRV
 
@@ -81,7 +80,7 @@ def _matrix_vector(block: Block) -> bool:
         return False
     spatial = [iv for iv in block.iter_vars if iv.kind == "spatial"]
     reduce = {iv.var for iv in block.iter_vars if iv.kind == "reduce"}
-    operands = [r for r in block.reads if any(reduce & free_vars(x) for x in r.region)]
+    operands = [r for r in block.reads if reduce & region_vars(r)]
     return len(spatial) >= 2 and spatial[-1].dom >= VECTOR_MIN_COLUMNS and len(operands) >= 2
 
 
@@ -226,17 +225,12 @@ def _rows_across_lanes(block: Block, n: int, column: Var) -> bool:
     read one word per row of the shared tile, all in one bank unless the rows are padded."""
     region = block.reads[n].region
     reduce = {iv.var for iv in block.iter_vars if iv.kind == "reduce"}
-    last = _region_vars(region[-1])
+    last = index_vars(region[-1])
     return (
         bool(last & reduce)
         and column not in last
-        and any(column in _region_vars(x) for x in region[:-1])
+        and any(column in index_vars(x) for x in region[:-1])
     )
-
-
-def _region_vars(x) -> set[Var]:  # noqa: ANN001 - an index or a Range
-    parts = (x.start, x.stop) if hasattr(x, "start") else (x,)
-    return set().union(*(free_vars(p) for p in parts))
 
 
 def _cooperative_fetch(

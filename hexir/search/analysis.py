@@ -14,17 +14,20 @@ from dataclasses import dataclass
 from hexir.ir.tir import (
     Block,
     Buffer,
-    BufferRegion,
     BufferStore,
-    Expr,
     For,
     PrimFunc,
-    Range,
     Stmt,
     Var,
 )
 from hexir.ir.visit import free_vars
-from hexir.schedule.common import all_blocks, find_path, is_block, loops_of
+from hexir.schedule.common import (
+    all_blocks,
+    find_path,
+    is_block,
+    loops_of,
+    region_vars,
+)
 from hexir.schedule.compute_region import block_inputs, stored
 
 
@@ -71,17 +74,6 @@ def is_elementwise(func: PrimFunc, block: Block) -> bool:
 
 def writes_intermediate(func: PrimFunc, block: Block) -> bool:
     return all(w.buffer not in func.params for w in block.writes)
-
-
-def index_vars(index: Expr | Range) -> set[Var]:
-    """The vars one index (or range) of a buffer region uses."""
-    parts = (index.start, index.stop) if isinstance(index, Range) else (index,)
-    return set().union(*(free_vars(p) for p in parts))
-
-
-def region_vars(region: BufferRegion) -> set[Var]:
-    """The vars a buffer region's indices (or ranges) use."""
-    return set().union(*(index_vars(index) for index in region.region))
 
 
 def reused_reads(block: Block) -> list[int]:

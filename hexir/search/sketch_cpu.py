@@ -44,14 +44,13 @@ from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.runtime.tiling import MAX_UNROLLED_ROWS, largest_divisor, register_tile
 from hexir.schedule import BlockRV, LoopRV, Schedule
-from hexir.schedule.common import reduce_fed_by
+from hexir.schedule.common import index_vars, reduce_fed_by
 from hexir.schedule.compute_region import stored
 from hexir.search.analysis import (
     block_named,
     consumers,
     has_kind,
     has_reuse,
-    index_vars,
     is_tileable,
     leaf_blocks,
     loop_roles,

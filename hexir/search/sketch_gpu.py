@@ -33,6 +33,7 @@ from hexir.ir.tir import Block, Var
 from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import BlockRV, ExprRV, LoopRV, Schedule
+from hexir.schedule.common import region_vars
 from hexir.schedule.sampling import divisors
 from hexir.search.analysis import (
     consumers,
@@ -44,7 +45,6 @@ from hexir.search.analysis import (
     loops_around,
     output_buffers,
     producers,
-    region_vars,
     reused_reads,
 )
 from hexir.search.rules import (
@@ -150,16 +150,11 @@ def _spatial_tiles(rng: random.Random, extents: list[int], target: Target) -> li
     want = min(target.warp_size or 32, math.prod(extents))
     best: list[list[int]] | None = None
     for _ in range(TILE_TRIES):
-        tiles = _draw_within(rng, extents, limit)
-        threads = math.prod(t[2] for t in tiles)
-        vthreads = math.prod(t[1] for t in tiles)
-        per_thread = math.prod(t[1] * t[3] * t[4] for t in tiles)
+        tiles = _draw_within(rng, extents, limit)  # within the thread and register budgets
         bound = [tiles[d][2] for d, _ in thread_axes(tiles)]
-        fits = len(bound) <= 3 and (len(bound) < 3 or bound[0] <= MAX_THREADS_Z)
-        fits = fits and vthreads <= MAX_VTHREAD and per_thread <= MAX_THREAD_ELEMENTS
-        if threads <= limit and fits:
+        if len(bound) <= 3 and (len(bound) < 3 or bound[0] <= MAX_THREADS_Z):
             best = tiles
-            if threads >= want:
+            if math.prod(t[2] for t in tiles) >= want:
                 return tiles
     if best is None:
         raise ScheduleError("no spatial tiling within the thread limits", "tile_gpu")
