@@ -316,7 +316,7 @@ def default_tiles(
     panel, rows = register_tile(width, others[-1] if others else 1, target, ragged)
     matrix_vector = _matrix_vector(extents, target)
     if matrix_vector:
-        panel = _matrix_vector_panel(vector, target)
+        panel = block or _matrix_vector_panel(vector, target)
     ragged_columns = vector % panel != 0  # the last panel guarded; the jobs from the rows
     jobs = 1 if ragged_columns or windowed else vector // panel
     want = DEFAULT_JOBS_PER_CORE * max(1, target.num_cores)
@@ -348,6 +348,10 @@ def default_tiles(
         # 125 panels, whose 5 jobs ran 3 against 2 (1x1000x1280: 0.086 -> 0.064 ms with 25).
         divisors = [d for d in range(cores, panels + 1) if panels % d == 0]
         jobs = min(divisors, key=lambda d: (-(-d // cores) * cores / d > GEMV_JOB_IMBALANCE, d))
+        if block:
+            # A weight in panels ([N/b, K, b], `matrix_vector_block`): each panel whole, its
+            # reduction inside, streams one contiguous stretch into a register tile.
+            return [*tiles, [jobs, panels // jobs, 1, panel]]
         return [*tiles, [jobs, 1, panels // jobs, panel]]
     return [*tiles, [panels, 1, 1, panel]]
 

@@ -13,7 +13,7 @@ from hexir.graph.layout import layout_weights, transposed_elements
 from hexir.ops.builder import GraphBuilder
 from hexir.runtime.default_schedule import default_schedule
 from hexir.runtime.target import Target
-from hexir.runtime.tiling import register_tile
+from hexir.runtime.tiling import matrix_vector_block, register_tile
 
 
 def _mlp(
@@ -66,15 +66,30 @@ def test_dense_of_a_constant_weight_becomes_a_matmul_of_its_transpose_in_panels(
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_single_row_keeps_the_transposed_weight_whole(rng):
-    # A matrix-vector product reads each weight row once, contiguously: no panels.
-    graph, data = _mlp(rng, rows=1)
-    after = layout_weights(graph)
-    assert [op.attr("weight_block") for op in after.ops if op.kind == "matmul"] == [None, None]
-    np.testing.assert_array_equal(after.constant("w1_t"), data["w1"].T)
+@pytest.mark.parametrize("columns", [256, 96, 40, 1000])
+def test_a_single_row_takes_its_weight_in_panels_it_streams_whole(columns, rng):
+    # A matrix-vector product reads its weight once: in panels of up to 4 vectors ([N/b, K,
+    # b]), each one contiguous stretch with its reduction inside, where a vector divides the
+    # columns (256: 4 vectors on both widths; 96: 2 AVX-512 vectors; 40 and 1000: one AVX2
+    # vector, none of AVX-512's); else the weight keeps [K, N].
+    target = Target("cpu")
+    block = matrix_vector_block(columns, target)
+    vectors = next((v for v in (4, 2, 1) if columns % (v * target.vector_width) == 0), 0)
+    assert block == vectors * target.vector_width
+    b = GraphBuilder("gemv")
+    w = rng.standard_normal((24, columns), dtype=np.float32)
+    graph = b.build(b.matmul(b.input("x", (1, 24)), b.constant(w, name="w")))
+    (matmul,) = (op for op in layout_weights(graph).ops if op.kind == "matmul")
+    assert matmul.attr("weight_block") == (block or None)
+    module = hexir.compile(graph)
+    (weight,) = module.constants.values()
+    if block:
+        assert weight.shape == (columns // block, 24, block)
+        np.testing.assert_array_equal(weight[-1], w[:, columns - block :])
+    else:
+        np.testing.assert_array_equal(weight, w)
     x = rng.standard_normal((1, 24), dtype=np.float32)
-    (got,) = hexir.compile(graph).run([x])
-    np.testing.assert_allclose(got, evaluate(graph, [x])[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(module.run([x])[0], x @ w, rtol=1e-4, atol=1e-4)
 
 
 def test_a_matmul_of_a_constant_takes_it_in_panels_that_its_kernel_reads_in_place(rng):
@@ -143,7 +158,7 @@ def _convs(rng: np.random.Generator) -> hexir.Graph:
 def test_convs_take_their_constant_weights_in_the_panels_their_kernels_read(rng):
     from hexir.ops.nn import unblock_conv_weight
     from hexir.runtime.target import Target
-    from hexir.runtime.tiling import register_tile
+    from hexir.runtime.tiling import matrix_vector_block, register_tile
 
     graph = _convs(rng)
     target = Target("cpu")

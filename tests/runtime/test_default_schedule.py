@@ -189,6 +189,27 @@ def test_matrix_vector_jobs_split_panels_that_divide_the_columns(lanes, register
     assert default_tiles([1, N], target)[-1] == expect  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "lanes, N, block, expect",
+    [
+        (16, 768, 64, [2, 6, 1, 64]),  # gpt2's c_proj: 12 panels of 4 AVX-512 vectors
+        (16, 2304, 64, [2, 18, 1, 64]),
+        (8, 3072, 32, [2, 48, 1, 32]),  # AVX2: 4 vectors of 8
+        (16, 96, 32, [3, 1, 1, 32]),  # 3 panels: the only split, 3 jobs
+    ],
+)
+def test_a_matrix_vector_product_of_a_blocked_weight_streams_whole_panels(
+    lanes, N, block, expect
+):
+    # A weight laid out in panels ([N/b, K, b], layout.py's matrix_vector_block): each job
+    # takes a stretch of whole panels, serially, each panel's reduction inside it (the panel
+    # loop in the cache level), so that a core streams one contiguous stretch of the weight.
+    from hexir.search.sketch_cpu import default_tiles
+
+    target = SimpleNamespace(vector_width=lanes, vector_registers=32, num_cores=2)
+    assert default_tiles([1, N], target, block=block)[-1] == expect  # type: ignore[arg-type]
+
+
 def test_a_1x1_conv_takes_the_matmul_register_tile_with_ragged_rows(rng):
     # One reduction loop of more than one step (the channels): the tile of a matmul, rows
     # ragged over the 9 output columns (5 + 4 rows of 2 vectors on AVX2 and AVX-512, the
