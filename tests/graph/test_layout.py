@@ -158,7 +158,7 @@ def _convs(rng: np.random.Generator) -> hexir.Graph:
 def test_convs_take_their_constant_weights_in_the_panels_their_kernels_read(rng):
     from hexir.ops.nn import unblock_conv_weight
     from hexir.runtime.target import Target
-    from hexir.runtime.tiling import matrix_vector_block, register_tile
+    from hexir.runtime.tiling import register_tile
 
     graph = _convs(rng)
     target = Target("cpu")

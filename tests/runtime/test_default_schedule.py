@@ -198,9 +198,7 @@ def test_matrix_vector_jobs_split_panels_that_divide_the_columns(lanes, register
         (16, 96, 32, [3, 1, 1, 32]),  # 3 panels: the only split, 3 jobs
     ],
 )
-def test_a_matrix_vector_product_of_a_blocked_weight_streams_whole_panels(
-    lanes, N, block, expect
-):
+def test_a_matrix_vector_product_of_a_blocked_weight_streams_whole_panels(lanes, N, block, expect):
     # A weight laid out in panels ([N/b, K, b], layout.py's matrix_vector_block): each job
     # takes a stretch of whole panels, serially, each panel's reduction inside it (the panel
     # loop in the cache level), so that a core streams one contiguous stretch of the weight.
