@@ -1,15 +1,33 @@
-"""Export tiny Hugging Face language models that take token ids to ONNX, as test fixtures.
+"""Export tiny Hugging Face models to ONNX, as test fixtures: two language models that take
+token ids, and four image classifiers that take pixels, each at three opsets.
 
     pip install torch==2.13.0 "transformers==4.57.*" onnx onnxscript   # not Hexir's deps
     python scripts/export_hf_fixtures.py [OUT_DIR]    # default tests/frontend/fixtures
 
-Random weights (seeded), tiny configurations (2 layers, hidden 32, vocab 100, 16 tokens), so
-each file is a few hundred KB: BERT through PyTorch's legacy (TorchScript) exporter at opset
-17 (it writes ConstantOfShape for the attention mask), GPT-2 through the dynamo exporter at
-opset 18 (IsNaN around the attention's softmax; the legacy exporter fails on GPT-2 with
-transformers 4.57). Both start with an embedding lookup of `input_ids`: a Gather whose indices
-are a graph input. tests/frontend/test_hf_fixtures.py imports and runs them; neither torch
-nor transformers is needed there.
+Random weights (seeded), tiny configurations, so each file is a few hundred KB at most.
+
+Language models (2 layers, hidden 32, vocab 100, 16 tokens): BERT through PyTorch's legacy
+(TorchScript) exporter at opset 17 (it writes ConstantOfShape for the attention mask), GPT-2
+through the dynamo exporter at opset 18 (IsNaN around the attention's softmax; the legacy
+exporter fails on GPT-2 with transformers 4.57). Both start with an embedding lookup of
+`input_ids`: a Gather whose indices are a graph input.
+
+Image classifiers (1x3x32x32 `pixel_values` to 10 `logits`): ViT (patch 8, 2 layers, hidden
+32), ResNet (basic blocks, 2 stages of 1, widths 8 and 16), MobileNetV2 (depth multiplier
+0.1, expansion 2, TensorFlow padding) and ConvNeXt (2 stages of 1, widths 8 and 16), written
+as `<model>_tiny_opset<N>.onnx` for N = 17, 18, 20:
+- opset 17: the legacy exporter (the dynamo exporter writes opset 18 and converts down, which
+  fails on ResNet's and ConvNeXt's ReduceMean); MobileNetV2's TensorFlow padding comes out as
+  a Pad whose pads are computed from constants (ConstantOfShape, Concat, Slice, Transpose).
+- opsets 18 and 20: the dynamo exporter (at 20 it writes Gelu for ViT's and ConvNeXt's
+  activation); its per-node metadata (source locations) is dropped to keep the files small.
+Weight scales are raised above Hugging Face's initializer ranges (and BatchNorm statistics
+drawn at random) so that the logits vary with the pixels instead of vanishing.
+
+Rerun, the script rewrites bert_tiny.onnx and the image classifiers byte for byte; gpt2_tiny
+keeps its graph and weights but not its node metadata, which holds this script's line
+numbers. tests/frontend/test_hf_fixtures.py imports and runs them; neither torch nor
+transformers is needed there.
 """
 
 from __future__ import annotations
@@ -17,10 +35,25 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import onnx
 import torch
-from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+from transformers import (
+    BertConfig,
+    BertModel,
+    ConvNextConfig,
+    ConvNextForImageClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MobileNetV2Config,
+    MobileNetV2ForImageClassification,
+    ResNetConfig,
+    ResNetForImageClassification,
+    ViTConfig,
+    ViTForImageClassification,
+)
 
 TOKENS, VOCAB = 16, 100
+IMAGE, CLASSES, OPSETS = 32, 10, (17, 18, 20)
 
 
 class Logits(torch.nn.Module):
@@ -32,6 +65,70 @@ class Logits(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return getattr(self.model(input_ids=input_ids), self.field)
+
+
+class Classify(torch.nn.Module):
+    """An image classifier's logits, from pixel_values alone."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+def vision_models() -> dict[str, torch.nn.Module]:
+    """Each model built under its own seed, so one changes without moving the others."""
+    common = dict(num_channels=3, num_labels=CLASSES)
+    # MobileNetV2's 52 convs: at 0.3 the logits barely depend on the pixels; at 0.5 they reach
+    # 40 and float32 rounding alone puts ONNX Runtime 7e-4 from ONNX's reference.
+    build = {
+        "vit": lambda: ViTForImageClassification(ViTConfig(
+            image_size=IMAGE, patch_size=8, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=2, intermediate_size=64, initializer_range=0.2, **common)),
+        "resnet": lambda: ResNetForImageClassification(ResNetConfig(
+            embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+            **common)),
+        "mobilenetv2": lambda: MobileNetV2ForImageClassification(MobileNetV2Config(
+            image_size=IMAGE, depth_multiplier=0.1, expand_ratio=2, min_depth=4,
+            divisible_by=4, finegrained_output=False, initializer_range=0.35, **common)),
+        "convnext": lambda: ConvNextForImageClassification(ConvNextConfig(
+            image_size=IMAGE, patch_size=4, num_stages=2, hidden_sizes=[8, 16],
+            depths=[1, 1], layer_scale_init_value=1.0, initializer_range=0.2, **common)),
+    }  # fmt: skip
+    models = {}
+    for seed, (name, make) in enumerate(build.items(), start=1):
+        torch.manual_seed(seed)
+        models[name] = randomize_batch_norms(make()).eval()
+    return models
+
+
+def randomize_batch_norms(model: torch.nn.Module) -> torch.nn.Module:
+    # Fresh BatchNorms are identities (mean 0, variance 1, scale 1, shift 0) once folded.
+    for norm in model.modules():
+        if isinstance(norm, torch.nn.BatchNorm2d):
+            with torch.no_grad():
+                norm.running_mean.normal_(0.0, 0.1)
+                norm.running_var.uniform_(0.5, 1.5)
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.normal_(0.0, 0.1)
+    return model
+
+
+def export_vision(name: str, model: torch.nn.Module, opset: int, out: Path) -> None:
+    path = out / f"{name}_tiny_opset{opset}.onnx"
+    pixels = torch.randn(1, 3, IMAGE, IMAGE)
+    names = dict(input_names=["pixel_values"], output_names=["logits"], opset_version=opset)
+    if opset == 17:
+        torch.onnx.export(Classify(model).eval(), (pixels,), str(path), dynamo=False, **names)
+        return
+    torch.onnx.export(Classify(model).eval(), (pixels,), str(path), dynamo=True,
+                      external_data=False, **names)  # fmt: skip
+    proto = onnx.load(path)
+    for node in proto.graph.node:
+        del node.metadata_props[:]
+    onnx.save(proto, path)
 
 
 def main() -> None:
@@ -50,7 +147,10 @@ def main() -> None:
     torch.onnx.export(Logits(gpt2, "logits"), (ids,), str(out / "gpt2_tiny.onnx"),
                       input_names=["input_ids"], output_names=["logits"], opset_version=18,
                       dynamo=True, external_data=False)  # fmt: skip
-    for path in sorted(out.glob("*_tiny.onnx")):
+    for name, model in vision_models().items():
+        for opset in OPSETS:
+            export_vision(name, model, opset, out)
+    for path in sorted(out.glob("*_tiny*.onnx")):
         print(f"{path} ({path.stat().st_size // 1024} KB)")
 
 

@@ -28,19 +28,48 @@ class Unsupported(Exception):
 
 def clean_name(name: str, fallback: str = "t") -> str:
     """An ONNX name in the graph's identifier alphabet ([A-Za-z0-9_.$-]+)."""
+    if isinstance(name, bytes):  # a string field that is not UTF-8 (a damaged file)
+        name = name.decode("utf-8", "replace")
     cleaned = _BAD_CHARS.sub("_", name).strip("_")
     return cleaned or fallback
 
 
 def hexir_dtype(elem_type: int, what: str) -> str:
     """The Hexir dtype of an ONNX element type; Unsupported for the others."""
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     try:
         return check_dtype(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name)
     except (ValueError, KeyError, TypeError):
-        name = TensorProto.DataType.Name(elem_type) if elem_type else "undefined"
+        name = _type_name(elem_type)
         raise Unsupported(f"{what} has element type {name}, Hexir has no such dtype") from None
+
+
+def _type_name(elem_type: int) -> str:
+    from onnx import TensorProto
+
+    if not elem_type:
+        return "undefined"
+    try:
+        return TensorProto.DataType.Name(elem_type)
+    except ValueError:  # a code ONNX does not define
+        return f"{elem_type} (not an ONNX type)"
+
+
+def tensor_array(tensor: Any, what: str) -> np.ndarray:
+    """The data of an ONNX TensorProto (an initializer, a Constant's value) as an array;
+    Unsupported where its element type has no Hexir dtype or its data does not fill its dims
+    (a damaged file)."""
+    from onnx import TensorProto, numpy_helper
+
+    if not isinstance(tensor, TensorProto):  # an attribute of another type (a damaged file)
+        raise Unsupported(f"{what} is not a tensor")
+    hexir_dtype(tensor.data_type, what)
+    try:
+        return np.asarray(numpy_helper.to_array(tensor))
+    except (ValueError, TypeError) as e:
+        dims = "x".join(map(str, tensor.dims)) or "scalar"
+        raise Unsupported(f"{what}: its data does not match its shape {dims} ({e})") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +147,7 @@ class Context:
         return default if value is None else float(str(np.float32(value)))
 
     def initializer_array(self, name: str) -> np.ndarray:
-        from onnx import numpy_helper
-
-        tensor = self.initializers[name]
-        hexir_dtype(tensor.data_type, f"initializer {name!r}")
-        return np.asarray(numpy_helper.to_array(tensor))
+        return tensor_array(self.initializers[name], f"initializer {name!r}")
 
     def value_of(self, name: str) -> Value:
         """The Hexir value of an ONNX tensor; an initializer becomes a constant on first use."""

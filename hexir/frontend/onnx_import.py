@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from hexir.errors import HexirError, ModelError
 from hexir.frontend.onnx_context import Context, Node, Unsupported, clean_name, hexir_dtype
 from hexir.frontend.onnx_ops import SPECS, Spec
+from hexir.frontend.onnx_ops_compose import COMPOSED_SPECS
 from hexir.frontend.onnx_ops_shape import SHAPE_SPECS
 from hexir.frontend.onnx_patterns import Match, find_matches, scalar_constants
 from hexir.ir.graph import Graph, Op, Value
@@ -38,7 +39,7 @@ __all__ = ["import_onnx", "SUPPORTED", "OPSETS"]
 # Opsets 22 and 23 change only the type constraints of the ops imported here (bfloat16 and
 # the 4-bit floats), and add RMSNormalization.
 OPSETS = range(13, 24)
-SUPPORTED: dict[str, Spec] = {**SPECS, **SHAPE_SPECS}
+SUPPORTED: dict[str, Spec] = {**SPECS, **SHAPE_SPECS, **COMPOSED_SPECS}
 _DOMAINS = ("", "ai.onnx")
 
 
@@ -253,6 +254,13 @@ def _convert(ctx: Context, nodes: list[Node], onnx_graph: Any) -> list[str]:
             poisoned.update(node.outputs)
         except (HexirError, ValueError) as e:  # make_op's checks; numpy's broadcasting
             problems.append(f"{node.label}: Hexir cannot build it: {str(e).splitlines()[0]}")
+            poisoned.update(node.outputs)
+        except (TypeError, IndexError, KeyError) as e:  # a damaged node: a required attribute
+            # missing, an input too few, an axis past the rank
+            problems.append(f"{node.label}: malformed node ({type(e).__name__}: {e})")
+            poisoned.update(node.outputs)
+        except MemoryError as e:  # a shape of absurd extents
+            problems.append(f"{node.label}: its tensors do not fit in memory ({e})")
             poisoned.update(node.outputs)
         else:
             # A node may name more outputs than Hexir makes (unused ones: _static_problems).

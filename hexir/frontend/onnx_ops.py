@@ -2,7 +2,8 @@
 
 Each `Spec` says which attributes its converter understands and which of their values (a
 static check, so the importer lists every unsupported node before converting any), and how
-many outputs it makes. Data movement is in `onnx_ops_shape`.
+many outputs it makes. Data movement is in `onnx_ops_shape`; Einsum, LRN and ConvTranspose,
+compositions of several Hexir ops, are in `onnx_ops_compose`.
 """
 
 from __future__ import annotations
@@ -525,6 +526,17 @@ def _reduce_log_sum_exp(ctx: Context) -> Sequence[Value]:
     return [ctx.op("add", ctx.op("log", total), peak)]
 
 
+def _arg(kind: str) -> Convert:
+    """ArgMax or ArgMin: int64 indices along one axis (ONNX keeps the axis by default)."""
+
+    def convert(ctx: Context) -> Sequence[Value]:
+        last = bool(ctx.attr("select_last_index", 0))
+        keep = bool(ctx.attr("keepdims", 1))
+        return [ctx.op(kind, ctx.input(0), axis=int(ctx.attr("axis", 0)), keepdims=keep, last=last)]
+
+    return convert
+
+
 _POOL = {
     "kernel_shape": None,
     "strides": None,
@@ -534,6 +546,7 @@ _POOL = {
     "ceil_mode": (0,),
 }
 _REDUCE = {"axes": None, "keepdims": None, "noop_with_empty_axes": None}
+_ARG = {"axis": None, "keepdims": (0, 1), "select_last_index": (0, 1)}
 
 SPECS: dict[str, Spec] = {
     "Add": Spec(_add),
@@ -612,4 +625,6 @@ SPECS: dict[str, Spec] = {
     "ReduceL2": Spec(_reduce_of("reduce_sum", _square, lambda ctx, x: ctx.op("sqrt", x)), _REDUCE),
     "ReduceLogSumExp": Spec(_reduce_log_sum_exp, _REDUCE),
     "CastLike": Spec(_cast_like, {"saturate": None}),
+    "ArgMax": Spec(_arg("argmax"), _ARG),
+    "ArgMin": Spec(_arg("argmin"), _ARG),
 }

@@ -1,4 +1,5 @@
-"""Converters of ONNX data-movement nodes: shapes, slices, concatenation, padding, gathers.
+"""Converters of ONNX data-movement nodes: shapes, slices, concatenation, padding, gathers,
+scatters.
 
 Shapes, axes, starts and pads must be known at import time: initializers, Constant nodes, or
 computed from them and from static shapes (a Shape node's output is a constant here, so the
@@ -12,9 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hexir.frontend.onnx_context import Context, Unsupported, int_list
+from hexir.frontend.onnx_context import Context, Unsupported, int_list, tensor_array
 from hexir.frontend.onnx_ops import Spec, broadcast_to, reshape
 from hexir.ir.graph import Value
+from hexir.ops.indexing import REDUCTIONS
 
 
 def _axis(axis: int, ndim: int) -> int:
@@ -151,8 +153,35 @@ def _pad(ctx: Context) -> Sequence[Value]:
     before, after = [0] * ndim, [0] * ndim
     for i, a in enumerate(axes):
         before[a], after[a] = pads[i], pads[i + len(axes)]
+    mode = str(ctx.attr("mode", "constant"))
+    if mode != "constant":
+        for axis, (b, e) in enumerate(zip(before, after, strict=True)):
+            x = _pad_from_edges(ctx, x, axis, b, e, mode)
+        return [x]
     fill = 0.0 if value is None or value.size == 0 else float(value.reshape(-1)[0])
     return [ctx.op("pad", x, before=tuple(before), after=tuple(after), value=fill)]
+
+
+def _pad_from_edges(ctx: Context, x: Value, axis: int, before: int, after: int, mode: str) -> Value:
+    """`x` padded along `axis` with its own elements: the edge one repeated ("edge"), a
+    mirror without the edge ("reflect"), or the other end ("wrap"); slices and a concat."""
+    if not before and not after:
+        return x
+    n = x.type.shape[axis]
+    longest = {"edge": None, "reflect": n - 1, "wrap": n}[mode]
+    if longest is not None and max(before, after) > longest:
+        raise Unsupported(f"Pad mode {mode} of {max(before, after)} on an extent of {n}")
+    match mode:
+        case "edge":
+            left = [_take(ctx, x, axis, 0, 1)] * before
+            right = [_take(ctx, x, axis, n - 1, n)] * after
+        case "reflect":
+            left = [_take(ctx, x, axis, before, 0, -1)] if before else []
+            right = [_take(ctx, x, axis, n - 2, n - 2 - after, -1)] if after else []
+        case _:
+            left = [_take(ctx, x, axis, n - before, n)] if before else []
+            right = [_take(ctx, x, axis, 0, after)] if after else []
+    return ctx.op("concat", *left, x, *right, axis=axis)
 
 
 def _shape(ctx: Context) -> Sequence[Value]:
@@ -169,9 +198,12 @@ def _gather(ctx: Context) -> Sequence[Value]:
     axis = _axis(int(ctx.attr("axis", 0)), len(x.type.shape))
     dim = x.type.shape[axis]
     try:
-        indices = np.asarray(ctx.array(1, "indices")).astype(np.int64)
+        indices = np.asarray(ctx.array(1, "indices"))
     except Unsupported:
         return [_runtime_gather(ctx, x, ctx.input(1), axis)]
+    if indices.dtype.kind not in "iu":
+        raise Unsupported(f"Gather indices of type {indices.dtype} (ONNX's are int32 or int64)")
+    indices = indices.astype(np.int64)
     flat = [int(i) + dim if i < 0 else int(i) for i in indices.reshape(-1)]
     if not flat or any(not 0 <= i < dim for i in flat):
         raise Unsupported(f"Gather indices {flat} for extent {dim}")
@@ -191,6 +223,25 @@ def _runtime_gather(ctx: Context, x: Value, indices: Value, axis: int) -> Value:
         return ctx.op("gather", x, indices, axis=axis)
     one = ctx.op("gather", x, reshape(ctx, indices, (1,)), axis=axis)  # a scalar index
     return reshape(ctx, one, x.type.shape[:axis] + x.type.shape[axis + 1 :])
+
+
+def _gather_nd(ctx: Context) -> Sequence[Value]:
+    batch_dims = int(ctx.attr("batch_dims", 0))
+    return [ctx.op("gather_nd", ctx.input(0), ctx.input(1), batch_dims=batch_dims)]
+
+
+def _scatter_elements(ctx: Context) -> Sequence[Value]:
+    """ScatterElements (and opset 9's Scatter, the same op): the `scatter_elements` op,
+    whatever its indices, constant or computed at run time."""
+    operands = (ctx.input(0), ctx.input(1), ctx.input(2))
+    axis, reduction = int(ctx.attr("axis", 0)), str(ctx.attr("reduction", "none"))
+    return [ctx.op("scatter_elements", *operands, axis=axis, reduction=reduction)]
+
+
+def _scatter_nd(ctx: Context) -> Sequence[Value]:
+    """ScatterND (a KV cache's update at the decode position): the `scatter_nd` op."""
+    operands = (ctx.input(0), ctx.input(1), ctx.input(2))
+    return [ctx.op("scatter_nd", *operands, reduction=str(ctx.attr("reduction", "none")))]
 
 
 _RESIZE_COORDINATES = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
@@ -258,11 +309,9 @@ def _expand(ctx: Context) -> Sequence[Value]:
 def _constant_of_shape(ctx: Context) -> Sequence[Value]:
     """A constant of a shape known at import (PyTorch's legacy exporter writes it for
     `torch.ones/zeros` of traced shapes: BERT's attention mask): folded to its data."""
-    from onnx import numpy_helper
-
     shape = tuple(int_list(ctx.array(0, "shape")))
     value = ctx.attr("value")
-    fill = np.zeros(1, np.float32) if value is None else np.asarray(numpy_helper.to_array(value))
+    fill = np.zeros(1, np.float32) if value is None else tensor_array(value, "its value")
     if fill.size != 1:
         raise Unsupported(f"ConstantOfShape value of {fill.size} elements (ONNX allows one)")
     return [ctx.constant(np.full(shape, fill.reshape(()), fill.dtype))]
@@ -325,11 +374,9 @@ def _cumsum(ctx: Context) -> Sequence[Value]:
 
 
 def _constant(ctx: Context) -> Sequence[Value]:
-    from onnx import numpy_helper
-
     attrs = ctx.current.attrs
     if "value" in attrs:
-        array = np.asarray(numpy_helper.to_array(attrs["value"]))
+        array = tensor_array(attrs["value"], "its value")
     elif "value_float" in attrs or "value_floats" in attrs:
         array = np.asarray(attrs.get("value_float", attrs.get("value_floats")), np.float32)
     else:
@@ -346,7 +393,7 @@ SHAPE_SPECS: dict[str, Spec] = {
     "Concat": Spec(_concat, {"axis": None}),
     "Slice": Spec(_slice),
     "Split": Spec(_split, {"axis": None, "split": None, "num_outputs": None}, outputs=None),
-    "Pad": Spec(_pad, {"mode": ("constant",)}),
+    "Pad": Spec(_pad, {"mode": ("constant", "edge", "reflect", "wrap")}),
     "Shape": Spec(_shape, {"start": None, "end": None}),
     "Gather": Spec(_gather, {"axis": None}),
     "GatherElements": Spec(
@@ -355,6 +402,10 @@ SHAPE_SPECS: dict[str, Spec] = {
         ],
         {"axis": None},
     ),
+    "GatherND": Spec(_gather_nd, {"batch_dims": None}),
+    "Scatter": Spec(_scatter_elements, {"axis": None}),
+    "ScatterElements": Spec(_scatter_elements, {"axis": None, "reduction": REDUCTIONS}),
+    "ScatterND": Spec(_scatter_nd, {"reduction": REDUCTIONS}),
     "ConstantOfShape": Spec(_constant_of_shape, {"value": None}),
     "Range": Spec(_range),
     "Resize": Spec(

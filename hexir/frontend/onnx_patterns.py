@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hexir.frontend.onnx_context import Node
+from hexir.frontend.onnx_context import Node, Unsupported, tensor_array
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +160,6 @@ def _first(matcher: _Matcher, patterns: tuple[P, ...], tensor: str):
 
 def scalar_constants(initializers: Mapping[str, Any], nodes: list[Node]) -> dict[str, float]:
     """The one-element float or int tensors of the model, by name: the C() of patterns."""
-    from onnx import numpy_helper
-
     arrays: dict[str, Any] = dict(initializers)
     for node in nodes:
         if node.op_type == "Constant" and "value" in node.attrs:
@@ -170,7 +168,10 @@ def scalar_constants(initializers: Mapping[str, Any], nodes: list[Node]) -> dict
     for name, tensor in arrays.items():
         dims = list(getattr(tensor, "dims", []))
         if int(np.prod(dims)) == 1:
-            array = np.asarray(numpy_helper.to_array(tensor))
+            try:
+                array = tensor_array(tensor, name)
+            except Unsupported:  # not a scalar the patterns can use; its converter says why
+                continue
             if array.dtype.kind in "fiu":
                 out[name] = float(array.reshape(-1)[0])
     return out

@@ -18,6 +18,7 @@ from hexir.graph.lower import lower, lowered, lowered_kinds
 from hexir.ir.dtype import check_dtype
 from hexir.ir.graph import Value
 from hexir.ir.tir import PrimFunc
+from hexir.ops import indexing, op_def
 from hexir.ops.builder import GraphBuilder
 
 
@@ -147,8 +148,8 @@ def workload(name: str, dtype: str = "float32", **shape: object) -> PrimFunc:
     Any op of docs/ops.md also lowers alone, given its operand shapes: `shape=(4, 8)` for one
     operand, `shapes=[(4, 8), (8,)]` for several; other keywords are the op's attributes
     (`attrs={...}` for one named like a keyword here, e.g. cast's `dtype`). Operands take
-    `dtype` (where's condition is bool, gathers' indices int64); params are `in0, in1, ...,
-    out0`. `shape`/`shapes` select this form for the names above too.
+    `dtype` (where's condition is bool, gathers' and scatters' indices int64); params are
+    `in0, in1, ..., out0`. `shape`/`shapes` select this form for the names above too.
     """
     try:
         dtype = check_dtype(dtype)
@@ -187,10 +188,11 @@ def _check_keywords(name: str, builder: Callable[..., PrimFunc], given: Mapping)
 
 
 def _operand_dtype(kind: str, n: int, dtype: str) -> str:
-    """`dtype`, but where's condition is bool and gather's indices int64."""
+    """`dtype`, but where's condition is bool and the indices of the runtime-index ops
+    (`hexir.ops.indexing`, operand 1) int64."""
     if kind == "where" and n == 0:
         return "bool"
-    return "int64" if kind in ("gather", "gather_elements") and n == 1 else dtype
+    return "int64" if n == 1 and op_def(kind) in indexing.OPS else dtype
 
 
 def _op_workload(kind: str, dtype: str, kwargs: dict[str, object]) -> PrimFunc:

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, PLACEMENT_RE, Check, Reject, fail
-from hexir.ops import contraction, elementwise, movement, nn, reduction, winograd
+from hexir.ops import contraction, elementwise, indexing, movement, nn, reduction, winograd
 from hexir.ops.base import Exporter, OpDef, Pattern
 from hexir.ops.movement import slice_indices
 
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 # The op families, each a module whose `OPS` tuple defines its ops.
-FAMILIES = (contraction, nn, winograd, elementwise, reduction, movement)
+FAMILIES = (contraction, nn, winograd, elementwise, reduction, movement, indexing)
 
 OPS: dict[str, OpDef] = {d.name: d for family in FAMILIES for d in family.OPS}
 

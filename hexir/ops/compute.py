@@ -365,3 +365,13 @@ def lowest(dtype: str) -> Expr:
     if bits is None:
         return const(0, dtype)  # bool: False is the smallest
     return const(-(2 ** (bits - 1)), dtype)
+
+
+def highest(dtype: str) -> Expr:
+    """The identity of min: inf for floats, the largest value for ints."""
+    if is_float(dtype):
+        return const(float("inf"), dtype)
+    bits = {"int32": 32, "int64": 64}.get(dtype)
+    if bits is None:
+        return const(1, dtype)  # bool: True is the largest
+    return const(2 ** (bits - 1) - 1, dtype)

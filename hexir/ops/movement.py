@@ -1,5 +1,5 @@
-"""Data movement: transpose, reshape, concat, slice, pad, gather, gather_elements, and
-constant (the graph's data).
+"""Data movement: transpose, layout_transform, reshape, concat, slice, pad, and constant (the
+graph's data). Moves at indices known only at run time are in `hexir.ops.indexing`.
 
 Each moving op lowers to one spatial block whose every output element is one element of an
 operand (or pad's fill); its fusion role is injective, and `cheap` says when computing it
@@ -25,7 +25,7 @@ import numpy as np
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, Check, dims, fail, normalize_axis
-from hexir.ir.tir import Binary, Buffer, Cast, Expr, IntImm, Select, const
+from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, const
 from hexir.ops.base import (
     Exporter,
     OpDef,
@@ -320,7 +320,7 @@ def _reshape_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> 
             flat = affine(
                 (i[d], st) for d, st in zip(outs, strides, strict=True) if out.shape[d] != 1
             )
-            index.extend(_unflatten(k, flat, [x.shape[d] for d in ins]))
+            index.extend(unflatten(k, flat, [x.shape[d] for d in ins]))
         return x[tuple(index)]
 
     k.compute("reshape", out, load)
@@ -350,7 +350,9 @@ def _reshape_groups(out_shape: tuple[int, ...], in_shape: tuple[int, ...]):
     return groups
 
 
-def _unflatten(k: Kernel, flat: Expr, shape: list[int]) -> list[Expr]:
+def unflatten(k: Kernel, flat: Expr, shape: list[int]) -> list[Expr]:
+    """The index into an array of `shape` of its element at row-major position `flat` (a
+    floormod only where the bounds of the quotient can pass the extent)."""
     index: list[Expr] = []
     for d, extent in enumerate(shape):
         if extent == 1:
@@ -626,123 +628,6 @@ PAD = OpDef(
     cheap=always_cheap,
 )
 
-# --- gather -----------------------------------------------------------------------------------
-
-
-def _index_dtype(indices: TensorType) -> None:
-    if indices.dtype not in ("int32", "int64"):
-        fail(f"indices must be int32 or int64, got {indices.dtype}")
-
-
-def _in_range(kind: str, indices: np.ndarray, axis: int, n: int) -> np.ndarray:
-    """`indices` with the negative ones counted from the end; IndexError for one outside."""
-    bad = indices[(indices < -n) | (indices >= n)]
-    if bad.size:
-        raise IndexError(f"{kind}: index {int(bad.flat[0])} out of range for axis {axis} of {n}")
-    return np.where(indices < 0, indices + n, indices)
-
-
-def _loaded_index(k: Kernel, index: Expr, n: int) -> Expr:
-    """An index loaded at run time as an index into an axis of `n`: a negative one counted
-    from the end, one out of range clamped into it (never a read outside the operand)."""
-    raw = Cast("int32", index)
-    return clamp(k, Select(Binary("<", raw, IntImm(0)), Binary("+", raw, IntImm(n)), raw), n)
-
-
-def _gather_infer(c: Check) -> TensorType:
-    x, indices = c.types
-    _index_dtype(indices)
-    if not indices.shape:
-        fail("indices must have at least one axis (a scalar index: reshape it to [1] first)")
-    axis = c.axis("axis", len(x.shape), 0)
-    return TensorType(x.shape[:axis] + indices.shape + x.shape[axis + 1 :], x.dtype)
-
-
-def _gather_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    x, indices = xs
-    axis = get_int(attrs, "axis")
-    return np.take(x, _in_range("gather", indices, axis, x.shape[axis]), axis=axis)
-
-
-def _gather_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
-    """out[..., j..., ...] = x[..., indices[j...], ...]: a negative index counts from the end;
-    an index out of range is clamped into it, so the kernel never reads outside x (the
-    reference evaluator refuses such an index)."""
-    x, indices = args
-    axis, rank = attr_int(op, "axis"), len(indices.shape)
-    n = x.shape[axis]
-
-    def load(i: Indices) -> Expr:
-        j = _loaded_index(k, indices[tuple(i[axis : axis + rank])], n)
-        return x[i[:axis] + (j,) + i[axis + rank :]]
-
-    k.compute("gather", out, load)
-
-
-GATHER = OpDef(
-    "gather",
-    "x's slices along axis at runtime indices (an embedding lookup): "
-    "out.shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]",
-    ("x", "indices"),
-    ("axis",),
-    infer=_gather_infer,
-    fusion=Pattern.INJECTIVE,  # each output element is one element of x, at a loaded index
-    evaluate=_gather_evaluate,
-    lower=_gather_lower,
-    export=lambda ex, op: ex.node(
-        "Gather", operand_names(op), op.result.name, axis=attr_int(op, "axis")
-    ),
-    flops=no_flops,
-)
-
-
-def _gather_elements_infer(c: Check) -> TensorType:
-    x, indices = c.types
-    _index_dtype(indices)
-    if len(indices.shape) != len(x.shape) or not x.shape:
-        fail(f"indices {dims(indices)} must have x's rank ({len(x.shape)})")
-    axis = c.axis("axis", len(x.shape), 0)
-    pairs = enumerate(zip(indices.shape, x.shape, strict=True))
-    if any(i > d for k, (i, d) in pairs if k != axis):
-        fail(f"indices {dims(indices)} extend past x {dims(x)} off axis {axis}")
-    return TensorType(indices.shape, x.dtype)
-
-
-def _gather_elements_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    x, indices = xs
-    axis = get_int(attrs, "axis")
-    wrapped = _in_range("gather_elements", indices, axis, x.shape[axis])
-    return np.take_along_axis(x, wrapped, axis=axis)
-
-
-def _gather_elements_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
-    """out[i] = x[i with axis replaced by indices[i]]: wrapped and clamped as gather's."""
-    x, indices = args
-    axis = attr_int(op, "axis")
-    n = x.shape[axis]
-
-    def load(i: Indices) -> Expr:
-        return x[i[:axis] + (_loaded_index(k, indices[i], n),) + i[axis + 1 :]]
-
-    k.compute("gather_elements", out, load)
-
-
-GATHER_ELEMENTS = OpDef(
-    "gather_elements",
-    "x's elements at runtime indices along axis, elsewhere at their own position: "
-    "out[i] = x[i with i[axis] = indices[i]] (ONNX GatherElements)",
-    ("x", "indices"),
-    ("axis",),
-    infer=_gather_elements_infer,
-    fusion=Pattern.INJECTIVE,
-    evaluate=_gather_elements_evaluate,
-    lower=_gather_elements_lower,
-    export=lambda ex, op: ex.node(
-        "GatherElements", operand_names(op), op.result.name, axis=attr_int(op, "axis")
-    ),
-    flops=no_flops,
-)
-
 OPS: tuple[OpDef, ...] = (
     TRANSPOSE,
     LAYOUT_TRANSFORM,
@@ -750,7 +635,5 @@ OPS: tuple[OpDef, ...] = (
     CONCAT,
     SLICE,
     PAD,
-    GATHER,
-    GATHER_ELEMENTS,
     CONSTANT,
 )

@@ -1,6 +1,6 @@
-"""Reductions and the multi-stage normalizations: reduce_sum/mean/max, softmax (max, exp, sum,
-norm), log_softmax (max, sum of exp, norm), layer_norm (mean, var, norm) and rms_norm (mean
-square, norm).
+"""Reductions and the multi-stage normalizations: reduce_sum/mean/max, argmax/argmin (the
+extremum, then its index), softmax (max, exp, sum, norm), log_softmax (max, sum of exp, norm),
+layer_norm (mean, var, norm) and rms_norm (mean square, norm).
 
 A reduction ends the fusion group it joins; softmax, log_softmax, layer_norm and rms_norm are
 single ops, so each is one kernel with its elementwise producers. Their numpy semantics reduce
@@ -18,9 +18,18 @@ import numpy as np
 
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail, normalize_axis
-from hexir.ir.tir import Buffer, Call, Expr, const
+from hexir.ir.tir import Binary, Buffer, Call, Cast, Expr, Select, const
 from hexir.ops.base import Evaluate, Exporter, Infer, Lower, OpDef, Pattern, operand_names
-from hexir.ops.compute import Kernel, ReduceFn, attr_float, attr_int, attr_ints, lowest, mean
+from hexir.ops.compute import (
+    Kernel,
+    ReduceFn,
+    attr_float,
+    attr_int,
+    attr_ints,
+    highest,
+    lowest,
+    mean,
+)
 from hexir.ops.numeric import Attrs, f64, get_float, get_int, get_ints, lowest_value, mean_of, wide
 
 Indices = tuple[Expr, ...]
@@ -144,6 +153,91 @@ REDUCE_MEAN = _reduce(
     "reduce_mean", "the mean over axes", "numeric", _reduce_mean_evaluate, _mean_stage
 )
 REDUCE_MAX = _reduce("reduce_max", "the max over axes", "any", _reduce_max_evaluate, _max_stage)
+
+
+# --- argmax, argmin ---------------------------------------------------------------------------
+
+
+def _arg_infer(c: Check) -> TensorType:
+    (x,) = c.types
+    c.dtype_in("numeric")
+    axis = c.axis("axis", len(x.shape), 0)
+    if x.shape[axis] == 0:
+        fail(f"axis {axis} is empty: it has no extremum to index, x is {dims(x)}")
+    c.flag("last", False)
+    kept = (1,) if c.flag("keepdims", False) else ()
+    return TensorType(x.shape[:axis] + kept + x.shape[axis + 1 :], "int64")
+
+
+def _arg_evaluate(pick: Callable[..., np.ndarray]) -> Evaluate:
+    """np.argmax's or np.argmin's index (the first of ties), or with `last` the last of ties:
+    the first of the axis reversed, counted from the end."""
+
+    def evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+        x, axis = xs[0], get_int(attrs, "axis")
+        if attrs["last"]:
+            index = x.shape[axis] - 1 - pick(np.flip(x, axis), axis=axis)
+        else:
+            index = pick(x, axis=axis)
+        index = np.asarray(index, np.int64)
+        return np.expand_dims(index, axis) if attrs["keepdims"] else index
+
+    return evaluate
+
+
+def _arg_lower(extremum: str) -> Lower:
+    """Two reductions along the axis: the extremum ("max" or "min"), then the lowest (with
+    `last` the highest) index holding it. An index is dropped only where its element is
+    strictly worse than the extremum, so NaN elements still give an index in range."""
+
+    def lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+        (x,) = args
+        axis, dt = attr_int(op, "axis"), x.dtype
+        n, rest = x.shape[axis], _drop(x.shape, axis)
+        keepdims, last = op.attr("keepdims") is True, op.attr("last") is True
+        best = k.alloc(f"{op.kind}_best", rest, dt)
+        init = lowest(dt) if extremum == "max" else highest(dt)
+        k.reduce(f"{op.kind}_best", best, (n,), lambda s, r: x[_insert(s, axis, r)], extremum, init)
+        worse = "<" if extremum == "max" else ">"
+        miss = const(-1 if last else n, "int64")
+
+        def position(s: Indices, r: Indices) -> Expr:
+            o = _drop(s, axis) if keepdims else s
+            element = x[_insert(o, axis, r)]
+            return Select(Binary(worse, element, best[o]), miss, Cast("int64", r[0]))
+
+        k.reduce(f"{op.kind}_index", out, (n,), position, "max" if last else "min", miss)
+
+    return lower
+
+
+def _arg_export(ex: Exporter, op: Op) -> None:
+    ex.node(
+        "ArgMax" if op.kind == "argmax" else "ArgMin",
+        operand_names(op),
+        op.result.name,
+        axis=attr_int(op, "axis"),
+        keepdims=int(op.attr("keepdims") is True),
+        select_last_index=int(op.attr("last") is True),
+    )
+
+
+def _arg(name: str, doc: str, pick: Callable[..., np.ndarray], extremum: str) -> OpDef:
+    return OpDef(
+        name,
+        doc,
+        ("x",),
+        ("axis", "keepdims", "last"),
+        infer=_arg_infer,
+        fusion=Pattern.REDUCTION,
+        evaluate=_arg_evaluate(pick),
+        lower=_arg_lower(extremum),
+        export=_arg_export,
+    )
+
+
+ARGMAX = _arg("argmax", "the index of the max along axis (int64)", np.argmax, "max")
+ARGMIN = _arg("argmin", "the index of the min along axis (int64)", np.argmin, "min")
 
 
 # --- softmax ----------------------------------------------------------------------------------
@@ -393,4 +487,6 @@ OPS: tuple[OpDef, ...] = (
     REDUCE_SUM,
     REDUCE_MEAN,
     REDUCE_MAX,
+    ARGMAX,
+    ARGMIN,
 )

@@ -166,6 +166,16 @@ CASES: dict[str, Graph] = {
             b.reduce_sum(x, axes=()),
         ],
     ),
+    "arg": one_op(
+        "arg",
+        [((2, 3, 4), F), ((3, 5), "int32")],
+        lambda b, x, i: [
+            b.argmax(x, 1),
+            b.argmin(x, -1, keepdims=True, last=True),
+            b.argmax(i, 0, last=True),
+            b.argmin(i, 1),
+        ],
+    ),
     "transpose_reshape": one_op(
         "transpose_reshape",
         [((2, 3, 4), F)],
@@ -218,6 +228,24 @@ CASES: dict[str, Graph] = {
         "gather_elements",
         [((6, 3), F), ((4, 3), "int64")],
         lambda b, x, i: b.gather_elements(x, i, axis=0),
+    ),
+    "gather_nd": one_op(  # runtime index tuples in -5..5 of axes of 6
+        "gather_nd",
+        [((2, 6, 6, 3), F), ((2, 4, 2), "int64"), ((6, 3), F), ((3, 1), "int64")],
+        lambda b, x, i, y, j: [b.gather_nd(x, i, batch_dims=1), b.gather_nd(y, j)],
+    ),
+    "scatter_elements": one_op(  # duplicate indices: the last wins, or all add up
+        "scatter_elements",
+        [((6, 3), F), ((4, 3), "int64"), ((4, 3), F)],
+        lambda b, x, i, u: [
+            b.scatter_elements(x, i, u, axis=0),
+            b.scatter_elements(x, i, u, axis=-2, reduction="add"),
+        ],
+    ),
+    "scatter_nd": one_op(
+        "scatter_nd",
+        [((6, 6, 3), F), ((2, 2), "int64"), ((2, 3), F)],
+        lambda b, x, i, u: [b.scatter_nd(x, i, u), b.scatter_nd(x, i, u, reduction="mul")],
     ),
     "pad": one_op(
         "pad", [((2, 3), F)], lambda b, x: b.pad(x, before=(1, 0), after=(2, 3), value=1.5)

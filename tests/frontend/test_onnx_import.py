@@ -687,3 +687,36 @@ def test_layer_norm_mean_and_inv_std_dev_and_dropout_mask_outputs():
     inits = [("s", rng.uniform(0.5, 2, (3, 4)).astype(np.float32)),
              ("b", rng.uniform(-1, 1, (3, 4)).astype(np.float32))]  # fmt: skip
     agrees(model(nodes, [("x", [2, 3, 4])], ["z", "mean", "inv", "mask"], inits), atol=1e-4)
+
+
+@pytest.mark.parametrize("mode, numpy_mode", [("edge", "edge"), ("reflect", "reflect"),
+                                              ("wrap", "wrap")])  # fmt: skip
+@pytest.mark.parametrize("pads", [[1, 2, 0, 2], [0, 0, 3, 1], [2, 1, 2, 3]])
+def test_pad_of_edge_reflect_and_wrap_modes_is_slices_and_a_concat(mode, numpy_mode, pads, rng):
+    """Pad's modes that copy the tensor's own elements: no pad op, slices along each padded
+    axis concatenated around it; numpy.pad's modes of the same names, evaluated and compiled."""
+    proto = model(
+        [helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)],
+        [("x", [4, 5])],
+        ["y"],
+        [("pads", np.asarray(pads, np.int64))],
+        opset=18,
+    )
+    graph = import_onnx(proto)
+    assert "pad" not in kinds(graph)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    want = np.pad(x, [(pads[0], pads[2]), (pads[1], pads[3])], mode=numpy_mode)
+    np.testing.assert_array_equal(evaluate(graph, [x])[0], want)
+    np.testing.assert_array_equal(hexir.compile(graph, target="cpu").run([x])[0], want)
+
+
+def test_a_reflect_pad_wider_than_the_tensor_is_refused():
+    proto = model(
+        [helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")],
+        [("x", [4, 5])],
+        ["y"],
+        [("pads", np.asarray([4, 0, 0, 0], np.int64))],
+        opset=18,
+    )
+    with pytest.raises(ModelError, match="Pad mode reflect of 4 on an extent of 4"):
+        import_onnx(proto)

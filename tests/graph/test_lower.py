@@ -280,6 +280,9 @@ CASES = [
     ("layer_norm", "float32", [(2, 3, 4), (3, 4), (3, 4)], {"axis": 1, "epsilon": 1e-3}, "normal"),
     ("rms_norm", "float32", [(3, 8), (8,)], {}, "normal"),
     ("rms_norm", "float32", [(2, 3, 4), (3, 4)], {"axis": 1, "epsilon": 1e-3}, "normal"),
+    *[(kind, "float32", [(3, 4, 5)], attrs, "grid")  # ties: the first (or last) index
+      for kind in ("argmax", "argmin")
+      for attrs in ({"axis": 1}, {"axis": -1, "keepdims": True, "last": True})],
     *[(kind, "float32", [(3, 4, 5)], attrs, "normal")
       for kind in ("reduce_sum", "reduce_mean", "reduce_max")
       for attrs in ({"axes": (1,)}, {"axes": (0, 2), "keepdims": True}, {})],
@@ -303,6 +306,14 @@ CASES = [
     ("gather", "float32", [(2, 12, 3), (2, 2)], {"axis": 1}, "normal"),
     ("gather_elements", "float32", [(10, 3), (4, 3)], {"axis": 0}, "normal"),
     ("gather_elements", "float32", [(2, 12, 3), (2, 5, 3)], {"axis": -2}, "normal"),
+    # indices in -9..9 (in range for axes of 10 or more); duplicates: the last update wins
+    ("gather_nd", "float32", [(10, 3), (4, 1)], {}, "normal"),
+    ("gather_nd", "float32", [(2, 10, 12, 3), (2, 5, 2)], {"batch_dims": 1}, "normal"),
+    ("scatter_elements", "float32", [(10, 3), (4, 3), (4, 3)], {"axis": 0}, "normal"),
+    ("scatter_elements", "float32", [(2, 12, 3), (2, 5, 2), (2, 5, 2)],
+     {"axis": 1, "reduction": "add"}, "normal"),
+    ("scatter_nd", "float32", [(10, 3), (4, 1), (4, 3)], {}, "normal"),
+    ("scatter_nd", "float32", [(12, 10, 3), (3, 2), (3, 3)], {"reduction": "max"}, "normal"),
     ("pad", "float32", [(2, 3, 4)], {"before": (0, 1, 2), "after": (1, 0, 0), "value": -1.0},
      "normal"),
     *[(kind, "float32", [shape], attrs, "normal")
@@ -344,7 +355,7 @@ ELEMENTWISE = {
     *("tanh", "exp", "log", "erf", "sqrt", "rsqrt", "gelu", "cast", "bias_add", "batch_norm"),
     *("transpose", "layout_transform", "reshape", "concat", "slice", "pad", "max_pool2d"),
     "gather",
-    "gather_elements",
+    *("gather_elements", "gather_nd", "scatter_elements", "scatter_nd"),
     "reduce_max",
 }
 

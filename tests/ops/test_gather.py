@@ -1,6 +1,7 @@
 """gather: x's slices along an axis at indices known only at run time (an embedding lookup,
 the first op of every language model), against numpy on fresh random inputs, compiled for the
-CPU, imported from ONNX (token ids as a graph input) and exported back."""
+CPU, imported from ONNX (token ids as a graph input) and exported back; gather_elements and
+gather_nd (slices at index tuples) likewise."""
 
 from __future__ import annotations
 
@@ -113,3 +114,68 @@ def test_onnx_gather_elements_of_runtime_indices(rng, axis):
     (want,) = ReferenceEvaluator(proto).run(None, {"x": x, "i": i})
     np.testing.assert_array_equal(evaluate(graph, [x, i])[0], want)
     np.testing.assert_array_equal(module.run([x, i])[0], want)
+
+
+def gather_nd_loop(x, indices, batch_dims=0, clip=False):
+    """ONNX's GatherND, one index tuple at a time; `clip`: clamped as a kernel does."""
+    lead, b = indices.shape[:-1], batch_dims
+    out = np.empty(lead + x.shape[b + indices.shape[-1] :], x.dtype)
+    for t in np.ndindex(lead):
+        at = []
+        for j, n in zip(indices[t], x.shape[b:], strict=False):
+            i = int(j) + (n if j < 0 else 0)
+            at.append(min(max(i, 0), n - 1) if clip else i)
+        out[t] = x[t[:b] + tuple(at)]
+    return out
+
+
+@pytest.mark.parametrize(
+    "x_shape,i_shape,batch_dims",
+    [((7, 5), (3, 1), 0), ((4, 6, 3), (2, 2, 2), 0), ((3, 5, 4, 2), (3, 4, 2), 1),
+     ((2, 3, 4), (2, 3, 1), 2)],
+)  # fmt: skip
+def test_gather_nd_matches_a_loop_compiled_for_the_cpu(rng, x_shape, i_shape, batch_dims):
+    b = GraphBuilder("gnd")
+    x, i = b.input("x", x_shape), b.input("i", i_shape, "int64")
+    graph = b.build(b.gather_nd(x, i, batch_dims=batch_dims))
+    module = hexir.compile(graph, target="cpu")
+    extents = x_shape[batch_dims : batch_dims + i_shape[-1]]
+    for _ in range(2):  # fresh index tuples, negative entries included
+        xs = rng.standard_normal(x_shape).astype(np.float32)
+        ids = np.stack([rng.integers(-n, n, i_shape[:-1]) for n in extents], -1)
+        want = gather_nd_loop(xs, ids, batch_dims)
+        np.testing.assert_array_equal(evaluate(graph, [xs, ids])[0], want)
+        np.testing.assert_array_equal(module.run([xs, ids])[0], want)
+
+
+def test_gather_nd_refuses_an_index_out_of_range_and_the_kernel_clamps_it(rng):
+    b = GraphBuilder("gnd")
+    graph = b.build(b.gather_nd(b.input("x", (4, 3)), b.input("i", (2, 2), "int64")))
+    x, ids = rng.standard_normal((4, 3)).astype(np.float32), np.array([[1, 3], [-1, -2]])
+    with pytest.raises(HexirError, match="gather_nd: index 3 out of range for axis 1 of 3"):
+        evaluate(graph, [x, ids])
+    got = hexir.compile(graph, target="cpu").run([x, ids])[0]
+    np.testing.assert_array_equal(got, gather_nd_loop(x, ids, clip=True))
+    with pytest.raises(TypeInferenceError, match="last extent must be 1..2"):
+        b.gather_nd(b.input("y", (4, 3)), b.input("deep", (2, 3), "int64"))
+
+
+def test_onnx_gather_nd_of_runtime_indices_imports_and_exports(rng):
+    node = helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=1)
+    graph_proto = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 3]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [2, 4, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    proto = helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)])
+    graph = import_onnx(proto)
+    x = rng.standard_normal((2, 5, 3)).astype(np.float32)
+    i = rng.integers(-5, 5, (2, 4, 1)).astype(np.int64)
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": x, "i": i})
+    np.testing.assert_array_equal(evaluate(graph, [x, i])[0], want)
+    np.testing.assert_array_equal(hexir.compile(graph, target="cpu").run([x, i])[0], want)
+    back = to_onnx(graph)
+    onnx.checker.check_model(back)
+    np.testing.assert_array_equal(ReferenceEvaluator(back).run(None, {"x": x, "i": i})[0], want)
