@@ -21,7 +21,7 @@ from hexir.frontend.onnx_import import import_onnx
 from hexir.ir.dtype import numpy_dtype
 
 FIXTURES = Path(__file__).parent / "fixtures"
-MUTANTS = 40  # per seed model and mutation test
+MUTANTS = 25  # per seed model and mutation test
 
 
 def _seed_models() -> dict[str, onnx.ModelProto]:

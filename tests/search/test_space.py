@@ -266,8 +266,11 @@ def _loops_around(func: PrimFunc, block):
     "name,shape",
     [
         ("matmul", dict(M=4096, N=4096, K=4096)),
-        ("dense", dict(M=128, N=3072, K=768, bias=True)),  # BERT's feed-forward
-        ("conv2d", dict(N=1, C=64, H=56, W=56, K=64, R=3, S=3, padding=1)),  # ResNet's 3x3
+        # The conv and the dense take 2-4 s each: in the slow suite (CI runs both).
+        pytest.param("dense", dict(M=128, N=3072, K=768, bias=True), marks=pytest.mark.slow),
+        pytest.param(
+            "conv2d", dict(N=1, C=64, H=56, W=56, K=64, R=3, S=3, padding=1), marks=pytest.mark.slow
+        ),  # ResNet's 3x3
         ("softmax", dict(M=1536, N=128)),  # BERT's attention rows
     ],
 )
