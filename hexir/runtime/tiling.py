@@ -87,13 +87,18 @@ def matrix_vector_block(columns: int, target: Target) -> int:
     """The column panel a single row's constant [K, N] weight is laid out in ([N/b, K, b]),
     so that each panel, all K rows of it, is one contiguous stretch a core streams through
     with one accumulator a vector: the widest of MATRIX_VECTOR_BLOCK_VECTORS vectors, then
-    fewer, that divides the columns; 0 where not even one vector does (the weight keeps
-    [K, N]). Whole panels streamed one after another, where [K, N] had each job read its
-    part of every row, a row apart, hold up where the weights crowd the caches: gpt2-decode,
-    four weights of 28 MiB in all, 0.76 -> 0.27 ms end to end (its 768 x 3072 GEMV with GELU
-    0.39 -> 0.15 ms in the model's profile); alone, warm in the L3, 768 x 3072 0.066 -> 0.051
-    ms, 3072 x 768 0.068 -> 0.057 (AVX-512, 2 cores)."""
-    vectors = MATRIX_VECTOR_BLOCK_VECTORS
-    while vectors and columns % (vectors * target.vector_width):
-        vectors //= 2
-    return vectors * target.vector_width
+    narrower by half a vector, that divides the columns into more panels than the cores
+    (their jobs: `sketch_cpu.default_tiles`); 0 where none does (the weight keeps [K, N]).
+
+    Whole panels streamed one after another, where [K, N] had each job read its part of
+    every row, a row apart, hold up where the weights crowd the caches: gpt2-decode, four
+    weights of 28 MiB in all, 0.76 -> 0.27 ms end to end (its 768 x 3072 GEMV with GELU 0.39
+    -> 0.15 ms in the model's profile); alone, warm in the L3, 768 x 3072 0.066 -> 0.051 ms,
+    3072 x 768 0.068 -> 0.057. 1000 logits take panels of 40 (2.5 vectors): 1280 x 1000
+    0.067 -> 0.053 ms warm, 0.28 -> 0.22 ms with six such weights taking turns (AVX-512,
+    2 cores)."""
+    half = target.vector_width // 2
+    widest = MATRIX_VECTOR_BLOCK_VECTORS * target.vector_width
+    cores = max(1, target.num_cores)
+    fits = (b for b in range(widest, 0, -half) if columns % b == 0 and columns // b > cores)
+    return next(fits, 0)

@@ -314,7 +314,7 @@ def default_tiles(
     *others, vector = extents
     width = min(vector, block) if block else vector
     panel, rows = register_tile(width, others[-1] if others else 1, target, ragged)
-    matrix_vector = _matrix_vector(extents, target)
+    matrix_vector = _matrix_vector(extents, target, block)
     if matrix_vector:
         panel = block or _matrix_vector_panel(vector, target)
     ragged_columns = vector % panel != 0  # the last panel guarded; the jobs from the rows
@@ -369,12 +369,12 @@ def default_reduce_tiles(
     return tiles
 
 
-def _matrix_vector(extents: list[int], target: Target) -> bool:
+def _matrix_vector(extents: list[int], target: Target, block: int | None = None) -> bool:
     """Whether spatial loops of `extents` (the vector loop last) are a matrix-vector
-    product's: a single row, with more column panels (`_matrix_vector_panel`) than the
-    cores."""
+    product's: a single row, with more column panels (`_matrix_vector_panel`, or the weight's
+    `block`) than the cores."""
     *others, vector = extents
-    panel = _matrix_vector_panel(vector, target)
+    panel = block or _matrix_vector_panel(vector, target)
     return math.prod(others) == 1 and vector // panel > max(1, target.num_cores)
 
 

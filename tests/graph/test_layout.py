@@ -66,16 +66,26 @@ def test_dense_of_a_constant_weight_becomes_a_matmul_of_its_transpose_in_panels(
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("columns", [256, 96, 40, 1000])
-def test_a_single_row_takes_its_weight_in_panels_it_streams_whole(columns, rng):
-    # A matrix-vector product reads its weight once: in panels of up to 4 vectors ([N/b, K,
-    # b]), each one contiguous stretch with its reduction inside, where a vector divides the
-    # columns (256: 4 vectors on both widths; 96: 2 AVX-512 vectors; 40 and 1000: one AVX2
-    # vector, none of AVX-512's); else the weight keeps [K, N].
+# Columns -> the panel of a single row's weight on 2 cores, by vector width (AVX-512's 16
+# lanes, AVX2's 8).
+MATRIX_VECTOR_BLOCKS = {3072: {16: 64, 8: 32}, 96: {16: 32, 8: 32}, 40: {16: 8, 8: 8},
+                        1000: {16: 40, 8: 20}, 1001: {16: 0, 8: 0}, 16: {16: 0, 8: 4}}  # fmt: skip
+
+
+@pytest.mark.parametrize("columns", list(MATRIX_VECTOR_BLOCKS))
+@pytest.mark.parametrize("lanes", [16, 8])
+def test_a_single_row_takes_its_weight_in_panels_it_streams_whole(columns, lanes, rng):
+    # A matrix-vector product reads its weight once: in panels ([N/b, K, b]) of up to 4
+    # vectors, in steps of half a vector, each one contiguous stretch with its reduction
+    # inside, more panels than cores (1000: 40 columns on AVX-512, 2.5 vectors; 96 on
+    # AVX-512: 3 panels of 32, not 2 of 48; 40: 5 of 8); where none divides the columns
+    # (1001, odd) or gives the cores work (16 on AVX-512), the weight keeps [K, N].
+    from types import SimpleNamespace
+
+    two_cores = SimpleNamespace(vector_width=lanes, num_cores=2)
+    assert matrix_vector_block(columns, two_cores) == MATRIX_VECTOR_BLOCKS[columns][lanes]  # type: ignore[arg-type]
     target = Target("cpu")
     block = matrix_vector_block(columns, target)
-    vectors = next((v for v in (4, 2, 1) if columns % (v * target.vector_width) == 0), 0)
-    assert block == vectors * target.vector_width
     b = GraphBuilder("gemv")
     w = rng.standard_normal((24, columns), dtype=np.float32)
     graph = b.build(b.matmul(b.input("x", (1, 24)), b.constant(w, name="w")))
@@ -318,8 +328,9 @@ def test_resnet50s_1x1_convs_and_mobilenets_depthwise_convs_compute_in_nhwc():
 
     target = Target("cpu")
     resnet = layout_weights(simplify_graph(zoo_model("resnet50")), target)
-    rows = [op for op in resnet.ops if op.kind == "matmul" and op.attr("weight_block")]
-    assert len(rows) == 36  # every 1x1 conv: the pixels' rows by the filters, in panels
+    rows = [op for op in resnet.ops if op.kind == "matmul" and op.operands[0].type.shape[0] > 1]
+    assert len(rows) == 36 and all(op.attr("weight_block") for op in rows)  # every 1x1 conv:
+    # the pixels' rows by the filters, in panels
     transforms = [op for op in resnet.ops if op.kind == "layout_transform"]
     assert len(transforms) <= 12 and not any(op.kind == "transpose" for op in resnet.ops)
     assert {(op.attr("src"), op.attr("dst")) for op in transforms} == {
