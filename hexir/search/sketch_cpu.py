@@ -39,7 +39,7 @@ import math
 from hexir.codegen.c_lower import MAX_REGISTER_VECTORS
 from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients
-from hexir.ir.tir import Binary, Block, BufferRegion, IntImm, Range, Var
+from hexir.ir.tir import Binary, Block, BufferRegion, Expr, IntImm, Range, Var
 from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.runtime.tiling import MAX_UNROLLED_ROWS, largest_divisor, register_tile
@@ -275,7 +275,12 @@ def _copies_per_job(sch: Schedule, block: BlockRV, outer: LoopRV) -> None:
     """A stage feeding the block (a padded copy of the image) that the parallel jobs split
     between them, an axis of it each, is made per job at the parallel loop (in cache when
     read) rather than in a pass of its own: a depthwise conv's planes, one per channel
-    (dw 144x56x56: 0.17 -> 0.10 ms)."""
+    (dw 144x56x56: 0.17 -> 0.10 ms); in NHWC, the input rows of a job's output rows where
+    the window strides by 2 or more (`_split_alone_or_strided`; MobileNetV2's dw convs of
+    stride 2: 112x112x96 0.63 -> 0.21-0.28 ms, 56x56x144 0.13 -> 0.07, 28x28x192 0.053 ->
+    0.029, 14x14x576 0.054 -> 0.032, in the model's profile). Of stride 1, a job's rows
+    would copy two rows of halo, on 14x14 and 7x7 images as many as their own: 1.5-1.8x the
+    time there, so their border stays a pass of its own."""
     node = sch.get(block)
     assert isinstance(node, Block)
     job = loop_of(sch, outer).var
@@ -286,9 +291,21 @@ def _copies_per_job(sch: Schedule, block: BlockRV, outer: LoopRV) -> None:
         for region in node.reads:
             if region.buffer not in stored(producer):
                 continue
-            if any(len(index_vars(e) & wide) == 1 and index_vars(e) & wide <= split
-                   for e in region.region):  # fmt: skip
+            if any(_split_alone_or_strided(e, wide, split) for e in region.region):
                 attempt(sch.compute_at, sch.get_block(producer.name), outer)
+
+
+def _split_alone_or_strided(expr: Expr, wide: set[Var], split: set[Var]) -> bool:
+    """Whether an index `expr` of a stage's read takes the jobs' split axis alone (each job
+    reads its own slices: a depthwise conv's channel planes) or as a strided window over it
+    (2 * oh + r: a job's output rows read its input rows and one row of halo in three)."""
+    used = index_vars(expr) & wide
+    if not used & split:
+        return False
+    if used <= split and len(used) == 1:
+        return True
+    coeffs = affine_coefficients(expr, sorted(used, key=lambda v: v.name))
+    return coeffs is not None and all(abs(coeffs[v]) > 1 for v in used & split)
 
 
 def default_tiles(
