@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 from hexir.errors import HexirError, ModelError
 from hexir.frontend.onnx_context import Context, Node, Unsupported, clean_name, hexir_dtype
 from hexir.frontend.onnx_ops import SPECS, Spec
+from hexir.frontend.onnx_ops_attention import ATTENTION_SPECS
 from hexir.frontend.onnx_ops_compose import COMPOSED_SPECS
+from hexir.frontend.onnx_ops_resize import RESIZE_SPECS
 from hexir.frontend.onnx_ops_shape import SHAPE_SPECS
 from hexir.frontend.onnx_patterns import Match, find_matches, scalar_constants
 from hexir.ir.graph import Graph, Op, Value
@@ -39,7 +41,13 @@ __all__ = ["import_onnx", "SUPPORTED", "OPSETS"]
 # Opsets 22 and 23 change only the type constraints of the ops imported here (bfloat16 and
 # the 4-bit floats), and add RMSNormalization.
 OPSETS = range(13, 24)
-SUPPORTED: dict[str, Spec] = {**SPECS, **SHAPE_SPECS, **COMPOSED_SPECS}
+SUPPORTED: dict[str, Spec] = {
+    **SPECS,
+    **SHAPE_SPECS,
+    **COMPOSED_SPECS,
+    **RESIZE_SPECS,
+    **ATTENTION_SPECS,
+}
 _DOMAINS = ("", "ai.onnx")
 
 

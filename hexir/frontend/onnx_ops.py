@@ -2,8 +2,9 @@
 
 Each `Spec` says which attributes its converter understands and which of their values (a
 static check, so the importer lists every unsupported node before converting any), and how
-many outputs it makes. Data movement is in `onnx_ops_shape`; Einsum, LRN and ConvTranspose,
-compositions of several Hexir ops, are in `onnx_ops_compose`.
+many outputs it makes. Data movement is in `onnx_ops_shape`, Resize in `onnx_ops_resize`;
+Einsum, LRN, ConvTranspose and TopK, compositions of several Hexir ops, are in
+`onnx_ops_compose`; Attention and RotaryEmbedding in `onnx_ops_attention`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Converters of ONNX ops that Hexir computes as compositions of its own ops, exact as written:
-Einsum (transposes, sums and contractions), LRN (a windowed sum of squares) and ConvTranspose
-(a convolution of the input spread out by the stride, with the weight flipped at import).
+Einsum (transposes, sums and contractions), LRN (a windowed sum of squares), ConvTranspose
+(a convolution of the input spread out by the stride, with the weight flipped at import) and
+TopK (rounds of argmax, then a gather).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, int_list
 from hexir.frontend.onnx_ops import Spec, reshape
+from hexir.frontend.onnx_ops_shape import _axis
+from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
 
 # --- Einsum -----------------------------------------------------------------------------------
@@ -349,6 +352,53 @@ def _reversed_weight(ctx: Context, groups: int, rank: int) -> Value:
     return ctx.op("slice", moved, start=start, stop=stop, step=(1, 1, -1, -1))
 
 
+# --- TopK -------------------------------------------------------------------------------------
+
+
+def _topk(ctx: Context) -> Sequence[Value]:
+    """The k largest (or smallest) elements along an axis and their int64 indices, in order,
+    ties to the smaller index as ONNX orders them (sorted=0 allows any order: this one too):
+    k rounds of argmax (argmin), each over the elements not yet picked, then one gather of
+    the values. Each round reads the axis twice: for a k of a few, not a sort."""
+    x = ctx.input(0)
+    axis = _axis(int(ctx.attr("axis", -1)), len(x.type.shape))
+    n, k = x.type.shape[axis], int(np.asarray(ctx.array(1, "K")).reshape(-1)[0])
+    if not 1 <= k <= n:
+        raise Unsupported(f"TopK of k {k} along an axis of {n}")
+    dtype = numpy_dtype(x.type.dtype)
+    if dtype.kind not in "fiu":
+        raise Unsupported(f"TopK of {x.type.dtype} (numeric tensors only)")
+    picks = _topk_picks(ctx, x, axis, k, "argmax" if ctx.attr("largest", 1) else "argmin")
+    indices = picks[0] if k == 1 else ctx.op("concat", *picks, axis=axis)
+    return [ctx.op("gather_elements", x, indices, axis=axis), indices]
+
+
+def _topk_picks(ctx: Context, x: Value, axis: int, k: int, kind: str) -> list[Value]:
+    """Each round's index (the axis kept, extent 1). A picked element is masked with its
+    dtype's lowest value (highest, for argmin); where every element left has that value, the
+    round's argmax may land on a masked one, so a round that picks a taken element takes the
+    first one not taken instead (the smallest `order`: the position, plus n once taken)."""
+    n = x.type.shape[axis]
+    along = [n if i == axis else 1 for i in range(len(x.type.shape))]
+    iota = ctx.constant(np.arange(n, dtype=np.int64).reshape(along))
+    taken_at = ctx.constant(np.arange(n, 2 * n, dtype=np.int64).reshape(along))
+    limit = ctx.constant(np.asarray(n, np.int64))
+    dtype = numpy_dtype(x.type.dtype)
+    ints = np.iinfo(dtype) if dtype.kind != "f" else None
+    low, high = (-np.inf, np.inf) if ints is None else (ints.min, ints.max)
+    mask = ctx.constant(np.asarray(low if kind == "argmax" else high, dtype))
+    picks = [ctx.op(kind, x, axis=axis, keepdims=True, last=False)]
+    order = iota
+    for _ in range(1, k):
+        order = ctx.op("where", ctx.op("equal", iota, picks[-1]), taken_at, order)
+        free = ctx.op("less", order, limit)
+        best = ctx.op(kind, ctx.op("where", free, x, mask), axis=axis, keepdims=True, last=False)
+        first_free = ctx.op("argmin", order, axis=axis, keepdims=True, last=False)
+        still_free = ctx.op("gather_elements", free, best, axis=axis)
+        picks.append(ctx.op("where", still_free, best, first_free))
+    return picks
+
+
 COMPOSED_SPECS: dict[str, Spec] = {
     "Einsum": Spec(_einsum, {"equation": None}),
     "LRN": Spec(_lrn, {"size": None, "alpha": None, "beta": None, "bias": None}),
@@ -365,4 +415,5 @@ COMPOSED_SPECS: dict[str, Spec] = {
             "auto_pad": ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"),
         },
     ),
+    "TopK": Spec(_topk, {"axis": None, "largest": None, "sorted": None}, outputs=2),
 }

@@ -244,62 +244,6 @@ def _scatter_nd(ctx: Context) -> Sequence[Value]:
     return [ctx.op("scatter_nd", *operands, reduction=str(ctx.attr("reduction", "none")))]
 
 
-_RESIZE_COORDINATES = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
-                       "tf_half_pixel_for_nn")  # fmt: skip
-_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-def _resize(ctx: Context) -> Sequence[Value]:
-    """Resize in mode "nearest" with constant scales or sizes: per resized axis, a gather of
-    the source index of each output position (ONNX's coordinate transformation, then its
-    nearest rounding, clamped into the axis)."""
-    x = ctx.input(0)
-    shape = x.type.shape
-    axes = [_axis(a, len(shape)) for a in int_list(ctx.attr("axes", list(range(len(shape)))))]
-    sizes = ctx.optional_array(3, "sizes")
-    scales = None if ctx.has(3) else ctx.optional_array(2, "scales")
-    if sizes is None and (scales is None or scales.size == 0):
-        raise Unsupported("Resize without constant scales or sizes")
-    if sizes is not None:
-        out = [int(v) for v in np.asarray(sizes).reshape(-1)]
-        factors = [o / shape[a] for a, o in zip(axes, out, strict=True)]
-    else:
-        factors = [float(v) for v in np.asarray(scales).reshape(-1)]
-        out = [int(np.floor(shape[a] * f)) for a, f in zip(axes, factors, strict=True)]
-    mode = str(ctx.attr("coordinate_transformation_mode", "half_pixel"))
-    rounding = str(ctx.attr("nearest_mode", "round_prefer_floor"))
-    for a, n_out, f in zip(axes, out, factors, strict=True):
-        if n_out == shape[a] and f == 1.0:
-            continue
-        index = _nearest(np.arange(n_out, dtype=np.float64), shape[a], n_out, f, mode, rounding)
-        x = ctx.op("gather", x, ctx.constant(index.astype(np.int64)), axis=a)
-    return [x]
-
-
-def _nearest(
-    i: np.ndarray, n_in: int, n_out: int, scale: float, mode: str, rounding: str
-) -> np.ndarray:
-    if mode == "half_pixel":
-        src = (i + 0.5) / scale - 0.5
-    elif mode == "asymmetric":
-        src = i / scale
-    elif mode == "align_corners":
-        src = i * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros_like(i)
-    elif mode == "pytorch_half_pixel":
-        src = (i + 0.5) / scale - 0.5 if n_out > 1 else np.zeros_like(i)
-    else:  # tf_half_pixel_for_nn
-        src = (i + 0.5) / scale
-    if rounding == "floor":
-        j = np.floor(src)
-    elif rounding == "ceil":
-        j = np.ceil(src)
-    else:  # round half to the floor (or the ceil), the rest to the nearest
-        half = np.isclose(src - np.floor(src), 0.5)
-        up = np.ceil(src) if rounding == "round_prefer_ceil" else np.floor(src)
-        j = np.where(half, up, np.round(src))
-    return np.clip(j, 0, n_in - 1)
-
-
 def _expand(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
     target = np.broadcast_shapes(x.type.shape, tuple(int_list(ctx.array(1, "shape"))))
@@ -408,20 +352,6 @@ SHAPE_SPECS: dict[str, Spec] = {
     "ScatterND": Spec(_scatter_nd, {"reduction": REDUCTIONS}),
     "ConstantOfShape": Spec(_constant_of_shape, {"value": None}),
     "Range": Spec(_range),
-    "Resize": Spec(
-        _resize,
-        {
-            "mode": ("nearest",),
-            "axes": None,
-            "coordinate_transformation_mode": _RESIZE_COORDINATES,
-            "nearest_mode": _NEAREST,
-            "antialias": (0,),
-            "exclude_outside": (0,),
-            "keep_aspect_ratio_policy": ("stretch",),
-            "cubic_coeff_a": None,
-            "extrapolation_value": None,
-        },
-    ),
     "Size": Spec(lambda ctx: [ctx.constant(np.asarray(ctx.input(0).type.size, np.int64))]),
     "Tile": Spec(_tile),
     "Trilu": Spec(_trilu, {"upper": None}),

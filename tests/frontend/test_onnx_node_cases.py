@@ -19,8 +19,8 @@ from hexir.frontend.onnx_import import SUPPORTED, import_onnx
 from hexir.graph.evaluate import evaluate
 
 # Cases that pass on 2026-12-04 (onnx 1.23): a floor, so that a regression shows.
-PASSING_AT_LEAST = 562
-COMPILED_AT_LEAST = 545  # the other 17 are float16, which the C backend refuses
+PASSING_AT_LEAST = 636
+COMPILED_AT_LEAST = 616  # the other 20 are float16, which the C backend refuses
 
 
 @functools.cache
@@ -98,10 +98,9 @@ def _with_constant_inputs(case, keep: int):
 
 def test_resize_nearest_cases_with_their_scales_or_sizes_as_constants():
     """ONNX's cases feed scales and sizes as graph inputs; Hexir reads them as constants (as
-    exported models have them): with those made initializers, every nearest case that keeps
-    the aspect-ratio policy "stretch" computes the case's expected output."""
-    cases = [c for c in supported_cases() if "resize" in c.name and "nearest" in c.name
-             and "not_" not in c.name]  # fmt: skip
+    exported models have them): with those made initializers, every nearest case computes
+    the case's expected output."""
+    cases = [c for c in supported_cases() if "resize" in c.name and "nearest" in c.name]
     assert len(cases) >= 10
     for case in cases:
         model, inputs, expected = _with_constant_inputs(case, keep=1)
@@ -164,7 +163,7 @@ def constant_inputs_outcome(case) -> str | None:
 
 # Cases refused only for an axes / shape / bounds input fed at run time that pass once it is
 # a constant, 2026-12-04 (onnx 1.23): a floor.
-CONSTANT_INPUTS_PASSING_AT_LEAST = 190
+CONSTANT_INPUTS_PASSING_AT_LEAST = 224
 
 
 def test_cases_refused_for_a_runtime_shape_input_compute_the_same_with_it_constant():
