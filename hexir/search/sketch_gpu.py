@@ -77,7 +77,11 @@ def gpu_sketch(sch: Schedule, target: Target) -> None:
     # at h + r. Inlined into the conv first, the image's clamped indices would make the
     # fetched tile the whole image (hundreds of KB of shared memory).
     auto_inline(sch, keep_padding=True)
-    tiled = [b.name for b in leaf_blocks(sch.func) if has_reuse(b) and is_tileable(sch.func, b)]
+    tiled = [
+        b.name
+        for b in leaf_blocks(sch.func)
+        if has_reuse(b) and is_tileable(sch.func, b) and not _feeds_a_wider_stage(sch, b)
+    ]
     done = set(tiled)
     for name in tiled:
         before = {b.name for b in leaf_blocks(sch.func)}
@@ -88,6 +92,19 @@ def gpu_sketch(sch: Schedule, target: Target) -> None:
     for block in reversed(leaf_blocks(sch.func)):
         if block.name not in done:
             bind_block(sch, block, target, threads)
+
+
+def _feeds_a_wider_stage(sch: Schedule, block: Block) -> bool:
+    """Whether a stage of more spatial iterations reads what `block` computes (scatter_nd's
+    last update per row, which every element of the row reads): that stage cannot be the
+    block's epilogue, so a tiled block would launch a grid of its own beside the stage's.
+    Such a block is computed under the stage's blockIdx loop instead (`bind_block`), as the
+    default schedule does."""
+
+    def points(b: Block) -> int:
+        return math.prod(iv.dom for iv in b.iter_vars if iv.kind == "spatial")
+
+    return any(points(c) > points(block) for c in consumers(sch.func, block))
 
 
 # ---------------------------------------------------------------------------------------------

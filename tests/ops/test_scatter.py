@@ -207,3 +207,38 @@ def test_scatter_builds_for_cuda_with_nvrtc(tmp_path):
     with hexir.knobs.scope(cache_dir=str(tmp_path)):
         module = hexir.compile(graph, target="cuda -arch=sm_90")
     assert all("__global__" in k.source for k in module.kernels)
+
+
+@pytest.mark.parametrize("reduction", ["none", "max"])
+def test_the_gpu_search_space_of_scatter_nd_computes_the_last_update_under_the_copys_blocks(
+    reduction, rng, tmp_path
+):
+    """The last update of each row is a reduction with reuse, but the copy that reads it has
+    more elements than it: the GPU sketch computes it under the copy's blockIdx loop (one grid
+    for the kernel), not as a tiled contraction of its own. Sampled schedules verify, compile
+    with NVRTC and compute the loop's answer with serial semantics on the CPU."""
+    import random
+
+    from hexir.codegen.cuda import generate_cuda
+    from hexir.codegen.gpu_verify import verify_gpu
+    from hexir.runtime.nvrtc import compile_cuda
+    from hexir.runtime.target import Target
+    from hexir.search.space import SearchSpace
+
+    x_shape, i_shape, u_shape = (12, 10, 3), (3, 2), (3, 3)
+    func = hexir.workload("scatter_nd", shapes=[x_shape, i_shape, u_shape], reduction=reduction)
+    target = Target("cuda -arch=sm_90")
+    schedules = SearchSpace().sample_schedules(func, target, random.Random(0), 6)
+    assert len(schedules) == 6
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    i = np.stack([rng.integers(-n, n, 3) for n in x_shape[:2]], axis=-1).astype(np.int64)
+    u = rng.standard_normal(u_shape).astype(np.float32)
+    (want,) = hexir.reference(func, [x, i, u])
+    with hexir.knobs.scope(cache_dir=str(tmp_path)):
+        for sch in schedules[:3]:
+            verify_gpu(sch.func, target)
+            cuda = generate_cuda(sch.func, target)
+            compile_cuda(cuda.source, target, cuda.name)
+            out = np.full(x_shape, np.nan, np.float32)
+            hexir.build(sch.func, "cpu")(x, i, u, out)
+            np.testing.assert_array_equal(out, want)
