@@ -74,13 +74,17 @@ def matmul_nd(ctx: Context, a: Value, b: Value) -> Value:
 
 
 def spatial_pads(
-    ctx: Context, spatial: Sequence[int], kernel: Sequence[int], dilations: Sequence[int]
+    attrs: Mapping[str, Any],
+    spatial: Sequence[int],
+    kernel: Sequence[int],
+    dilations: Sequence[int],
 ) -> list[int]:
-    """ONNX `pads` ([begins..., ends...]) with `auto_pad` worked out for static shapes."""
-    strides = ctx.attr("strides", [1] * len(spatial))
-    auto = ctx.attr("auto_pad", "NOTSET")
+    """ONNX `pads` ([begins..., ends...]) with `auto_pad` worked out for static shapes, from a
+    window node's attributes (`window_attrs`)."""
+    strides = attrs.get("strides", [1] * len(spatial))
+    auto = attrs.get("auto_pad", "NOTSET")
     if auto == "NOTSET":
-        return int_list(ctx.attr("pads", [0] * 2 * len(spatial)))
+        return int_list(attrs.get("pads", [0] * 2 * len(spatial)))
     if auto == "VALID":
         return [0] * 2 * len(spatial)
     begins, ends = [], []
@@ -401,27 +405,58 @@ def _gemm(ctx: Context) -> Sequence[Value]:
     return [ctx.op("add", y, c)]
 
 
+def window_attrs(ctx: Context, x: Value, what: str) -> dict[str, Any]:
+    """A conv's or pool's attributes for a 2-D window: a 1-D node's (an [N, C, L] input,
+    computed as [N, C, 1, L]) with a window one row high, no stride, dilation or pad across
+    the rows."""
+    attrs = dict(ctx.current.attrs)
+    if len(x.type.shape) == 4:
+        return attrs
+    if len(x.type.shape) != 3:
+        raise Unsupported(f"only 1-D and 2-D {what} are supported, the input is {x.type!r}")
+    for key in ("kernel_shape", "strides", "dilations"):
+        if key in attrs:
+            attrs[key] = [1, *int_list(attrs[key])]
+    if "pads" in attrs:
+        begin, end = int_list(attrs["pads"])
+        attrs["pads"] = [0, begin, 0, end]
+    return attrs
+
+
+def _as_rows(ctx: Context, x: Value) -> Value:
+    """A 1-D window's [N, C, L] operand as [N, C, 1, L]; a 2-D one's as it is."""
+    shape = x.type.shape
+    return reshape(ctx, x, (*shape[:2], 1, shape[2])) if len(shape) == 3 else x
+
+
+def _from_rows(ctx: Context, y: Value, one_d: bool) -> Value:
+    shape = y.type.shape
+    return reshape(ctx, y, (shape[0], shape[1], shape[3])) if one_d else y
+
+
 def _conv(ctx: Context) -> Sequence[Value]:
     x, w = ctx.input(0), ctx.input(1)
-    if len(x.type.shape) != 4:
-        raise Unsupported(f"only 2-D convolutions are supported, the input is {x.type!r}")
+    attrs = window_attrs(ctx, x, "convolutions")
+    one_d = len(x.type.shape) == 3
+    x, w = _as_rows(ctx, x), _as_rows(ctx, w)
     kernel = w.type.shape[2:]
-    if int_list(ctx.attr("kernel_shape", kernel)) != list(kernel):
+    if int_list(attrs.get("kernel_shape", kernel)) != list(kernel):
         raise Unsupported(f"kernel_shape {ctx.attr('kernel_shape')} differs from W's {kernel}")
-    dilations = int_list(ctx.attr("dilations", [1, 1]))
-    pads = spatial_pads(ctx, x.type.shape[2:], kernel, dilations)
+    dilations = int_list(attrs.get("dilations", [1, 1]))
+    pads = spatial_pads(attrs, x.type.shape[2:], kernel, dilations)
     x, padding = _symmetric(ctx, x, pads, 0.0)
     y = ctx.op(
         "conv2d",
         x,
         w,
-        stride=tuple(int_list(ctx.attr("strides", [1, 1]))),
+        stride=tuple(int_list(attrs.get("strides", [1, 1]))),
         padding=padding,
         dilation=tuple(dilations),
-        groups=int(ctx.attr("group", 1)),
+        groups=int(attrs.get("group", 1)),
     )
     bias = ctx.optional(2)
-    return [y if bias is None else ctx.op("bias_add", y, bias, axis=1)]
+    y = y if bias is None else ctx.op("bias_add", y, bias, axis=1)
+    return [_from_rows(ctx, y, one_d)]
 
 
 def _symmetric(
@@ -448,15 +483,20 @@ def _batch_norm(ctx: Context) -> Sequence[Value]:
 
 def _pool(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
-    if len(x.type.shape) != 4:
-        raise Unsupported(f"only 2-D pools are supported, the input is {x.type!r}")
-    kernel = tuple(int_list(ctx.attr("kernel_shape")))
-    if any(d != 1 for d in int_list(ctx.attr("dilations", [1, 1]))):
+    attrs = window_attrs(ctx, x, "pools")
+    one_d = len(x.type.shape) == 3
+    x = _as_rows(ctx, x)
+    kernel = tuple(int_list(attrs["kernel_shape"]))
+    if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1]))):
         raise Unsupported("dilated pools are not supported")
-    pads = spatial_pads(ctx, x.type.shape[2:], kernel, [1, 1])
-    stride = tuple(int_list(ctx.attr("strides", [1, 1])))
+    pads = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
+    stride = tuple(int_list(attrs.get("strides", [1, 1])))
     is_max = ctx.current.op_type == "MaxPool"
-    if not is_max and ctx.attr("count_include_pad", 0) and any(pads):
+    if attrs.get("ceil_mode", 0):
+        if not is_max:
+            raise Unsupported("AveragePool with ceil_mode=1 (its last windows' divisors)")
+        pads = _ceil_pads(x.type.shape[2:], kernel, stride, pads)
+    if not is_max and attrs.get("count_include_pad", 0) and any(pads):
         # the padding zeros count: pad explicitly, then average whole windows
         x = ctx.op("pad", x, before=(0, 0, *pads[:2]), after=(0, 0, *pads[2:]), value=0.0)
         padding = (0, 0)
@@ -465,7 +505,25 @@ def _pool(ctx: Context) -> Sequence[Value]:
     else:
         raise Unsupported(f"{ctx.current.op_type} with uneven pads {pads} on {x.type!r}")
     kind = "max_pool2d" if is_max else "avg_pool2d"
-    return [ctx.op(kind, x, kernel=kernel, stride=stride, padding=padding)]
+    y = ctx.op(kind, x, kernel=kernel, stride=stride, padding=padding)
+    return [_from_rows(ctx, y, one_d)]
+
+
+def _ceil_pads(
+    spatial: Sequence[int], kernel: Sequence[int], stride: Sequence[int], pads: list[int]
+) -> list[int]:
+    """`pads` grown at the end of each axis so that a pool's output length rounds up (ONNX's
+    ceil_mode): one more window where a partial one remains, unless it would start past the
+    input and its leading pad."""
+    n = len(spatial)
+    ends = list(pads[n:])
+    for i, (size, k, s) in enumerate(zip(spatial, kernel, stride, strict=True)):
+        total = size + pads[i] + ends[i]
+        out = -(-(total - k) // s) + 1
+        if (out - 1) * s >= size + pads[i]:
+            out -= 1
+        ends[i] += max(0, (out - 1) * s + k - total)
+    return [*pads[:n], *ends]
 
 
 def _global_pool(ctx: Context) -> Sequence[Value]:
@@ -544,7 +602,7 @@ _POOL = {
     "pads": None,
     "auto_pad": None,
     "dilations": None,
-    "ceil_mode": (0,),
+    "ceil_mode": (0, 1),
 }
 _REDUCE = {"axes": None, "keepdims": None, "noop_with_empty_axes": None}
 _ARG = {"axis": None, "keepdims": (0, 1), "select_last_index": (0, 1)}

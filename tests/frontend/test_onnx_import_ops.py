@@ -254,3 +254,52 @@ def test_conv_transpose_of_3d_images_is_refused():
     proto = model([node], [("x", [1, 1, 3, 4, 5])], ["y"], [("w", uniform(1, 2, 3, 3, 3))])
     with pytest.raises(ModelError, match="1-D and 2-D only"):
         import_onnx(proto)
+
+
+# --- 1-D convs and pools, ceil_mode ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "attrs, w_shape",
+    [({}, (6, 4, 3)), ({"pads": [1, 2], "strides": [2]}, (6, 4, 3)),
+     ({"dilations": [2], "auto_pad": "SAME_UPPER"}, (6, 4, 3)),
+     ({"group": 2, "pads": [2, 2]}, (6, 2, 5))],
+)  # fmt: skip
+def test_a_1d_conv_is_a_2d_conv_one_row_high(attrs, w_shape):
+    """Audio front ends and causal convs: [N, C, L] computed as [N, C, 1, L], the result
+    reshaped back (views, no copies); bias included."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)]
+    inits = [("w", uniform(*w_shape)), ("b", uniform(w_shape[0]))]
+    proto = model(nodes, [("x", [2, 4, 17])], ["y"], inits)
+    graph = compiled_agrees(proto, [uniform(2, 4, 17)], rtol=1e-4, atol=1e-4)
+    assert kinds(graph).get("conv2d") == 1
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(
+    "attrs", [{"kernel_shape": [3]}, {"kernel_shape": [2], "strides": [2], "pads": [1, 1]}]
+)
+def test_a_1d_pool_is_a_2d_pool_one_row_high(op, attrs):
+    proto = model([helper.make_node(op, ["x"], ["y"], **attrs)], [("x", [1, 3, 15])], ["y"])
+    compiled_agrees(proto, [uniform(1, 3, 15)])
+
+
+@pytest.mark.parametrize("size, attrs", [
+    (8, {"kernel_shape": [3, 3], "strides": [2, 2]}),  # 4 windows, not 3
+    (8, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    (5, {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1]}),  # a 4th would
+    # start on the trailing pad: 3
+])  # fmt: skip
+def test_a_max_pool_of_ceil_mode_pads_its_ends_with_minus_infinity(size, attrs):
+    """ceil_mode=1 rounds the output length up: the ends padded with -inf, which never wins
+    a max, unless that last window would start past the input and its leading pad."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], ceil_mode=1, **attrs)]
+    proto = model(nodes, [("x", [1, 2, size, size])], ["y"])
+    compiled_agrees(proto, [uniform(1, 2, size, size)])
+
+
+def test_an_average_pool_of_ceil_mode_is_refused():
+    nodes = [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                              ceil_mode=1)]  # fmt: skip
+    with pytest.raises(ModelError, match="ceil_mode=1"):
+        import_onnx(model(nodes, [("x", [1, 2, 7, 7])], ["y"]))
