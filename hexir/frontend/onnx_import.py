@@ -29,6 +29,7 @@ from hexir.frontend.onnx_ops_attention import ATTENTION_SPECS
 from hexir.frontend.onnx_ops_compose import COMPOSED_SPECS
 from hexir.frontend.onnx_ops_resize import RESIZE_SPECS
 from hexir.frontend.onnx_ops_shape import SHAPE_SPECS
+from hexir.frontend.onnx_ops_window import WINDOW_SPECS
 from hexir.frontend.onnx_patterns import Match, find_matches, scalar_constants
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ops.builder import GraphBuilder
@@ -44,6 +45,7 @@ OPSETS = range(13, 24)
 SUPPORTED: dict[str, Spec] = {
     **SPECS,
     **SHAPE_SPECS,
+    **WINDOW_SPECS,
     **COMPOSED_SPECS,
     **RESIZE_SPECS,
     **ATTENTION_SPECS,

@@ -1,8 +1,10 @@
-"""Converters of ONNX nodes to Hexir ops: elementwise ops, contractions, normalizations, pools.
+"""Converters of ONNX nodes to Hexir ops: elementwise ops, contractions, normalizations,
+reductions.
 
 Each `Spec` says which attributes its converter understands and which of their values (a
 static check, so the importer lists every unsupported node before converting any), and how
-many outputs it makes. Data movement is in `onnx_ops_shape`, Resize in `onnx_ops_resize`;
+many outputs it makes. Data movement is in `onnx_ops_shape`, Resize in `onnx_ops_resize`,
+Conv, the pools and BatchNormalization in `onnx_ops_window`;
 Einsum, LRN, ConvTranspose and TopK, compositions of several Hexir ops, are in
 `onnx_ops_compose`; Attention and RotaryEmbedding in `onnx_ops_attention`.
 """
@@ -71,30 +73,6 @@ def matmul_nd(ctx: Context, a: Value, b: Value) -> Value:
         y = ctx.op("batch_matmul", a3, b3)
     final = batch + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ())
     return reshape(ctx, y, final)
-
-
-def spatial_pads(
-    attrs: Mapping[str, Any],
-    spatial: Sequence[int],
-    kernel: Sequence[int],
-    dilations: Sequence[int],
-) -> list[int]:
-    """ONNX `pads` ([begins..., ends...]) with `auto_pad` worked out for static shapes, from a
-    window node's attributes (`window_attrs`)."""
-    strides = attrs.get("strides", [1] * len(spatial))
-    auto = attrs.get("auto_pad", "NOTSET")
-    if auto == "NOTSET":
-        return int_list(attrs.get("pads", [0] * 2 * len(spatial)))
-    if auto == "VALID":
-        return [0] * 2 * len(spatial)
-    begins, ends = [], []
-    for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
-        out = -(-size // s)
-        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
-        small = total // 2
-        begins.append(small if auto == "SAME_UPPER" else total - small)
-        ends.append(total - begins[-1])
-    return begins + ends
 
 
 # --- elementwise ----------------------------------------------------------------------------
@@ -378,7 +356,7 @@ def _dropout(ctx: Context) -> Sequence[Value]:
     return [x, keep][: max(1, len([o for o in ctx.current.outputs if o]))]
 
 
-# --- contractions, normalization, pools -----------------------------------------------------
+# --- contractions, reductions -------------------------------------------------------------
 
 
 def _matmul(ctx: Context) -> Sequence[Value]:
@@ -403,136 +381,6 @@ def _gemm(ctx: Context) -> Sequence[Value]:
     if c.type.shape == (y.type.shape[1],):
         return [ctx.op("bias_add", y, c, axis=1)]
     return [ctx.op("add", y, c)]
-
-
-def window_attrs(ctx: Context, x: Value, what: str) -> dict[str, Any]:
-    """A conv's or pool's attributes for a 2-D window: a 1-D node's (an [N, C, L] input,
-    computed as [N, C, 1, L]) with a window one row high, no stride, dilation or pad across
-    the rows."""
-    attrs = dict(ctx.current.attrs)
-    if len(x.type.shape) == 4:
-        return attrs
-    if len(x.type.shape) != 3:
-        raise Unsupported(f"only 1-D and 2-D {what} are supported, the input is {x.type!r}")
-    for key in ("kernel_shape", "strides", "dilations"):
-        if key in attrs:
-            attrs[key] = [1, *int_list(attrs[key])]
-    if "pads" in attrs:
-        begin, end = int_list(attrs["pads"])
-        attrs["pads"] = [0, begin, 0, end]
-    return attrs
-
-
-def _as_rows(ctx: Context, x: Value) -> Value:
-    """A 1-D window's [N, C, L] operand as [N, C, 1, L]; a 2-D one's as it is."""
-    shape = x.type.shape
-    return reshape(ctx, x, (*shape[:2], 1, shape[2])) if len(shape) == 3 else x
-
-
-def _from_rows(ctx: Context, y: Value, one_d: bool) -> Value:
-    shape = y.type.shape
-    return reshape(ctx, y, (shape[0], shape[1], shape[3])) if one_d else y
-
-
-def _conv(ctx: Context) -> Sequence[Value]:
-    x, w = ctx.input(0), ctx.input(1)
-    attrs = window_attrs(ctx, x, "convolutions")
-    one_d = len(x.type.shape) == 3
-    x, w = _as_rows(ctx, x), _as_rows(ctx, w)
-    kernel = w.type.shape[2:]
-    if int_list(attrs.get("kernel_shape", kernel)) != list(kernel):
-        raise Unsupported(f"kernel_shape {ctx.attr('kernel_shape')} differs from W's {kernel}")
-    dilations = int_list(attrs.get("dilations", [1, 1]))
-    pads = spatial_pads(attrs, x.type.shape[2:], kernel, dilations)
-    x, padding = _symmetric(ctx, x, pads, 0.0)
-    y = ctx.op(
-        "conv2d",
-        x,
-        w,
-        stride=tuple(int_list(attrs.get("strides", [1, 1]))),
-        padding=padding,
-        dilation=tuple(dilations),
-        groups=int(attrs.get("group", 1)),
-    )
-    bias = ctx.optional(2)
-    y = y if bias is None else ctx.op("bias_add", y, bias, axis=1)
-    return [_from_rows(ctx, y, one_d)]
-
-
-def _symmetric(
-    ctx: Context, x: Value, pads: list[int], value: float
-) -> tuple[Value, tuple[int, int]]:
-    """Hexir's windows pad the same on both sides; other pads become an explicit pad op."""
-    top, left, bottom, right = pads
-    if (top, left) == (bottom, right):
-        return x, (top, left)
-    padded = ctx.op("pad", x, before=(0, 0, top, left), after=(0, 0, bottom, right), value=value)
-    return padded, (0, 0)
-
-
-def _batch_norm(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    params = [ctx.input(i) for i in range(1, 5)]
-    # opset 15 lets scale/bias and mean/var have their own float types
-    params = [
-        p if p.type.dtype == x.type.dtype else ctx.op("cast", p, dtype=x.type.dtype) for p in params
-    ]
-    eps = ctx.float_attr("epsilon", 1e-5)
-    return [ctx.op("batch_norm", x, *params, axis=1, epsilon=eps)]
-
-
-def _pool(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    attrs = window_attrs(ctx, x, "pools")
-    one_d = len(x.type.shape) == 3
-    x = _as_rows(ctx, x)
-    kernel = tuple(int_list(attrs["kernel_shape"]))
-    if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1]))):
-        raise Unsupported("dilated pools are not supported")
-    pads = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
-    stride = tuple(int_list(attrs.get("strides", [1, 1])))
-    is_max = ctx.current.op_type == "MaxPool"
-    if attrs.get("ceil_mode", 0):
-        if not is_max:
-            raise Unsupported("AveragePool with ceil_mode=1 (its last windows' divisors)")
-        pads = _ceil_pads(x.type.shape[2:], kernel, stride, pads)
-    if not is_max and attrs.get("count_include_pad", 0) and any(pads):
-        # the padding zeros count: pad explicitly, then average whole windows
-        x = ctx.op("pad", x, before=(0, 0, *pads[:2]), after=(0, 0, *pads[2:]), value=0.0)
-        padding = (0, 0)
-    elif pads[:2] == pads[2:] or (is_max and x.type.dtype.startswith("float")):
-        x, padding = _symmetric(ctx, x, pads, -np.inf)  # a -inf pad never wins a max
-    else:
-        raise Unsupported(f"{ctx.current.op_type} with uneven pads {pads} on {x.type!r}")
-    kind = "max_pool2d" if is_max else "avg_pool2d"
-    y = ctx.op(kind, x, kernel=kernel, stride=stride, padding=padding)
-    return [_from_rows(ctx, y, one_d)]
-
-
-def _ceil_pads(
-    spatial: Sequence[int], kernel: Sequence[int], stride: Sequence[int], pads: list[int]
-) -> list[int]:
-    """`pads` grown at the end of each axis so that a pool's output length rounds up (ONNX's
-    ceil_mode): one more window where a partial one remains, unless it would start past the
-    input and its leading pad."""
-    n = len(spatial)
-    ends = list(pads[n:])
-    for i, (size, k, s) in enumerate(zip(spatial, kernel, stride, strict=True)):
-        total = size + pads[i] + ends[i]
-        out = -(-(total - k) // s) + 1
-        if (out - 1) * s >= size + pads[i]:
-            out -= 1
-        ends[i] += max(0, (out - 1) * s + k - total)
-    return [*pads[:n], *ends]
-
-
-def _global_pool(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    ndim = len(x.type.shape)
-    if ctx.current.op_type == "GlobalAveragePool" and ndim == 4:
-        return [ctx.op("global_avg_pool2d", x)]
-    kind = "reduce_mean" if ctx.current.op_type == "GlobalAveragePool" else "reduce_max"
-    return [ctx.op(kind, x, axes=tuple(range(2, ndim)), keepdims=True)]
 
 
 def _reduce(kind: str) -> Callable[..., Sequence[Value]]:
@@ -596,14 +444,6 @@ def _arg(kind: str) -> Convert:
     return convert
 
 
-_POOL = {
-    "kernel_shape": None,
-    "strides": None,
-    "pads": None,
-    "auto_pad": None,
-    "dilations": None,
-    "ceil_mode": (0, 1),
-}
 _REDUCE = {"axes": None, "keepdims": None, "noop_with_empty_axes": None}
 _ARG = {"axis": None, "keepdims": (0, 1), "select_last_index": (0, 1)}
 
@@ -657,24 +497,6 @@ SPECS: dict[str, Spec] = {
     "Dropout": Spec(_dropout, {"seed": None}, outputs=None),
     "MatMul": Spec(_matmul),
     "Gemm": Spec(_gemm, {"alpha": None, "beta": None, "transA": None, "transB": None}),
-    "Conv": Spec(
-        _conv,
-        {
-            "kernel_shape": None,
-            "strides": None,
-            "pads": None,
-            "dilations": None,
-            "group": None,
-            "auto_pad": None,
-        },
-    ),
-    "BatchNormalization": Spec(
-        _batch_norm, {"epsilon": None, "momentum": None, "training_mode": (0,)}
-    ),
-    "MaxPool": Spec(_pool, {**_POOL, "storage_order": None}),
-    "AveragePool": Spec(_pool, {**_POOL, "count_include_pad": None}),
-    "GlobalAveragePool": Spec(_global_pool),
-    "GlobalMaxPool": Spec(_global_pool),
     "ReduceSum": Spec(_reduce("reduce_sum"), _REDUCE),
     "ReduceMean": Spec(_reduce("reduce_mean"), _REDUCE),
     "ReduceMax": Spec(_reduce("reduce_max"), _REDUCE),

@@ -1,0 +1,201 @@
+"""Converters of ONNX's windowed nodes: Conv, the pools and BatchNormalization (Hexir's
+conv2d, max_pool2d, avg_pool2d, global_avg_pool2d and batch_norm). A 1-D node computes as
+the 2-D op one row high (`window_attrs`); pads Hexir's symmetric windows cannot take become
+an explicit pad op, and a max pool's ceil_mode padding at the ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from hexir.frontend.onnx_context import Context, Unsupported, int_list
+from hexir.frontend.onnx_ops import Spec, reshape
+from hexir.ir.graph import Value
+
+
+def spatial_pads(
+    attrs: Mapping[str, Any],
+    spatial: Sequence[int],
+    kernel: Sequence[int],
+    dilations: Sequence[int],
+) -> list[int]:
+    """ONNX `pads` ([begins..., ends...]) with `auto_pad` worked out for static shapes, from a
+    window node's attributes (`window_attrs`)."""
+    strides = attrs.get("strides", [1] * len(spatial))
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto == "NOTSET":
+        return int_list(attrs.get("pads", [0] * 2 * len(spatial)))
+    if auto == "VALID":
+        return [0] * 2 * len(spatial)
+    begins, ends = [], []
+    for size, k, s, d in zip(spatial, kernel, strides, dilations, strict=True):
+        out = -(-size // s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        small = total // 2
+        begins.append(small if auto == "SAME_UPPER" else total - small)
+        ends.append(total - begins[-1])
+    return begins + ends
+
+
+def window_attrs(ctx: Context, x: Value, what: str) -> dict[str, Any]:
+    """A conv's or pool's attributes for a 2-D window: a 1-D node's (an [N, C, L] input,
+    computed as [N, C, 1, L]) with a window one row high, no stride, dilation or pad across
+    the rows."""
+    attrs = dict(ctx.current.attrs)
+    if len(x.type.shape) == 4:
+        return attrs
+    if len(x.type.shape) != 3:
+        raise Unsupported(f"only 1-D and 2-D {what} are supported, the input is {x.type!r}")
+    for key in ("kernel_shape", "strides", "dilations"):
+        if key in attrs:
+            attrs[key] = [1, *int_list(attrs[key])]
+    if "pads" in attrs:
+        begin, end = int_list(attrs["pads"])
+        attrs["pads"] = [0, begin, 0, end]
+    return attrs
+
+
+def _as_rows(ctx: Context, x: Value) -> Value:
+    """A 1-D window's [N, C, L] operand as [N, C, 1, L]; a 2-D one's as it is."""
+    shape = x.type.shape
+    return reshape(ctx, x, (*shape[:2], 1, shape[2])) if len(shape) == 3 else x
+
+
+def _from_rows(ctx: Context, y: Value, one_d: bool) -> Value:
+    shape = y.type.shape
+    return reshape(ctx, y, (shape[0], shape[1], shape[3])) if one_d else y
+
+
+def _conv(ctx: Context) -> Sequence[Value]:
+    x, w = ctx.input(0), ctx.input(1)
+    attrs = window_attrs(ctx, x, "convolutions")
+    one_d = len(x.type.shape) == 3
+    x, w = _as_rows(ctx, x), _as_rows(ctx, w)
+    kernel = w.type.shape[2:]
+    if int_list(attrs.get("kernel_shape", kernel)) != list(kernel):
+        raise Unsupported(f"kernel_shape {ctx.attr('kernel_shape')} differs from W's {kernel}")
+    dilations = int_list(attrs.get("dilations", [1, 1]))
+    pads = spatial_pads(attrs, x.type.shape[2:], kernel, dilations)
+    x, padding = _symmetric(ctx, x, pads, 0.0)
+    y = ctx.op(
+        "conv2d",
+        x,
+        w,
+        stride=tuple(int_list(attrs.get("strides", [1, 1]))),
+        padding=padding,
+        dilation=tuple(dilations),
+        groups=int(attrs.get("group", 1)),
+    )
+    bias = ctx.optional(2)
+    y = y if bias is None else ctx.op("bias_add", y, bias, axis=1)
+    return [_from_rows(ctx, y, one_d)]
+
+
+def _symmetric(
+    ctx: Context, x: Value, pads: list[int], value: float
+) -> tuple[Value, tuple[int, int]]:
+    """Hexir's windows pad the same on both sides; other pads become an explicit pad op."""
+    top, left, bottom, right = pads
+    if (top, left) == (bottom, right):
+        return x, (top, left)
+    padded = ctx.op("pad", x, before=(0, 0, top, left), after=(0, 0, bottom, right), value=value)
+    return padded, (0, 0)
+
+
+def _batch_norm(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    params = [ctx.input(i) for i in range(1, 5)]
+    # opset 15 lets scale/bias and mean/var have their own float types
+    params = [
+        p if p.type.dtype == x.type.dtype else ctx.op("cast", p, dtype=x.type.dtype) for p in params
+    ]
+    eps = ctx.float_attr("epsilon", 1e-5)
+    return [ctx.op("batch_norm", x, *params, axis=1, epsilon=eps)]
+
+
+def _pool(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    attrs = window_attrs(ctx, x, "pools")
+    one_d = len(x.type.shape) == 3
+    x = _as_rows(ctx, x)
+    kernel = tuple(int_list(attrs["kernel_shape"]))
+    if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1]))):
+        raise Unsupported("dilated pools are not supported")
+    pads = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
+    stride = tuple(int_list(attrs.get("strides", [1, 1])))
+    is_max = ctx.current.op_type == "MaxPool"
+    if attrs.get("ceil_mode", 0):
+        if not is_max:
+            raise Unsupported("AveragePool with ceil_mode=1 (its last windows' divisors)")
+        pads = _ceil_pads(x.type.shape[2:], kernel, stride, pads)
+    if not is_max and attrs.get("count_include_pad", 0) and any(pads):
+        # the padding zeros count: pad explicitly, then average whole windows
+        x = ctx.op("pad", x, before=(0, 0, *pads[:2]), after=(0, 0, *pads[2:]), value=0.0)
+        padding = (0, 0)
+    elif pads[:2] == pads[2:] or (is_max and x.type.dtype.startswith("float")):
+        x, padding = _symmetric(ctx, x, pads, -np.inf)  # a -inf pad never wins a max
+    else:
+        raise Unsupported(f"{ctx.current.op_type} with uneven pads {pads} on {x.type!r}")
+    kind = "max_pool2d" if is_max else "avg_pool2d"
+    y = ctx.op(kind, x, kernel=kernel, stride=stride, padding=padding)
+    return [_from_rows(ctx, y, one_d)]
+
+
+def _ceil_pads(
+    spatial: Sequence[int], kernel: Sequence[int], stride: Sequence[int], pads: list[int]
+) -> list[int]:
+    """`pads` grown at the end of each axis so that a pool's output length rounds up (ONNX's
+    ceil_mode): one more window where a partial one remains, unless it would start past the
+    input and its leading pad."""
+    n = len(spatial)
+    ends = list(pads[n:])
+    for i, (size, k, s) in enumerate(zip(spatial, kernel, stride, strict=True)):
+        total = size + pads[i] + ends[i]
+        out = -(-(total - k) // s) + 1
+        if (out - 1) * s >= size + pads[i]:
+            out -= 1
+        ends[i] += max(0, (out - 1) * s + k - total)
+    return [*pads[:n], *ends]
+
+
+def _global_pool(ctx: Context) -> Sequence[Value]:
+    x = ctx.input(0)
+    ndim = len(x.type.shape)
+    if ctx.current.op_type == "GlobalAveragePool" and ndim == 4:
+        return [ctx.op("global_avg_pool2d", x)]
+    kind = "reduce_mean" if ctx.current.op_type == "GlobalAveragePool" else "reduce_max"
+    return [ctx.op(kind, x, axes=tuple(range(2, ndim)), keepdims=True)]
+
+
+_POOL = {
+    "kernel_shape": None,
+    "strides": None,
+    "pads": None,
+    "auto_pad": None,
+    "dilations": None,
+    "ceil_mode": (0, 1),
+}
+
+WINDOW_SPECS: dict[str, Spec] = {
+    "Conv": Spec(
+        _conv,
+        {
+            "kernel_shape": None,
+            "strides": None,
+            "pads": None,
+            "dilations": None,
+            "group": None,
+            "auto_pad": None,
+        },
+    ),
+    "BatchNormalization": Spec(
+        _batch_norm, {"epsilon": None, "momentum": None, "training_mode": (0,)}
+    ),
+    "MaxPool": Spec(_pool, {**_POOL, "storage_order": None}),
+    "AveragePool": Spec(_pool, {**_POOL, "count_include_pad": None}),
+    "GlobalAveragePool": Spec(_global_pool),
+    "GlobalMaxPool": Spec(_global_pool),
+}
