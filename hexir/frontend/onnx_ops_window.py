@@ -1,7 +1,8 @@
 """Converters of ONNX's windowed nodes: Conv, the pools and BatchNormalization (Hexir's
 conv2d, max_pool2d, avg_pool2d, global_avg_pool2d and batch_norm). A 1-D node computes as
 the 2-D op one row high (`window_attrs`); pads Hexir's symmetric windows cannot take become
-an explicit pad op, and a max pool's ceil_mode padding at the ends.
+an explicit pad op (a max pool's ceil_mode: -inf padding at the ends; an average pool's: window
+sums times a constant divisor per position).
 """
 
 from __future__ import annotations
@@ -127,10 +128,12 @@ def _pool(ctx: Context) -> Sequence[Value]:
     pads = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
     stride = tuple(int_list(attrs.get("strides", [1, 1])))
     is_max = ctx.current.op_type == "MaxPool"
+    given = pads
     if attrs.get("ceil_mode", 0):
-        if not is_max:
-            raise Unsupported("AveragePool with ceil_mode=1 (its last windows' divisors)")
         pads = _ceil_pads(x.type.shape[2:], kernel, stride, pads)
+    if not is_max and (pads != given or pads[:2] != pads[2:]):
+        return [_from_rows(ctx, _clipped_average(ctx, x, kernel, stride, given, pads, attrs),
+                           one_d)]  # fmt: skip
     if not is_max and attrs.get("count_include_pad", 0) and any(pads):
         # the padding zeros count: pad explicitly, then average whole windows
         x = ctx.op("pad", x, before=(0, 0, *pads[:2]), after=(0, 0, *pads[2:]), value=0.0)
@@ -142,6 +145,37 @@ def _pool(ctx: Context) -> Sequence[Value]:
     kind = "max_pool2d" if is_max else "avg_pool2d"
     y = ctx.op(kind, x, kernel=kernel, stride=stride, padding=padding)
     return [_from_rows(ctx, y, one_d)]
+
+
+def _clipped_average(
+    ctx: Context,
+    x: Value,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    given: list[int],
+    pads: list[int],
+    attrs: Mapping[str, Any],
+) -> Value:
+    """An average pool whose windows Hexir's symmetric padding cannot express (uneven pads,
+    ceil_mode's extra windows): the sum of each window over the zero-padded image (the
+    average of whole windows times their size), times a constant per output position of the
+    window's size over its divisor, the elements it covers inside the image (and inside the
+    given pads with count_include_pad), never the ceil_mode extension."""
+    n = len(kernel)
+    spatial = x.type.shape[2:]
+    padded = ctx.op("pad", x, before=(0, 0, *pads[:n]), after=(0, 0, *pads[n:]), value=0.0)
+    mean = ctx.op("avg_pool2d", padded, kernel=tuple(kernel), stride=tuple(stride),
+                  padding=(0, 0))  # fmt: skip
+    include = bool(attrs.get("count_include_pad", 0))
+    inside = []  # per axis: how many of each window's elements count
+    for i, (size, k, step, out) in enumerate(
+        zip(spatial, kernel, stride, mean.type.shape[2:], strict=True)
+    ):
+        low, high = (-given[i], size + given[n + i]) if include else (0, size)
+        starts = np.arange(out) * step - pads[i]
+        inside.append(np.minimum(starts + k, high) - np.maximum(starts, low))
+    scale = np.prod(kernel) / np.multiply.outer(*inside)
+    return ctx.op("mul", mean, ctx.constant(scale[None, None].astype(x.type.dtype)))
 
 
 def _ceil_pads(

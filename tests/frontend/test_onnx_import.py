@@ -66,7 +66,7 @@ def test_unsupported_nodes_are_all_listed():
         helper.make_node("NonMaxSuppression", ["a"], ["b"], name="nms"),
         helper.make_node("Conv", ["a", "w"], ["c"], name="conv", foo=3),
         helper.make_node(
-            "AveragePool", ["a"], ["d"], name="pool", kernel_shape=[2, 2], ceil_mode=1
+            "AveragePool", ["a"], ["d"], name="pool", kernel_shape=[2, 2], dilations=[2, 2]
         ),
         helper.make_node("Attention", ["a"], ["e"], name="fused", domain="com.microsoft"),
         helper.make_node("Reshape", ["a", "s"], ["f"], name="reshape"),
@@ -96,7 +96,7 @@ def test_unsupported_nodes_are_all_listed():
     for what in (
         "op type not supported",
         "'foo'",
-        "ceil_mode=1",
+        "dilated pools",
         "'com.microsoft'",
         "must be a constant",
         "output 1 ('mask')",

@@ -298,8 +298,20 @@ def test_a_max_pool_of_ceil_mode_pads_its_ends_with_minus_infinity(size, attrs):
     compiled_agrees(proto, [uniform(1, 2, size, size)])
 
 
-def test_an_average_pool_of_ceil_mode_is_refused():
-    nodes = [helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
-                              ceil_mode=1)]  # fmt: skip
-    with pytest.raises(ModelError, match="ceil_mode=1"):
-        import_onnx(model(nodes, [("x", [1, 2, 7, 7])], ["y"]))
+@pytest.mark.parametrize("include", [0, 1])
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},
+    {"kernel_shape": [2, 2], "pads": [0, 1, 1, 0]},  # uneven
+    {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+])  # fmt: skip
+def test_an_average_pool_hexir_windows_cannot_pad_divides_by_what_each_window_covers(
+    attrs, include
+):
+    """Uneven pads and ceil_mode's extra windows: the window sums over the zero-padded image
+    times a constant per position, the window's size over the elements it covers (the image,
+    with count_include_pad also the given pads; never the ceil extension)."""
+    node = helper.make_node("AveragePool", ["x"], ["y"], count_include_pad=include, **attrs)
+    proto = model([node], [("x", [1, 2, 8, 8])], ["y"])
+    graph = compiled_agrees(proto, [uniform(1, 2, 8, 8)])
+    assert kinds(graph).get("avg_pool2d") == 1
