@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from hexir.ir.dtype import is_float
+import numpy as np
+
+from hexir.ir.dtype import is_float, numpy_dtype
 from hexir.ir.graph import Op
 from hexir.ir.names import unique_name
 from hexir.ir.tir import (
@@ -358,20 +360,19 @@ def attr_float(op: Op, key: str) -> float:
 
 
 def lowest(dtype: str) -> Expr:
-    """The identity of max: -inf for floats, the smallest value for ints."""
-    if is_float(dtype):
-        return const(float("-inf"), dtype)
-    bits = {"int32": 32, "int64": 64}.get(dtype)
-    if bits is None:
-        return const(0, dtype)  # bool: False is the smallest
-    return const(-(2 ** (bits - 1)), dtype)
+    """The identity of max: -inf for floats, the smallest value for ints, False for bool."""
+    return _extreme(dtype, largest=False)
 
 
 def highest(dtype: str) -> Expr:
-    """The identity of min: inf for floats, the largest value for ints."""
+    """The identity of min: inf for floats, the largest value for ints, True for bool."""
+    return _extreme(dtype, largest=True)
+
+
+def _extreme(dtype: str, largest: bool) -> Expr:
     if is_float(dtype):
-        return const(float("inf"), dtype)
-    bits = {"int32": 32, "int64": 64}.get(dtype)
-    if bits is None:
-        return const(1, dtype)  # bool: True is the largest
-    return const(2 ** (bits - 1) - 1, dtype)
+        return const(float("inf") if largest else float("-inf"), dtype)
+    if dtype == "bool":
+        return const(int(largest), dtype)
+    info = np.iinfo(numpy_dtype(dtype))
+    return const(int(info.max if largest else info.min), dtype)
