@@ -34,6 +34,13 @@ def clean_name(name: str, fallback: str = "t") -> str:
     return cleaned or fallback
 
 
+def normalized_axis(axis: int, ndim: int) -> int:
+    """An ONNX axis (negative counts from the end) as 0..ndim-1; Unsupported out of range."""
+    if not -ndim <= axis < ndim:
+        raise Unsupported(f"axis {axis} is out of range for rank {ndim}")
+    return axis % ndim
+
+
 def hexir_dtype(elem_type: int, what: str) -> str:
     """The Hexir dtype of an ONNX element type; Unsupported for the others."""
     from onnx import helper

@@ -259,24 +259,31 @@ def _convert(ctx: Context, nodes: list[Node], onnx_graph: Any) -> list[str]:
         ctx.node = node
         try:
             values = _convert_node(ctx, node, matches.get(node.index))
-        except Unsupported as e:
-            problems.append(f"{node.label}: {e}")
-            poisoned.update(node.outputs)
-        except (HexirError, ValueError) as e:  # make_op's checks; numpy's broadcasting
-            problems.append(f"{node.label}: Hexir cannot build it: {str(e).splitlines()[0]}")
-            poisoned.update(node.outputs)
-        except (TypeError, IndexError, KeyError) as e:  # a damaged node: a required attribute
-            # missing, an input too few, an axis past the rank
-            problems.append(f"{node.label}: malformed node ({type(e).__name__}: {e})")
-            poisoned.update(node.outputs)
-        except MemoryError as e:  # a shape of absurd extents
-            problems.append(f"{node.label}: its tensors do not fit in memory ({e})")
+        except _REFUSALS as e:
+            problems.append(f"{node.label}: {_refusal(e)}")
             poisoned.update(node.outputs)
         else:
             # A node may name more outputs than Hexir makes (unused ones: _static_problems).
             ctx.values.update((t, v) for t, v in zip(node.outputs, values, strict=False) if t)
     ctx.node = None
     return problems
+
+
+# What converting a node may raise about that node: its own refusal (Unsupported), make_op's
+# checks and numpy's broadcasting (HexirError, ValueError), a damaged node (a required
+# attribute missing, an input too few, an axis past the rank), a shape of absurd extents.
+_REFUSALS = (Unsupported, HexirError, ValueError, TypeError, IndexError, KeyError, MemoryError)
+
+
+def _refusal(e: Exception) -> str:
+    """Why a node's conversion failed, as one line of the import's problems."""
+    if isinstance(e, Unsupported):
+        return str(e)
+    if isinstance(e, HexirError | ValueError):
+        return f"Hexir cannot build it: {str(e).splitlines()[0]}"
+    if isinstance(e, MemoryError):
+        return f"its tensors do not fit in memory ({e})"
+    return f"malformed node ({type(e).__name__}: {e})"
 
 
 def _convert_node(ctx: Context, node: Node, match: Match | None) -> Sequence[Value]:

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hexir.frontend.onnx_context import Context, Unsupported, int_list
+from hexir.frontend.onnx_context import Context, Unsupported, int_list, normalized_axis
 from hexir.frontend.onnx_ops import Spec, reshape
-from hexir.frontend.onnx_ops_shape import _axis
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
 
@@ -361,7 +360,7 @@ def _topk(ctx: Context) -> Sequence[Value]:
     k rounds of argmax (argmin), each over the elements not yet picked, then one gather of
     the values. Each round reads the axis twice: for a k of a few, not a sort."""
     x = ctx.input(0)
-    axis = _axis(int(ctx.attr("axis", -1)), len(x.type.shape))
+    axis = normalized_axis(int(ctx.attr("axis", -1)), len(x.type.shape))
     n, k = x.type.shape[axis], int(np.asarray(ctx.array(1, "K")).reshape(-1)[0])
     if not 1 <= k <= n:
         raise Unsupported(f"TopK of k {k} along an axis of {n}")

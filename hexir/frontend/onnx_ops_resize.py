@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hexir.frontend.onnx_context import Context, Unsupported, int_list
+from hexir.frontend.onnx_context import Context, Unsupported, int_list, normalized_axis
 from hexir.frontend.onnx_ops import Spec
-from hexir.frontend.onnx_ops_shape import _axis
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
 
@@ -68,7 +67,8 @@ def _resize(ctx: Context) -> Sequence[Value]:
 
 def _resized_axes(ctx: Context, shape: tuple[int, ...], crop: bool) -> list[_Axis]:
     """The axes whose extent or coordinates change, from the scales or sizes (and the roi)."""
-    axes = [_axis(a, len(shape)) for a in int_list(ctx.attr("axes", list(range(len(shape)))))]
+    given = int_list(ctx.attr("axes", list(range(len(shape)))))
+    axes = [normalized_axis(a, len(shape)) for a in given]
     if any(shape[a] == 0 for a in axes):
         raise Unsupported(f"Resize of an empty axis in {shape}")
     out, factors = _extents(ctx, [shape[a] for a in axes])

@@ -13,16 +13,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hexir.frontend.onnx_context import Context, Unsupported, int_list, tensor_array
+from hexir.frontend.onnx_context import (
+    Context,
+    Unsupported,
+    int_list,
+    normalized_axis,
+    tensor_array,
+)
 from hexir.frontend.onnx_ops import Spec, broadcast_to, reshape
 from hexir.ir.graph import Value
 from hexir.ops.indexing import REDUCTIONS
-
-
-def _axis(axis: int, ndim: int) -> int:
-    if not -ndim <= axis < ndim:
-        raise Unsupported(f"axis {axis} is out of range for rank {ndim}")
-    return axis % ndim
 
 
 def _transpose(ctx: Context) -> Sequence[Value]:
@@ -54,7 +54,7 @@ def _axes(ctx: Context, ndim: int) -> list[int] | None:
     given = ctx.attr("axes")
     if given is None and ctx.has(1):
         given = ctx.array(1, "axes")
-    return None if given is None else [_axis(a, ndim) for a in int_list(given)]
+    return None if given is None else [normalized_axis(a, ndim) for a in int_list(given)]
 
 
 def _squeeze(ctx: Context) -> Sequence[Value]:
@@ -72,14 +72,14 @@ def _unsqueeze(ctx: Context) -> Sequence[Value]:
     given = ctx.attr("axes")
     given = int_list(given if given is not None else ctx.array(1, "axes"))
     ndim = len(x.type.shape) + len(given)
-    axes = [_axis(a, ndim) for a in given]
+    axes = [normalized_axis(a, ndim) for a in given]
     rest = iter(x.type.shape)
     return [reshape(ctx, x, [1 if i in axes else next(rest) for i in range(ndim)])]
 
 
 def _concat(ctx: Context) -> Sequence[Value]:
     xs = [ctx.input(i) for i in range(len(ctx.current.inputs)) if ctx.has(i)]
-    axis = _axis(int(ctx.attr("axis")), len(xs[0].type.shape))
+    axis = normalized_axis(int(ctx.attr("axis")), len(xs[0].type.shape))
     return [xs[0] if len(xs) == 1 else ctx.op("concat", *xs, axis=axis)]
 
 
@@ -101,7 +101,8 @@ def _slice(ctx: Context) -> Sequence[Value]:
     starts = int_list(ctx.array(1, "starts"))
     ends = int_list(ctx.array(2, "ends"))
     axes_given = ctx.optional_array(3, "axes")
-    axes = [_axis(a, len(shape)) for a in int_list(axes_given)] if axes_given is not None else []
+    given = int_list(axes_given) if axes_given is not None else []
+    axes = [normalized_axis(a, len(shape)) for a in given]
     axes = axes or list(range(len(starts)))
     steps_given = ctx.optional_array(4, "steps")
     steps = int_list(steps_given) if steps_given is not None else [1] * len(starts)
@@ -124,7 +125,7 @@ def _take(ctx: Context, x: Value, axis: int, begin: int, end: int, step: int = 1
 
 def _split(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
-    axis = _axis(int(ctx.attr("axis", 0)), len(x.type.shape))
+    axis = normalized_axis(int(ctx.attr("axis", 0)), len(x.type.shape))
     dim, count = x.type.shape[axis], len(ctx.current.outputs)
     given = ctx.attr("split")
     if given is None and ctx.has(1):
@@ -146,7 +147,8 @@ def _pad(ctx: Context) -> Sequence[Value]:
     pads = int_list(ctx.array(1, "pads"))
     value = ctx.optional_array(2, "constant_value")
     axes_given = ctx.optional_array(3, "axes")
-    axes = [_axis(a, ndim) for a in int_list(axes_given)] if axes_given is not None else []
+    given = int_list(axes_given) if axes_given is not None else []
+    axes = [normalized_axis(a, ndim) for a in given]
     axes = axes or list(range(ndim))
     if len(pads) != 2 * len(axes) or any(p < 0 for p in pads):
         raise Unsupported(f"pads {pads} (negative pads crop, which Pad import does not do)")
@@ -195,7 +197,7 @@ def _gather(ctx: Context) -> Sequence[Value]:
     """Gather with constant indices: slices (one when the indices step evenly), concat; with
     indices computed at run time (a language model's token ids): the `gather` op."""
     x = ctx.input(0)
-    axis = _axis(int(ctx.attr("axis", 0)), len(x.type.shape))
+    axis = normalized_axis(int(ctx.attr("axis", 0)), len(x.type.shape))
     dim = x.type.shape[axis]
     try:
         indices = np.asarray(ctx.array(1, "indices"))
@@ -303,7 +305,7 @@ def _cumsum(ctx: Context) -> Sequence[Value]:
     ndim = len(x.type.shape)
     if not x.type.dtype.startswith("float"):
         raise Unsupported(f"CumSum of {x.type.dtype} (float tensors only)")
-    axis = _axis(int(np.asarray(ctx.array(1, "axis")).reshape(-1)[0]), ndim)
+    axis = normalized_axis(int(np.asarray(ctx.array(1, "axis")).reshape(-1)[0]), ndim)
     n = x.type.shape[axis]
     # column j sums the rows i <= j (i < j exclusive; i >= j, i > j in reverse)
     k = 1 if ctx.attr("exclusive", 0) else 0

@@ -99,11 +99,14 @@ def _symmetric(
     ctx: Context, x: Value, pads: list[int], value: float
 ) -> tuple[Value, tuple[int, int]]:
     """Hexir's windows pad the same on both sides; other pads become an explicit pad op."""
-    top, left, bottom, right = pads
-    if (top, left) == (bottom, right):
-        return x, (top, left)
-    padded = ctx.op("pad", x, before=(0, 0, top, left), after=(0, 0, bottom, right), value=value)
-    return padded, (0, 0)
+    if pads[:2] == pads[2:]:
+        return x, (pads[0], pads[1])
+    return _padded(ctx, x, pads, value), (0, 0)
+
+
+def _padded(ctx: Context, x: Value, pads: Sequence[int], value: float) -> Value:
+    """`x` [N, C, H, W] padded by ONNX `pads` ([top, left, bottom, right]) with `value`."""
+    return ctx.op("pad", x, before=(0, 0, *pads[:2]), after=(0, 0, *pads[2:]), value=value)
 
 
 def _batch_norm(ctx: Context) -> Sequence[Value]:
@@ -136,8 +139,7 @@ def _pool(ctx: Context) -> Sequence[Value]:
                            one_d)]  # fmt: skip
     if not is_max and attrs.get("count_include_pad", 0) and any(pads):
         # the padding zeros count: pad explicitly, then average whole windows
-        x = ctx.op("pad", x, before=(0, 0, *pads[:2]), after=(0, 0, *pads[2:]), value=0.0)
-        padding = (0, 0)
+        x, padding = _padded(ctx, x, pads, 0.0), (0, 0)
     elif pads[:2] == pads[2:] or (is_max and x.type.dtype.startswith("float")):
         x, padding = _symmetric(ctx, x, pads, -np.inf)  # a -inf pad never wins a max
     else:
@@ -163,9 +165,8 @@ def _clipped_average(
     given pads with count_include_pad), never the ceil_mode extension."""
     n = len(kernel)
     spatial = x.type.shape[2:]
-    padded = ctx.op("pad", x, before=(0, 0, *pads[:n]), after=(0, 0, *pads[n:]), value=0.0)
-    mean = ctx.op("avg_pool2d", padded, kernel=tuple(kernel), stride=tuple(stride),
-                  padding=(0, 0))  # fmt: skip
+    mean = ctx.op("avg_pool2d", _padded(ctx, x, pads, 0.0), kernel=tuple(kernel),
+                  stride=tuple(stride), padding=(0, 0))  # fmt: skip
     include = bool(attrs.get("count_include_pad", 0))
     inside = []  # per axis: how many of each window's elements count
     for i, (size, k, step, out) in enumerate(

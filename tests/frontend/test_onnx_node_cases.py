@@ -80,22 +80,6 @@ def test_every_passing_node_case_compiled_for_the_cpu_computes_the_same():
     assert compiled >= COMPILED_AT_LEAST, f"{compiled} of {len(passing)} compile and pass"
 
 
-def _with_constant_inputs(case, keep: int):
-    """The case's model with every input after the first `keep` turned into an initializer of
-    the case's value, and the data set cut to match."""
-    from onnx import numpy_helper
-
-    inputs, expected = case.data_sets[0]
-    model = type(case.model)()
-    model.CopyFrom(case.model)
-    graph = model.graph
-    constant = list(graph.input)[keep:]
-    for info, value in zip(constant, inputs[keep:], strict=False):
-        graph.initializer.append(numpy_helper.from_array(np.asarray(value), info.name))
-        graph.input.remove(info)
-    return model, inputs[:keep], expected
-
-
 def test_resize_nearest_cases_with_their_scales_or_sizes_as_constants():
     """ONNX's cases feed scales and sizes as graph inputs; Hexir reads them as constants (as
     exported models have them): with those made initializers, every nearest case computes
@@ -103,7 +87,8 @@ def test_resize_nearest_cases_with_their_scales_or_sizes_as_constants():
     cases = [c for c in supported_cases() if "resize" in c.name and "nearest" in c.name]
     assert len(cases) >= 10
     for case in cases:
-        model, inputs, expected = _with_constant_inputs(case, keep=1)
+        runtime = {i.name for i in case.model.graph.input[1:]}  # all but the image
+        model, inputs, expected = _with_named_constants(case, runtime)
         graph = import_onnx(model)
         for got in (evaluate(graph, inputs), hexir.compile(graph, target="cpu").run(inputs)):
             np.testing.assert_array_equal(got[0], np.asarray(expected[0]), err_msg=case.name)
