@@ -42,7 +42,7 @@ from hexir.codegen.c_vector import (
 )
 from hexir.errors import BuildError
 from hexir.ir.arith import bound, simplify
-from hexir.ir.dtype import c_type, is_float, itemsize, short_name
+from hexir.ir.dtype import c_type, is_float, is_int, itemsize, numpy_dtype, short_name
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,
     GPU_KINDS,
@@ -83,6 +83,7 @@ _MATH = {
     "abs": "fabs",
     "floor": "floor",
     "ceil": "ceil",
+    "round": "nearbyint",  # ties to even in the default rounding mode
     "sin": "sin",
     "cos": "cos",
 }
@@ -110,7 +111,6 @@ _HELPERS = {
     "max": "{q} {t} hx_max_{s}({t} a, {t} b) {{ return a > b ? a : b; }}",
 }
 TRUE, FALSE = IntImm(1, "bool"), IntImm(0, "bool")
-_INT_LIMITS = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
 def nest_iterations(loop: For) -> int:
@@ -292,7 +292,7 @@ class CPrinter:
             self._helpers[name] = math_helper(self, kind, dtype, lanes)
             return name
         template = VECTOR_HELPERS[kind]
-        mask = "int32" if itemsize(dtype) == 4 else "int64"
+        mask = f"int{8 * itemsize(dtype)}"  # a signed integer as wide as an element
         fields = dict(
             q=self.helper_qualifier,
             v=self.vector_type(dtype, lanes),
@@ -301,7 +301,7 @@ class CPrinter:
             n=lanes * itemsize(dtype),
             sv=sv,
             splat=", ".join(["s"] * lanes),
-            absmask="INT32_MAX" if mask == "int32" else "INT64_MAX",
+            absmask=f"{mask.upper()}_MAX",
             kind=kind,
         )
         self._helpers[name] = template.format(**fields)
@@ -505,12 +505,14 @@ class CPrinter:
         if dtype == "bool":
             return "true" if value else "false"
         self.ctype(dtype)
-        lo, hi = _INT_LIMITS.get(dtype, _INT_LIMITS["int64"])
-        if not lo <= value <= hi:
+        limits = np.iinfo(numpy_dtype(dtype) if is_int(dtype) else np.int64)
+        if not limits.min <= value <= limits.max:
             raise BuildError(f"integer constant {value} does not fit {dtype}")
         if dtype == "int64":
-            return "INT64_MIN" if value == lo else f"INT64_C({value})"
-        if value == lo:  # -2147483648 in C is the negation of a too-large literal
+            return "INT64_MIN" if value == limits.min else f"INT64_C({value})"
+        if dtype in ("uint32", "uint64"):
+            return f"UINT{dtype[4:]}_C({value})"
+        if value == -(2**31):  # -2147483648 in C is the negation of a too-large literal
             return "INT32_MIN"
         return f"({value})" if value < 0 else str(value)
 
@@ -544,6 +546,9 @@ class CPrinter:
             if is_float(dtype):
                 return f"{'powf' if dtype == 'float32' else 'pow'}({x}, {y})"
             return f"(({self.ctype(dtype)})pow((double){x}, (double){y}))"
+        if op in ("+", "-", "*", "/") and is_int(dtype) and itemsize(dtype) < 4:
+            # C computes narrow integers as int: wrap the result as numpy does.
+            return f"(({self.ctype(dtype)})({x} {op} {y}))"
         return f"({x} {op} {y})"
 
     def lower_bound(self, e: Expr) -> float:
@@ -563,10 +568,12 @@ class CPrinter:
         return f"{_MATH[name]}{f}({x})"
 
     def int_call(self, name: str, x: str, dtype: str) -> str:
-        if name in ("floor", "ceil"):
+        if name in ("floor", "ceil", "round"):
+            return x
+        if name == "abs" and dtype.startswith("uint"):
             return x
         if name == "abs" and dtype != "bool":
-            return f"{'abs' if dtype == 'int32' else 'llabs'}({x})"
+            return f"{'llabs' if dtype == 'int64' else 'abs'}({x})"
         raise BuildError(f"math call {name} on {dtype} is not supported by the C backend")
 
     def cast(self, dtype: str, value: Expr) -> str:

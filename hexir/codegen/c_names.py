@@ -15,7 +15,9 @@ C_KEYWORDS = frozenset(
 LIBRARY_NAMES = frozenset(
     "exp expf log logf sqrt sqrtf tanh tanhf erf erff fabs fabsf floor floorf ceil ceilf sin sinf "
     "cos cosf pow powf fmod fmodf abs llabs div ldiv free malloc exit aligned_alloc INFINITY NAN "
-    "int32_t int64_t omp_get_num_procs hexir_set_num_threads".split()
+    "round roundf nearbyint nearbyintf rint rintf trunc truncf sign "
+    "int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t "
+    "omp_get_num_procs hexir_set_num_threads".split()
 )
 
 

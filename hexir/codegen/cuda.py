@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 CUDA_NAMES = frozenset(
     "threadIdx blockIdx blockDim gridDim warpSize float2 float4 int2 int4 min max rsqrtf "
     "rsqrt __expf __logf __sinf __cosf __syncthreads __shfl_xor_sync __int_as_float "
-    "INT32_MIN INT64_MIN INT64_C".split()
+    "INT32_MIN INT64_MIN INT64_C UINT32_C UINT64_C".split()
 )
 # NVRTC has no standard headers: what the C printer's output relies on, spelled for CUDA.
 PREAMBLE = (
@@ -63,7 +63,20 @@ PREAMBLE = (
     "#define INT32_MIN (-2147483647 - 1)",
     "#define INT64_MIN (-9223372036854775807LL - 1)",
     "#define INT64_C(x) x##LL",
+    "#define UINT32_C(x) x##U",
+    "#define UINT64_C(x) x##ULL",
 )
+# NVRTC has no <stdint.h>: the integer types by their C names.
+CUDA_INTS = {
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+}
 FAST_MATH = {"exp": "__expf", "log": "__logf", "sin": "__sinf", "cos": "__cosf"}
 MAX_VECTOR_CHUNKS = 4
 
@@ -156,7 +169,7 @@ class CudaPrinter(CPrinter):
         return [head, *PREAMBLE, *self._helpers.values()]
 
     def ctype(self, dtype: str) -> str:
-        return {"int32": "int", "int64": "long long"}.get(dtype) or super().ctype(dtype)
+        return CUDA_INTS.get(dtype) or super().ctype(dtype)
 
     # -- statements -----------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from hexir.frontend.onnx_context import Context, Node, Unsupported, clean_name, 
 from hexir.frontend.onnx_ops import SPECS, Spec
 from hexir.frontend.onnx_ops_attention import ATTENTION_SPECS
 from hexir.frontend.onnx_ops_compose import COMPOSED_SPECS
+from hexir.frontend.onnx_ops_quant import QUANT_SPECS
 from hexir.frontend.onnx_ops_resize import RESIZE_SPECS
 from hexir.frontend.onnx_ops_shape import SHAPE_SPECS
 from hexir.frontend.onnx_ops_window import WINDOW_SPECS
@@ -47,6 +48,7 @@ SUPPORTED: dict[str, Spec] = {
     **SHAPE_SPECS,
     **WINDOW_SPECS,
     **COMPOSED_SPECS,
+    **QUANT_SPECS,
     **RESIZE_SPECS,
     **ATTENTION_SPECS,
 }

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, int_list
-from hexir.ir.dtype import numpy_dtype
+from hexir.ir.dtype import is_unsigned, numpy_dtype
 from hexir.ir.graph import Value
 
 Convert = Callable[[Context], Sequence[Value]]
@@ -144,6 +144,8 @@ def _reciprocal(ctx: Context) -> Sequence[Value]:
 
 
 def _abs_of(ctx: Context, x: Value) -> Value:
+    if is_unsigned(x.type.dtype):
+        return x
     return ctx.op("maximum", x, _neg(ctx, x))
 
 
@@ -477,6 +479,7 @@ SPECS: dict[str, Spec] = {
     "Mish": Spec(_mish),
     **{k: Spec(_unary(k.lower())) for k in ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Erf")},
     "Sqrt": Spec(_unary("sqrt")),
+    **{k: Spec(_unary(k.lower())) for k in ("Floor", "Ceil", "Round", "Sin", "Cos", "Sign")},
     "Reciprocal": Spec(_reciprocal),
     "Neg": Spec(lambda ctx: [_neg(ctx, ctx.input(0))]),
     "Abs": Spec(lambda ctx: [_abs_of(ctx, ctx.input(0))]),

@@ -71,7 +71,11 @@ def _from_rows(ctx: Context, y: Value, one_d: bool) -> Value:
 
 
 def _conv(ctx: Context) -> Sequence[Value]:
-    x, w = ctx.input(0), ctx.input(1)
+    return [conv_of(ctx, ctx.input(0), ctx.input(1), ctx.optional(2))]
+
+
+def conv_of(ctx: Context, x: Value, w: Value, bias: Value | None) -> Value:
+    """The current node's convolution (its window attributes) of `x` by `w`, plus `bias`."""
     attrs = window_attrs(ctx, x, "convolutions")
     one_d = len(x.type.shape) == 3
     x, w = _as_rows(ctx, x), _as_rows(ctx, w)
@@ -90,9 +94,8 @@ def _conv(ctx: Context) -> Sequence[Value]:
         dilation=tuple(dilations),
         groups=int(attrs.get("group", 1)),
     )
-    bias = ctx.optional(2)
     y = y if bias is None else ctx.op("bias_add", y, bias, axis=1)
-    return [_from_rows(ctx, y, one_d)]
+    return _from_rows(ctx, y, one_d)
 
 
 def _symmetric(
@@ -214,18 +217,16 @@ _POOL = {
     "ceil_mode": (0, 1),
 }
 
+CONV_ATTRS = {
+    "kernel_shape": None,
+    "strides": None,
+    "pads": None,
+    "dilations": None,
+    "group": None,
+    "auto_pad": None,
+}
 WINDOW_SPECS: dict[str, Spec] = {
-    "Conv": Spec(
-        _conv,
-        {
-            "kernel_shape": None,
-            "strides": None,
-            "pads": None,
-            "dilations": None,
-            "group": None,
-            "auto_pad": None,
-        },
-    ),
+    "Conv": Spec(_conv, CONV_ATTRS),
     "BatchNormalization": Spec(
         _batch_norm, {"epsilon": None, "momentum": None, "training_mode": (0,)}
     ),

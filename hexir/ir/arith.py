@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from hexir.ir.arith_bound import Interval, Ranges, bound, bound_in, normalize_ranges
 from hexir.ir.arith_eval import evaluate, fold_cast, fold_float
-from hexir.ir.dtype import is_float, is_int
+from hexir.ir.dtype import is_float, is_index_int, is_int
 from hexir.ir.tir import (
     COMPARE_OPS,
     Binary,
@@ -81,7 +81,7 @@ def affine_coefficients(
     constant; None when `expr` is not affine in `vars`. Terms free of `vars` (other loop vars,
     loads) are a symbolic offset: they appear in neither, so `vars` = the inner loop var gives
     its stride whatever the outer loops do."""
-    if not is_int(expr.dtype):
+    if not is_index_int(expr.dtype):
         return None
     simp = _Simplifier(normalize_ranges(ranges))
     wanted = list(vars)
@@ -248,7 +248,7 @@ class _Simplifier:
 
     def expr(self, e: Expr) -> Expr:
         dt = e.dtype
-        if is_int(dt):
+        if is_index_int(dt):
             return _to_expr(self.merge(self.poly(e)))
         if dt == "bool":
             return self.logic(e)
@@ -397,7 +397,7 @@ class _Simplifier:
         return self.rebuild(e)
 
     def compare(self, op: str, a: Expr, b: Expr) -> Expr:
-        if is_int(a.dtype) and is_int(b.dtype):
+        if is_index_int(a.dtype) and is_index_int(b.dtype):
             pa, pb = self.merge(self.poly(a)), self.merge(self.poly(b))
             decided = _decide(op, self.bound_poly(pa - pb))
             if decided is not None:

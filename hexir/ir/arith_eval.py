@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from hexir.ir.dtype import is_float, is_int, numpy_dtype
+from hexir.ir.dtype import is_float, is_int, numpy_dtype, wrap_int
 from hexir.ir.tir import Binary, BufferLoad, Call, Cast, Expr, FloatImm, IntImm, Select, Unary, Var
 
 Value = int | float | bool
@@ -49,6 +49,7 @@ _CALLS: dict[str, Callable[[float], float]] = {
     "abs": abs,  # type: ignore[dict-item]
     "floor": math.floor,
     "ceil": math.ceil,
+    "round": round,  # type: ignore[dict-item] - ties to even, as C's nearbyint
     "sin": math.sin,
     "cos": math.cos,
 }
@@ -94,7 +95,7 @@ def _cast(dtype: str, x: Value) -> Value:
     if dtype == "bool":
         return bool(x)
     if is_int(dtype):
-        return int(x)
+        return wrap_int(int(x), dtype)
     return float(x)
 
 
@@ -136,6 +137,10 @@ def _float_op(op: str, x: float, y: float, dtype: str) -> float | None:
     return None
 
 
+def _fits(value: int, dtype: str) -> bool:
+    return value == wrap_int(value, dtype)
+
+
 def fold_cast(dtype: str, v: Expr) -> Expr:
     """`Cast(dtype, v)`, folded when v is a constant and dropped when v already has dtype."""
     if v.dtype == dtype:
@@ -144,9 +149,9 @@ def fold_cast(dtype: str, v: Expr) -> Expr:
         case IntImm(x) | FloatImm(x) if dtype == "bool":
             return IntImm(int(x != 0), "bool")
         case IntImm(x) if is_int(dtype):
-            return IntImm(x, dtype)
+            return IntImm(wrap_int(x, dtype), dtype)
         case IntImm(x) | FloatImm(x) if is_float(dtype):
             return FloatImm(float(numpy_dtype(dtype).type(x)), dtype)
-        case FloatImm(x) if is_int(dtype) and math.isfinite(x):
+        case FloatImm(x) if is_int(dtype) and math.isfinite(x) and _fits(int(x), dtype):
             return IntImm(int(x), dtype)  # C truncates toward zero, as int() does
     return Cast(dtype, v)

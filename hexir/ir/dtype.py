@@ -9,8 +9,14 @@ _TABLE: dict[str, tuple[str, type, str]] = {
     "float32": ("f32", np.float32, "float"),
     "float64": ("f64", np.float64, "double"),
     "float16": ("f16", np.float16, "_Float16"),
+    "int8": ("i8", np.int8, "int8_t"),
+    "int16": ("i16", np.int16, "int16_t"),
     "int32": ("i32", np.int32, "int32_t"),
     "int64": ("i64", np.int64, "int64_t"),
+    "uint8": ("u8", np.uint8, "uint8_t"),
+    "uint16": ("u16", np.uint16, "uint16_t"),
+    "uint32": ("u32", np.uint32, "uint32_t"),
+    "uint64": ("u64", np.uint64, "uint64_t"),
     "bool": ("i1", np.bool_, "bool"),
 }
 DTYPES: tuple[str, ...] = tuple(_TABLE)
@@ -58,7 +64,25 @@ def is_float(dtype: str) -> bool:
 
 
 def is_int(dtype: str) -> bool:
-    return dtype.startswith("int")
+    """Signed or unsigned integers (not bool)."""
+    return dtype.startswith(("int", "uint"))
+
+
+def is_unsigned(dtype: str) -> bool:
+    return dtype.startswith("uint")
+
+
+def is_index_int(dtype: str) -> bool:
+    """int32 and int64: the integers whose arithmetic the simplifier treats as exact (loop
+    and index arithmetic); narrower and unsigned ones wrap, and are left as written."""
+    return dtype in ("int32", "int64")
+
+
+def wrap_int(value: int, dtype: str) -> int:
+    """`value` wrapped into the integer `dtype` (two's complement), as a C cast does."""
+    bits = 8 * itemsize(dtype)
+    value %= 1 << bits
+    return value - (1 << bits) if not is_unsigned(dtype) and value >> (bits - 1) else value
 
 
 def itemsize(dtype: str) -> int:

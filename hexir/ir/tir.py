@@ -141,10 +141,10 @@ class Unary(ExprBase):
         return self.a.dtype
 
 
-# Math calls: the result has the dtype of the first argument.
+# Math calls: the result has the dtype of the first argument. round: to nearest, ties to even.
 CALLS = (
     "exp", "log", "sqrt", "rsqrt", "tanh", "erf", "sigmoid", "abs", "floor", "ceil",
-    "sin", "cos",
+    "round", "sin", "cos",
 )  # fmt: skip
 
 

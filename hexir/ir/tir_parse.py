@@ -52,14 +52,14 @@ _TOKEN = re.compile(
     |(?P<newline>\n)
     |(?P<string>"(?:[^"\\\n]|\\.)*")
     |(?P<shape>\d+(?:x\d+)*x[A-Za-z][A-Za-z0-9]*)
-    |(?P<number>(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)(?:[fi]\d+)?)
+    |(?P<number>(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)(?:[fiu]\d+)?)
     |(?P<name>[%@][A-Za-z_][A-Za-z0-9_.]*)
     |(?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
     |(?P<punct>\.\.|==|!=|<=|>=|&&|\|\||[-+*/<>=!(){}\[\],:])
     """,
     re.VERBOSE,
 )
-_NUMBER = re.compile(r"(\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)([fi]\d+)?\Z")
+_NUMBER = re.compile(r"(\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)([fiu]\d+)?\Z")
 _SHORT_DTYPES = {"f16": "float16", "f32": "float32", "f64": "float64"}
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hexir.ir.dtype import numpy_dtype
+from hexir.ir.dtype import is_unsigned, numpy_dtype
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, fail
 from hexir.ir.tir import Binary, Buffer, Call, Cast, Expr, Select, const
@@ -229,6 +229,13 @@ def _export_rsqrt(ex: Exporter, op: Op) -> None:
     ex.node("Reciprocal", [ex.node("Sqrt", operand_names(op))], op.result.name)
 
 
+def _sign(x: Expr) -> Expr:
+    """1 where x > 0, -1 where x < 0, else x itself (0, -0, nan)."""
+    dt = x.dtype
+    rest = x if is_unsigned(dt) else Select(Binary("<", x, const(0, dt)), const(-1, dt), x)
+    return Select(Binary(">", x, const(0, dt)), const(1, dt), rest)
+
+
 def _float_unary(
     name: str, doc: str, fn: Callable[[np.ndarray], np.ndarray], export: Export
 ) -> OpDef:
@@ -253,6 +260,12 @@ _UNARIES = (
     _float_unary("erf", "the error function", erf, onnx_same("Erf")),
     _float_unary("sqrt", "the square root", np.sqrt, onnx_same("Sqrt")),
     _float_unary("rsqrt", "1 / sqrt(x)", lambda x: 1.0 / np.sqrt(x), _export_rsqrt),
+    _float_unary("floor", "the largest integer <= x", np.floor, onnx_same("Floor")),
+    _float_unary("ceil", "the smallest integer >= x", np.ceil, onnx_same("Ceil")),
+    _float_unary("round", "the nearest integer, ties to even", np.rint, onnx_same("Round")),
+    _float_unary("sin", "the sine", np.sin, onnx_same("Sin")),
+    _float_unary("cos", "the cosine", np.cos, onnx_same("Cos")),
+    unary("sign", "-1, 0 or 1 (nan: nan)", "numeric", _sign, in_dtype(np.sign), onnx_same("Sign")),
 )
 
 

@@ -34,6 +34,8 @@ def random_inputs(
             arrays[v.name] = rng.random(shape) < 0.5
         elif dtype.startswith("int"):
             arrays[v.name] = rng.integers(-5, 6, size=shape).astype(dtype)
+        elif dtype.startswith("uint"):
+            arrays[v.name] = rng.integers(0, 11, size=shape).astype(dtype)
         else:
             low = 0.5 if positive else -2.0
             arrays[v.name] = rng.uniform(low, 2.0, size=shape).astype(dtype)
@@ -134,7 +136,12 @@ CASES: dict[str, Graph] = {
     **{
         kind: one_op(kind, [((3, 4), F)], lambda b, x, k=kind: b.op(k, x))
         for kind in ("relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt")
+        + ("floor", "ceil", "round", "sin", "cos", "sign")
     },
+    "sign_int8": one_op("sign_int8", [((3, 4), "int8")], lambda b, x: b.op("sign", x)),
+    "add_uint8": one_op(
+        "add_uint8", [((3, 4), "uint8"), ((3, 4), "uint8")], lambda b, x, y: b.add(x, y)
+    ),
     "relu_int32": one_op("relu_int32", [((3, 4), "int32")], lambda b, x: b.relu(x)),
     "gelu": one_op("gelu", [((3, 4), F)], lambda b, x: b.gelu(x)),
     "gelu_tanh": one_op("gelu_tanh", [((3, 4), F)], lambda b, x: b.gelu(x, approximate="tanh")),

@@ -19,8 +19,8 @@ from hexir.frontend.onnx_import import SUPPORTED, import_onnx
 from hexir.graph.evaluate import evaluate
 
 # Cases that pass on 2026-12-04 (onnx 1.23): a floor, so that a regression shows.
-PASSING_AT_LEAST = 657
-COMPILED_AT_LEAST = 635  # the other 22 are float16, which the C backend refuses
+PASSING_AT_LEAST = 783
+COMPILED_AT_LEAST = 757  # the other 26 are float16, which the C backend refuses
 
 
 @functools.cache
@@ -148,7 +148,7 @@ def constant_inputs_outcome(case) -> str | None:
 
 # Cases refused only for an axes / shape / bounds input fed at run time that pass once it is
 # a constant, 2026-12-04 (onnx 1.23): a floor.
-CONSTANT_INPUTS_PASSING_AT_LEAST = 224
+CONSTANT_INPUTS_PASSING_AT_LEAST = 225
 
 
 def test_cases_refused_for_a_runtime_shape_input_compute_the_same_with_it_constant():

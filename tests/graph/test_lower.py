@@ -263,7 +263,10 @@ CASES = [
       for shapes in ([(3, 4), (4,)], [(2, 1, 3), (2, 3)])],
     *[(kind, "float32", [shape], {}, "positive" if kind in ("log", "sqrt", "rsqrt") else "normal")
       for kind in ("relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt")
+      + ("floor", "ceil", "round", "sin", "cos", "sign")
       for shape in ((3, 5), ())],
+    ("sign", "int8", [(3, 5)], {}, "normal"),
+    ("sign", "uint16", [(3, 5)], {}, "normal"),
     ("gelu", "float32", [(3, 5)], {}, "normal"),
     ("gelu", "float32", [(2, 3, 4)], {"approximate": "tanh"}, "normal"),
     ("cast", "float32", [(3, 4)], {"attrs": {"dtype": "int32"}}, "normal"),
@@ -353,6 +356,7 @@ CASES = [
 ELEMENTWISE = {
     *("add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "relu", "sigmoid"),
     *("tanh", "exp", "log", "erf", "sqrt", "rsqrt", "gelu", "cast", "bias_add", "batch_norm"),
+    *("floor", "ceil", "round", "sin", "cos", "sign"),
     *("transpose", "layout_transform", "reshape", "concat", "slice", "pad", "max_pool2d"),
     "gather",
     *("gather_elements", "gather_nd", "scatter_elements", "scatter_nd"),

@@ -88,8 +88,9 @@ def test_constant_dtypes() -> None:
     big_endian = np.arange(3, dtype=">i4")
     assert b.constant(big_endian, name="be").type.dtype == "int32"
     assert dict(b.constants)["be"] == ConstantData(np.arange(3, dtype=np.int32))
+    assert b.constant(np.zeros(2, np.uint8)).type.dtype == "uint8"
     with pytest.raises(ValueError, match="unknown dtype"):
-        b.constant(np.zeros(2, np.uint8))
+        b.constant(np.zeros(2, np.complex64))
 
 
 def test_constant_leaves_the_callers_array_writable() -> None:

@@ -60,6 +60,7 @@ def test_the_executor_writes_in_place_over_elementwise_and_broadcast_ops():
     assert pointwise == {
         *("add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "cast", "gelu"),
         *("relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt"),
+        *("floor", "ceil", "round", "sin", "cos", "sign"),
         *("bias_add", "batch_norm"),
         *("equal", "not_equal", "less", "less_equal", "greater", "greater_equal"),
     }

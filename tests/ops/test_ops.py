@@ -304,6 +304,7 @@ def test_where(shapes) -> None:
 
 
 UNARY = ["relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt", "gelu"]
+UNARY += ["floor", "ceil", "round", "sin", "cos"]
 
 
 @pytest.mark.parametrize("shape", [(3, 4), (), (2, 0, 5)])

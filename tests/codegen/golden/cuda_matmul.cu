@@ -4,6 +4,8 @@
 #define INT32_MIN (-2147483647 - 1)
 #define INT64_MIN (-9223372036854775807LL - 1)
 #define INT64_C(x) x##LL
+#define UINT32_C(x) x##U
+#define UINT64_C(x) x##ULL
 
 extern "C" __global__ void __launch_bounds__(8) matmul(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C) {
   __shared__ __align__(16) float B_shared[32];

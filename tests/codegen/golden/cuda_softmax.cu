@@ -4,6 +4,8 @@
 #define INT32_MIN (-2147483647 - 1)
 #define INT64_MIN (-9223372036854775807LL - 1)
 #define INT64_C(x) x##LL
+#define UINT32_C(x) x##U
+#define UINT64_C(x) x##ULL
 static __device__ __forceinline__ float hx_max_f32(float a, float b) { return a > b ? a : b; }
 
 extern "C" __global__ void __launch_bounds__(64) softmax(const float* __restrict__ X, float* __restrict__ Y) {

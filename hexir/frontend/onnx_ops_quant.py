@@ -1,0 +1,178 @@
+"""Converters of ONNX's quantization ops, as compositions of Hexir's own ops that compute what
+ONNX's reference computes, bit for bit where it rounds:
+
+- DequantizeLinear: (float32(x) - float32(zero_point)) · scale, in the scale's dtype;
+- QuantizeLinear: round(x / scale) + zero_point (ties to even), clipped to the integer type;
+- DynamicQuantizeLinear: the same to uint8 with a scale and zero point from x's range;
+- MatMulInteger and ConvInteger: int32 contractions of the operands less their zero points;
+- QLinearMatMul and QLinearConv: those, requantized with a_scale · b_scale / y_scale.
+
+Scales and zero points are per tensor (scalars), per axis (a vector along `axis`) or, from
+opset 21, per block of `block_size` elements along `axis`. The integer types are those Hexir
+has (int8, uint8, int16, uint16); int4 and the float8 types are refused by the importer's dtype
+check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, normalized_axis
+from hexir.frontend.onnx_ops import Spec, matmul_nd, reshape
+from hexir.frontend.onnx_ops_window import CONV_ATTRS, conv_of
+from hexir.ir.dtype import numpy_dtype
+from hexir.ir.graph import Value
+
+_QUANTIZED = ("int8", "uint8", "int16", "uint16")
+
+
+def _along(ctx: Context, p: Value, x: Value, axis: int, block: int) -> Value:
+    """A scale or zero point `p` shaped to broadcast against `x`: a scalar as it is, a vector
+    along `axis`, a tensor of blocks (`block` elements of x along `axis` each) spread out."""
+    shape, rank = x.type.shape, len(x.type.shape)
+    if p.type.size == 1 and not block:
+        return reshape(ctx, p, ())
+    axis = normalized_axis(axis, rank)
+    if not block:
+        if p.type.shape != (shape[axis],):
+            raise Unsupported(f"a scale or zero point of shape {p.type.shape} for {x.type!r}")
+        return reshape(ctx, p, tuple(shape[axis] if d == axis else 1 for d in range(rank)))
+    blocks = -(-shape[axis] // block)
+    want = tuple(blocks if d == axis else n for d, n in enumerate(shape))
+    if p.type.shape != want:
+        raise Unsupported(f"blocked scales of shape {p.type.shape}; {want} expected")
+    index = ctx.constant(np.arange(shape[axis], dtype=np.int64) // block)
+    return ctx.op("gather", p, index, axis=axis)
+
+
+def _cast(ctx: Context, x: Value, dtype: str) -> Value:
+    return x if x.type.dtype == dtype else ctx.op("cast", x, dtype=dtype)
+
+
+def _clip_cast(ctx: Context, x: Value, dtype: str) -> Value:
+    """`x` (integer-valued floats) clipped to the range of the integer `dtype`, cast to it."""
+    info = np.iinfo(numpy_dtype(dtype))
+    x = ctx.op("maximum", x, ctx.scalar(info.min, x))
+    return _cast(ctx, ctx.op("minimum", x, ctx.scalar(info.max, x)), dtype)
+
+
+def _attrs(ctx: Context) -> tuple[int, int]:
+    return int(ctx.attr("axis", 1)), int(ctx.attr("block_size", 0))
+
+
+def _dequantize(ctx: Context) -> Sequence[Value]:
+    x, scale, zero = ctx.input(0), ctx.input(1), ctx.optional(2)
+    axis, block = _attrs(ctx)
+    out = ctx.attr("output_dtype")
+    dtype = hexir_dtype(out, "output_dtype") if out else scale.type.dtype
+    y = _cast(ctx, x, "float32")
+    if zero is not None:
+        y = ctx.op("sub", y, _cast(ctx, _along(ctx, zero, x, axis, block), "float32"))
+    y = ctx.op("mul", y, _cast(ctx, _along(ctx, scale, x, axis, block), "float32"))
+    return [_cast(ctx, y, dtype)]
+
+
+def _quantize(ctx: Context) -> Sequence[Value]:
+    x, scale, zero = ctx.input(0), ctx.input(1), ctx.optional(2)
+    axis, block = _attrs(ctx)
+    out = ctx.attr("output_dtype")
+    dtype = hexir_dtype(out, "output_dtype") if out else "uint8"
+    dtype = zero.type.dtype if zero is not None else dtype
+    if dtype not in _QUANTIZED:
+        raise Unsupported(f"quantizing to {dtype}")
+    if ctx.attr("precision"):
+        raise Unsupported("QuantizeLinear's precision attribute")
+    q = ctx.op("round", ctx.op("div", x, _along(ctx, scale, x, axis, block)))
+    if zero is not None:
+        q = ctx.op("add", q, _cast(ctx, _along(ctx, zero, x, axis, block), x.type.dtype))
+    return [_clip_cast(ctx, q, dtype)]
+
+
+def _dynamic_quantize(ctx: Context) -> Sequence[Value]:
+    """uint8 over [min(x, 0), max(x, 0)]: scale = (max - min) / 255 (1/255 where the range is
+    empty), zero point = round(clip(-min / scale, 0, 255))."""
+    x = ctx.input(0)
+    axes = tuple(range(len(x.type.shape)))
+    zero = ctx.scalar(0, x)
+    high = ctx.op("maximum", ctx.op("reduce_max", x, axes=axes), zero)
+    minus = ctx.scalar(-1, x)
+    lowest = ctx.op("mul", ctx.op("reduce_max", ctx.op("mul", x, minus), axes=axes), minus)
+    low = ctx.op("minimum", lowest, zero)
+    span = ctx.op("sub", high, low)
+    span = ctx.op("where", ctx.op("equal", span, zero), ctx.scalar(1, x), span)
+    scale = ctx.op("div", span, ctx.scalar(255, x))
+    start = ctx.op("sub", zero, ctx.op("div", low, scale))
+    start = ctx.op("minimum", ctx.op("maximum", start, zero), ctx.scalar(255, x))
+    zero_point = ctx.op("round", start)
+    y = ctx.op("add", ctx.op("round", ctx.op("div", x, scale)), zero_point)
+    return [_clip_cast(ctx, y, "uint8"), scale, _cast(ctx, zero_point, "uint8")]
+
+
+def _less_zero(ctx: Context, x: Value, zero: Value | None, row_axis: int | None) -> Value:
+    """int32(x) - int32(zero): a per-row zero point (a vector over x's `row_axis`) broadcast
+    along that axis, any other as numpy broadcasts it."""
+    x32 = _cast(ctx, x, "int32")
+    if zero is None:
+        return x32
+    z = _cast(ctx, zero, "int32")
+    rank = len(x.type.shape)
+    if row_axis is not None and len(z.type.shape) == 1 and z.type.size > 1 and rank >= 2:
+        axis = normalized_axis(row_axis, rank)
+        z = reshape(ctx, z, tuple(z.type.size if d == axis else 1 for d in range(rank)))
+    return ctx.op("sub", x32, z)
+
+
+def _matmul_integer(ctx: Context) -> Sequence[Value]:
+    a = _less_zero(ctx, ctx.input(0), ctx.optional(2), -2)
+    b = _less_zero(ctx, ctx.input(1), ctx.optional(3), None)
+    return [matmul_nd(ctx, a, b)]
+
+
+def _conv_integer(ctx: Context) -> Sequence[Value]:
+    x = _less_zero(ctx, ctx.input(0), ctx.optional(2), None)
+    w = _less_zero(ctx, ctx.input(1), ctx.optional(3), 0)
+    return [conv_of(ctx, x, w, None)]
+
+
+def _requantize(ctx: Context, acc: Value, scale: Value, zero: Value | None, dtype: str) -> Value:
+    """An int32 accumulator times a float32 scale, in float64 as the reference computes it,
+    plus the zero point, rounded (ties to even) and clipped to `dtype`."""
+    y = ctx.op("mul", _cast(ctx, acc, "float64"), _cast(ctx, scale, "float64"))
+    if zero is not None:
+        y = ctx.op("add", y, _cast(ctx, zero, "float64"))
+    return _clip_cast(ctx, ctx.op("round", y), dtype)
+
+
+def _qlinear_matmul(ctx: Context) -> Sequence[Value]:
+    a, a_scale, a_zero, b, b_scale, b_zero, y_scale = (ctx.optional(i) for i in range(7))
+    y_zero = ctx.optional(7)
+    acc = matmul_nd(ctx, _less_zero(ctx, a, a_zero, -2), _less_zero(ctx, b, b_zero, None))
+    scale = ctx.op("div", ctx.op("mul", a_scale, b_scale), y_scale)
+    dtype = (y_zero or a).type.dtype
+    return [_requantize(ctx, acc, scale, y_zero, dtype)]
+
+
+def _qlinear_conv(ctx: Context) -> Sequence[Value]:
+    x, x_scale, x_zero, w, w_scale, w_zero, y_scale = (ctx.optional(i) for i in range(7))
+    y_zero, bias = ctx.optional(7), ctx.optional(8)
+    acc = conv_of(ctx, _less_zero(ctx, x, x_zero, None), _less_zero(ctx, w, w_zero, 0), bias)
+    if w_scale.type.size > 1:  # per output channel
+        w_scale = reshape(ctx, w_scale, (1, w_scale.type.size, *(1,) * (len(acc.type.shape) - 2)))
+    scale = ctx.op("div", ctx.op("mul", x_scale, w_scale), y_scale)
+    dtype = (y_zero or x).type.dtype
+    return [_requantize(ctx, acc, scale, y_zero, dtype)]
+
+
+_BLOCKED = {"axis": None, "block_size": None, "output_dtype": None}
+
+QUANT_SPECS: dict[str, Spec] = {
+    "DequantizeLinear": Spec(_dequantize, _BLOCKED),
+    "QuantizeLinear": Spec(_quantize, {**_BLOCKED, "saturate": None, "precision": None}),
+    "DynamicQuantizeLinear": Spec(_dynamic_quantize, outputs=3),
+    "MatMulInteger": Spec(_matmul_integer),
+    "ConvInteger": Spec(_conv_integer, CONV_ATTRS),
+    "QLinearMatMul": Spec(_qlinear_matmul),
+    "QLinearConv": Spec(_qlinear_conv, CONV_ATTRS),
+}
