@@ -84,10 +84,12 @@ def time_module(module, inputs: list[np.ndarray], min_seconds: float = 1.0) -> f
     for _ in range(3):
         module.run(inputs)
     times: list[float] = []
-    while len(times) < 10 or sum(times) < min_seconds:
+    total = 0.0  # a running sum: summing the list each round is quadratic in the repeats
+    while len(times) < 10 or total < min_seconds:
         start = time.perf_counter()
         module.run(inputs)
         times.append(time.perf_counter() - start)
+        total += times[-1]
     return statistics.median(times)
 
 
@@ -123,9 +125,10 @@ with np.load(inputs) as f:
     feed = {i.name: f[i.name] for i in session.get_inputs()}
 for _ in range(3):
     result = session.run(None, feed)
-times = []
-while len(times) < 10 or sum(times) < 1.0:
+times, total = [], 0.0
+while len(times) < 10 or total < 1.0:
     t = time.perf_counter(); session.run(None, feed); times.append(time.perf_counter() - t)
+    total += times[-1]
 np.savez(outputs, *result)
 print(json.dumps({"seconds": statistics.median(times), "version": ort.__version__}))
 """
@@ -140,9 +143,16 @@ def onnxruntime_run(
         import onnxruntime  # noqa: F401
     except ImportError:
         return None
-    model, feed, out = folder / "model.onnx", folder / "inputs.npz", folder / "outputs.npz"
+    model, feed = folder / "model.onnx", folder / "inputs.npz"
     hexir.export_onnx(graph, model)
     np.savez(feed, **{v.name: a for v, a in zip(graph.inputs, inputs, strict=True)})  # type: ignore[arg-type]
+    return onnxruntime_file(model, feed, folder)
+
+
+def onnxruntime_file(model: Path, feed: Path, folder: Path) -> tuple[float, list[np.ndarray], str]:
+    """ONNX Runtime's median seconds, outputs and version on an ONNX file, fed the arrays of
+    the .npz `feed` by input name, in a subprocess (its outputs written into `folder`)."""
+    out = folder / f"{model.stem}.outputs.npz"
     done = subprocess.run(
         [sys.executable, "-c", ORT_CHILD, str(model), str(feed), str(out), str(THREADS)],
         capture_output=True,
@@ -212,11 +222,11 @@ def print_memory(rows: dict[str, tuple[Memory, Memory]]) -> None:
         )
 
 
-def _ms(seconds: float | None) -> str:
+def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.3f}"
 
 
-def _x(peer: float | None, ours: float | None) -> str:
+def ratio(peer: float | None, ours: float | None) -> str:
     return "-" if peer is None or ours is None else f"{peer / ours:.2f}"
 
 
@@ -232,9 +242,9 @@ def print_latency(rows: dict[str, Latency], version: str) -> None:
     for name, r in rows.items():
         error = "-" if r.max_error is None else f"{r.max_error:.1e}"
         print(
-            f"{name:<12} {_ms(r.default):>13} {_ms(r.tuned):>12} {r.trials:>7} "
-            f"{_ms(r.onnxruntime):>12} {_x(r.onnxruntime, r.default):>14} "
-            f"{_x(r.onnxruntime, r.tuned):>12} {error:>12}"
+            f"{name:<12} {ms(r.default):>13} {ms(r.tuned):>12} {r.trials:>7} "
+            f"{ms(r.onnxruntime):>12} {ratio(r.onnxruntime, r.default):>14} "
+            f"{ratio(r.onnxruntime, r.tuned):>12} {error:>12}"
         )
 
 

@@ -69,6 +69,7 @@ from hexir.ir.tir import (
     Var,
 )
 from hexir.ir.visit import children
+from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, DotMatch, match_dot
 
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
@@ -111,6 +112,29 @@ _HELPERS = {
     "max": "{q} {t} hx_max_{s}({t} a, {t} b) {{ return a > b ? a : b; }}",
 }
 TRUE, FALSE = IntImm(1, "bool"), IntImm(0, "bool")
+
+
+def dpbusd_helper(qualifier: str, broadcast_unsigned: bool) -> str:
+    """vpdpbusd on the 16 int32 accumulators at c: 4 uint8 times 4 int8 summed into each.
+    The operand read once for every accumulator is 4 bytes broadcast (the uint8 one where
+    `broadcast_unsigned`), the other 64 bytes (16 x 4). Compiled where the compiler targets
+    VNNI only; elsewhere the nest prints as loops."""
+    b = "u" if broadcast_unsigned else "s"
+    narrow, wide = ("u", "s") if broadcast_unsigned else ("s", "u")
+    bcast = "_mm512_set1_epi32(four)"
+    first, second = (bcast, "wide") if broadcast_unsigned else ("wide", bcast)
+    return (
+        "#if defined(__AVX512VNNI__)\n"
+        f"{qualifier} void hx_dpbusd_{b}(int32_t* c, const void* u, const void* s) {{\n"
+        "  __m512i acc, wide; int32_t four;\n"
+        "  __builtin_memcpy(&acc, c, 64);\n"
+        f"  __builtin_memcpy(&four, {narrow}, 4);\n"
+        f"  __builtin_memcpy(&wide, {wide}, 64);\n"
+        f"  acc = _mm512_dpbusd_epi32(acc, {first}, {second});\n"
+        "  __builtin_memcpy(c, &acc, 64);\n"
+        "}\n"
+        "#endif"
+    )
 
 
 def nest_iterations(loop: For) -> int:
@@ -357,11 +381,36 @@ class CPrinter:
                 body(stmt.else_)
 
     def loop(self, loop: For) -> None:
+        intrinsic = dict(loop.annotations).get(TENSORIZE)
+        if isinstance(intrinsic, str) and self.tensorized(loop, intrinsic):
+            return
         if loop.kind == "vectorized" and not self._in_simd:
             lanes = loop_lanes(loop, self.vector_bytes)
             if lanes is not None and emit_vector_loop(self, loop, lanes):
                 return
         self.scalar_loop(loop)
+
+    def tensorized(self, loop: For, intrinsic: str) -> bool:
+        """`loop`'s nest as its intrinsic where the compiler targets the instruction, as the
+        nest itself elsewhere (`hexir/schedule/tensorize.py`); False where the nest as lowered
+        no longer matches (then it prints as loops)."""
+        known = INTRINSICS.get(intrinsic)
+        found = match_dot(loop, known, self.ranges) if known is not None else None
+        if not isinstance(found, DotMatch) or self._in_simd:
+            return False
+        self.extra_includes.add("immintrin.h")
+        name = f"hx_dpbusd_{'u' if found.broadcast_unsigned else 's'}"
+        if name not in self._helpers:
+            self._helpers[name] = dpbusd_helper(self.helper_qualifier, found.broadcast_unsigned)
+        acc = f"(int32_t*)&{self.access(found.acc, found.acc_index)}"
+        u = f"&{self.access(found.unsigned.buffer, found.unsigned.indices)}"
+        s = f"&{self.access(found.signed.buffer, found.signed.indices)}"
+        self.emit("#if defined(__AVX512VNNI__)")
+        self.emit(f"{name}({acc}, {u}, {s});")
+        self.emit("#else")
+        self.scalar_loop(loop)
+        self.emit("#endif")
+        return True
 
     def scalar_loop(self, loop: For, start: int = 0) -> None:
         """`loop` as a C for loop from `start` (a vector loop's scalar tail starts later)."""

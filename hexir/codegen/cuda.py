@@ -218,6 +218,9 @@ class CudaPrinter(CPrinter):
             return
         self.scalar_loop(loop)
 
+    def tensorized(self, loop: For, intrinsic: str) -> bool:
+        return False  # no CUDA intrinsic yet: the nest prints as loops
+
     def loop_pragmas(self, loop: For) -> list[str]:
         unrolls = loop.kind in ("unrolled", "vectorized") or self.auto_unrolls(loop)
         return ["#pragma unroll"] if unrolls else []

@@ -24,6 +24,7 @@ from hexir.frontend.onnx_ops import Spec, matmul_nd, reshape
 from hexir.frontend.onnx_ops_window import CONV_ATTRS, conv_of
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
+from hexir.ops.contraction import BYTE_INTS
 
 _QUANTIZED = ("int8", "uint8", "int16", "uint16")
 
@@ -124,10 +125,41 @@ def _less_zero(ctx: Context, x: Value, zero: Value | None, row_axis: int | None)
     return ctx.op("sub", x32, z)
 
 
+def integer_matmul(
+    ctx: Context, a: Value, b: Value, a_zero: Value | None, b_zero: Value | None
+) -> Value:
+    """int32 (a - a_zero) @ (b - b_zero), numpy.matmul's broadcasting. 8-bit a and a 2-D b
+    multiply as they are, into int32 (a uint8 x int8 matmul runs on VNNI), the zero points
+    applied after: - a_zero·colsum(b) - rowsum(a)·b_zero + K·a_zero·b_zero (the sums of a
+    constant b fold at compile time); any other case widens both operands first."""
+    rank = len(a.type.shape)
+    per_row = a_zero is not None and a_zero.type.size > 1
+    if (
+        a.type.dtype not in BYTE_INTS
+        or b.type.dtype not in BYTE_INTS
+        or len(b.type.shape) != 2
+        or rank < 2
+        or (per_row and rank != 2)
+    ):
+        return matmul_nd(ctx, _less_zero(ctx, a, a_zero, -2), _less_zero(ctx, b, b_zero, None))
+    y = matmul_nd(ctx, a, b)
+    za = None if a_zero is None else _less_zero(ctx, a_zero, None, None)
+    zb = None if b_zero is None else _less_zero(ctx, b_zero, None, None)
+    if za is not None:
+        za = reshape(ctx, za, (za.type.size, 1) if per_row else ())
+        columns = ctx.op("reduce_sum", _cast(ctx, b, "int32"), axes=(0,), keepdims=False)
+        y = ctx.op("sub", y, ctx.op("mul", za, columns))
+    if zb is not None:
+        rows = ctx.op("reduce_sum", _cast(ctx, a, "int32"), axes=(rank - 1,), keepdims=True)
+        y = ctx.op("sub", y, ctx.op("mul", rows, reshape(ctx, zb, zb.type.shape[-1:] or ())))
+    if za is not None and zb is not None:
+        inner = ctx.scalar(a.type.shape[-1], y)
+        y = ctx.op("add", y, ctx.op("mul", ctx.op("mul", za, zb), inner))
+    return y
+
+
 def _matmul_integer(ctx: Context) -> Sequence[Value]:
-    a = _less_zero(ctx, ctx.input(0), ctx.optional(2), -2)
-    b = _less_zero(ctx, ctx.input(1), ctx.optional(3), None)
-    return [matmul_nd(ctx, a, b)]
+    return [integer_matmul(ctx, ctx.input(0), ctx.input(1), ctx.optional(2), ctx.optional(3))]
 
 
 def _conv_integer(ctx: Context) -> Sequence[Value]:
@@ -148,7 +180,7 @@ def _requantize(ctx: Context, acc: Value, scale: Value, zero: Value | None, dtyp
 def _qlinear_matmul(ctx: Context) -> Sequence[Value]:
     a, a_scale, a_zero, b, b_scale, b_zero, y_scale = (ctx.optional(i) for i in range(7))
     y_zero = ctx.optional(7)
-    acc = matmul_nd(ctx, _less_zero(ctx, a, a_zero, -2), _less_zero(ctx, b, b_zero, None))
+    acc = integer_matmul(ctx, a, b, a_zero, b_zero)
     scale = ctx.op("div", ctx.op("mul", a_scale, b_scale), y_scale)
     dtype = (y_zero or a).type.dtype
     return [_requantize(ctx, acc, scale, y_zero, dtype)]

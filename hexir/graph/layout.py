@@ -82,13 +82,16 @@ import numpy as np
 
 from hexir import knobs
 from hexir.graph.rewrite import RewritePass, simplify_graph
-from hexir.ir.graph import Graph, Op
+from hexir.ir.graph import Graph, Op, Value
 from hexir.ops import make_op
-from hexir.ops.contraction import block_matmul_weight
+from hexir.ops.contraction import BYTE_INTS, block_matmul_weight, group_matmul_weight
 from hexir.ops.nn import as_nchw, block_conv_weight, conv_weight_shape, is_nhwc
 from hexir.ops.winograd import winograd_weight
 from hexir.runtime.target import Target
 from hexir.runtime.tiling import matrix_vector_block, register_tile
+from hexir.schedule.tensorize import VNNI_DOT
+
+DOT_LANES, DOT_GROUP = VNNI_DOT.lanes, VNNI_DOT.group
 
 __all__ = ["layout_weights"]
 
@@ -235,11 +238,16 @@ def _matmul_of_constant(op: Op, p: RewritePass, target: Target) -> list[Op] | No
         return None
     weight = np.ascontiguousarray(p.data[w.name].T) if dense else p.data[w.name]
     rows, columns = x.type.shape[0], weight.shape[1]
+    name = f"{w.name}_t" if dense else w.name
+    if _dot_groups(x, w, weight.shape, target):
+        weight, name = group_matmul_weight(weight, DOT_LANES, DOT_GROUP), f"{name}_vnni"
+        attrs = {"weight_block": DOT_LANES, "weight_kgroup": DOT_GROUP}
+        new_w = p.constant(name, weight, op.placement)
+        return [new_w, make_op("matmul", [x, new_w.result], attrs, op.result.name, op.placement)]
     single_row = rows == 1 and target.kind == "cpu"
     block = matrix_vector_block(columns, target) if single_row else _panel(rows, columns, target)
     if not block and not dense:
         return None
-    name = f"{w.name}_t" if dense else w.name
     attrs: dict[str, object] = {}
     if block:
         weight, name, attrs = (
@@ -250,6 +258,20 @@ def _matmul_of_constant(op: Op, p: RewritePass, target: Target) -> list[Op] | No
     new_w = p.constant(name, weight, op.placement)
     matmul = make_op("matmul", [x, new_w.result], attrs, op.result.name, op.placement)
     return [new_w, matmul]
+
+
+def _dot_groups(x: Value, w: Value, shape: tuple[int, ...], target: Target) -> bool:
+    """Whether a matmul of 8-bit operands takes its constant [K, N] in VNNI's groups: on a
+    CPU with VNNI (`Target.int8_dot`), where 16 columns and 4 products of each divide it."""
+    k, n = shape
+    return (
+        x.type.dtype in BYTE_INTS
+        and w.type.dtype in BYTE_INTS
+        and target.kind == "cpu"
+        and target.int8_dot
+        and k % DOT_GROUP == 0
+        and n % DOT_LANES == 0
+    )
 
 
 def _panel(rows: int, columns: int, target: Target) -> int:

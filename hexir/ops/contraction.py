@@ -2,7 +2,8 @@
 
 They are the anchors of fusion: a contraction's group takes its elementwise epilogues
 (bias_add, activations, the residual add). Their numpy semantics sum in float64 (int64 for
-ints) and round once.
+ints) and round once. Operands of the same dtype give that dtype; 8-bit integer operands
+(int8 or uint8, either one each: ONNX MatMulInteger's) give int32, each product widened first.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
-from hexir.ir.tir import Binary, Buffer, Expr, IntImm
+from hexir.ir.tir import Binary, Buffer, Cast, Expr, IntImm
 from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, operand_names
 from hexir.ops.compute import Kernel, floordiv
 from hexir.ops.numeric import Attrs, block_axis, unblock_axis, unblock_perm, wide
@@ -23,14 +24,32 @@ def _contraction_flops(op: Op) -> int:
     return multiply_adds(op.result.type.size * op.operands[0].type.shape[-1])
 
 
+BYTE_INTS = ("int8", "uint8")
+
+
+def result_dtype(c: Check) -> str:
+    """The operands' dtype, or int32 for 8-bit integers of either signedness."""
+    if all(t.dtype in BYTE_INTS for t in c.types):
+        return "int32"
+    c.dtype_in("numeric", 0)
+    return c.same_dtype()
+
+
 def _matmul_infer(c: Check) -> TensorType:
     block = c.integer("weight_block", minimum=1) if c.raw.get("weight_block") else 0
-    a, b = c.ranks(2, 3 if block else 2)
-    c.dtype_in("numeric", 0)
-    dtype = c.same_dtype()
-    if block and b.shape[2] != block:
+    group = c.integer("weight_kgroup", minimum=1) if c.raw.get("weight_kgroup") else 0
+    if group and not block:
+        fail("weight_kgroup needs weight_block")
+    a, b = c.ranks(2, 4 if group else 3 if block else 2)
+    dtype = result_dtype(c)
+    if group and b.shape[2:] != (block, group):
+        fail(
+            f"weight_block={block}, weight_kgroup={group} need b of shape "
+            f"[N/{block}, K/{group}, {block}, {group}], b is {dims(b)}"
+        )
+    elif block and not group and b.shape[2] != block:
         fail(f"weight_block={block} needs b of shape [N/{block}, K, {block}], b is {dims(b)}")
-    k, n = matmul_weight_shape(b.shape, block)
+    k, n = matmul_weight_shape(b.shape, block, group)
     if a.shape[1] != k:
         fail(f"inner dimensions differ: a is {dims(a)}, b is {dims(b)}")
     return TensorType((a.shape[0], n), dtype)
@@ -38,13 +57,32 @@ def _matmul_infer(c: Check) -> TensorType:
 
 # matmul's and batch_matmul's `weight_block`: b's columns (its last axis, N) in blocks of b,
 # the block's index first and the place in it last: [K, N] -> [N/b, K, b], [B, K, N] ->
-# [N/b, B, K, b] (each column panel contiguous, as the CPU kernels read it).
+# [N/b, B, K, b] (each column panel contiguous, as the CPU kernels read it). matmul's
+# `weight_kgroup=g` (with weight_block=b) also takes K in groups of g, innermost: [N/b, K/g,
+# b, g], each column's g consecutive products side by side, as a dot-product instruction
+# reads them (VNNI's vpdpbusd: 4 bytes of each of 16 columns, `hexir/codegen/tensorize.py`).
 
 
-def matmul_weight_shape(shape: tuple[int, ...], block: int) -> tuple[int, ...]:
+def matmul_weight_shape(shape: tuple[int, ...], block: int, group: int = 0) -> tuple[int, ...]:
     """A matmul's or batch_matmul's b as it is unblocked ([K, N] or [B, K, N]), from its
-    shape, blocked when `block` is set."""
+    shape, blocked when `block` is set (and in K groups when `group` is)."""
+    if group:
+        return (shape[1] * shape[3], shape[0] * shape[2])
     return (*shape[1:-1], shape[0] * shape[-1]) if block else tuple(shape)
+
+
+def group_matmul_weight(b: np.ndarray, block: int, group: int) -> np.ndarray:
+    """A [K, N] matmul operand as weight_block=block, weight_kgroup=group read it:
+    [N/block, K/group, block, group]."""
+    k, n = b.shape
+    split = b.reshape(k // group, group, n // block, block)
+    return np.ascontiguousarray(split.transpose(2, 0, 3, 1))
+
+
+def ungroup_matmul_weight(b: np.ndarray) -> np.ndarray:
+    """The [K, N] operand of a grouped one ([N/b, K/g, b, g])."""
+    nb, kg, block, group = b.shape
+    return b.transpose(1, 3, 0, 2).reshape(kg * group, nb * block)
 
 
 def block_matmul_weight(b: np.ndarray, block: int) -> np.ndarray:
@@ -60,23 +98,42 @@ def unblock_matmul_weight(b: np.ndarray) -> np.ndarray:
 
 def _matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     """matmul's and batch_matmul's: a blocked b (weight_block) unblocked first."""
-    b = unblock_matmul_weight(xs[1]) if attrs.get("weight_block") else xs[1]
+    b = xs[1]
+    if attrs.get("weight_kgroup"):
+        b = ungroup_matmul_weight(b)
+    elif attrs.get("weight_block"):
+        b = unblock_matmul_weight(b)
     return np.matmul(wide(xs[0]), wide(b))
 
 
-def _weight_read(b: Buffer, block: int, lead: tuple[Expr, ...], n: Expr) -> Expr:
+def _weight_read(b: Buffer, block: int, lead: tuple[Expr, ...], n: Expr, group: int = 0) -> Expr:
     """b at column `n` and its other indices `lead` (k, or batch and k), blocked or not."""
+    if group:
+        (k,) = lead
+        return b[floordiv(n, block), floordiv(k, group), _mod(n, block), _mod(k, group)]
     if block:
-        return b[(floordiv(n, block), *lead, Binary("floormod", n, IntImm(block)))]
+        return b[(floordiv(n, block), *lead, _mod(n, block))]
     return b[(*lead, n)]
+
+
+def _mod(x: Expr, n: int) -> Expr:
+    return Binary("floormod", x, IntImm(n))
+
+
+def widened(x: Expr, dtype: str) -> Expr:
+    """`x` as the result's dtype (an 8-bit operand of an int32 contraction)."""
+    return x if x.dtype == dtype else Cast(dtype, x)
 
 
 def _matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     a, b = args
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
+    group = int(op.attr("weight_kgroup", 0))  # type: ignore[arg-type]
+    dt = out.dtype
 
     def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        return a[s[0], r[0]] * _weight_read(b, block, (r[0],), s[1])
+        weight = _weight_read(b, block, (r[0],), s[1], group)
+        return widened(a[s[0], r[0]], dt) * widened(weight, dt)
 
     k.reduce("matmul", out, a.shape[-1:], product)
 
@@ -85,19 +142,29 @@ def _matmul_export(ex: Exporter, op: Op) -> None:
     """matmul's and batch_matmul's: a blocked b back to [.., K, N] first (ONNX Runtime folds
     that at load time)."""
     names = operand_names(op)
-    if op.attr("weight_block"):
+    if op.attr("weight_kgroup"):
+        k, n = matmul_weight_shape(op.operands[1].type.shape, 1, 1)
+        moved = ex.node("Transpose", [names[1]], perm=(1, 3, 0, 2))
+        names[1] = ex.node("Reshape", [moved, ex.ints((k, n), f"{op.result.name}.b")])
+    elif op.attr("weight_block"):
         rank = len(op.operands[1].type.shape)
         shape = matmul_weight_shape(op.operands[1].type.shape, 1)
         moved = ex.node("Transpose", [names[1]], perm=unblock_perm(rank - 2, rank - 1))
         names[1] = ex.node("Reshape", [moved, ex.ints(shape, f"{op.result.name}.b")])
-    ex.node("MatMul", names, op.result.name)
+    ex.node(_onnx_matmul(op), names, op.result.name)
+
+
+def _onnx_matmul(op: Op) -> str:
+    """MatMul, or MatMulInteger for 8-bit operands (ONNX's MatMul takes none)."""
+    return "MatMulInteger" if op.operands[0].type.dtype in BYTE_INTS else "MatMul"
 
 
 MATMUL = OpDef(
     "matmul",
-    "a[M,K] · b[K,N] (weight_block=b: b's columns in blocks of b, innermost, [N/b, K, b])",
+    "a[M,K] · b[K,N] (weight_block=b: b's columns in blocks of b, innermost, [N/b, K, b]; "
+    "with weight_kgroup=g, K in groups of g too, [N/b, K/g, b, g])",
     ("a", "b"),
-    ("weight_block",),
+    ("weight_block", "weight_kgroup"),
     infer=_matmul_infer,
     fusion=Pattern.OUT_FUSABLE,
     evaluate=_matmul_evaluate,
@@ -110,8 +177,7 @@ MATMUL = OpDef(
 def _batch_matmul_infer(c: Check) -> TensorType:
     block = c.integer("weight_block", minimum=1) if c.raw.get("weight_block") else 0
     a, b = c.ranks(3, 4 if block else 3)
-    c.dtype_in("numeric", 0)
-    dtype = c.same_dtype()
+    dtype = result_dtype(c)
     if block and b.shape[3] != block:
         fail(f"weight_block={block} needs b of shape [N/{block}, B, K, {block}], b is {dims(b)}")
     batch, k, n = matmul_weight_shape(b.shape, block)
@@ -127,7 +193,8 @@ def _batch_matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
 
     def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        return a[s[0], s[1], r[0]] * _weight_read(b, block, (s[0], r[0]), s[2])
+        weight = _weight_read(b, block, (s[0], r[0]), s[2])
+        return widened(a[s[0], s[1], r[0]], out.dtype) * widened(weight, out.dtype)
 
     k.reduce("batch_matmul", out, a.shape[-1:], product)
 
@@ -149,8 +216,7 @@ BATCH_MATMUL = OpDef(
 
 def _dense_infer(c: Check) -> TensorType:
     x, w = c.ranks(2, 2)
-    c.dtype_in("numeric", 0)
-    dtype = c.same_dtype()
+    dtype = result_dtype(c)
     if x.shape[1] != w.shape[1]:
         fail(f"inner dimensions differ: x is {dims(x)}, w is {dims(w)} (w is [N, K])")
     return TensorType((x.shape[0], w.shape[0]), dtype)
@@ -162,7 +228,11 @@ def _dense_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
 
 def _dense_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     x, w = args
-    k.reduce("dense", out, x.shape[-1:], lambda s, r: x[s[0], r[0]] * w[s[1], r[0]])
+
+    def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
+        return widened(x[s[0], r[0]], out.dtype) * widened(w[s[1], r[0]], out.dtype)
+
+    k.reduce("dense", out, x.shape[-1:], product)
 
 
 def _dense_export(ex: Exporter, op: Op) -> None:
@@ -171,7 +241,7 @@ def _dense_export(ex: Exporter, op: Op) -> None:
     if op.operands[0].type.dtype.startswith("float"):
         ex.node("Gemm", names, out, transB=1)
     else:
-        ex.node("MatMul", [names[0], ex.node("Transpose", [names[1]], perm=[1, 0])], out)
+        ex.node(_onnx_matmul(op), [names[0], ex.node("Transpose", [names[1]], perm=[1, 0])], out)
 
 
 DENSE = OpDef(

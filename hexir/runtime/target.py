@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from hexir.runtime.peak import Peak
 
 # The instruction-set features that change the code we generate, in key order. Others
-# (avx512vnni, bmi2, ...) do not change our C, so they stay out of the key.
+# (avx512_vnni: `Target.int8_dot`; bmi2, ...) do not change our C, so they stay out of the key.
 CPU_FEATURES = ("avx2", "avx512f", "fma", "neon", "sve")
 
 # Per CUDA arch: opt-in shared memory per block in bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin).
@@ -69,6 +69,9 @@ class Target:
     features: tuple[str, ...] = field(init=False)  # sorted; CPU only
     vector_width: int = field(init=False)  # fp32 lanes of one vector
     vector_registers: int = field(init=False)  # CPU: architectural vector registers (CUDA: 0)
+    # CPU: VNNI's 8-bit dot product (vpdpbusd) on 512-bit vectors; probed, False where
+    # described. Not in the key: it decides a layout, so the workload, not a kernel's C.
+    int8_dot: bool = field(init=False)
     num_cores: int = field(init=False)  # CPU cores (CUDA: 0)
     # GPU limits; None on the CPU, where GPU-bound loops run serially and nothing limits them.
     max_threads_per_block: int | None = field(init=False)
@@ -133,8 +136,10 @@ def _cpu_fields(text: str, options: list[str]) -> dict[str, object]:
     if options:
         features, cores = _described_cpu(text, options)
         text = f"cpu -features={','.join(features) or 'none'} -cores={cores}"
+        int8_dot = False
     else:
         features, cores, text = cpu_features(), _num_cores(), "cpu"
+        int8_dot = "avx512f" in features and "avx512_vnni" in _host_flags()
     width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
     return dict(
         text=text,
@@ -143,6 +148,7 @@ def _cpu_fields(text: str, options: list[str]) -> dict[str, object]:
         features=features,
         vector_width=width,
         vector_registers=32 if "avx512f" in features else 16,  # x86-64: zmm0-31 or ymm/xmm0-15
+        int8_dot=int8_dot,
         num_cores=cores,
         max_threads_per_block=None,
         max_shared_memory_per_block=None,
@@ -199,6 +205,7 @@ def _cuda_fields(text: str, options: list[str]) -> dict[str, object]:
         features=(),
         vector_width=4,
         vector_registers=0,
+        int8_dot=False,
         num_cores=0,
         max_threads_per_block=1024,
         max_shared_memory_per_block=STATIC_SHARED_BYTES,
@@ -211,10 +218,12 @@ def _cuda_fields(text: str, options: list[str]) -> dict[str, object]:
 @functools.cache
 def cpu_features() -> tuple[str, ...]:
     """This machine's codegen-relevant CPU features, sorted (from /proc/cpuinfo or the compiler)."""
+    return tuple(sorted(f for f in CPU_FEATURES if f in _host_flags()))
+
+
+def _host_flags() -> set[str]:
     flags = _cpuinfo_flags()
-    if flags is None:
-        flags = _compiler_flags(knobs.get().cc)
-    return tuple(sorted(f for f in CPU_FEATURES if f in flags))
+    return flags if flags is not None else _compiler_flags(knobs.get().cc)
 
 
 def _cpuinfo_flags() -> set[str] | None:
@@ -240,6 +249,7 @@ def _compiler_flags(cc: str) -> set[str]:
         "__FMA__": "fma",
         "__ARM_NEON": "neon",
         "__ARM_FEATURE_SVE": "sve",
+        "__AVX512VNNI__": "avx512_vnni",
     }
     try:
         out = subprocess.run(

@@ -1,4 +1,5 @@
-"""Loop kinds and annotations: parallel, vectorize, unroll, bind, annotate, unannotate.
+"""Loop kinds and annotations: parallel, vectorize, unroll, bind, annotate, tensorize,
+unannotate.
 
 A loop's kind is its schedule, visible in the IR (`for %i_0 in 0..32 parallel`). Changing it
 is legal only where the result cannot change: no parallel, vectorized or blockIdx loop feeds
@@ -26,6 +27,7 @@ from hexir.schedule.common import (
     schedule_error,
 )
 from hexir.schedule.state import ScheduleBase, primitive
+from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, match_dot
 from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
 
 THREAD_AXES = GPU_KINDS
@@ -84,6 +86,27 @@ class AnnotatePrimitives(ScheduleBase):
         plain = _annotation_value(self.func, plain)
         inputs = (("block_or_loop", block_or_loop), ("key", key), ("value", value))
         self._set_annotations("annotate", block_or_loop, inputs, lambda ann: {**ann, key: plain})
+
+    @primitive
+    def tensorize(self, loop: LoopRV, intrinsic: str) -> None:
+        """Compute `loop`'s nest with one instruction (`hexir/schedule/tensorize.py`): the nest
+        must compute what the intrinsic does; a mismatch names why, beside both.
+
+        for %j_2 in 0..16 serial {      ->   for %j_2 in 0..16 serial attributes
+          for %k_1 in 0..4 serial {            {tensorize = "x86_vnni_dot_u8s8"} {
+            block @matmul ... c += int32(a) * int32(b)
+        """
+        node = self._loop(loop, "tensorize")
+        known = INTRINSICS.get(intrinsic)
+        if known is None:
+            reason = f"unknown intrinsic {intrinsic!r}; one of {', '.join(INTRINSICS)}"
+            raise schedule_error("tensorize", reason, self.func, loop=node.var)
+        found = match_dot(node, known, loop_ranges(self.func))
+        if isinstance(found, str):
+            reason = f"the nest does not compute {intrinsic} ({known.description}): {found}"
+            raise schedule_error("tensorize", reason, self.func, loop=node.var)
+        inputs = (("loop", loop), ("intrinsic", intrinsic))
+        self._set_annotations("tensorize", loop, inputs, lambda ann: {**ann, TENSORIZE: intrinsic})
 
     @primitive
     def unannotate(self, block_or_loop: BlockRV | LoopRV, key: str) -> None:

@@ -46,6 +46,7 @@ from hexir.runtime.tiling import MAX_UNROLLED_ROWS, largest_divisor, register_ti
 from hexir.schedule import BlockRV, LoopRV, Schedule
 from hexir.schedule.common import index_vars, reduce_fed_by
 from hexir.schedule.compute_region import stored
+from hexir.schedule.tensorize import BYTES, VNNI_DOT
 from hexir.search.analysis import (
     block_named,
     consumers,
@@ -100,7 +101,9 @@ def cpu_sketch(sch: Schedule, target: Target, fixed: bool = False) -> None:
     done = set(tiled)
     for name in tiled:
         before = _names(sch)
-        tile_cpu(sch, sch.get_block(name), target, fixed)
+        rv = sch.get_block(name)
+        if not dot_tile(sch, rv, target):
+            tile_cpu(sch, rv, target, fixed)
         done |= _names(sch) - before  # the init, write-back and packs it made
     if not fixed:
         for block in reversed(leaf_blocks(sch.func)):
@@ -109,6 +112,58 @@ def cpu_sketch(sch: Schedule, target: Target, fixed: bool = False) -> None:
     for nest in list(root_nests(sch.func)):
         if nest.kind == "serial":
             parallelize_nest(sch, nest.var.name, target, fixed)
+
+
+# The register tile of an 8-bit matmul on VNNI: up to this many rows times this many panels of
+# 16 int32 accumulators (24 of the 32 vector registers; a row's 4 bytes broadcast, the panels'
+# 64 bytes read by the instruction from memory).
+DOT_MAX_ROWS = 6
+DOT_MAX_PANELS = 4
+
+
+def dot_tile(sch: Schedule, block: BlockRV, target: Target) -> bool:
+    """An 8-bit matmul whose weight is in VNNI's groups (`weight_kgroup`, hexir/graph/layout.py)
+    tiled for `x86_vnni_dot_u8s8`: rows x panels of 16 columns in registers, K in steps of 4
+    outside them, each (panel, 4 products) one instruction; the (rows, panels) tiles are the
+    parallel jobs. False, scheduling nothing, for any other block or target."""
+    node = sch.get(block)
+    assert isinstance(node, Block)
+    if target.kind != "cpu" or target.vector_width != VNNI_DOT.lanes or not _dot_reads(node):
+        return False
+    loops = sch.get_loops(block)
+    if len(loops) != 3:
+        return False
+    i, j, k = loops
+    m, n = loop_of(sch, i).extent, loop_of(sch, j).extent
+    rows = largest_divisor(m, DOT_MAX_ROWS)
+    panels = largest_divisor(n // VNNI_DOT.lanes, DOT_MAX_PANELS)
+    writeback = sch.cache_write(block, 0, "local")
+    inline_epilogue(sch, writeback)
+    i0, i1 = sch.split(i, [None, rows])
+    j0, j1, j2 = sch.split(j, [None, panels, VNNI_DOT.lanes])
+    k0, k1 = sch.split(k, [None, VNNI_DOT.group])
+    sch.reorder(i0, j0, k0, i1, j1, j2, k1)
+    outer = sch.fuse(i0, j0)
+    sch.parallel(outer)
+    sch.reverse_compute_at(writeback, outer, True)
+    init = sch.decompose_reduction(block, k0)
+    _register_tile(sch, sch.get_loops(init)[1:])
+    for loop in (i1, j1):
+        if loop_of(sch, loop).extent > 1:
+            sch.unroll(loop)
+    sch.tensorize(j2, VNNI_DOT.name)
+    _writeback_tile(sch, writeback, sch.get_loops(writeback)[1:], target)
+    return True
+
+
+def _dot_reads(block: Block) -> bool:
+    """matmul's reads of an 8-bit [M, K] and a weight in VNNI's groups, [N/16, K/4, 16, 4],
+    into int32."""
+    if block.writes[0].buffer.dtype != "int32" or len(block.reads) != 2:
+        return False
+    a, b = (r.buffer for r in block.reads)
+    grouped = (VNNI_DOT.lanes, VNNI_DOT.group)
+    return a.dtype in BYTES and b.dtype in BYTES and len(a.shape) == 2 and b.shape[2:] == grouped
 
 
 def _wants_tiling(sch: Schedule, block: Block) -> bool:

@@ -71,17 +71,20 @@ def test_matmul_integer(a_dtype, a_elem):
     assert graph.outputs[0].type.dtype == "int32"
 
 
-def test_matmul_integer_with_per_row_and_per_column_zero_points():
+@pytest.mark.parametrize("constant_b", [False, True])
+def test_matmul_integer_with_per_row_and_per_column_zero_points(constant_b):
     """A's zero point per row of A, B's per column of B (ONNX's spec; the reference evaluator
-    broadcasts A's along the wrong axis, so numpy is the reference here)."""
-    a, b = ints(np.uint8, 6, 40), ints(np.int8, 40, 5)
-    a_zero, b_zero = ints(np.uint8, 6), ints(np.int8, 5)
+    broadcasts A's along the wrong axis, so numpy is the reference here). With B constant, the
+    uint8 x int8 product runs as one VNNI kernel (on AVX-512), the zero points applied after."""
+    a, b = ints(np.uint8, 6, 64), ints(np.int8, 64, 32)
+    a_zero, b_zero = ints(np.uint8, 6), ints(np.int8, 32)
     node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
-    proto = model([node], [("a", [6, 40], U8), ("b", [40, 5], I8)], ["y"],
-                  [("az", a_zero), ("bz", b_zero)])  # fmt: skip
-    graph = import_onnx(proto)
+    inputs = [("a", [6, 64], U8)] + ([] if constant_b else [("b", [64, 32], I8)])
+    inits = [("az", a_zero), ("bz", b_zero)] + ([("b", b)] if constant_b else [])
+    graph = import_onnx(model([node], inputs, ["y"], inits))
     want = (a.astype(np.int32) - a_zero[:, None]) @ (b.astype(np.int32) - b_zero)
-    for got in (evaluate(graph, [a, b])[0], hexir.compile(graph).run([a, b])[0]):
+    feeds = [a] if constant_b else [a, b]
+    for got in (evaluate(graph, feeds)[0], hexir.compile(graph).run(feeds)[0]):
         assert got.dtype == np.int32
         np.testing.assert_array_equal(got, want)
 

@@ -1,0 +1,267 @@
+"""int8 matmul on the CPU: Hexir's MatMulInteger and QLinearMatMul against ONNX Runtime running
+the very same ONNX models, and beside Hexir's own float32 matmul of each shape, in one run.
+
+    python benchmarks/int8_cpu.py [--rounds 3] [--shapes 128x768x768,1x768x3072]
+
+For each shape M x K x N (default: bert's projection and MLP at 128 tokens, ViT's MLP at 197,
+a decode GEMV, 1024^3) two ONNX models (opset 21) are built with onnx.helper, the weight an
+int8 [K, N] initializer and the activation a uint8 [M, K] input:
+
+- MatMulInteger(a, b, a_zero_point) -> int32 [M, N];
+- QLinearMatMul(a, a_scale, a_zero_point, b, b_scale, 0, y_scale, y_zero_point) -> uint8.
+
+Hexir imports each (hexir.import_onnx) and compiles it with default schedules; ONNX Runtime
+(CPU provider, 2 intra-op threads, all graph optimizations) runs the file in a subprocess of
+its own, first, as in models_cpu.py. MatMulInteger's outputs must be equal, QLinearMatMul's
+within 1 (the requantization's rounding); the table gives the largest difference, and a
+mismatch makes the exit status 1. Hexir's float32 matmul of the shape (an input times a
+constant, the dequantized operands) is timed beside them. Times are medians over `--rounds`
+rounds that alternate the peer and Hexir, each a median of repeats for about a second; ratios
+are the peer's time over Hexir's (above 1: Hexir is faster), and f32 / int8 is Hexir's float32
+time over its MatMulInteger time (above 1: int8 is faster). Needs `pip install onnxruntime`
+(the `bench` extra; without it, Hexir's columns only). numpy's matmul 1024^3 is printed first
+and last (benchmarks/quiet.py): quote a run only when both are at the machine's quiet level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from models_cpu import THREADS, ms, onnxruntime_file, ratio, time_module
+from onnx import TensorProto, helper
+from quiet import numpy_matmul_line
+
+import hexir
+from hexir.runtime.module import Module
+
+Shape = tuple[int, int, int]  # M x K x N
+SHAPES: tuple[Shape, ...] = (
+    (128, 768, 768),
+    (128, 768, 3072),
+    (128, 3072, 768),
+    (197, 768, 3072),
+    (1, 768, 3072),
+    (1024, 1024, 1024),
+)
+OPSET = 21
+
+
+@dataclass(frozen=True)
+class Operands:
+    a: np.ndarray  # uint8 [M, K]
+    b: np.ndarray  # int8 [K, N]
+    a_zero: int
+    a_scale: float
+    b_scale: float
+    y_scale: float
+    y_zero: int
+
+
+@dataclass(frozen=True)
+class Row:
+    shape: Shape
+    integer: float  # seconds: Hexir's MatMulInteger
+    integer_ort: float | None
+    integer_diff: int | None  # largest |hexir - onnxruntime|
+    qlinear: float
+    qlinear_ort: float | None
+    qlinear_diff: int | None
+    float32: float
+
+
+def parse_shapes(text: str) -> tuple[Shape, ...]:
+    """`128x768x768,1x768x3072` as ((128, 768, 768), (1, 768, 3072))."""
+    shapes = []
+    for item in text.split(","):
+        dims = tuple(int(d) for d in item.strip().lower().split("x"))
+        if len(dims) != 3:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a shape MxKxN")
+        shapes.append((dims[0], dims[1], dims[2]))
+    return tuple(shapes)
+
+
+def operands(shape: Shape, seed: int = 0) -> Operands:
+    m, k, n = shape
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 256, (m, k), dtype=np.uint8)
+    b = rng.integers(-127, 128, (k, n), dtype=np.int8)
+    a_scale, b_scale = float(rng.uniform(0.01, 0.05)), float(rng.uniform(0.01, 0.05))
+    # The accumulator's spread is about 74 · 73 · sqrt(K) (two uniform bytes, K terms): y_scale
+    # puts three of those in 127 steps, so that few outputs saturate and rounding is exercised.
+    y_scale = 3 * 74 * 73 * float(np.sqrt(k)) * a_scale * b_scale / 127
+    return Operands(a, b, int(rng.integers(120, 136)), a_scale, b_scale, y_scale, 128)
+
+
+def _model(
+    name: str, node: onnx.NodeProto, out: int, ops: Operands, inits: list[onnx.TensorProto]
+) -> onnx.ModelProto:
+    m, n = ops.a.shape[0], ops.b.shape[1]
+    graph = helper.make_graph(
+        [node],
+        name,
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, list(ops.a.shape))],
+        [helper.make_tensor_value_info("y", out, [m, n])],
+        [helper.make_tensor("b", TensorProto.INT8, list(ops.b.shape), ops.b.tobytes(), raw=True)]
+        + inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 10  # opset 21's; a newer onnx writes one older runtimes refuse
+    onnx.checker.check_model(model)
+    return model
+
+
+def matmul_integer_model(ops: Operands) -> onnx.ModelProto:
+    node = helper.make_node("MatMulInteger", ["a", "b", "a_zero"], ["y"])
+    inits = [helper.make_tensor("a_zero", TensorProto.UINT8, [], [ops.a_zero])]
+    return _model("matmul_integer", node, TensorProto.INT32, ops, inits)
+
+
+def qlinear_matmul_model(ops: Operands) -> onnx.ModelProto:
+    names = ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "y_scale", "y_zero"]
+    node = helper.make_node("QLinearMatMul", names, ["y"])
+    inits = [
+        helper.make_tensor("a_scale", TensorProto.FLOAT, [], [ops.a_scale]),
+        helper.make_tensor("a_zero", TensorProto.UINT8, [], [ops.a_zero]),
+        helper.make_tensor("b_scale", TensorProto.FLOAT, [], [ops.b_scale]),
+        helper.make_tensor("b_zero", TensorProto.INT8, [], [0]),
+        helper.make_tensor("y_scale", TensorProto.FLOAT, [], [ops.y_scale]),
+        helper.make_tensor("y_zero", TensorProto.UINT8, [], [ops.y_zero]),
+    ]
+    return _model("qlinear_matmul", node, TensorProto.UINT8, ops, inits)
+
+
+def float_inputs_and_module(ops: Operands) -> tuple[list[np.ndarray], Module]:
+    """Hexir's float32 matmul of the dequantized operands: an input times a constant."""
+    x = ((ops.a.astype(np.float32) - ops.a_zero) * ops.a_scale).astype(np.float32)
+    w = (ops.b.astype(np.float32) * ops.b_scale).astype(np.float32)
+    builder = hexir.GraphBuilder("matmul")
+    graph = builder.build(builder.matmul(builder.input("x", x.shape), builder.constant(w)))
+    return [x], hexir.compile(graph)
+
+
+def onnxruntime_version() -> str | None:
+    try:
+        return importlib.metadata.version("onnxruntime")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def max_diff(ours: np.ndarray, theirs: np.ndarray) -> int:
+    return int(np.abs(ours.astype(np.int64) - theirs.astype(np.int64)).max(initial=0))
+
+
+def _median(times: list[float]) -> float | None:
+    return statistics.median(times) if times else None
+
+
+def bench_shape(shape: Shape, rounds: int, peer: bool, folder: Path) -> Row:
+    ops = operands(shape)
+    protos = {"integer": matmul_integer_model(ops), "qlinear": qlinear_matmul_model(ops)}
+    modules = {kind: hexir.compile(hexir.import_onnx(p)) for kind, p in protos.items()}
+    for kind, proto in protos.items():
+        onnx.save(proto, folder / f"{kind}.onnx")
+    feed = folder / "inputs.npz"
+    np.savez(feed, a=ops.a)
+    float_in, float_module = float_inputs_and_module(ops)
+    ours = {kind: module.run([ops.a])[0] for kind, module in modules.items()}
+    hexir_s: dict[str, list[float]] = {kind: [] for kind in [*modules, "float32"]}
+    ort_s: dict[str, list[float]] = {kind: [] for kind in modules}
+    diffs: dict[str, int] = {}
+    # Rounds alternate the peer and Hexir, so that a noisy spell hits both; medians.
+    for _ in range(rounds):
+        for kind in modules:
+            if peer:
+                seconds, (theirs,), _ = onnxruntime_file(folder / f"{kind}.onnx", feed, folder)
+                ort_s[kind].append(seconds)
+                diffs[kind] = max_diff(ours[kind], theirs)
+        for kind, module in modules.items():
+            hexir_s[kind].append(time_module(module, [ops.a]))
+        hexir_s["float32"].append(time_module(float_module, float_in))
+    return Row(
+        shape,
+        statistics.median(hexir_s["integer"]),
+        _median(ort_s["integer"]),
+        diffs.get("integer"),
+        statistics.median(hexir_s["qlinear"]),
+        _median(ort_s["qlinear"]),
+        diffs.get("qlinear"),
+        statistics.median(hexir_s["float32"]),
+    )
+
+
+def _diff(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def print_table(rows: list[Row], version: str) -> None:
+    print(
+        f"\nint8 matmul on the CPU ({os.cpu_count()} cores; ms, medians; ORT {THREADS} threads); "
+        f"x ORT = ONNX Runtime's time / Hexir's (above 1: Hexir is faster); f32 / int8 = Hexir's "
+        f"float32 time / its MatMulInteger time; ONNX Runtime {version}"
+    )
+    print(
+        f"{'':>16} {'MatMulInteger':-^42} {'QLinearMatMul':-^34} {'float32':-^19}\n"
+        f"{'M x K x N':>16} {'hexir':>9} {'GOP/s':>7} {'ORT':>9} {'x ORT':>7} {'|diff|':>6} "
+        f"{'hexir':>9} {'ORT':>9} {'x ORT':>7} {'|diff|':>6} {'hexir':>9} {'f32/int8':>9}"
+    )
+    for r in rows:
+        m, k, n = r.shape
+        gops = 2 * m * k * n / r.integer / 1e9
+        print(
+            f"{f'{m} x {k} x {n}':>16} {ms(r.integer):>9} {gops:>7.1f} {ms(r.integer_ort):>9} "
+            f"{ratio(r.integer_ort, r.integer):>7} {_diff(r.integer_diff):>6} {ms(r.qlinear):>9} "
+            f"{ms(r.qlinear_ort):>9} {ratio(r.qlinear_ort, r.qlinear):>7} "
+            f"{_diff(r.qlinear_diff):>6} {ms(r.float32):>9} {r.float32 / r.integer:>9.2f}"
+        )
+
+
+def mismatches(rows: list[Row]) -> list[str]:
+    """The shapes whose outputs differ from ONNX Runtime's by more than allowed: MatMulInteger
+    not at all, QLinearMatMul by at most 1 (the requantization's rounding)."""
+    bad = []
+    for r in rows:
+        name = "x".join(map(str, r.shape))
+        if r.integer_diff:
+            bad.append(f"{name} MatMulInteger differs by {r.integer_diff}")
+        if r.qlinear_diff is not None and r.qlinear_diff > 1:
+            bad.append(f"{name} QLinearMatMul differs by {r.qlinear_diff}")
+    return bad
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
+    parser.add_argument(
+        "--shapes", type=parse_shapes, default=SHAPES, help="M x K x N, e.g. 128x768x768,1x768x3072"
+    )
+    args = parser.parse_args()
+
+    print(numpy_matmul_line(), flush=True)
+    version = onnxruntime_version()
+    if version is None:
+        print("onnxruntime is not installed (pip install onnxruntime): Hexir's columns only")
+    rows = []
+    for shape in args.shapes:
+        print(f"{'x'.join(map(str, shape))} ...", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(bench_shape(shape, args.rounds, version is not None, Path(tmp)))
+    print_table(rows, version or "not installed")
+    bad = mismatches(rows)
+    if version is not None:
+        print("outputs: " + ("; ".join(bad) if bad else "equal (int32), within 1 (uint8)"))
+    print(numpy_matmul_line())
+    if bad:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

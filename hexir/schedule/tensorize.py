@@ -1,0 +1,172 @@
+"""Intrinsics `sch.tensorize` can put in place of a loop nest, and the structural match that
+decides whether a nest computes what the intrinsic computes.
+
+An intrinsic describes a nest of two loops, `lanes` outer and `group` inner, around one
+multiply-accumulate of widened 8-bit operands:
+
+    for j in 0..16:              # lanes: one accumulator per j, contiguous
+      for k in 0..4:             # group: 4 products summed into each accumulator
+        c[j] = c[j] + int32(a[k]) * int32(b[j*4 + k])
+
+with `a` read at 4 consecutive elements whatever j (one 32-bit broadcast) and `b` at 64
+consecutive ones (j*4 + k), one of them uint8 and the other int8: x86's VNNI instruction
+`vpdpbusd` (`_mm512_dpbusd_epi32`). The match reads the flattened indices of the
+accumulator and both operands as affine functions of j and k (their strides), so any
+loop order outside the two loops, any buffer shapes and any offsets match. The C printer
+(`hexir/codegen/c.py`) emits the instruction where the compiler targets it
+(`__AVX512VNNI__`) and the nest as it is elsewhere: the semantics are exact either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hexir.ir.arith import affine_coefficients, simplify
+from hexir.ir.tir import (
+    Binary,
+    Block,
+    Buffer,
+    BufferLoad,
+    BufferStore,
+    Cast,
+    Expr,
+    For,
+    IntImm,
+    Seq,
+    Stmt,
+    Var,
+)
+from hexir.ir.visit import substitute
+
+BYTES = ("uint8", "int8")
+TENSORIZE = "tensorize"  # the loop annotation: the intrinsic's name
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    name: str
+    lanes: int  # the outer loop: one accumulator each, contiguous
+    group: int  # the inner loop: products summed into each accumulator
+    description: str
+
+
+VNNI_DOT = Intrinsic(
+    "x86_vnni_dot_u8s8",
+    16,
+    4,
+    "for j in 0..16: for k in 0..4: c[j] += int32(a[k]) * int32(b[j*4 + k]) (c int32, "
+    "contiguous in j; a and b 8-bit, one unsigned and one signed; a contiguous in k and "
+    "the same for every j, b contiguous in (j, k)): vpdpbusd",
+)
+INTRINSICS = {VNNI_DOT.name: VNNI_DOT}
+
+
+@dataclass(frozen=True)
+class DotMatch:
+    """A nest that computes `VNNI_DOT`: where its accumulator and operands start (j = k = 0)."""
+
+    acc: Buffer
+    acc_index: tuple[Expr, ...]
+    unsigned: BufferLoad  # the uint8 operand at j = k = 0
+    signed: BufferLoad  # the int8 one
+    broadcast_unsigned: bool  # the uint8 operand is the one read once for every j
+
+
+def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMatch | str:
+    """The match of `loop`'s nest against `intrinsic`, or why it does not match."""
+    if loop.extent != intrinsic.lanes:
+        return f"the loop has {loop.extent} iterations, the intrinsic {intrinsic.lanes}"
+    inner = _only(loop.body)
+    if not isinstance(inner, For) or inner.extent != intrinsic.group:
+        return f"the loop's body is not one loop of {intrinsic.group} iterations"
+    store = _only(inner.body)
+    if not isinstance(store, BufferStore):
+        return "the inner loop's body is not one store"
+    j, k = loop.var, inner.var
+    scope = {**ranges, j: loop.extent, k: inner.extent}
+    operands = _accumulated_product(store)
+    if isinstance(operands, str):
+        return operands
+    a, b = operands
+    if {a.dtype, b.dtype} != set(BYTES):
+        return f"the operands are {a.dtype} and {b.dtype}, not one uint8 and one int8"
+    strides = {}
+    for name, buffer, indices in (
+        ("the accumulator", store.buffer, store.indices),
+        ("an operand", a.buffer, a.indices),
+        ("an operand", b.buffer, b.indices),
+    ):
+        coeffs = affine_coefficients(_flat(buffer, indices), [j, k], scope)
+        if coeffs is None:
+            return f"{name} {buffer.name} is not affine in the two loops"
+        strides[buffer.name, indices] = (coeffs[j], coeffs[k])
+    if strides[store.buffer.name, store.indices] != (1, 0):
+        return "the accumulator is not contiguous along the outer loop alone"
+    wanted = {(0, 1), (intrinsic.group, 1)}
+    pair = {strides[x.buffer.name, x.indices] for x in (a, b)}
+    if pair != wanted:
+        return (
+            "the operands are not one read contiguously along the inner loop alone and one "
+            f"contiguous in (outer, inner) (strides {sorted(pair)})"
+        )
+    at_zero = {j: IntImm(0, j.dtype), k: IntImm(0, k.dtype)}
+    unsigned, signed = (a, b) if a.dtype == "uint8" else (b, a)
+    broadcast_unsigned = strides[unsigned.buffer.name, unsigned.indices] == (0, 1)
+    return DotMatch(
+        store.buffer,
+        _at(store.indices, at_zero, scope),
+        BufferLoad(unsigned.buffer, _at(unsigned.indices, at_zero, scope)),
+        BufferLoad(signed.buffer, _at(signed.indices, at_zero, scope)),
+        broadcast_unsigned,
+    )
+
+
+def _only(stmt: Stmt) -> Stmt | None:
+    """The one statement a loop body holds, through one-element Seqs and blocks (with their
+    iter vars replaced by their bindings; a block with an init or a predicate is not one
+    statement)."""
+    while True:
+        match stmt:
+            case Block(init=None, predicate=None) as block:
+                bindings = {iv.var: iv.binding for iv in block.iter_vars}
+                stmt = substitute(block.body, bindings)
+            case Block():
+                return None
+            case Seq(stmts=(single,)):
+                stmt = single
+            case _:
+                return stmt
+
+
+def _accumulated_product(store: BufferStore) -> tuple[BufferLoad, BufferLoad] | str:
+    """The two loads of `c = c + int32(x) * int32(y)`, or why the store is not that."""
+    if store.buffer.dtype != "int32":
+        return f"the accumulator is {store.buffer.dtype}, not int32"
+    match store.value:
+        case Binary("+", BufferLoad(buffer, indices), product) if (
+            buffer == store.buffer and indices == store.indices
+        ):
+            pass
+        case Binary("+", product, BufferLoad(buffer, indices)) if (
+            buffer == store.buffer and indices == store.indices
+        ):
+            pass
+        case _:
+            return "the store is not an accumulation c = c + ..."
+    match product:
+        case Binary("*", Cast("int32", BufferLoad() as x), Cast("int32", BufferLoad() as y)):
+            return x, y
+    return "the accumulated value is not the product of two widened loads"
+
+
+def _flat(buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
+    total: Expr = IntImm(0)
+    for axis, index in enumerate(indices):
+        stride = math.prod(buffer.shape[axis + 1 :])
+        total = Binary("+", total, Binary("*", index, IntImm(stride, index.dtype)))
+    return total
+
+
+def _at(indices: tuple[Expr, ...], values: dict[Var, Expr], scope: dict[Var, int]) -> tuple:
+    return tuple(simplify(substitute(i, values), scope) for i in indices)
