@@ -406,7 +406,12 @@ class CPrinter:
         u = f"&{self.access(found.unsigned.buffer, found.unsigned.indices)}"
         s = f"&{self.access(found.signed.buffer, found.signed.indices)}"
         self.emit("#if defined(__AVX512VNNI__)")
-        self.emit(f"{name}({acc}, {u}, {s});")
+        call = f"{name}({acc}, {u}, {s});"
+        if found.guard is None:
+            self.emit(call)
+        else:
+            with self.scope(f"if ({self.bare(found.guard)}) {{"):
+                self.emit(call)
         self.emit("#else")
         self.scalar_loop(loop)
         self.emit("#endif")

@@ -32,12 +32,14 @@ from hexir.ir.tir import (
     Cast,
     Expr,
     For,
+    IfThenElse,
     IntImm,
     Seq,
     Stmt,
     Var,
 )
-from hexir.ir.visit import substitute
+from hexir.ir.visit import free_vars, substitute
+from hexir.schedule.common import conjoin
 
 BYTES = ("uint8", "int8")
 TENSORIZE = "tensorize"  # the loop annotation: the intrinsic's name
@@ -71,19 +73,23 @@ class DotMatch:
     unsigned: BufferLoad  # the uint8 operand at j = k = 0
     signed: BufferLoad  # the int8 one
     broadcast_unsigned: bool  # the uint8 operand is the one read once for every j
+    guard: Expr | None  # where the nest runs at all (a ragged row tile's), free of j and k
 
 
 def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMatch | str:
     """The match of `loop`'s nest against `intrinsic`, or why it does not match."""
     if loop.extent != intrinsic.lanes:
         return f"the loop has {loop.extent} iterations, the intrinsic {intrinsic.lanes}"
-    inner = _only(loop.body)
+    guards: list[Expr] = []
+    inner = _only(loop.body, guards)
     if not isinstance(inner, For) or inner.extent != intrinsic.group:
         return f"the loop's body is not one loop of {intrinsic.group} iterations"
-    store = _only(inner.body)
+    store = _only(inner.body, guards)
     if not isinstance(store, BufferStore):
         return "the inner loop's body is not one store"
     j, k = loop.var, inner.var
+    if any(free_vars(g) & {j, k} for g in guards):
+        return "a condition inside the nest depends on its loops"
     scope = {**ranges, j: loop.extent, k: inner.extent}
     operands = _accumulated_product(store)
     if isinstance(operands, str):
@@ -119,20 +125,26 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
         BufferLoad(unsigned.buffer, _at(unsigned.indices, at_zero, scope)),
         BufferLoad(signed.buffer, _at(signed.indices, at_zero, scope)),
         broadcast_unsigned,
+        conjoin(guards) if guards else None,
     )
 
 
-def _only(stmt: Stmt) -> Stmt | None:
-    """The one statement a loop body holds, through one-element Seqs and blocks (with their
-    iter vars replaced by their bindings; a block with an init or a predicate is not one
-    statement)."""
+def _only(stmt: Stmt, guards: list[Expr]) -> Stmt | None:
+    """The one statement a loop body holds, through one-element Seqs, blocks (their iter vars
+    replaced by their bindings) and conditions without an else, which go to `guards`; a
+    block with an init is not one statement."""
     while True:
         match stmt:
-            case Block(init=None, predicate=None) as block:
+            case Block(init=None) as block:
                 bindings = {iv.var: iv.binding for iv in block.iter_vars}
+                if block.predicate is not None:
+                    guards.append(substitute(block.predicate, bindings))
                 stmt = substitute(block.body, bindings)
             case Block():
                 return None
+            case IfThenElse(cond, then, None):
+                guards.append(cond)
+                stmt = then
             case Seq(stmts=(single,)):
                 stmt = single
             case _:

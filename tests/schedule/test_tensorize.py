@@ -98,7 +98,7 @@ def test_a_nest_that_is_not_the_instruction_is_refused_with_the_reason():
         sch.tensorize(lanes, VNNI)
 
 
-@pytest.mark.parametrize("m, k, n", [(1, 768, 96), (5, 64, 48), (12, 128, 256)])
+@pytest.mark.parametrize("m, k, n", [(1, 768, 96), (5, 64, 48), (13, 128, 256)])
 def test_an_8bit_matmul_of_a_constant_runs_tensorized_by_default(rng, m, k, n):
     """The layout pass groups the weight; the default schedule tiles and tensorizes; an
     epilogue (the zero point's correction) fuses into the write-back."""
@@ -113,3 +113,16 @@ def test_an_8bit_matmul_of_a_constant_runs_tensorized_by_default(rng, m, k, n):
     if Target("cpu").int8_dot:
         assert "hx_dpbusd_u(" in source
     np.testing.assert_array_equal(module.run({"x": a})[0], want - correction)
+
+
+def test_a_ragged_row_tile_runs_the_instruction_under_its_guard(rng):
+    """13 rows in tiles of 6: the last tile's rows past 13 are guarded, not computed."""
+    func = grouped_matmul(13, 64, 64)
+    sch, lanes = tiled(func, rows=6)
+    sch.tensorize(lanes, VNNI)
+    source = hexir.build(sch.func, target="cpu").source
+    assert "if (" in source.split("#if defined(__AVX512VNNI__)")[-1].split("#else")[0]
+    a, w, want = operands(rng, 13, 64, 64)
+    out = np.full((13, 64), 7, np.int32)
+    hexir.build(sch.func, target="cpu")(a, group_matmul_weight(w, 16, 4), out)
+    np.testing.assert_array_equal(out, want)
