@@ -57,8 +57,8 @@ if TYPE_CHECKING:
 
 # The calls (and "pow", a Binary) with a vector form, per element type.
 VECTOR_MATH: dict[str, frozenset[str]] = {
-    "float32": frozenset({"exp", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "pow"}),
-    "float64": frozenset({"exp", "log", "sigmoid", "sqrt", "rsqrt"}),
+    "float32": frozenset({"exp", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "pow", "round"}),
+    "float64": frozenset({"exp", "log", "sigmoid", "sqrt", "rsqrt", "round"}),
 }
 
 
@@ -243,6 +243,14 @@ _SQRT = (
 
 _RSQRT = "$q $v hx_rsqrt_$sv($v x) { return $one / hx_sqrt_$sv(x); }"
 
+_ROUND = (
+    "$q $v hx_round_$sv($v x) {\n"
+    "  /* GCC makes this loop one vector rounding to nearest even (vrndscaleps, vroundps) */\n"
+    "  for (int i = 0; i < $lanes; ++i) x[i] = __builtin_nearbyint$fs(x[i]);\n"
+    "  return x;\n"
+    "}"
+)
+
 _POW = (
     "$q $v hx_pow_$sv($v x, $v y) {\n"
     "  /* exp(y log|x|) in double, rounded once to float; then C99's special cases */\n"
@@ -371,6 +379,8 @@ _TEMPLATES: dict[tuple[str, str], str] = {
     ("sigmoid", "float64"): _SIGMOID64,
     ("sqrt", "float64"): _SQRT,
     ("rsqrt", "float64"): _RSQRT,
+    ("round", "float32"): _ROUND,
+    ("round", "float64"): _ROUND,
 }
 
 # The helpers each helper calls, as (kind, dtype): registered first, so declared before use.

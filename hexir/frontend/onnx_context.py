@@ -108,6 +108,9 @@ class Context:
         self.node: Node | None = None
         self._producers: dict[str, Op] = {}
         self._known: dict[str, np.ndarray] = {}
+        # A DequantizeLinear's float output -> (its quantized input, scale, zero point, axis):
+        # what a MatMul of two such outputs multiplies as integers (onnx_ops_quant.py).
+        self.dequantized: dict[str, tuple[Value, Value, Value | None, int]] = {}
 
     # --- the current node's inputs ---------------------------------------------------------
 

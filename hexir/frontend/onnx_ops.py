@@ -361,28 +361,30 @@ def _dropout(ctx: Context) -> Sequence[Value]:
 # --- contractions, reductions -------------------------------------------------------------
 
 
-def _matmul(ctx: Context) -> Sequence[Value]:
-    return [matmul_nd(ctx, ctx.input(0), ctx.input(1))]
-
-
-def _gemm(ctx: Context) -> Sequence[Value]:
+def gemm(ctx: Context) -> Sequence[Value]:
     a, b = ctx.input(0), ctx.input(1)
     if len(a.type.shape) != 2 or len(b.type.shape) != 2:
         raise Unsupported("Gemm needs 2-D A and B")
     if ctx.attr("transA", 0):
         a = ctx.op("transpose", a, perm=(1, 0))
     y = ctx.op("dense" if ctx.attr("transB", 0) else "matmul", a, b)
-    alpha, beta = ctx.float_attr("alpha", 1.0), ctx.float_attr("beta", 1.0)
+    alpha = ctx.float_attr("alpha", 1.0)
     if alpha != 1.0:
         y = ctx.op("mul", y, ctx.scalar(alpha, y))
+    return [gemm_bias(ctx, y)]
+
+
+def gemm_bias(ctx: Context, y: Value) -> Value:
+    """Gemm's y plus beta · C, its optional third input."""
+    beta = ctx.float_attr("beta", 1.0)
     c = ctx.optional(2)
     if c is None:
-        return [y]
+        return y
     if beta != 1.0:
         c = ctx.op("mul", c, ctx.scalar(beta, c))
     if c.type.shape == (y.type.shape[1],):
-        return [ctx.op("bias_add", y, c, axis=1)]
-    return [ctx.op("add", y, c)]
+        return ctx.op("bias_add", y, c, axis=1)
+    return ctx.op("add", y, c)
 
 
 def _reduce(kind: str) -> Callable[..., Sequence[Value]]:
@@ -498,8 +500,6 @@ SPECS: dict[str, Spec] = {
     ),
     "Identity": Spec(_identity),
     "Dropout": Spec(_dropout, {"seed": None}, outputs=None),
-    "MatMul": Spec(_matmul),
-    "Gemm": Spec(_gemm, {"alpha": None, "beta": None, "transA": None, "transB": None}),
     "ReduceSum": Spec(_reduce("reduce_sum"), _REDUCE),
     "ReduceMean": Spec(_reduce("reduce_mean"), _REDUCE),
     "ReduceMax": Spec(_reduce("reduce_max"), _REDUCE),

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, normalized_axis
-from hexir.frontend.onnx_ops import Spec, matmul_nd, reshape
+from hexir.frontend.onnx_ops import Spec, gemm, gemm_bias, matmul_nd, reshape
 from hexir.frontend.onnx_ops_window import CONV_ATTRS, conv_of
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
@@ -72,6 +72,8 @@ def _dequantize(ctx: Context) -> Sequence[Value]:
     if zero is not None:
         y = ctx.op("sub", y, _cast(ctx, _along(ctx, zero, x, axis, block), "float32"))
     y = ctx.op("mul", y, _cast(ctx, _along(ctx, scale, x, axis, block), "float32"))
+    if dtype == "float32" and not block and x.type.dtype in BYTE_INTS:
+        ctx.dequantized[y.name] = (x, scale, zero, axis)
     return [_cast(ctx, y, dtype)]
 
 
@@ -132,6 +134,7 @@ def integer_matmul(
     multiply as they are, into int32 (a uint8 x int8 matmul runs on VNNI), the zero points
     applied after: - a_zero·colsum(b) - rowsum(a)·b_zero + K·a_zero·b_zero (the sums of a
     constant b fold at compile time); any other case widens both operands first."""
+    a_zero, b_zero = _nonzero(ctx, a_zero), _nonzero(ctx, b_zero)
     rank = len(a.type.shape)
     per_row = a_zero is not None and a_zero.type.size > 1
     if (
@@ -142,8 +145,10 @@ def integer_matmul(
         or (per_row and rank != 2)
     ):
         return matmul_nd(ctx, _less_zero(ctx, a, a_zero, -2), _less_zero(ctx, b, b_zero, None))
-    y = matmul_nd(ctx, a, b)
     za = None if a_zero is None else _less_zero(ctx, a_zero, None, None)
+    if a.type.dtype == b.type.dtype:  # VNNI multiplies uint8 by int8: shift a by 128
+        a, za = _flipped_sign(ctx, a, za)
+    y = matmul_nd(ctx, a, b)
     zb = None if b_zero is None else _less_zero(ctx, b_zero, None, None)
     if za is not None:
         za = reshape(ctx, za, (za.type.size, 1) if per_row else ())
@@ -156,6 +161,60 @@ def integer_matmul(
         inner = ctx.scalar(a.type.shape[-1], y)
         y = ctx.op("add", y, ctx.op("mul", ctx.op("mul", za, zb), inner))
     return y
+
+
+def _nonzero(ctx: Context, zero: Value | None) -> Value | None:
+    """A zero point, or None where it is a constant of zeros (symmetric quantization)."""
+    known = None if zero is None else ctx.known(zero)
+    return None if known is not None and not np.any(known) else zero
+
+
+def _flipped_sign(ctx: Context, x: Value, zero: Value | None) -> tuple[Value, Value]:
+    """An 8-bit `x` as the other signedness, shifted by 128 (x - zero unchanged): int8 + 128
+    as uint8, or uint8 - 128 as int8; `zero` (int32) shifted the same."""
+    to, shift = ("uint8", 128) if x.type.dtype == "int8" else ("int8", -128)
+    wide = _cast(ctx, x, "int16")
+    flipped = _cast(ctx, ctx.op("add", wide, ctx.scalar(shift, wide)), to)
+    zero = ctx.constant(np.int32(0)) if zero is None else zero
+    return flipped, ctx.op("add", zero, ctx.scalar(shift, zero))
+
+
+def _dequantized_product(ctx: Context, a: Value, b: Value, transposed: bool) -> Value | None:
+    """a @ b (a @ bᵀ where `transposed`) where both are DequantizeLinear outputs of 8-bit
+    tensors, a per-tensor scale on a and a per-tensor or per-column one on a 2-D b (a QDQ
+    model's linear layer): the integer product of the quantized tensors scaled once after
+    it, one uint8 x int8 kernel (VNNI) with the scale in its epilogue where the dequantized
+    product would be a float32 one. None for other operands."""
+    qa, qb = ctx.dequantized.get(a.name), ctx.dequantized.get(b.name)
+    if qa is None or qb is None or len(b.type.shape) != 2 or len(a.type.shape) < 2:
+        return None
+    (xa, sa, za, _), (xb, sb, zb, axis) = qa, qb
+    if sa.type.size > 1 or (za is not None and za.type.size > 1):
+        return None
+    per_column = sb.type.size > 1
+    if per_column and normalized_axis(axis, 2) != (0 if transposed else 1):
+        return None
+    if transposed:
+        xb = ctx.op("transpose", xb, perm=(1, 0))  # a constant weight: at compile time
+    scale = ctx.op("mul", _cast(ctx, reshape(ctx, sa, ()), "float32"), _cast(ctx, sb, "float32"))
+    scale = reshape(ctx, scale, scale.type.shape[-1:] if per_column else ())
+    acc = integer_matmul(ctx, xa, xb, za, zb)
+    return ctx.op("mul", _cast(ctx, acc, "float32"), scale)
+
+
+def _matmul(ctx: Context) -> Sequence[Value]:
+    """numpy.matmul (`matmul_nd`), or a QDQ layer's integer product."""
+    a, b = ctx.input(0), ctx.input(1)
+    return [_dequantized_product(ctx, a, b, False) or matmul_nd(ctx, a, b)]
+
+
+def _gemm(ctx: Context) -> Sequence[Value]:
+    """Gemm (`onnx_ops.gemm`), or with transA=0 and alpha=1 a QDQ layer's integer product plus
+    its bias."""
+    plain = ctx.attr("transA", 0) or ctx.float_attr("alpha", 1.0) != 1.0
+    transposed = bool(ctx.attr("transB", 0))
+    product = None if plain else _dequantized_product(ctx, ctx.input(0), ctx.input(1), transposed)
+    return gemm(ctx) if product is None else [gemm_bias(ctx, product)]
 
 
 def _matmul_integer(ctx: Context) -> Sequence[Value]:
@@ -200,6 +259,8 @@ def _qlinear_conv(ctx: Context) -> Sequence[Value]:
 _BLOCKED = {"axis": None, "block_size": None, "output_dtype": None}
 
 QUANT_SPECS: dict[str, Spec] = {
+    "MatMul": Spec(_matmul),
+    "Gemm": Spec(_gemm, {"alpha": None, "beta": None, "transA": None, "transB": None}),
     "DequantizeLinear": Spec(_dequantize, _BLOCKED),
     "QuantizeLinear": Spec(_quantize, {**_BLOCKED, "saturate": None, "precision": None}),
     "DynamicQuantizeLinear": Spec(_dynamic_quantize, outputs=3),

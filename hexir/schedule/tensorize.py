@@ -91,7 +91,7 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
     if any(free_vars(g) & {j, k} for g in guards):
         return "a condition inside the nest depends on its loops"
     scope = {**ranges, j: loop.extent, k: inner.extent}
-    operands = _accumulated_product(store)
+    operands = _accumulated_product(store, scope)
     if isinstance(operands, str):
         return operands
     a, b = operands
@@ -151,18 +151,16 @@ def _only(stmt: Stmt, guards: list[Expr]) -> Stmt | None:
                 return stmt
 
 
-def _accumulated_product(store: BufferStore) -> tuple[BufferLoad, BufferLoad] | str:
+def _accumulated_product(
+    store: BufferStore, scope: dict[Var, int]
+) -> tuple[BufferLoad, BufferLoad] | str:
     """The two loads of `c = c + int32(x) * int32(y)`, or why the store is not that."""
     if store.buffer.dtype != "int32":
         return f"the accumulator is {store.buffer.dtype}, not int32"
     match store.value:
-        case Binary("+", BufferLoad(buffer, indices), product) if (
-            buffer == store.buffer and indices == store.indices
-        ):
+        case Binary("+", BufferLoad() as acc, product) if _same(acc, store, scope):
             pass
-        case Binary("+", product, BufferLoad(buffer, indices)) if (
-            buffer == store.buffer and indices == store.indices
-        ):
+        case Binary("+", product, BufferLoad() as acc) if _same(acc, store, scope):
             pass
         case _:
             return "the store is not an accumulation c = c + ..."
@@ -170,6 +168,14 @@ def _accumulated_product(store: BufferStore) -> tuple[BufferLoad, BufferLoad] | 
         case Binary("*", Cast("int32", BufferLoad() as x), Cast("int32", BufferLoad() as y)):
             return x, y
     return "the accumulated value is not the product of two widened loads"
+
+
+def _same(load: BufferLoad, store: BufferStore, scope: dict[Var, int]) -> bool:
+    """Whether `load` reads the element `store` writes (the indices as written may differ)."""
+    if load.buffer != store.buffer:
+        return False
+    apart = Binary("-", _flat(load.buffer, load.indices), _flat(store.buffer, store.indices))
+    return simplify(apart, scope) == IntImm(0)
 
 
 def _flat(buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:

@@ -126,3 +126,43 @@ def test_abs_of_unsigned_ints_is_the_identity():
     x = ints(np.uint8, 4, 9)
     proto = model([helper.make_node("Abs", ["x"], ["y"])], [("x", [4, 9], U8)], ["y"])
     compiled_agrees(proto, [x], rtol=0, atol=0)
+
+
+def qdq_linear(rows: int, k: int, n: int, activation_elem: int, per_column: bool):
+    """A QDQ model's linear layer (what ONNX Runtime's quantizer writes): x quantized and
+    dequantized, times a dequantized int8 weight, plus a bias, relu."""
+    rng = current_rng()
+    x_scale, x_zero = (
+        np.float32(0.02),
+        np.array(3 if activation_elem == U8 else -5).astype(
+            np.uint8 if activation_elem == U8 else np.int8
+        ),
+    )
+    w = ints(np.int8, k, n)
+    w_scale = rng.uniform(0.001, 0.01, n if per_column else ()).astype(np.float32)
+    axis = {"axis": 1} if per_column else {}
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+        helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], **axis),
+        helper.make_node("MatMul", ["xd", "wd"], ["mm"]),
+        helper.make_node("Add", ["mm", "bias"], ["biased"]),
+        helper.make_node("Relu", ["biased"], ["y"]),
+    ]
+    inits = [("xs", x_scale), ("xz", x_zero), ("w", w), ("ws", w_scale),
+             ("wz", np.zeros(w_scale.shape, np.int8)),
+             ("bias", rng.uniform(-0.5, 0.5, n).astype(np.float32))]  # fmt: skip
+    return model(nodes, [("x", [rows, k])], ["y"], inits, opset=19)
+
+
+@pytest.mark.parametrize("activation_elem", [U8, I8])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_a_qdq_linear_layer_multiplies_integers(activation_elem, per_column):
+    """The MatMul of two dequantized 8-bit tensors is their integer product scaled once (one
+    uint8 x int8 kernel; an int8 activation shifted by 128 first), within float rounding of
+    the reference's float32 product of the dequantized values."""
+    proto = qdq_linear(7, 64, 48, activation_elem, per_column)
+    graph = compiled_agrees(proto, [uniform(7, 64)], rtol=1e-5, atol=1e-5)
+    matmuls = [op for op in graph.ops if op.kind == "matmul"]
+    assert len(matmuls) == 1 and matmuls[0].result.type.dtype == "int32"
+    assert {v.type.dtype for v in matmuls[0].operands} == {"uint8", "int8"}
