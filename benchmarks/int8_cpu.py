@@ -1,7 +1,9 @@
-"""int8 matmul on the CPU: Hexir's MatMulInteger and QLinearMatMul against ONNX Runtime running
-the very same ONNX models, and beside Hexir's own float32 matmul of each shape, in one run.
+"""int8 on the CPU: Hexir's MatMulInteger and QLinearMatMul against ONNX Runtime running the very
+same ONNX models, beside Hexir's own float32 matmul of each shape; then whole models quantized by
+ONNX Runtime's quantizer, run by both; in one run.
 
-    python benchmarks/int8_cpu.py [--rounds 3] [--shapes 128x768x768,1x768x3072]
+    python benchmarks/int8_cpu.py [--rounds 3] [--shapes 128x768x768,1x768x3072] [--models mlp]
+    python benchmarks/int8_cpu.py --shapes none --models bert-base   # the models part only
 
 For each shape M x K x N (default: bert's projection and MLP at 128 tokens, ViT's MLP at 197,
 a decode GEMV, 1024^3) two ONNX models (opset 21) are built with onnx.helper, the weight an
@@ -19,14 +21,29 @@ constant, the dequantized operands) is timed beside them. Times are medians over
 rounds that alternate the peer and Hexir, each a median of repeats for about a second; ratios
 are the peer's time over Hexir's (above 1: Hexir is faster), and f32 / int8 is Hexir's float32
 time over its MatMulInteger time (above 1: int8 is faster). Needs `pip install onnxruntime`
-(the `bench` extra; without it, Hexir's columns only). numpy's matmul 1024^3 is printed first
-and last (benchmarks/quiet.py): quote a run only when both are at the machine's quiet level.
+(the `bench` extra; without it, Hexir's columns only).
+
+For each zoo model of `--models` (default: bert-base, gpt2, gpt2-decode, vit, mlp; `none` skips
+the part)
+Hexir's ONNX export of the float32 graph is quantized by onnxruntime.quantization's
+quantize_static (QDQ; uint8 activations, int8 per-channel weights; MatMul and Gemm only),
+calibrated on a few seeded random input sets. ONNX Runtime runs both files; Hexir runs the
+float32 graph and its import of the quantized file; rounds alternate as above. The table gives
+the largest |Hexir - ONNX Runtime| over the QDQ outputs relative to the largest |float32
+output|, and a line warns above 1e-2. A float difference before a QuantizeLinear can move a
+value by a quantization step, so the two may differ by a few steps; where they differ more,
+onnx's reference evaluator decides (on 2026-12-04, gpt2-decode's present keys: Hexir's
+within 1e-7 of the reference, ONNX Runtime's 7e-2 off). QDQ x ORT is ONNX Runtime's QDQ time
+over Hexir's, f32 / QDQ Hexir's float32 time over its QDQ time. numpy's matmul 1024^3 is
+printed first and last (benchmarks/quiet.py): quote a run only when both are at the machine's
+quiet level.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import os
 import statistics
 import sys
@@ -36,11 +53,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from models_cpu import THREADS, ms, onnxruntime_file, ratio, time_module
+from models_cpu import THREADS, inputs_of, ms, onnxruntime_file, ratio, save_feed, time_module
 from onnx import TensorProto, helper
 from quiet import numpy_matmul_line
 
 import hexir
+from hexir.frontend.zoo import ZOO
 from hexir.runtime.module import Module
 
 Shape = tuple[int, int, int]  # M x K x N
@@ -53,6 +71,9 @@ SHAPES: tuple[Shape, ...] = (
     (1024, 1024, 1024),
 )
 OPSET = 21
+MODELS = ("bert-base", "gpt2", "gpt2-decode", "vit", "mlp")
+CALIBRATION_SETS = 4
+TOLERANCE = 1e-2  # largest |Hexir QDQ - ORT QDQ| / largest |float32 output| without a warning
 
 
 @dataclass(frozen=True)
@@ -78,8 +99,20 @@ class Row:
     float32: float
 
 
+@dataclass(frozen=True)
+class ModelRow:
+    name: str
+    float32: float  # seconds: Hexir on the float32 graph
+    float32_ort: float
+    qdq: float  # seconds: Hexir on its import of ONNX Runtime's quantized model
+    qdq_ort: float
+    rel_diff: float  # largest |Hexir QDQ - ORT QDQ| / largest |float32 output|
+
+
 def parse_shapes(text: str) -> tuple[Shape, ...]:
-    """`128x768x768,1x768x3072` as ((128, 768, 768), (1, 768, 3072))."""
+    """`128x768x768,1x768x3072` as ((128, 768, 768), (1, 768, 3072)); `none` as ()."""
+    if text.strip().lower() == "none":
+        return ()
     shapes = []
     for item in text.split(","):
         dims = tuple(int(d) for d in item.strip().lower().split("x"))
@@ -87,6 +120,17 @@ def parse_shapes(text: str) -> tuple[Shape, ...]:
             raise argparse.ArgumentTypeError(f"{item!r} is not a shape MxKxN")
         shapes.append((dims[0], dims[1], dims[2]))
     return tuple(shapes)
+
+
+def parse_models(text: str) -> tuple[str, ...]:
+    """`bert-base,mlp` as ("bert-base", "mlp"), zoo names; `none` as ()."""
+    if text.strip().lower() == "none":
+        return ()
+    names = tuple(name.strip() for name in text.split(","))
+    for name in names:
+        if name not in ZOO:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a zoo model ({', '.join(ZOO)})")
+    return names
 
 
 def operands(shape: Shape, seed: int = 0) -> Operands:
@@ -237,11 +281,141 @@ def mismatches(rows: list[Row]) -> list[str]:
     return bad
 
 
+class Calibration:
+    """Seeded random input sets for quantize_static: a CalibrationDataReader by its get_next
+    (that class's subclass hook), so this file imports without onnxruntime."""
+
+    def __init__(self, graph: hexir.Graph, sets: int = CALIBRATION_SETS) -> None:
+        names = [v.name for v in graph.inputs]
+        # Seeds 1.., apart from the timed inputs' seed 0.
+        feeds = [dict(zip(names, inputs_of(graph, s), strict=True)) for s in range(1, sets + 1)]
+        self._feeds = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+
+def quantize(graph: hexir.Graph, f32: Path, q: Path) -> None:
+    """ONNX Runtime's static QDQ quantization of the MatMuls and Gemms of `f32` (the export of
+    `graph`) into `q`: uint8 activations, int8 per-channel weights."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # it advises pre-processing the model, on the root logger
+    try:
+        quantize_static(
+            str(f32),
+            str(q),
+            Calibration(graph),
+            quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul", "Gemm"],
+        )
+    finally:
+        root.setLevel(level)
+
+
+def relative_diff(
+    ours: list[np.ndarray], theirs: list[np.ndarray], float32: list[np.ndarray]
+) -> float:
+    """The largest |ours - theirs| over the outputs, each relative to its largest |float32|."""
+    return max(
+        float(np.abs(a.astype(np.float64) - b).max(initial=0.0))
+        / max(float(np.abs(f).max(initial=0.0)), 1e-30)
+        for a, b, f in zip(ours, theirs, float32, strict=True)
+    )
+
+
+def bench_model(name: str, rounds: int, folder: Path) -> ModelRow:
+    graph = hexir.load_model(name)
+    hexir.export_onnx(graph, folder / "f32.onnx")
+    quantize(graph, folder / "f32.onnx", folder / "q.onnx")
+    inputs, feed = inputs_of(graph), folder / "inputs.npz"
+    save_feed(graph, inputs, feed)
+    q_graph = hexir.import_onnx(onnx.load(folder / "q.onnx"))
+    modules = {"f32": hexir.compile(graph), "q": hexir.compile(q_graph)}
+    hexir_s: dict[str, list[float]] = {kind: [] for kind in modules}
+    ort_s: dict[str, list[float]] = {kind: [] for kind in modules}
+    theirs: dict[str, list[np.ndarray]] = {}
+    # Rounds alternate the peer and Hexir, so that a noisy spell hits both; medians.
+    for _ in range(rounds):
+        for kind in modules:
+            seconds, theirs[kind], _ = onnxruntime_file(folder / f"{kind}.onnx", feed, folder)
+            ort_s[kind].append(seconds)
+        for kind, module in modules.items():
+            hexir_s[kind].append(time_module(module, inputs))
+    diff = relative_diff(modules["q"].run(inputs), theirs["q"], modules["f32"].run(inputs))
+    return ModelRow(
+        name,
+        statistics.median(hexir_s["f32"]),
+        statistics.median(ort_s["f32"]),
+        statistics.median(hexir_s["q"]),
+        statistics.median(ort_s["q"]),
+        diff,
+    )
+
+
+def print_models(rows: list[ModelRow], version: str) -> None:
+    print(
+        f"\nwhole models quantized by ONNX Runtime's quantize_static (QDQ, uint8 activations, int8 "
+        f"per-channel weights, MatMul and Gemm) on the CPU ({os.cpu_count()} cores; ms, medians; "
+        f"ORT {THREADS} threads); QDQ x ORT = ONNX Runtime's QDQ time / Hexir's (above 1: Hexir "
+        f"is faster); f32 / QDQ = Hexir's float32 time / its QDQ time; rel diff = largest "
+        f"|Hexir QDQ - ORT QDQ| / largest |float32 output|; ONNX Runtime {version}"
+    )
+    print(
+        f"{'model':<12} {'hexir f32':>10} {'ORT f32':>10} {'hexir QDQ':>10} {'ORT QDQ':>10} "
+        f"{'QDQ x ORT':>10} {'f32 / QDQ':>10} {'rel diff':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r.name:<12} {ms(r.float32):>10} {ms(r.float32_ort):>10} {ms(r.qdq):>10} "
+            f"{ms(r.qdq_ort):>10} {ratio(r.qdq_ort, r.qdq):>10} {r.float32 / r.qdq:>10.2f} "
+            f"{r.rel_diff:>9.1e}"
+        )
+    for r in rows:
+        if r.rel_diff > TOLERANCE:
+            print(
+                f"warning: {r.name}: Hexir's QDQ output differs from ONNX Runtime's by "
+                f"{r.rel_diff:.1e} of the largest |float32 output| (above {TOLERANCE:g}): "
+                "more than a few quantization steps; compare both with onnx's reference"
+            )
+
+
+def run_shapes(shapes: tuple[Shape, ...], rounds: int, version: str | None) -> list[str]:
+    """The matmul part: its table, and its mismatches."""
+    rows = []
+    for shape in shapes:
+        print(f"{'x'.join(map(str, shape))} ...", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(bench_shape(shape, rounds, version is not None, Path(tmp)))
+    print_table(rows, version or "not installed")
+    bad = mismatches(rows)
+    if version is not None:
+        print("outputs: " + ("; ".join(bad) if bad else "equal (int32), within 1 (uint8)"))
+    return bad
+
+
+def run_models(names: tuple[str, ...], rounds: int, version: str) -> None:
+    rows = []
+    for name in names:
+        print(f"{name} (quantized) ...", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(bench_model(name, rounds, Path(tmp)))
+    print_models(rows, version)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     parser.add_argument(
-        "--shapes", type=parse_shapes, default=SHAPES, help="M x K x N, e.g. 128x768x768,1x768x3072"
+        "--shapes", type=parse_shapes, default=SHAPES, help="M x K x N, e.g. 128x768x768; none"
+    )
+    parser.add_argument(
+        "--models", type=parse_models, default=MODELS, help="zoo models, e.g. bert-base,mlp; none"
     )
     args = parser.parse_args()
 
@@ -249,15 +423,11 @@ def main() -> None:
     version = onnxruntime_version()
     if version is None:
         print("onnxruntime is not installed (pip install onnxruntime): Hexir's columns only")
-    rows = []
-    for shape in args.shapes:
-        print(f"{'x'.join(map(str, shape))} ...", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(bench_shape(shape, args.rounds, version is not None, Path(tmp)))
-    print_table(rows, version or "not installed")
-    bad = mismatches(rows)
-    if version is not None:
-        print("outputs: " + ("; ".join(bad) if bad else "equal (int32), within 1 (uint8)"))
+    bad = run_shapes(args.shapes, args.rounds, version) if args.shapes else []
+    if args.models and version is None:
+        print("whole models: skipped (ONNX Runtime's quantizer makes their quantized form)")
+    elif args.models:
+        run_models(args.models, args.rounds, version)
     print(numpy_matmul_line())
     if bad:
         sys.exit(1)

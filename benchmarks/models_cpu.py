@@ -145,8 +145,13 @@ def onnxruntime_run(
         return None
     model, feed = folder / "model.onnx", folder / "inputs.npz"
     hexir.export_onnx(graph, model)
-    np.savez(feed, **{v.name: a for v, a in zip(graph.inputs, inputs, strict=True)})  # type: ignore[arg-type]
+    save_feed(graph, inputs, feed)
     return onnxruntime_file(model, feed, folder)
+
+
+def save_feed(graph: hexir.Graph, inputs: list[np.ndarray], path: Path) -> None:
+    """`inputs` as an .npz by the graph's input names, the names of its ONNX export."""
+    np.savez(path, **{v.name: a for v, a in zip(graph.inputs, inputs, strict=True)})  # type: ignore[arg-type]
 
 
 def onnxruntime_file(model: Path, feed: Path, folder: Path) -> tuple[float, list[np.ndarray], str]:

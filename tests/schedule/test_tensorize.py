@@ -81,8 +81,10 @@ def test_a_nest_that_is_not_the_instruction_is_refused_with_the_reason():
     func = grouped_matmul(4, 32, 32)
     sch, lanes = tiled(func)
     inner = sch.get_loops(sch.get_block("matmul"))[-1]
+    before, trace = sch.func, str(sch.trace)
     with pytest.raises(ScheduleError, match="the loop has 4 iterations, the intrinsic 16"):
         sch.tensorize(inner, VNNI)
+    assert sch.func == before and str(sch.trace) == trace  # a refusal changes nothing
     with pytest.raises(ScheduleError, match="unknown intrinsic 'mma'"):
         sch.tensorize(lanes, "mma")
     b = hexir.GraphBuilder("t")

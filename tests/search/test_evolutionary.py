@@ -152,6 +152,7 @@ def test_pick_takes_the_top_less_an_epsilon_random_share(matmul):
     assert len(pick(ranked[:3], [], 10, 0.2, random.Random(0))) == 3
 
 
+@pytest.mark.slow
 def test_seeded_search_is_reproducible_and_never_proposes_what_the_database_has(matmul, tmp_path):
     db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
     first = EvolutionarySearch(matmul, CPU, rng=random.Random(5), config=SMALL)

@@ -148,6 +148,7 @@ def test_tune_on_a_local_ray_cluster(db):
     _check_matmul(task.best_trace)
 
 
+@pytest.mark.slow
 def test_a_time_budget_ends_the_tune_where_it_has_no_room_for_another_trial(db):
     func = _matmul()
     seen: list[Progress] = []
