@@ -23,9 +23,8 @@ are the peer's time over Hexir's (above 1: Hexir is faster), and f32 / int8 is H
 time over its MatMulInteger time (above 1: int8 is faster). Needs `pip install onnxruntime`
 (the `bench` extra; without it, Hexir's columns only).
 
-For each zoo model of `--models` (default: bert-base, gpt2, gpt2-decode, vit, mlp; `none` skips
-the part)
-Hexir's ONNX export of the float32 graph is quantized by onnxruntime.quantization's
+For each zoo model of `--models` (default: bert-base, gpt2, gpt2-decode, vit, mlp; `none`
+skips the part) Hexir's ONNX export of the float32 graph is quantized by onnxruntime's
 quantize_static (QDQ; uint8 activations, int8 per-channel weights; MatMul and Gemm only),
 calibrated on a few seeded random input sets. ONNX Runtime runs both files; Hexir runs the
 float32 graph and its import of the quantized file; rounds alternate as above. The table gives
