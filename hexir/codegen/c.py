@@ -23,7 +23,6 @@ import numpy as np
 
 from hexir.codegen.c_lower import (
     AUTO_UNROLL_MAX_NODES,
-    flat_index,
     loop_lanes,
     lower_for_c,
     nodes,
@@ -41,7 +40,7 @@ from hexir.codegen.c_vector import (
     x86_intrinsic,
 )
 from hexir.errors import BuildError
-from hexir.ir.arith import bound, simplify
+from hexir.ir.arith import bound, flat_index, simplify
 from hexir.ir.dtype import c_type, is_float, is_int, itemsize, numpy_dtype, short_name
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,

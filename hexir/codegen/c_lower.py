@@ -39,7 +39,6 @@ from hexir.ir.tir import (
     Buffer,
     BufferLoad,
     BufferStore,
-    Cast,
     Expr,
     For,
     IfThenElse,
@@ -242,7 +241,7 @@ def _piece(
         # With the var a constant, the inner loops' guards may bound their own vars alone.
         return _scoped(map_stmt(one, stmt_fn=_partition))
     var = loop.var if start == 0 else Var(f"{loop.var.name}_{start}", loop.var.dtype)
-    shifted = body if start == 0 else _substitute(body, {loop.var: _add(var, IntImm(start))})
+    shifted = body if start == 0 else _substitute(body, {loop.var: Binary("+", var, IntImm(start))})
     ranges = {**inner, var: stop - start}
     shifted = map_stmt(shifted, expr_fn=lambda e: _tighten(e, ranges), stmt_fn=_decide)
     return For(var, stop - start, loop.kind, shifted, loop.annotations)
@@ -483,35 +482,3 @@ def _regular(
         return False
     coeffs = affine_coefficients(last, lane_vars)
     return coeffs is not None and coeffs[lane_vars[0]] == 1 and coeffs[None] % lanes == 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Flat offsets
-
-
-def flat_index(
-    buffer: Buffer, indices: tuple[Expr, ...], ranges: dict[Var, int] | None = None
-) -> Expr:
-    """The row-major offset of `indices` into `buffer` (int64 where int32 could overflow),
-    simplified knowing each var of `ranges` lies in [0, extent)."""
-    wide = buffer.size > 2**31 - 1
-    index_dtype = "int64" if wide else "int32"
-    flat: Expr | None = None
-    for extent, index in zip(buffer.shape, indices, strict=True):
-        if wide and index.dtype != "int64":
-            index = Cast("int64", index)
-        if flat is None:
-            flat = index
-        elif extent == 1:
-            flat = _add(flat, index)  # (flat * 1) + index
-        else:
-            flat = _add(Binary("*", flat, IntImm(extent, index_dtype)), index)
-    return simplify(flat if flat is not None else IntImm(0, index_dtype), ranges)
-
-
-def _add(a: Expr, b: Expr) -> Expr:
-    if isinstance(a, IntImm) and a.value == 0:
-        return b
-    if isinstance(b, IntImm) and b.value == 0:
-        return a
-    return Binary("+", a, b)

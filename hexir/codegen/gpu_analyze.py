@@ -173,13 +173,6 @@ def _shared_accesses(stmt, loops: list[For], bound: dict | None = None):  # noqa
         yield from _shared_accesses(child, loops, bound)
 
 
-def _flat(buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
-    flat: Expr = IntImm(0)
-    for extent, index in zip(buffer.shape, indices, strict=True):
-        flat = Binary("+", Binary("*", flat, IntImm(extent)), index)
-    return flat
-
-
 def _value(expr: Expr, env: dict[Var, int]) -> int | None:
     done = arith.simplify(substitute(expr, {v: IntImm(env.get(v, 0)) for v in free_vars(expr)}))
     return done.value if isinstance(done, IntImm) else None
@@ -197,7 +190,7 @@ def _access(
     words = max(_itemsize(buffer) // 4, 1)
     vector = [lp for lp in loops if lp.kind == "vectorized"]
     width = (vector[-1].extent if vector else 1) * words
-    flat = _flat(buffer, indices)
+    flat = arith.flat_index(buffer, indices)
     addresses = []
     for lane in lanes:
         env = {v: lane[kind] for v, kind in threads.items()}
@@ -267,7 +260,8 @@ def _issue_mix(body, threads: dict[Var, str], lanes):  # noqa: ANN001, ANN202
     clocks = 0.0
     accesses: dict[BufferLoad, Access] = {}
     for load in _memory_loads(update):
-        flat = _flat(load.buffer, tuple(substitute(i, update.bindings) for i in load.indices))
+        indices = tuple(substitute(i, update.bindings) for i in load.indices)
+        flat = arith.flat_index(load.buffer, indices)
         base = {v: lanes[0][kind] for v, kind in threads.items()}
         values = set()
         for point in itertools.product(*space):

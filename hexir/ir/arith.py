@@ -25,6 +25,7 @@ from hexir.ir.dtype import is_float, is_index_int, is_int
 from hexir.ir.tir import (
     COMPARE_OPS,
     Binary,
+    Buffer,
     BufferLoad,
     Call,
     Cast,
@@ -43,6 +44,7 @@ __all__ = [
     "bound",
     "can_prove",
     "evaluate",
+    "flat_index",
     "is_affine",
     "simplify",
 ]
@@ -483,3 +485,35 @@ def _not(a: Expr) -> Expr:
         case Binary(op, x, y) if op in COMPARE_OPS and is_int(x.dtype):
             return Binary(_NEGATE[op], x, y)  # not for floats: !(x < y) is not x >= y on nan
     return Unary("!", a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Flat offsets
+
+
+def flat_index(
+    buffer: Buffer, indices: tuple[Expr, ...], ranges: dict[Var, int] | None = None
+) -> Expr:
+    """The row-major offset of `indices` into `buffer` (int64 where int32 could overflow),
+    simplified knowing each var of `ranges` lies in [0, extent)."""
+    wide = buffer.size > 2**31 - 1
+    index_dtype = "int64" if wide else "int32"
+    flat: Expr | None = None
+    for extent, index in zip(buffer.shape, indices, strict=True):
+        if wide and index.dtype != "int64":
+            index = Cast("int64", index)
+        if flat is None:
+            flat = index
+        elif extent == 1:
+            flat = _add(flat, index)  # (flat * 1) + index
+        else:
+            flat = _add(Binary("*", flat, IntImm(extent, index_dtype)), index)
+    return simplify(flat if flat is not None else IntImm(0, index_dtype), ranges)
+
+
+def _add(a: Expr, b: Expr) -> Expr:  # a + b, without adding a literal 0
+    if isinstance(a, IntImm) and a.value == 0:
+        return b
+    if isinstance(b, IntImm) and b.value == 0:
+        return a
+    return Binary("+", a, b)

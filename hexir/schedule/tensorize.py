@@ -19,10 +19,9 @@ loop order outside the two loops, any buffer shapes and any offsets match. The C
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from hexir.ir.arith import affine_coefficients, simplify
+from hexir.ir.arith import affine_coefficients, flat_index, simplify
 from hexir.ir.tir import (
     Binary,
     Block,
@@ -103,7 +102,7 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
         ("an operand", a.buffer, a.indices),
         ("an operand", b.buffer, b.indices),
     ):
-        coeffs = affine_coefficients(_flat(buffer, indices), [j, k], scope)
+        coeffs = affine_coefficients(flat_index(buffer, indices), [j, k], scope)
         if coeffs is None:
             return f"{name} {buffer.name} is not affine in the two loops"
         strides[buffer.name, indices] = (coeffs[j], coeffs[k])
@@ -174,16 +173,10 @@ def _same(load: BufferLoad, store: BufferStore, scope: dict[Var, int]) -> bool:
     """Whether `load` reads the element `store` writes (the indices as written may differ)."""
     if load.buffer != store.buffer:
         return False
-    apart = Binary("-", _flat(load.buffer, load.indices), _flat(store.buffer, store.indices))
+    apart = Binary(
+        "-", flat_index(load.buffer, load.indices), flat_index(store.buffer, store.indices)
+    )
     return simplify(apart, scope) == IntImm(0)
-
-
-def _flat(buffer: Buffer, indices: tuple[Expr, ...]) -> Expr:
-    total: Expr = IntImm(0)
-    for axis, index in enumerate(indices):
-        stride = math.prod(buffer.shape[axis + 1 :])
-        total = Binary("+", total, Binary("*", index, IntImm(stride, index.dtype)))
-    return total
 
 
 def _at(indices: tuple[Expr, ...], values: dict[Var, Expr], scope: dict[Var, int]) -> tuple:
