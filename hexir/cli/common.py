@@ -168,11 +168,11 @@ def sqlite_path(url: str) -> Path | None:
 
 def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
     """Fresh random values, never zeros: floats in [0.5, 1.5), ints in [1, 10), random bools."""
-    from hexir.ir.dtype import numpy_dtype
+    from hexir.ir.dtype import is_int, numpy_dtype
 
     if dtype == "bool":
         return rng.random(shape) < 0.5
-    if dtype.startswith(("int", "uint")):
+    if is_int(dtype):
         return rng.integers(1, 10, size=shape).astype(numpy_dtype(dtype))
     return rng.uniform(0.5, 1.5, size=shape).astype(numpy_dtype(dtype))
 

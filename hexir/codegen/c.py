@@ -41,7 +41,15 @@ from hexir.codegen.c_vector import (
 )
 from hexir.errors import BuildError
 from hexir.ir.arith import bound, flat_index, simplify
-from hexir.ir.dtype import c_type, is_float, is_int, itemsize, numpy_dtype, short_name
+from hexir.ir.dtype import (
+    c_type,
+    is_float,
+    is_int,
+    is_unsigned,
+    itemsize,
+    numpy_dtype,
+    short_name,
+)
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,
     GPU_KINDS,
@@ -629,7 +637,7 @@ class CPrinter:
     def int_call(self, name: str, x: str, dtype: str) -> str:
         if name in ("floor", "ceil", "round"):
             return x
-        if name == "abs" and dtype.startswith("uint"):
+        if name == "abs" and is_unsigned(dtype):
             return x
         if name == "abs" and dtype != "bool":
             return f"{'llabs' if dtype == 'int64' else 'abs'}({x})"

@@ -42,6 +42,10 @@ def reshape(ctx: Context, x: Value, shape: Sequence[int]) -> Value:
     return x if tuple(shape) == x.type.shape else ctx.op("reshape", x, shape=tuple(shape))
 
 
+def cast(ctx: Context, x: Value, dtype: str) -> Value:
+    return x if x.type.dtype == dtype else ctx.op("cast", x, dtype=dtype)
+
+
 def broadcast_to(ctx: Context, x: Value, shape: Sequence[int]) -> Value:
     """`x` broadcast to `shape` (numpy rules): where(true, x, x) against a bool constant that is
     as big as the broadcast dimensions only."""
@@ -250,9 +254,7 @@ def _cast(ctx: Context) -> Sequence[Value]:
 
 
 def _cast_like(ctx: Context) -> Sequence[Value]:
-    x, like = ctx.input(0), ctx.input(1)
-    same = x.type.dtype == like.type.dtype
-    return [x if same else ctx.op("cast", x, dtype=like.type.dtype)]
+    return [cast(ctx, ctx.input(0), ctx.input(1).type.dtype)]
 
 
 def _gelu(ctx: Context) -> Sequence[Value]:

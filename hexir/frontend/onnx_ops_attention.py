@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype
-from hexir.frontend.onnx_ops import Spec, reshape
+from hexir.frontend.onnx_ops import Spec, cast, reshape
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
 
@@ -147,12 +147,12 @@ def _softmax(ctx: Context, logits: Value, bias: Value | None) -> Value:
     dtype = logits.type.dtype
     precision = ctx.attr("softmax_precision")
     wanted = dtype if precision is None else hexir_dtype(int(precision), "softmax_precision")
-    x = logits if wanted == dtype else ctx.op("cast", logits, dtype=wanted)
+    x = cast(ctx, logits, wanted)
     probs = _stepwise_softmax(ctx, x) if wanted == "float16" else ctx.op("softmax", x, axis=3)
     masked = None if bias is None else _masked_rows(ctx, bias)
     if masked is not None:
         probs = ctx.op("where", masked, ctx.scalar(0, probs), probs)
-    return probs if wanted == dtype else ctx.op("cast", probs, dtype=dtype)
+    return cast(ctx, probs, dtype)
 
 
 def _stepwise_softmax(ctx: Context, x: Value) -> Value:

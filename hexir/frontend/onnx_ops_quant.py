@@ -20,11 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, normalized_axis
-from hexir.frontend.onnx_ops import Spec, gemm, gemm_bias, matmul_nd, reshape
+from hexir.frontend.onnx_ops import Spec, cast, gemm, gemm_bias, matmul_nd, reshape
 from hexir.frontend.onnx_ops_window import CONV_ATTRS, conv_of
-from hexir.ir.dtype import numpy_dtype
+from hexir.ir.dtype import BYTE_INTS, numpy_dtype
 from hexir.ir.graph import Value
-from hexir.ops.contraction import BYTE_INTS
 
 _QUANTIZED = ("int8", "uint8", "int16", "uint16")
 
@@ -48,15 +47,11 @@ def _along(ctx: Context, p: Value, x: Value, axis: int, block: int) -> Value:
     return ctx.op("gather", p, index, axis=axis)
 
 
-def _cast(ctx: Context, x: Value, dtype: str) -> Value:
-    return x if x.type.dtype == dtype else ctx.op("cast", x, dtype=dtype)
-
-
 def _clip_cast(ctx: Context, x: Value, dtype: str) -> Value:
     """`x` (integer-valued floats) clipped to the range of the integer `dtype`, cast to it."""
     info = np.iinfo(numpy_dtype(dtype))
     x = ctx.op("maximum", x, ctx.scalar(info.min, x))
-    return _cast(ctx, ctx.op("minimum", x, ctx.scalar(info.max, x)), dtype)
+    return cast(ctx, ctx.op("minimum", x, ctx.scalar(info.max, x)), dtype)
 
 
 def _attrs(ctx: Context) -> tuple[int, int]:
@@ -68,13 +63,13 @@ def _dequantize(ctx: Context) -> Sequence[Value]:
     axis, block = _attrs(ctx)
     out = ctx.attr("output_dtype")
     dtype = hexir_dtype(out, "output_dtype") if out else scale.type.dtype
-    y = _cast(ctx, x, "float32")
+    y = cast(ctx, x, "float32")
     if zero is not None:
-        y = ctx.op("sub", y, _cast(ctx, _along(ctx, zero, x, axis, block), "float32"))
-    y = ctx.op("mul", y, _cast(ctx, _along(ctx, scale, x, axis, block), "float32"))
+        y = ctx.op("sub", y, cast(ctx, _along(ctx, zero, x, axis, block), "float32"))
+    y = ctx.op("mul", y, cast(ctx, _along(ctx, scale, x, axis, block), "float32"))
     if dtype == "float32" and not block and x.type.dtype in BYTE_INTS:
         ctx.dequantized[y.name] = (x, scale, zero, axis)
-    return [_cast(ctx, y, dtype)]
+    return [cast(ctx, y, dtype)]
 
 
 def _quantize(ctx: Context) -> Sequence[Value]:
@@ -89,7 +84,7 @@ def _quantize(ctx: Context) -> Sequence[Value]:
         raise Unsupported("QuantizeLinear's precision attribute")
     q = ctx.op("round", ctx.op("div", x, _along(ctx, scale, x, axis, block)))
     if zero is not None:
-        q = ctx.op("add", q, _cast(ctx, _along(ctx, zero, x, axis, block), x.type.dtype))
+        q = ctx.op("add", q, cast(ctx, _along(ctx, zero, x, axis, block), x.type.dtype))
     return [_clip_cast(ctx, q, dtype)]
 
 
@@ -110,16 +105,16 @@ def _dynamic_quantize(ctx: Context) -> Sequence[Value]:
     start = ctx.op("minimum", ctx.op("maximum", start, zero), ctx.scalar(255, x))
     zero_point = ctx.op("round", start)
     y = ctx.op("add", ctx.op("round", ctx.op("div", x, scale)), zero_point)
-    return [_clip_cast(ctx, y, "uint8"), scale, _cast(ctx, zero_point, "uint8")]
+    return [_clip_cast(ctx, y, "uint8"), scale, cast(ctx, zero_point, "uint8")]
 
 
 def _less_zero(ctx: Context, x: Value, zero: Value | None, row_axis: int | None) -> Value:
     """int32(x) - int32(zero): a per-row zero point (a vector over x's `row_axis`) broadcast
     along that axis, any other as numpy broadcasts it."""
-    x32 = _cast(ctx, x, "int32")
+    x32 = cast(ctx, x, "int32")
     if zero is None:
         return x32
-    z = _cast(ctx, zero, "int32")
+    z = cast(ctx, zero, "int32")
     rank = len(x.type.shape)
     if row_axis is not None and len(z.type.shape) == 1 and z.type.size > 1 and rank >= 2:
         axis = normalized_axis(row_axis, rank)
@@ -145,17 +140,17 @@ def integer_matmul(
         or (per_row and rank != 2)
     ):
         return matmul_nd(ctx, _less_zero(ctx, a, a_zero, -2), _less_zero(ctx, b, b_zero, None))
-    za = None if a_zero is None else _less_zero(ctx, a_zero, None, None)
+    za = None if a_zero is None else cast(ctx, a_zero, "int32")
     if a.type.dtype == b.type.dtype:  # VNNI multiplies uint8 by int8: shift a by 128
         a, za = _flipped_sign(ctx, a, za)
     y = matmul_nd(ctx, a, b)
-    zb = None if b_zero is None else _less_zero(ctx, b_zero, None, None)
+    zb = None if b_zero is None else cast(ctx, b_zero, "int32")
     if za is not None:
         za = reshape(ctx, za, (za.type.size, 1) if per_row else ())
-        columns = ctx.op("reduce_sum", _cast(ctx, b, "int32"), axes=(0,), keepdims=False)
+        columns = ctx.op("reduce_sum", cast(ctx, b, "int32"), axes=(0,), keepdims=False)
         y = ctx.op("sub", y, ctx.op("mul", za, columns))
     if zb is not None:
-        rows = ctx.op("reduce_sum", _cast(ctx, a, "int32"), axes=(rank - 1,), keepdims=True)
+        rows = ctx.op("reduce_sum", cast(ctx, a, "int32"), axes=(rank - 1,), keepdims=True)
         y = ctx.op("sub", y, ctx.op("mul", rows, reshape(ctx, zb, zb.type.shape[-1:] or ())))
     if za is not None and zb is not None:
         inner = ctx.scalar(a.type.shape[-1], y)
@@ -173,8 +168,8 @@ def _flipped_sign(ctx: Context, x: Value, zero: Value | None) -> tuple[Value, Va
     """An 8-bit `x` as the other signedness, shifted by 128 (x - zero unchanged): int8 + 128
     as uint8, or uint8 - 128 as int8; `zero` (int32) shifted the same."""
     to, shift = ("uint8", 128) if x.type.dtype == "int8" else ("int8", -128)
-    wide = _cast(ctx, x, "int16")
-    flipped = _cast(ctx, ctx.op("add", wide, ctx.scalar(shift, wide)), to)
+    wide = cast(ctx, x, "int16")
+    flipped = cast(ctx, ctx.op("add", wide, ctx.scalar(shift, wide)), to)
     zero = ctx.constant(np.int32(0)) if zero is None else zero
     return flipped, ctx.op("add", zero, ctx.scalar(shift, zero))
 
@@ -196,10 +191,10 @@ def _dequantized_product(ctx: Context, a: Value, b: Value, transposed: bool) -> 
         return None
     if transposed:
         xb = ctx.op("transpose", xb, perm=(1, 0))  # a constant weight: at compile time
-    scale = ctx.op("mul", _cast(ctx, reshape(ctx, sa, ()), "float32"), _cast(ctx, sb, "float32"))
+    scale = ctx.op("mul", cast(ctx, reshape(ctx, sa, ()), "float32"), cast(ctx, sb, "float32"))
     scale = reshape(ctx, scale, scale.type.shape[-1:] if per_column else ())
     acc = integer_matmul(ctx, xa, xb, za, zb)
-    return ctx.op("mul", _cast(ctx, acc, "float32"), scale)
+    return ctx.op("mul", cast(ctx, acc, "float32"), scale)
 
 
 def _matmul(ctx: Context) -> Sequence[Value]:
@@ -230,9 +225,9 @@ def _conv_integer(ctx: Context) -> Sequence[Value]:
 def _requantize(ctx: Context, acc: Value, scale: Value, zero: Value | None, dtype: str) -> Value:
     """An int32 accumulator times a float32 scale, in float64 as the reference computes it,
     plus the zero point, rounded (ties to even) and clipped to `dtype`."""
-    y = ctx.op("mul", _cast(ctx, acc, "float64"), _cast(ctx, scale, "float64"))
+    y = ctx.op("mul", cast(ctx, acc, "float64"), cast(ctx, scale, "float64"))
     if zero is not None:
-        y = ctx.op("add", y, _cast(ctx, zero, "float64"))
+        y = ctx.op("add", y, cast(ctx, zero, "float64"))
     return _clip_cast(ctx, ctx.op("round", y), dtype)
 
 

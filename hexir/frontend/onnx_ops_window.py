@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, int_list
-from hexir.frontend.onnx_ops import Spec, reshape
+from hexir.frontend.onnx_ops import Spec, cast, reshape
 from hexir.ir.graph import Value
 
 
@@ -116,9 +116,7 @@ def _batch_norm(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
     params = [ctx.input(i) for i in range(1, 5)]
     # opset 15 lets scale/bias and mean/var have their own float types
-    params = [
-        p if p.type.dtype == x.type.dtype else ctx.op("cast", p, dtype=x.type.dtype) for p in params
-    ]
+    params = [cast(ctx, p, x.type.dtype) for p in params]
     eps = ctx.float_attr("epsilon", 1e-5)
     return [ctx.op("batch_norm", x, *params, axis=1, epsilon=eps)]
 

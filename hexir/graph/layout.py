@@ -82,9 +82,10 @@ import numpy as np
 
 from hexir import knobs
 from hexir.graph.rewrite import RewritePass, simplify_graph
+from hexir.ir.dtype import BYTE_INTS
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ops import make_op
-from hexir.ops.contraction import BYTE_INTS, block_matmul_weight, group_matmul_weight
+from hexir.ops.contraction import block_matmul_weight, group_matmul_weight
 from hexir.ops.nn import as_nchw, block_conv_weight, conv_weight_shape, is_nhwc
 from hexir.ops.winograd import winograd_weight
 from hexir.runtime.target import Target
@@ -229,7 +230,8 @@ def _lay_out(graph: Graph, target: Target, winograd: Mapping[str, int]) -> Graph
 def _matmul_of_constant(op: Op, p: RewritePass, target: Target) -> list[Op] | None:
     """A dense of a constant weight as a matmul of its transpose; on the CPU, a matmul of a
     constant [K, N] takes it in column panels (`weight_block`): of its register tile's width,
-    or for a single row of `matrix_vector_block`'s, unless no panel divides N."""
+    or for a single row of `matrix_vector_block`'s, unless no panel divides N; 8-bit operands
+    on a CPU with VNNI, in its groups (`weight_kgroup`, `_dot_groups`)."""
     dense = op.kind == "dense"
     if op.kind not in ("dense", "matmul") or op.attr("weight_block"):
         return None
@@ -237,27 +239,29 @@ def _matmul_of_constant(op: Op, p: RewritePass, target: Target) -> list[Op] | No
     if w.name not in p.data:
         return None
     weight = np.ascontiguousarray(p.data[w.name].T) if dense else p.data[w.name]
-    rows, columns = x.type.shape[0], weight.shape[1]
-    name = f"{w.name}_t" if dense else w.name
-    if _dot_groups(x, w, weight.shape, target):
-        weight, name = group_matmul_weight(weight, DOT_LANES, DOT_GROUP), f"{name}_vnni"
-        attrs = {"weight_block": DOT_LANES, "weight_kgroup": DOT_GROUP}
-        new_w = p.constant(name, weight, op.placement)
-        return [new_w, make_op("matmul", [x, new_w.result], attrs, op.result.name, op.placement)]
-    single_row = rows == 1 and target.kind == "cpu"
-    block = matrix_vector_block(columns, target) if single_row else _panel(rows, columns, target)
-    if not block and not dense:
+    weight, suffix, attrs = _cpu_weight(x, w, weight, target)
+    if not attrs and not dense:
         return None
-    attrs: dict[str, object] = {}
-    if block:
-        weight, name, attrs = (
-            block_matmul_weight(weight, block),
-            f"{name}_{block}n",
-            {"weight_block": block},
-        )
+    name = f"{w.name}_t{suffix}" if dense else f"{w.name}{suffix}"
     new_w = p.constant(name, weight, op.placement)
     matmul = make_op("matmul", [x, new_w.result], attrs, op.result.name, op.placement)
     return [new_w, matmul]
+
+
+def _cpu_weight(
+    x: Value, w: Value, weight: np.ndarray, target: Target
+) -> tuple[np.ndarray, str, dict[str, object]]:
+    """A matmul's constant [K, N] as the target's kernels read it, the suffix its constant's
+    name takes and the matmul's attributes saying so (none: as it is)."""
+    if _dot_groups(x, w, weight.shape, target):
+        attrs: dict[str, object] = {"weight_block": DOT_LANES, "weight_kgroup": DOT_GROUP}
+        return group_matmul_weight(weight, DOT_LANES, DOT_GROUP), "_vnni", attrs
+    rows, columns = x.type.shape[0], weight.shape[1]
+    single_row = rows == 1 and target.kind == "cpu"
+    block = matrix_vector_block(columns, target) if single_row else _panel(rows, columns, target)
+    if not block:
+        return weight, "", {}
+    return block_matmul_weight(weight, block), f"_{block}n", {"weight_block": block}
 
 
 def _dot_groups(x: Value, w: Value, shape: tuple[int, ...], target: Target) -> bool:

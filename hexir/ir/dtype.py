@@ -20,6 +20,7 @@ _TABLE: dict[str, tuple[str, type, str]] = {
     "bool": ("i1", np.bool_, "bool"),
 }
 DTYPES: tuple[str, ...] = tuple(_TABLE)
+BYTE_INTS = ("int8", "uint8")  # 8-bit operands contract into int32 (VNNI's, MatMulInteger's)
 _BY_SHORT = {short: name for name, (short, _, _) in _TABLE.items()}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hexir.ir.dtype import BYTE_INTS
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Cast, Expr, IntImm
@@ -22,9 +23,6 @@ def _contraction_flops(op: Op) -> int:
     """2 per multiply-add: each output element sums K products (K = the first operand's last
     axis, for all three ops)."""
     return multiply_adds(op.result.type.size * op.operands[0].type.shape[-1])
-
-
-BYTE_INTS = ("int8", "uint8")
 
 
 def result_dtype(c: Check) -> str:

@@ -221,9 +221,12 @@ def cpu_features() -> tuple[str, ...]:
     return tuple(sorted(f for f in CPU_FEATURES if f in _host_flags()))
 
 
-def _host_flags() -> set[str]:
+@functools.cache
+def _host_flags() -> frozenset[str]:
+    """This machine's CPU flags, read once per process: every `Target("cpu")` asks (its
+    features and `int8_dot`), and without /proc/cpuinfo the answer runs the compiler."""
     flags = _cpuinfo_flags()
-    return flags if flags is not None else _compiler_flags(knobs.get().cc)
+    return frozenset(flags if flags is not None else _compiler_flags(knobs.get().cc))
 
 
 def _cpuinfo_flags() -> set[str] | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hexir.ir.arith import affine_coefficients, flat_index, simplify
+from hexir.ir.dtype import BYTE_INTS
 from hexir.ir.tir import (
     Binary,
     Block,
@@ -40,7 +41,6 @@ from hexir.ir.tir import (
 from hexir.ir.visit import free_vars, substitute
 from hexir.schedule.common import conjoin
 
-BYTES = ("uint8", "int8")
 TENSORIZE = "tensorize"  # the loop annotation: the intrinsic's name
 
 
@@ -94,7 +94,7 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
     if isinstance(operands, str):
         return operands
     a, b = operands
-    if {a.dtype, b.dtype} != set(BYTES):
+    if {a.dtype, b.dtype} != set(BYTE_INTS):
         return f"the operands are {a.dtype} and {b.dtype}, not one uint8 and one int8"
     strides = {}
     for name, buffer, indices in (

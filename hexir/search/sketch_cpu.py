@@ -39,6 +39,7 @@ import math
 from hexir.codegen.c_lower import MAX_REGISTER_VECTORS
 from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients
+from hexir.ir.dtype import BYTE_INTS
 from hexir.ir.tir import Binary, Block, BufferRegion, Expr, IntImm, Range, Var
 from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
@@ -46,7 +47,7 @@ from hexir.runtime.tiling import MAX_UNROLLED_ROWS, largest_divisor, register_ti
 from hexir.schedule import BlockRV, LoopRV, Schedule
 from hexir.schedule.common import index_vars, reduce_fed_by
 from hexir.schedule.compute_region import stored
-from hexir.schedule.tensorize import BYTES, VNNI_DOT
+from hexir.schedule.tensorize import VNNI_DOT
 from hexir.search.analysis import (
     block_named,
     consumers,
@@ -167,7 +168,8 @@ def _dot_reads(block: Block) -> bool:
         return False
     a, b = (r.buffer for r in block.reads)
     grouped = (VNNI_DOT.lanes, VNNI_DOT.group)
-    return a.dtype in BYTES and b.dtype in BYTES and len(a.shape) == 2 and b.shape[2:] == grouped
+    eight_bit = {a.dtype, b.dtype} <= set(BYTE_INTS)
+    return eight_bit and len(a.shape) == 2 and b.shape[2:] == grouped
 
 
 def _wants_tiling(sch: Schedule, block: Block) -> bool:
