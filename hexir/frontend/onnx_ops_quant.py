@@ -200,7 +200,8 @@ def _dequantized_product(ctx: Context, a: Value, b: Value, transposed: bool) -> 
 def _matmul(ctx: Context) -> Sequence[Value]:
     """numpy.matmul (`matmul_nd`), or a QDQ layer's integer product."""
     a, b = ctx.input(0), ctx.input(1)
-    return [_dequantized_product(ctx, a, b, False) or matmul_nd(ctx, a, b)]
+    product = _dequantized_product(ctx, a, b, False)
+    return [matmul_nd(ctx, a, b) if product is None else product]
 
 
 def _gemm(ctx: Context) -> Sequence[Value]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from hexir.ir.arith_eval import fold_cast
 from hexir.ir.dtype import BYTE_INTS
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
-from hexir.ir.tir import Binary, Buffer, Cast, Expr, IntImm
+from hexir.ir.tir import Binary, Buffer, Expr, IntImm
 from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, operand_names
 from hexir.ops.compute import Kernel, floordiv
 from hexir.ops.numeric import Attrs, block_axis, unblock_axis, unblock_perm, wide
@@ -58,7 +59,7 @@ def _matmul_infer(c: Check) -> TensorType:
 # [N/b, B, K, b] (each column panel contiguous, as the CPU kernels read it). matmul's
 # `weight_kgroup=g` (with weight_block=b) also takes K in groups of g, innermost: [N/b, K/g,
 # b, g], each column's g consecutive products side by side, as a dot-product instruction
-# reads them (VNNI's vpdpbusd: 4 bytes of each of 16 columns, `hexir/codegen/tensorize.py`).
+# reads them (VNNI's vpdpbusd: 4 bytes of each of 16 columns, `hexir/schedule/tensorize.py`).
 
 
 def matmul_weight_shape(shape: tuple[int, ...], block: int, group: int = 0) -> tuple[int, ...]:
@@ -118,11 +119,6 @@ def _mod(x: Expr, n: int) -> Expr:
     return Binary("floormod", x, IntImm(n))
 
 
-def widened(x: Expr, dtype: str) -> Expr:
-    """`x` as the result's dtype (an 8-bit operand of an int32 contraction)."""
-    return x if x.dtype == dtype else Cast(dtype, x)
-
-
 def _matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     a, b = args
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
@@ -131,7 +127,7 @@ def _matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
 
     def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
         weight = _weight_read(b, block, (r[0],), s[1], group)
-        return widened(a[s[0], r[0]], dt) * widened(weight, dt)
+        return fold_cast(dt, a[s[0], r[0]]) * fold_cast(dt, weight)
 
     k.reduce("matmul", out, a.shape[-1:], product)
 
@@ -192,7 +188,7 @@ def _batch_matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer
 
     def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
         weight = _weight_read(b, block, (s[0], r[0]), s[2])
-        return widened(a[s[0], s[1], r[0]], out.dtype) * widened(weight, out.dtype)
+        return fold_cast(out.dtype, a[s[0], s[1], r[0]]) * fold_cast(out.dtype, weight)
 
     k.reduce("batch_matmul", out, a.shape[-1:], product)
 
@@ -228,7 +224,7 @@ def _dense_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> No
     x, w = args
 
     def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        return widened(x[s[0], r[0]], out.dtype) * widened(w[s[1], r[0]], out.dtype)
+        return fold_cast(out.dtype, x[s[0], r[0]]) * fold_cast(out.dtype, w[s[1], r[0]])
 
     k.reduce("dense", out, x.shape[-1:], product)
 

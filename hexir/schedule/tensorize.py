@@ -96,28 +96,23 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
     a, b = operands
     if {a.dtype, b.dtype} != set(BYTE_INTS):
         return f"the operands are {a.dtype} and {b.dtype}, not one uint8 and one int8"
-    strides = {}
-    for name, buffer, indices in (
-        ("the accumulator", store.buffer, store.indices),
-        ("an operand", a.buffer, a.indices),
-        ("an operand", b.buffer, b.indices),
-    ):
-        coeffs = affine_coefficients(flat_index(buffer, indices), [j, k], scope)
+    strides: list[tuple[int, int]] = []  # (along the outer loop, along the inner) of each
+    for what, access in (("the accumulator", store), ("an operand", a), ("an operand", b)):
+        coeffs = affine_coefficients(flat_index(access.buffer, access.indices), [j, k], scope)
         if coeffs is None:
-            return f"{name} {buffer.name} is not affine in the two loops"
-        strides[buffer.name, indices] = (coeffs[j], coeffs[k])
-    if strides[store.buffer.name, store.indices] != (1, 0):
+            return f"{what} {access.buffer.name} is not affine in the two loops"
+        strides.append((coeffs[j], coeffs[k]))
+    acc_strides, a_strides, b_strides = strides
+    if acc_strides != (1, 0):
         return "the accumulator is not contiguous along the outer loop alone"
-    wanted = {(0, 1), (intrinsic.group, 1)}
-    pair = {strides[x.buffer.name, x.indices] for x in (a, b)}
-    if pair != wanted:
+    if {a_strides, b_strides} != {(0, 1), (intrinsic.group, 1)}:
         return (
             "the operands are not one read contiguously along the inner loop alone and one "
-            f"contiguous in (outer, inner) (strides {sorted(pair)})"
+            f"contiguous in (outer, inner) (strides {sorted({a_strides, b_strides})})"
         )
     at_zero = {j: IntImm(0, j.dtype), k: IntImm(0, k.dtype)}
     unsigned, signed = (a, b) if a.dtype == "uint8" else (b, a)
-    broadcast_unsigned = strides[unsigned.buffer.name, unsigned.indices] == (0, 1)
+    broadcast_unsigned = (a_strides if unsigned is a else b_strides) == (0, 1)
     return DotMatch(
         store.buffer,
         _at(store.indices, at_zero, scope),
