@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,10 +34,14 @@ from hexir.codegen.c_math import MATH_NEEDS, math_helper
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
 from hexir.codegen.c_vector import (
     HELPER_NEEDS,
+    HORIZONTAL,
     INTRINSIC_HELPER,
     VECTOR_HELPERS,
     BodyPrinter,
+    emit_lane_reduction,
     emit_vector_loop,
+    horizontal_helper,
+    reduces_across,
     x86_intrinsic,
 )
 from hexir.errors import BuildError
@@ -323,6 +328,10 @@ class CPrinter:
             return name
         for need in HELPER_NEEDS.get(kind, ()):
             self.vector_helper(need, dtype, lanes)
+        if kind in HORIZONTAL.values():  # hsum, hmax, hmin
+            v, t = self.vector_type(dtype, lanes), self.ctype(dtype)
+            self._helpers[name] = horizontal_helper(self.helper_qualifier, kind, v, t, sv, lanes)
+            return name
         if kind not in VECTOR_HELPERS:  # exp, erf, ...
             for need, need_dtype in MATH_NEEDS.get((kind, dtype), ()):
                 self.vector_helper(need, need_dtype, lanes)
@@ -399,6 +408,10 @@ class CPrinter:
             return
         if loop.kind == "vectorized" and not self._in_simd:
             lanes = loop_lanes(loop, self.vector_bytes)
+            if reduces_across(loop):
+                if lanes is None or not emit_lane_reduction(self, loop, lanes):
+                    self.scalar_loop(replace(loop, kind="serial"))  # no omp simd: it carries
+                return
             if lanes is not None and emit_vector_loop(self, loop, lanes):
                 return
         self.scalar_loop(loop)

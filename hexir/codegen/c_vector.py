@@ -13,6 +13,12 @@ vector form (float32 exp, log, erf, tanh, sigmoid, sqrt, rsqrt and pow; float64 
 sigmoid, sqrt and rsqrt) call SIMD helpers (c_math.py), unless the printer's `vector_math`
 is off; the scalar tail keeps libm's calls.
 
+A vectorized loop that feeds a reduction (`out[i] = out[i] OP rhs`, OP one of + max min, the
+store's index free of x; `sch.vectorize` allows it only then) combines its lanes in a tree:
+the chunks of rhs combined vector by vector, then the lanes of that vector by halves
+(`hx_hsum`, `hx_hmax`, `hx_hmin`), and the total combined into out once. Its init runs
+first, under the lowered block's first-iteration condition at x = 0.
+
 Anything else (a nested loop, an allocation, a condition or a store index that depends on x
 other than by unit stride, a math call without a vector form, bools in memory) raises
 `Unvectorizable`, and the printer prints the scalar loop under `#pragma omp simd` instead:
@@ -79,6 +85,104 @@ def emit_vector_loop(p: CPrinter, loop: For, lanes: int) -> bool:
         p.rollback(mark)
         return False
     return True
+
+
+# The horizontal helpers by the reduction's operator (schedule/reduction.py's LANE_COMBINERS).
+HORIZONTAL = {"+": "hsum", "max": "hmax", "min": "hmin"}
+
+
+@dataclass(frozen=True)
+class LaneReduction:
+    """A lowered reduction block under a vectorized loop: `init` under `first` (or neither),
+    then `out[indices] = out[indices] op rhs`."""
+
+    name: str
+    first: Expr | None
+    init: Stmt | None
+    update: BufferStore
+    op: str
+    rhs: Expr
+
+
+def lane_reduction(loop: For) -> LaneReduction | None:
+    """`loop`'s body as a reduction across its lanes (see the module's docstring), or None."""
+    name, body = "", loop.body
+    if isinstance(body, Block) and not body.iter_vars:
+        name, body = body.name, body.body
+    first = init = None
+    if isinstance(body, Seq) and len(body.stmts) == 2 and isinstance(body.stmts[0], IfThenElse):
+        cond = body.stmts[0]
+        if cond.else_ is not None:
+            return None
+        first, init, body = cond.cond, cond.then, body.stmts[1]
+    match body:
+        case BufferStore(out, idx, Binary(op, BufferLoad(acc, acc_idx), rhs)) if (
+            op in HORIZONTAL and acc == out and acc_idx == idx and is_float(out.dtype)
+        ):
+            if any(loop.var in free_vars(i) for i in idx) or any(
+                isinstance(n, BufferLoad) and n.buffer == out for n in walk(rhs)
+            ):
+                return None
+            return LaneReduction(name, first, init, body, op, rhs)
+    return None
+
+
+def reduces_across(loop: For) -> bool:
+    """Whether a store under `loop` writes one element for all its iterations: a reduction
+    over its var (which `#pragma omp simd` would race on)."""
+    return any(
+        isinstance(n, BufferStore) and all(loop.var not in free_vars(i) for i in n.indices)
+        for n in walk(loop.body)
+    )
+
+
+def emit_lane_reduction(p: CPrinter, loop: For, lanes: int) -> bool:
+    """Print a vectorized reduction loop as a tree over its lanes; False (nothing printed)
+    where its body is not one `lane_reduction` or its chunks do not vectorize."""
+    found = lane_reduction(loop)
+    chunks, tail = divmod(loop.extent, lanes)
+    if found is None or tail or chunks > MAX_STRAIGHT_CHUNKS:
+        return False
+    mark = p.checkpoint()
+    dtype, x = found.update.buffer.dtype, loop.var
+    try:
+        with p.bind_ranges({x: loop.extent}):
+            parts = [_Chunk(p, x, IntImm(c * lanes, x.dtype), lanes, False) for c in range(chunks)]
+            vectors = [c.vector(c.value(found.rhs), dtype) for c in parts]
+    except Unvectorizable:
+        p.rollback(mark)
+        return False
+    combine = parts[0].helper(found.op, dtype) if found.op != "+" else None
+    while len(vectors) > 1:  # pairwise, as the lanes are
+        pairs = zip(vectors[::2], vectors[1::2], strict=False)
+        odd = [vectors[-1]] if len(vectors) % 2 else []
+        vectors = [f"{combine}({a}, {b})" if combine else f"({a} + {b})" for a, b in pairs] + odd
+    total = f"{p.vector_helper(HORIZONTAL[found.op], dtype, lanes)}({_unwrap(vectors[0])})"
+    out = found.update
+    lanes_total = Var("lanes", dtype)  # the tree's result, a scalar local of the block
+    with p.scope(f"{{  // block {found.name}" if found.name else "{"):
+        if found.init is not None and found.first is not None:
+            first = simplify(substitute(found.first, {x: IntImm(0, x.dtype)}), p.ranges)
+            p.stmt(IfThenElse(first, found.init))
+        elif found.init is not None:
+            p.stmt(found.init)
+        p.emit(f"{p.ctype(dtype)} {p.var(lanes_total)} = {total};")
+        load = BufferLoad(out.buffer, out.indices)
+        p.stmt(BufferStore(out.buffer, out.indices, Binary(found.op, load, lanes_total)))
+    return True
+
+
+def horizontal_helper(q: str, kind: str, v: str, t: str, sv: str, lanes: int) -> str:
+    """`hx_<kind>_<sv>`: the lanes of a vector combined by halves into one scalar."""
+    step = "  v = {};\n"
+    op = {"hsum": "v + {}", "hmax": f"hx_max_{sv}(v, {{}})", "hmin": f"hx_min_{sv}(v, {{}})"}
+    lines = []
+    half = lanes // 2
+    while half:
+        order = ", ".join(str(i ^ half) for i in range(lanes))  # lane i swaps with i ^ half
+        lines.append(step.format(op[kind].format(f"__builtin_shufflevector(v, v, {order})")))
+        half //= 2
+    return f"{q} {t} hx_{kind}_{sv}({v} v) {{\n{''.join(lines)}  return v[0];\n}}"
 
 
 def _emit_chunks(p: CPrinter, loop: For, lanes: int) -> None:
@@ -400,6 +504,8 @@ HELPER_NEEDS: dict[str, tuple[str, ...]] = {
     "min": ("select",),
     "max": ("select",),
     "iabs": ("select",),
+    "hmax": ("max",),
+    "hmin": ("min",),
 }
 
 BodyPrinter = Callable[[Stmt], None]

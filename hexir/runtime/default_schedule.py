@@ -152,12 +152,12 @@ CHAINS = 4
 
 def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
     """The block's innermost reduction loop split by the vector lanes, the inner part
-    rfactored into vectors of partial results, which a short serial loop then combines. A
-    row of at least 4 x CHAINS vectors keeps CHAINS vectors of partials, added in turn, so
-    that CHAINS additions are in flight rather than one chain the length of the row; those
-    partials are first added into one vector (a second rfactor), whose lanes the serial loop
-    combines. An extent the lanes do not divide (ViT's rows of 197) leaves a guarded last
-    step, which the C backend's loop partitioning runs after the vectorized ones."""
+    rfactored into vectors of partial results, which a vectorized reduction loop then
+    combines in a tree (vector by vector, then the lanes by halves). A row of at least 4 x
+    CHAINS vectors keeps CHAINS vectors of partials, added in turn, so that CHAINS additions
+    are in flight rather than one chain the length of the row. An extent the lanes do not
+    divide (ViT's rows of 197) leaves a guarded last step, which the C backend's loop
+    partitioning runs after the vectorized ones."""
     inner = sch.get_loops(sch.get_block(name))[-1]
     extent = _extent(sch, inner)
     if extent < 2 * lanes:
@@ -165,10 +165,11 @@ def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
     chains = CHAINS if extent >= 4 * CHAINS * lanes else 1
     _, lane = sch.split(inner, [None, chains * lanes])
     partial = sch.rfactor(lane, -1)
-    sch.vectorize(sch.get_loops(partial)[-1])
-    if chains > 1:
-        _, lane = sch.split(sch.get_loops(sch.get_block(name))[-1], [chains, lanes])
-        sch.vectorize(sch.get_loops(sch.rfactor(lane, -1))[-1])
+    loops = sch.get_loops(partial)
+    sch.vectorize(loops[-1])
+    # zeroed once before the row's loop (not where a ragged row's guard refuses it)
+    _attempt(lambda: sch.decompose_reduction(partial, loops[-2]))
+    sch.vectorize(sch.get_loops(sch.get_block(name))[-1])  # the partials, in a tree
 
 
 def _cpu_simple(func: PrimFunc, target: Target) -> Schedule:

@@ -2,9 +2,11 @@
 unannotate.
 
 A loop's kind is its schedule, visible in the IR (`for %i_0 in 0..32 parallel`). Changing it
-is legal only where the result cannot change: no parallel, vectorized or blockIdx loop feeds
-a reduction (a threadIdx one may: a cross-thread reduction), and a vectorized loop is innermost
-with unit-stride or invariant accesses.
+is legal only where the result cannot change: no parallel or blockIdx loop feeds a reduction
+(a threadIdx one may: a cross-thread reduction), and a vectorized loop is innermost with
+unit-stride or invariant accesses. A vectorized loop may feed a reduction only as the whole of
+one float block `out = out OP expr` (OP one of + max min, out free of the loop): its lanes are
+then combined in a tree (a horizontal reduction), which reorders a sum as rfactor does.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from hexir.errors import ScheduleError
 from hexir.ir import arith
+from hexir.ir.dtype import is_float
 from hexir.ir.tir import GPU_KINDS, AnnotationValue, Block, For, PrimFunc
+from hexir.ir.visit import free_vars
 from hexir.schedule.common import (
     accesses,
     all_loops,
@@ -26,6 +31,7 @@ from hexir.schedule.common import (
     replace_body,
     schedule_error,
 )
+from hexir.schedule.reduction import LANE_COMBINERS, match_reduction
 from hexir.schedule.state import ScheduleBase, primitive
 from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, match_dot
 from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
@@ -176,7 +182,7 @@ def set_loop_kind(
         raise fail(f"loop %{loop.var.name} is already {loop.kind}")
     if kind in ("parallel", "vectorized") or kind.startswith("blockIdx"):
         fed = reduce_fed_by(loop.body, loop.var)
-        if fed is not None:
+        if fed is not None and not (kind == "vectorized" and _lane_reduction(loop)):
             raise fail(
                 f"loop %{loop.var.name} feeds reduce iter var {fed[1].name} of block "
                 f"@{fed[0].name}: a {kind} reduction would race (bind it to threadIdx for a "
@@ -190,6 +196,25 @@ def set_loop_kind(
     if kind.startswith("threadIdx"):
         _check_threads(new, target, fail)
     return new
+
+
+def _lane_reduction(loop: For) -> bool:
+    """Whether `loop`'s body is one float reduction block whose lanes a tree may combine:
+    `init { out = v }`, `out = out OP expr` with OP one of + max min, no predicate, and every
+    iter var the loop feeds a reduce one."""
+    block = loop.body
+    if not isinstance(block, Block) or block.predicate is not None:
+        return False
+    try:
+        red = match_reduction(block, lambda *a, **k: ScheduleError(""))
+    except ScheduleError:
+        return False
+    fed = [iv for iv in block.iter_vars if loop.var in free_vars(iv.binding)]
+    return (
+        red.op in LANE_COMBINERS
+        and is_float(red.out.dtype)
+        and all(iv.kind == "reduce" for iv in fed)
+    )
 
 
 def _check_vectorizable(func: PrimFunc, loop: For, fail) -> None:  # noqa: ANN001

@@ -56,6 +56,8 @@ from hexir.schedule.state import ScheduleBase, primitive
 from hexir.schedule.trace import BlockRV, LoopRV
 
 COMBINERS = ("+", "*", "max", "min")
+# The combiners whose reduction a vectorized loop may run across its lanes, in a tree.
+LANE_COMBINERS = ("+", "max", "min")
 Fail = Callable[..., Exception]
 
 

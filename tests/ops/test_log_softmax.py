@@ -104,9 +104,13 @@ def test_the_default_cpu_schedule_runs_rows_in_parallel_reducing_in_lanes(M, N, 
     kinds = {lp.kind for lp in walk(sch.func.body) if isinstance(lp, For)}
     assert "vectorized" in kinds  # the norm stage, and the partial results where rows are long
     lanes = Target("cpu").vector_width
-    if N >= 2 * lanes:  # the max and the sum; long rows in chains, added into one vector
-        per_reduction = 2 if N >= 4 * CHAINS * lanes else 1
-        assert str(sch.trace).count("rfactor") == 2 * per_reduction
+    if N >= 2 * lanes:  # the max and the sum: partials in lanes (long rows: in chains)
+        assert str(sch.trace).count("rfactor") == 2
+        chains = CHAINS if N >= 4 * CHAINS * lanes else 1
+        write_backs = [
+            lp for lp in walk(sch.func.body) if isinstance(lp, For) and lp.var.name.endswith("_wb")
+        ]
+        assert [(lp.kind, lp.extent) for lp in write_backs] == [("vectorized", chains * lanes)] * 2
     assert Trace.from_json(sch.trace.to_json()).apply(func).func == sch.func
     source = hexir.build(sch.func, "cpu").source
     assert ("omp parallel" in source) == shared

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from schedule_fixtures import ADD_2D, MATMUL, check, func, raises_unchanged
 
+import hexir
+from hexir.codegen.c import CPrinter
 from hexir.ir.tir import Block, For
 from hexir.ir.visit import walk
 from hexir.ops.parse import parse
+from hexir.runtime.target import Target
 from hexir.schedule import Schedule
 
 
@@ -84,7 +88,36 @@ def test_vectorize_needs_unit_stride_in_the_last_axis() -> None:
     raises_unchanged(sch, lambda: sch.vectorize(j), "not innermost")
     fresh = Schedule(func(MATMUL), seed=0)
     _, _, k = loops(fresh, "matmul")
-    raises_unchanged(fresh, lambda: fresh.vectorize(k), "reduce iter var")
+    raises_unchanged(fresh, lambda: fresh.vectorize(k), r"%B\[%k, %j\] is stride 1 in %k")
+
+
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_max"])
+@pytest.mark.parametrize("n", [16, 64, 20])
+def test_a_vectorized_reduction_combines_its_lanes_in_a_tree(op, n) -> None:
+    # The row's loop is the reduction's: vectorized, its lanes combine by halves (hx_hsum /
+    # hx_hmax in the C); 20 (no whole vectors of 16) prints as the serial loop, without
+    # `omp simd` (which would race on the accumulator).
+    before = hexir.workload(op, shape=(6, n), axes=(1,))
+    sch = Schedule(before, seed=0)
+    (block,) = [b.name for b in walk(before.body) if isinstance(b, Block)]
+    k = loops(sch, block)[-1]
+    sch.vectorize(k)
+    assert "vectorized" in str(sch.func)
+    check(sch, before)
+    source = CPrinter(Target("cpu")).print_func(sch.func)
+    helper = {"reduce_sum": "hsum", "reduce_max": "hmax"}[op]
+    lanes = Target("cpu").vector_width
+    assert (f"hx_{helper}_f32x" in source) == (n % lanes == 0)
+    assert "omp simd" not in source
+
+
+def test_vectorize_refuses_a_reduction_it_cannot_combine_in_a_tree() -> None:
+    # A sum of products whose loop also indexes the output (a spatial iter var), or a dot
+    # product with an operand strided in the loop: refused, with the reason.
+    sch = Schedule(func(MATMUL), seed=0)
+    i, j, k = loops(sch, "matmul")
+    fused = sch.fuse(j, k)
+    raises_unchanged(sch, lambda: sch.vectorize(fused), "reduce iter var")
 
 
 def test_bind_gpu_matmul_with_cross_thread_reduction() -> None:
