@@ -33,9 +33,19 @@ output|, and a line warns above 1e-2. A float difference before a QuantizeLinear
 value by a quantization step, so the two may differ by a few steps; where they differ more,
 onnx's reference evaluator decides (on 2026-12-04, gpt2-decode's present keys: Hexir's
 within 1e-7 of the reference, ONNX Runtime's 7e-2 off). QDQ x ORT is ONNX Runtime's QDQ time
-over Hexir's, f32 / QDQ Hexir's float32 time over its QDQ time. numpy's matmul 1024^3 is
-printed first and last (benchmarks/quiet.py): quote a run only when both are at the machine's
-quiet level.
+over Hexir's, f32 / QDQ Hexir's float32 time over its QDQ time.
+
+Then the same models with int8 weights and dynamically quantized activations (`--dynamic`, the
+default; no data needed): Hexir's own `hexir.quantize` of the float32 graph (per-column int8
+weights, uint8 activations quantized at every run) beside ONNX Runtime's quantize_dynamic of
+the float32 file (the same scheme, MatMul and Gemm), each run by its own runtime, and Hexir's
+import of ONNX Runtime's file too. int8 x ORT is ONNX Runtime's dynamic time over Hexir's own
+int8 build, f32 / int8 Hexir's float32 time over it; err is each int8 model's largest |output
+- float32 output| over the largest |float32 output| on the timed inputs (seed 0; Hexir's own
+quantization takes no data, so these are held out by construction).
+
+numpy's matmul 1024^3 is printed first and last (benchmarks/quiet.py): quote a run only when
+both are at the machine's quiet level.
 """
 
 from __future__ import annotations
@@ -357,6 +367,88 @@ def bench_model(name: str, rounds: int, folder: Path) -> ModelRow:
     )
 
 
+@dataclass(frozen=True)
+class DynamicRow:
+    name: str
+    float32: float  # seconds: Hexir on the float32 graph
+    float32_ort: float
+    int8: float  # Hexir on hexir.quantize's graph
+    int8_ort: float  # ONNX Runtime on its quantize_dynamic file
+    imported: float  # Hexir on its import of that file
+    error: float  # Hexir's int8 outputs against its float32 ones (relative, largest)
+    error_ort: float
+
+
+def bench_dynamic(name: str, rounds: int, folder: Path) -> DynamicRow:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = hexir.load_model(name)
+    hexir.export_onnx(graph, folder / "f32.onnx")
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(
+            str(folder / "f32.onnx"),
+            str(folder / "dyn.onnx"),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            op_types_to_quantize=["MatMul", "Gemm"],
+        )
+    finally:
+        root.setLevel(level)
+    inputs, feed = inputs_of(graph), folder / "inputs.npz"
+    save_feed(graph, inputs, feed)
+    quantized, _ = hexir.quantize(graph)
+    modules = {
+        "f32": hexir.compile(graph),
+        "int8": hexir.compile(quantized),
+        "imported": hexir.compile(hexir.import_onnx(onnx.load(folder / "dyn.onnx"))),
+    }
+    hexir_s: dict[str, list[float]] = {kind: [] for kind in modules}
+    ort_s: dict[str, list[float]] = {"f32": [], "dyn": []}
+    theirs: dict[str, list[np.ndarray]] = {}
+    for _ in range(rounds):  # alternating, as bench_model
+        for kind in ort_s:
+            seconds, theirs[kind], _ = onnxruntime_file(folder / f"{kind}.onnx", feed, folder)
+            ort_s[kind].append(seconds)
+        for kind, module in modules.items():
+            hexir_s[kind].append(time_module(module, inputs))
+    f32 = modules["f32"].run(inputs)
+    med = {kind: statistics.median(t) for kind, t in hexir_s.items()}
+    return DynamicRow(
+        name,
+        med["f32"],
+        statistics.median(ort_s["f32"]),
+        med["int8"],
+        statistics.median(ort_s["dyn"]),
+        med["imported"],
+        relative_diff(modules["int8"].run(inputs), f32, f32),
+        relative_diff(theirs["dyn"], f32, f32),
+    )
+
+
+def print_dynamic(rows: list[DynamicRow], version: str) -> None:
+    print(
+        f"\nint8 weights, activations quantized at every run: hexir.quantize beside ONNX "
+        f"Runtime's quantize_dynamic (per-column int8 weights, MatMul and Gemm) on the CPU "
+        f"({os.cpu_count()} cores; ms, medians; ORT {THREADS} threads); int8 x ORT = ONNX "
+        f"Runtime's int8 time / Hexir's; f32 / int8 = Hexir's float32 time / its int8 time; "
+        f"'ORT file' = Hexir running ONNX Runtime's quantized file; err = largest |int8 - "
+        f"float32| / largest |float32| over the outputs; ONNX Runtime {version}"
+    )
+    print(
+        f"{'model':<12} {'hexir f32':>10} {'ORT f32':>10} {'hexir int8':>10} {'ORT int8':>10} "
+        f"{'ORT file':>9} {'int8 x ORT':>10} {'f32 / int8':>10} {'err':>8} {'ORT err':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r.name:<12} {ms(r.float32):>10} {ms(r.float32_ort):>10} {ms(r.int8):>10} "
+            f"{ms(r.int8_ort):>10} {ms(r.imported):>9} {ratio(r.int8_ort, r.int8):>10} "
+            f"{r.float32 / r.int8:>10.2f} {r.error:>8.1e} {r.error_ort:>8.1e}"
+        )
+
+
 def print_models(rows: list[ModelRow], version: str) -> None:
     print(
         f"\nwhole models quantized by ONNX Runtime's quantize_static (QDQ, uint8 activations, int8 "
@@ -398,13 +490,21 @@ def run_shapes(shapes: tuple[Shape, ...], rounds: int, version: str | None) -> l
     return bad
 
 
-def run_models(names: tuple[str, ...], rounds: int, version: str) -> None:
-    rows = []
-    for name in names:
-        print(f"{name} (quantized) ...", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(bench_model(name, rounds, Path(tmp)))
-    print_models(rows, version)
+def run_models(names: tuple[str, ...], rounds: int, version: str, schemes: list[str]) -> None:
+    if "qdq" in schemes:
+        rows = []
+        for name in names:
+            print(f"{name} (QDQ) ...", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                rows.append(bench_model(name, rounds, Path(tmp)))
+        print_models(rows, version)
+    if "dynamic" in schemes:
+        dynamic = []
+        for name in names:
+            print(f"{name} (dynamic) ...", flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                dynamic.append(bench_dynamic(name, rounds, Path(tmp)))
+        print_dynamic(dynamic, version)
 
 
 def main() -> None:
@@ -416,7 +516,15 @@ def main() -> None:
     parser.add_argument(
         "--models", type=parse_models, default=MODELS, help="zoo models, e.g. bert-base,mlp; none"
     )
+    parser.add_argument(
+        "--schemes", default="qdq,dynamic",
+        help="the whole models' quantizations: qdq (static, ONNX Runtime's), dynamic (int8 "
+        "weights: hexir.quantize and ONNX Runtime's quantize_dynamic), or both",
+    )  # fmt: skip
     args = parser.parse_args()
+    schemes = [s for s in args.schemes.split(",") if s]
+    if not set(schemes) <= {"qdq", "dynamic"}:
+        parser.error(f"--schemes {args.schemes!r}: qdq, dynamic or both")
 
     print(numpy_matmul_line(), flush=True)
     version = onnxruntime_version()
@@ -426,7 +534,7 @@ def main() -> None:
     if args.models and version is None:
         print("whole models: skipped (ONNX Runtime's quantizer makes their quantized form)")
     elif args.models:
-        run_models(args.models, args.rounds, version)
+        run_models(args.models, args.rounds, version, schemes)
     print(numpy_matmul_line())
     if bad:
         sys.exit(1)

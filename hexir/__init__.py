@@ -46,6 +46,7 @@ _LAZY: dict[str, str] = {
     "load_model": "hexir.frontend.load",
     "save_model": "hexir.frontend.load",
     "export_onnx": "hexir.frontend.onnx_export",
+    "quantize": "hexir.frontend.quantize",
     "import_onnx": "hexir.frontend.onnx_import",
     "build": "hexir.runtime.build",
     "compile": "hexir.runtime.executor",

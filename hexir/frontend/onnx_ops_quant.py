@@ -82,16 +82,28 @@ def _quantize(ctx: Context) -> Sequence[Value]:
         raise Unsupported(f"quantizing to {dtype}")
     if ctx.attr("precision"):
         raise Unsupported("QuantizeLinear's precision attribute")
-    q = ctx.op("round", ctx.op("div", x, _along(ctx, scale, x, axis, block)))
     if zero is not None:
-        q = ctx.op("add", q, cast(ctx, _along(ctx, zero, x, axis, block), x.type.dtype))
-    return [_clip_cast(ctx, q, dtype)]
+        zero = _along(ctx, zero, x, axis, block)
+    return [quantize_linear(ctx, x, _along(ctx, scale, x, axis, block), zero, dtype)]
+
+
+def quantize_linear(ctx: Context, x: Value, scale: Value, zero: Value | None, dtype: str) -> Value:
+    """round(x / scale) + zero (ties to even), clipped to the integer `dtype` and cast to it;
+    `scale` and `zero` broadcast against x."""
+    q = ctx.op("round", ctx.op("div", x, scale))
+    if zero is not None:
+        q = ctx.op("add", q, cast(ctx, zero, x.type.dtype))
+    return _clip_cast(ctx, q, dtype)
 
 
 def _dynamic_quantize(ctx: Context) -> Sequence[Value]:
-    """uint8 over [min(x, 0), max(x, 0)]: scale = (max - min) / 255 (1/255 where the range is
-    empty), zero point = round(clip(-min / scale, 0, 255))."""
-    x = ctx.input(0)
+    return list(dynamic_quantize(ctx, ctx.input(0)))
+
+
+def dynamic_quantize(ctx: Context, x: Value) -> tuple[Value, Value, Value]:
+    """DynamicQuantizeLinear: x as uint8 over [min(x, 0), max(x, 0)], with its scale = (max -
+    min) / 255 (1/255 where the range is empty) and zero point = round(clip(-min / scale, 0,
+    255)) (uint8)."""
     axes = tuple(range(len(x.type.shape)))
     zero = ctx.scalar(0, x)
     high = ctx.op("maximum", ctx.op("reduce_max", x, axes=axes), zero)
@@ -105,7 +117,7 @@ def _dynamic_quantize(ctx: Context) -> Sequence[Value]:
     start = ctx.op("minimum", ctx.op("maximum", start, zero), ctx.scalar(255, x))
     zero_point = ctx.op("round", start)
     y = ctx.op("add", ctx.op("round", ctx.op("div", x, scale)), zero_point)
-    return [_clip_cast(ctx, y, "uint8"), scale, cast(ctx, zero_point, "uint8")]
+    return _clip_cast(ctx, y, "uint8"), scale, cast(ctx, zero_point, "uint8")
 
 
 def _less_zero(ctx: Context, x: Value, zero: Value | None, row_axis: int | None) -> Value:

@@ -165,10 +165,11 @@ def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
     chains = CHAINS if extent >= 4 * CHAINS * lanes else 1
     _, lane = sch.split(inner, [None, chains * lanes])
     partial = sch.rfactor(lane, -1)
-    loops = sch.get_loops(partial)
+    loops, kinds, block = _loops(sch, sch.get(partial).name)  # type: ignore[union-attr]
     sch.vectorize(loops[-1])
-    # zeroed once before the row's loop (not where a ragged row's guard refuses it)
-    _attempt(lambda: sch.decompose_reduction(partial, loops[-2]))
+    # zeroed once before the reduction's loops (not where a ragged row's guard refuses it)
+    first = kinds.index("reduce") if "reduce" in kinds else len(loops) - 2
+    _attempt(lambda: sch.decompose_reduction(partial, loops[first]))
     sch.vectorize(sch.get_loops(sch.get_block(name))[-1])  # the partials, in a tree
 
 
@@ -184,12 +185,16 @@ def _cpu_simple(func: PrimFunc, target: Target) -> Schedule:
 
 def _inline_into_spatial(sch: Schedule) -> None:
     """Every block whose readers are all spatial (no reduction: an elementwise chain, a
-    transpose or a transform and its epilogues) computed inside them, where compute_inline
-    allows: one pass over the data, not one a stage."""
+    transpose or a transform and its epilogues), or whose one reader reduces to one element,
+    computed inside them, where compute_inline allows: one pass over the data, not one a
+    stage."""
     blocks = list(all_blocks(sch.func.body))
     for block in blocks[:-1]:
         readers = [b for b in blocks if any(r.buffer == block.writes[0].buffer for r in b.reads)]
-        if readers and all(iv.kind == "spatial" for b in readers for iv in b.iter_vars):
+        spatial = all(iv.kind == "spatial" for b in readers for iv in b.iter_vars)
+        # A reduction to one element reads each element once: min(x) as -max(-x) in one pass.
+        whole = len(readers) == 1 and all(iv.kind == "reduce" for iv in readers[0].iter_vars)
+        if readers and (spatial or whole):
             _attempt(functools.partial(_inline, sch, block.name))
 
 
@@ -210,6 +215,12 @@ def _worth_sharing(sch: Schedule, names: list[str]) -> bool:
 
 def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedule:
     loops, kinds, _ = _loops(sch, name)
+    if loops and set(kinds) == {"reduce"}:  # to one element: its loops as one row
+        for fused in (True, False) if len(loops) > 1 else (False,):
+            whole = sch.copy()
+            if _attempt(lambda: _reduce_whole(whole, name, loops, fused, target)):  # noqa: B023
+                return whole
+        return sch
     if not loops or "" in kinds or "spatial" not in kinds:
         return sch
     spatial = [lp for lp, k in zip(loops, kinds, strict=True) if k == "spatial"]
@@ -247,6 +258,17 @@ def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedul
     if outer and share:
         _attempt(lambda: sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0]))
     return sch
+
+
+def _reduce_whole(
+    sch: Schedule, name: str, loops: list[LoopRV], fused: bool, target: Target
+) -> None:
+    """A reduction of a whole tensor to one element (DynamicQuantizeLinear's range) with its
+    partial results in lanes (`_reduce_in_lanes`) over its loops fused into one row, or (where
+    the lanes do not divide that row) over its innermost loop."""
+    if fused:
+        sch.fuse(*loops)
+    _reduce_in_lanes(sch, name, target.vector_width)
 
 
 def case_vars(block: Block) -> set[Var]:

@@ -1,0 +1,170 @@
+"""`quantize`: a float32 model's linear layers as 8-bit integer products.
+
+Every `matmul` or `dense` of a float32 activation by a constant 2-D float32 weight becomes
+
+    y = float32(integer_matmul(xq, wq, x_zero, 0)) * (x_scale * w_scale)
+
+- the weight: int8, symmetric, one scale per output column (`w_scale[n] = max|W[:, n]| /
+  127`, `wq = round(W / w_scale)`), computed here, once: a quarter of the float32 bytes;
+- the activation: uint8 with a scale and zero point over [min(x, 0), max(x, 0)], either
+  computed by the model at every run from the values it meets (`activations="dynamic"`, ONNX's
+  DynamicQuantizeLinear: no data needed) or fixed from calibration inputs (`activations=
+  "static"`: the same rule over every value the calibration runs give that layer).
+
+The integer product is the ONNX front end's (`onnx_ops_quant.integer_matmul`): a uint8 x
+int8 matmul, on VNNI where the CPU has it (`vpdpbusd`), its zero point applied after. The rest
+of the graph is copied as it is. `quantization_error` measures the result against the float32
+model on inputs it was not calibrated on. 4-bit weights need an int4 dtype, which Hexir does
+not have yet: refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hexir.errors import HexirError
+from hexir.frontend.onnx_context import Context
+from hexir.frontend.onnx_ops import cast
+from hexir.frontend.onnx_ops_quant import dynamic_quantize, integer_matmul, quantize_linear
+from hexir.graph.evaluate import constant_array, evaluate
+from hexir.ir.graph import Graph, Op, Value
+from hexir.ops.builder import GraphBuilder
+
+WEIGHTS = ("int8",)
+ACTIVATIONS = ("dynamic", "static")
+# The narrowest layer worth quantizing: below this many weights the extra kernels of the
+# activation's quantization cost more than the product saves.
+MIN_WEIGHTS = 4096
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One linear layer `quantize` rewrote: its op's result name, its weight's shape [K, N],
+    and the largest relative error of its int8 weight (|wq * scale - W| / max|W|)."""
+
+    name: str
+    shape: tuple[int, int]
+    weight_error: float
+
+
+def quantize(
+    graph: Graph,
+    weights: str = "int8",
+    activations: str = "dynamic",
+    calibration: Sequence[Sequence[np.ndarray]] = (),
+) -> tuple[Graph, list[Layer]]:
+    """`graph` with its float32 linear layers of constant weights in 8-bit integers (see the
+    module's docstring), and the layers it rewrote. `calibration`: input sets (each a list of
+    arrays in the graph's input order), needed by `activations="static"`."""
+    if weights not in WEIGHTS:
+        raise HexirError(
+            f"quantizing weights to {weights!r}: Hexir quantizes weights to {', '.join(WEIGHTS)}"
+            " (4-bit weights need an int4 dtype, which Hexir does not have yet)"
+        )
+    if activations not in ACTIVATIONS:
+        raise HexirError(
+            f"activations {activations!r}: one of {', '.join(ACTIVATIONS)} (dynamic: quantized "
+            "at every run from their own range; static: from calibration inputs)"
+        )
+    layers = [op for op in graph.ops if _quantizable(graph, op)]
+    ranges = {}
+    if activations == "static":
+        if not calibration:
+            raise HexirError(
+                "static activation quantization needs calibration inputs (input sets that "
+                "look like the model's real inputs); or quantize them dynamically"
+            )
+        ranges = _calibrated_ranges(graph, [op.operands[0] for op in layers], calibration)
+    ctx = Context(GraphBuilder(graph.name), {}, opset=21)
+    env: dict[str, Value] = {
+        v.name: ctx.builder.input(v.name, v.type.shape, v.type.dtype) for v in graph.inputs
+    }
+    rewritten: list[Layer] = []
+    for op in graph.ops:
+        if op in layers:
+            x = env[op.operands[0].name]
+            w = constant_array(graph, _producer(graph, op.operands[1]))
+            w = w.T if op.kind == "dense" else w  # [N, K] -> [K, N]
+            value, error = _integer_layer(ctx, x, w, ranges.get(op.operands[0].name))
+            rewritten.append(Layer(op.result.name, w.shape, error))
+        elif op.kind == "constant":
+            value = ctx.builder.constant(constant_array(graph, op))
+        else:
+            operands = [env[v.name] for v in op.operands]
+            value = ctx.builder.op(op.kind, *operands, **dict(op.attrs))
+        env[op.result.name] = value
+    return ctx.builder.build([env[v.name] for v in graph.outputs]), rewritten
+
+
+def _producer(graph: Graph, value: Value) -> Op | None:
+    return next((op for op in graph.ops if op.result.name == value.name), None)
+
+
+def _quantizable(graph: Graph, op: Op) -> bool:
+    if op.kind not in ("matmul", "dense") or len(op.operands) != 2 or op.attrs:
+        return False
+    x, w = op.operands
+    source = _producer(graph, w)
+    return (
+        source is not None
+        and source.kind == "constant"
+        and x.type.dtype == w.type.dtype == "float32"
+        and len(w.type.shape) == 2
+        and len(x.type.shape) == 2
+        and w.type.size >= MIN_WEIGHTS
+    )
+
+
+def _integer_layer(
+    ctx: Context, x: Value, w: np.ndarray, x_range: tuple[float, float] | None
+) -> tuple[Value, float]:
+    """x @ w through int8 weights and a uint8 activation, and the weight's largest relative
+    rounding error."""
+    top = np.abs(w).max(axis=0)
+    w_scale = np.where(top > 0, top / 127, 1).astype(np.float32)
+    wq = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
+    error = float(np.abs(wq * w_scale - w).max() / max(float(np.abs(w).max()), 1e-30))
+    if x_range is None:
+        xq, x_scale, x_zero = dynamic_quantize(ctx, x)
+    else:
+        scale, zero = _uint8_grid(*x_range)
+        x_scale, x_zero = ctx.constant(np.float32(scale)), ctx.constant(np.uint8(zero))
+        xq = quantize_linear(ctx, x, x_scale, x_zero, "uint8")
+    acc = integer_matmul(ctx, xq, ctx.constant(wq), x_zero, None)
+    scale = ctx.op("mul", x_scale, ctx.constant(w_scale))
+    return ctx.op("mul", cast(ctx, acc, "float32"), scale), error
+
+
+def _uint8_grid(low: float, high: float) -> tuple[float, int]:
+    """DynamicQuantizeLinear's scale and zero point for a fixed range [low, high]."""
+    low, high = min(low, 0.0), max(high, 0.0)
+    span = np.float32(high - low) or np.float32(1)
+    scale = np.float32(span / np.float32(255))
+    return float(scale), int(np.rint(np.clip(np.float32(-low) / scale, 0, 255)))
+
+
+def _calibrated_ranges(
+    graph: Graph, values: list[Value], calibration: Sequence[Sequence[np.ndarray]]
+) -> dict[str, tuple[float, float]]:
+    """The smallest and largest element each of `values` takes over the calibration runs."""
+    probe = replace(graph, outputs=tuple(values))
+    ranges: dict[str, tuple[float, float]] = {}
+    for inputs in calibration:
+        for v, array in zip(values, evaluate(probe, list(inputs)), strict=True):
+            low, high = ranges.get(v.name, (np.inf, -np.inf))
+            ranges[v.name] = (min(low, float(array.min())), max(high, float(array.max())))
+    return ranges
+
+
+def quantization_error(graph: Graph, quantized: Graph, inputs: Sequence[np.ndarray]) -> list[float]:
+    """Per output: the largest |quantized - float32| relative to the largest |float32|, on
+    `inputs` (the reference evaluator's values of both graphs)."""
+    want, got = evaluate(graph, list(inputs)), evaluate(quantized, list(inputs))
+    return [
+        float(np.abs(g.astype(np.float64) - w).max(initial=0.0))
+        / max(float(np.abs(w).max(initial=0.0)), 1e-30)
+        for g, w in zip(got, want, strict=True)
+    ]
