@@ -6,6 +6,7 @@
     hexir db list | hexir db best WORKLOAD        # what the database knows
     hexir show matmul:M=1024,N=1024,K=1024 --schedule best
     hexir export resnet18 -o resnet18.onnx
+    hexir quantize gpt2-decode -o gpt2-int8.hexir  # int8 linear layers
 
 Errors print as one paragraph and exit with status 1 (bad arguments: 2; Ctrl-C: 130);
 `--debug` shows the traceback.
@@ -18,7 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from hexir.cli import build, db, run, show, tune
+from hexir.cli import build, db, quantize, run, show, tune
 from hexir.cli.common import parse_workload_spec
 from hexir.errors import HexirError, KnobError
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_parser(verbs, parent)
     db.add_parser(verbs, parent)
     show.add_parser(verbs, parent)
+    quantize.add_parser(verbs, parent)
     return parser
 
 

@@ -78,24 +78,27 @@ def quantize(
                 "look like the model's real inputs); or quantize them dynamically"
             )
         ranges = _calibrated_ranges(graph, [op.operands[0] for op in layers], calibration)
-    ctx = Context(GraphBuilder(graph.name), {}, opset=21)
+    builder = GraphBuilder(graph.name)
+    builder.reserve([op.result.name for op in graph.ops] + [k for k, _ in graph.constants])
+    ctx = Context(builder, {}, opset=21)
     env: dict[str, Value] = {
-        v.name: ctx.builder.input(v.name, v.type.shape, v.type.dtype) for v in graph.inputs
+        v.name: builder.input(v.name, v.type.shape, v.type.dtype) for v in graph.inputs
     }
     rewritten: list[Layer] = []
-    for op in graph.ops:
+    for op in graph.ops:  # every value keeps its name; the new ones get fresh names
+        name = op.result.name
         if op in layers:
             x = env[op.operands[0].name]
             w = constant_array(graph, _producer(graph, op.operands[1]))
             w = w.T if op.kind == "dense" else w  # [N, K] -> [K, N]
-            value, error = _integer_layer(ctx, x, w, ranges.get(op.operands[0].name))
-            rewritten.append(Layer(op.result.name, w.shape, error))
+            value, error = _integer_layer(ctx, x, w, ranges.get(op.operands[0].name), name)
+            rewritten.append(Layer(name, w.shape, error))
         elif op.kind == "constant":
-            value = ctx.builder.constant(constant_array(graph, op))
+            value = builder.constant(constant_array(graph, op), name=name)
         else:
             operands = [env[v.name] for v in op.operands]
-            value = ctx.builder.op(op.kind, *operands, **dict(op.attrs))
-        env[op.result.name] = value
+            value = builder.op(op.kind, *operands, name=name, **dict(op.attrs))
+        env[name] = value
     return ctx.builder.build([env[v.name] for v in graph.outputs]), rewritten
 
 
@@ -119,10 +122,10 @@ def _quantizable(graph: Graph, op: Op) -> bool:
 
 
 def _integer_layer(
-    ctx: Context, x: Value, w: np.ndarray, x_range: tuple[float, float] | None
+    ctx: Context, x: Value, w: np.ndarray, x_range: tuple[float, float] | None, name: str
 ) -> tuple[Value, float]:
-    """x @ w through int8 weights and a uint8 activation, and the weight's largest relative
-    rounding error."""
+    """x @ w through int8 weights and a uint8 activation, named `name`, and the weight's
+    largest relative rounding error."""
     top = np.abs(w).max(axis=0)
     w_scale = np.where(top > 0, top / 127, 1).astype(np.float32)
     wq = np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8)
@@ -135,7 +138,7 @@ def _integer_layer(
         xq = quantize_linear(ctx, x, x_scale, x_zero, "uint8")
     acc = integer_matmul(ctx, xq, ctx.constant(wq), x_zero, None)
     scale = ctx.op("mul", x_scale, ctx.constant(w_scale))
-    return ctx.op("mul", cast(ctx, acc, "float32"), scale), error
+    return ctx.builder.op("mul", cast(ctx, acc, "float32"), scale, name=name), error
 
 
 def _uint8_grid(low: float, high: float) -> tuple[float, int]:

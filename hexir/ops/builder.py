@@ -24,7 +24,7 @@ Only `constant` (data, not operands) is written here; `op(kind, ...)` builds any
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,8 +46,14 @@ class GraphBuilder:
         self.ops: list[Op] = []
         self.constants: list[tuple[str, ConstantData]] = []
         self._values: dict[str, Value] = {}
+        self._reserved: set[str] = set()
         self._counter = 0
         self._constant_counter = 0
+
+    def reserve(self, names: Iterable[str]) -> None:
+        """Names that values added later take explicitly: fresh names skip them (a graph
+        rebuilt op by op, with new ops between the ones it copies, keeps its names)."""
+        self._reserved.update(names)
 
     # --- values -------------------------------------------------------------------------
 
@@ -60,7 +66,7 @@ class GraphBuilder:
     def _fresh(self, prefix: str, counter: str) -> str:
         """The next unused `prefix<n>`; the counter moves on only once an op takes the name."""
         n = getattr(self, counter)
-        while f"{prefix}{n}" in self._values:
+        while f"{prefix}{n}" in self._values or f"{prefix}{n}" in self._reserved:
             n += 1
         return f"{prefix}{n}"
 
