@@ -38,6 +38,7 @@ from hexir.codegen.c_vector import (
     INTRINSIC_HELPER,
     VECTOR_HELPERS,
     BodyPrinter,
+    bfloat16_helper,
     emit_lane_reduction,
     emit_vector_loop,
     horizontal_helper,
@@ -82,7 +83,7 @@ from hexir.ir.tir import (
 )
 from hexir.ir.visit import children
 from hexir.schedule.common import all_loops
-from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, DotMatch, match_dot
+from hexir.schedule.tensorize import BF16_DOT, INTRINSICS, TENSORIZE, DotMatch, match_dot
 
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
@@ -102,6 +103,21 @@ _MATH = {
     "cos": "cos",
 }
 # Small helpers, emitted only when used; {t} is the C type, {s} the dtype's short name.
+# bfloat16's bits from a float (to the nearest, ties to even; a NaN stays a quiet NaN) and
+# back (c_narrow.py), through memcpy: no aliasing rules broken, one move once compiled.
+BF16_HELPERS = {
+    "f32_bf16": (
+        "{q} uint16_t hx_f32_bf16(float x) {{\n"
+        "  uint32_t b; __builtin_memcpy(&b, &x, 4);\n"
+        "  if (x != x) return (uint16_t)((b >> 16) | 0x40);\n"
+        "  return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);\n}}"
+    ),
+    "bf16_f32": (
+        "{q} float hx_bf16_f32(uint16_t h) {{\n"
+        "  uint32_t b = (uint32_t)h << 16; float x; __builtin_memcpy(&x, &b, 4); return x;\n}}"
+    ),
+}
+
 _HELPERS = {
     "floordiv_int": (
         "{q} {t} hx_floordiv_{s}({t} a, {t} b) {{\n"
@@ -144,6 +160,24 @@ def dpbusd_helper(qualifier: str, broadcast_unsigned: bool) -> str:
         f"  __builtin_memcpy(&four, {narrow}, 4);\n"
         f"  __builtin_memcpy(&wide, {wide}, 64);\n"
         f"  acc = _mm512_dpbusd_epi32(acc, {first}, {second});\n"
+        "  __builtin_memcpy(c, &acc, 64);\n"
+        "}\n"
+        "#endif"
+    )
+
+
+def dpbf16_helper(qualifier: str) -> str:
+    """vdpbf16ps on the 16 float32 accumulators at c: 2 bfloat16 products summed into each,
+    the pair at a broadcast (4 bytes), b's 32 bfloat16s (16 x 2) read whole. Compiled where
+    the compiler targets AVX512_BF16 only; elsewhere the nest prints as loops."""
+    return (
+        "#if defined(__AVX512BF16__)\n"
+        f"{qualifier} void hx_dpbf16(float* c, const void* a, const void* b) {{\n"
+        "  __m512 acc; __m512i wide; int32_t pair;\n"
+        "  __builtin_memcpy(&acc, c, 64);\n"
+        "  __builtin_memcpy(&pair, a, 4);\n"
+        "  __builtin_memcpy(&wide, b, 64);\n"
+        "  acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(pair), (__m512bh)wide);\n"
         "  __builtin_memcpy(c, &acc, 64);\n"
         "}\n"
         "#endif"
@@ -328,6 +362,12 @@ class CPrinter:
             return name
         for need in HELPER_NEEDS.get(kind, ()):
             self.vector_helper(need, dtype, lanes)
+        if kind in ("widen", "narrow"):  # bfloat16 <-> float32
+            f32, bf16 = self.vector_type("float32", lanes), self.vector_type("bfloat16", lanes)
+            u32 = self.vector_type("uint32", lanes)
+            helper = bfloat16_helper(self.helper_qualifier, kind, lanes, f32, bf16, u32)
+            self._helpers[name] = helper
+            return name
         if kind in HORIZONTAL.values():  # hsum, hmax, hmin
             v, t = self.vector_type(dtype, lanes), self.ctype(dtype)
             self._helpers[name] = horizontal_helper(self.helper_qualifier, kind, v, t, sv, lanes)
@@ -425,14 +465,20 @@ class CPrinter:
         if not isinstance(found, DotMatch) or self._in_simd:
             return False
         self.extra_includes.add("immintrin.h")
-        name = f"hx_dpbusd_{'u' if found.broadcast_unsigned else 's'}"
-        if name not in self._helpers:
-            self._helpers[name] = dpbusd_helper(self.helper_qualifier, found.broadcast_unsigned)
-        acc = f"(int32_t*)&{self.access(found.acc, found.acc_index)}"
-        u = f"&{self.access(found.unsigned.buffer, found.unsigned.indices)}"
-        s = f"&{self.access(found.signed.buffer, found.signed.indices)}"
-        self.emit("#if defined(__AVX512VNNI__)")
-        call = f"{name}({acc}, {u}, {s});"
+        broadcast, wide = (self.access(x.buffer, x.indices) for x in (found.broadcast, found.wide))
+        if known == BF16_DOT:
+            name, feature, args = "hx_dpbf16", "__AVX512BF16__", f"&{broadcast}, &{wide}"
+            helper = dpbf16_helper(self.helper_qualifier)
+            acc = f"(float*)&{self.access(found.acc, found.acc_index)}"
+        else:  # VNNI_DOT: the helper takes the uint8 operand first
+            unsigned = found.broadcast.buffer.dtype == "uint8"
+            name, feature = f"hx_dpbusd_{'u' if unsigned else 's'}", "__AVX512VNNI__"
+            args = f"&{broadcast}, &{wide}" if unsigned else f"&{wide}, &{broadcast}"
+            helper = dpbusd_helper(self.helper_qualifier, unsigned)
+            acc = f"(int32_t*)&{self.access(found.acc, found.acc_index)}"
+        self._helpers.setdefault(name, helper)
+        self.emit(f"#if defined({feature})")
+        call = f"{name}({acc}, {args});"
         if found.guard is None:
             self.emit(call)
         else:
@@ -660,6 +706,11 @@ class CPrinter:
         x = self.expr(value)
         if dtype == value.dtype:
             return x
+        if "bfloat16" in (dtype, value.dtype):  # bits <-> float (c_narrow.py: float32 only)
+            kind = "f32_bf16" if dtype == "bfloat16" else "bf16_f32"
+            if kind not in self._helpers:
+                self._helpers[kind] = BF16_HELPERS[kind].format(q=self.helper_qualifier)
+            return f"hx_{kind}({x})"
         if dtype == "bool":
             return f"({x} != 0)"
         return f"(({self.ctype(dtype)}){x})"

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import cast
 
+from hexir.codegen.c_narrow import lower_bfloat16
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import itemsize
 from hexir.ir.tir import (
@@ -73,10 +74,10 @@ FALSE = IntImm(0, "bool")
 
 
 def lower_for_c(body: Stmt) -> Stmt:
-    """`body` with blocks flattened into named wrappers, small unrolled loops expanded and
-    loops under bound guards partitioned."""
+    """`body` with blocks flattened into named wrappers, small unrolled loops expanded,
+    loops under bound guards partitioned and bfloat16 computed in float (c_narrow.py)."""
     flat = map_stmt(map_stmt(body, stmt_fn=_flatten_block), stmt_fn=_unroll)
-    return map_stmt(flat, stmt_fn=_partition)
+    return lower_bfloat16(map_stmt(flat, stmt_fn=_partition))
 
 
 def _flatten_block(stmt: Stmt) -> Stmt:

@@ -172,6 +172,23 @@ def emit_lane_reduction(p: CPrinter, loop: For, lanes: int) -> bool:
     return True
 
 
+def bfloat16_helper(q: str, kind: str, lanes: int, f32: str, bf16: str, u32: str) -> str:
+    """`hx_widen_bf16x<lanes>` (bits to floats) or `hx_narrow_f32x<lanes>` (floats to bits, to
+    the nearest, ties to even; a NaN stays a quiet NaN): c_narrow.py's conversions, lane-wise."""
+    if kind == "widen":
+        return (
+            f"{q} {f32} hx_widen_bf16x{lanes}({bf16} h) {{\n"
+            f"  return ({f32})(__builtin_convertvector(h, {u32}) << 16);\n}}"
+        )
+    return (
+        f"{q} {bf16} hx_narrow_f32x{lanes}({f32} x) {{\n"
+        f"  {u32} b = ({u32})x, nan = ({u32})(x != x);\n"
+        f"  {u32} r = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;\n"
+        f"  r = (r & ~nan) | (((b >> 16) | 0x40u) & nan);\n"
+        f"  return __builtin_convertvector(r, {bf16});\n}}"
+    )
+
+
 def horizontal_helper(q: str, kind: str, v: str, t: str, sv: str, lanes: int) -> str:
     """`hx_<kind>_<sv>`: the lanes of a vector combined by halves into one scalar."""
     step = "  v = {};\n"
@@ -404,6 +421,9 @@ class _Chunk:
             raise Unvectorizable("a cast from or to bool")
         if dtype == a.dtype:
             return x
+        if "bfloat16" in (dtype, a.dtype):  # bits <-> float32 (c_narrow.py)
+            kind = "narrow" if dtype == "bfloat16" else "widen"
+            return VValue(f"{self.helper(kind, a.dtype)}({self.vector(x, a.dtype)})", True, dtype)
         return VValue(f"__builtin_convertvector({x.text}, {self.vtype(dtype)})", True, dtype)
 
     # -- types and helpers ----------------------------------------------------------------

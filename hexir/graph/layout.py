@@ -82,7 +82,6 @@ import numpy as np
 
 from hexir import knobs
 from hexir.graph.rewrite import RewritePass, simplify_graph
-from hexir.ir.dtype import BYTE_INTS
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ops import make_op
 from hexir.ops.contraction import block_matmul_weight, group_matmul_weight
@@ -90,9 +89,7 @@ from hexir.ops.nn import as_nchw, block_conv_weight, conv_weight_shape, is_nhwc
 from hexir.ops.winograd import winograd_weight
 from hexir.runtime.target import Target
 from hexir.runtime.tiling import matrix_vector_block, register_tile
-from hexir.schedule.tensorize import VNNI_DOT
-
-DOT_LANES, DOT_GROUP = VNNI_DOT.lanes, VNNI_DOT.group
+from hexir.schedule.tensorize import BF16_DOT, VNNI_DOT, Intrinsic, dot_intrinsic
 
 __all__ = ["layout_weights"]
 
@@ -253,9 +250,11 @@ def _cpu_weight(
 ) -> tuple[np.ndarray, str, dict[str, object]]:
     """A matmul's constant [K, N] as the target's kernels read it, the suffix its constant's
     name takes and the matmul's attributes saying so (none: as it is)."""
-    if _dot_groups(x, w, weight.shape, target):
-        attrs: dict[str, object] = {"weight_block": DOT_LANES, "weight_kgroup": DOT_GROUP}
-        return group_matmul_weight(weight, DOT_LANES, DOT_GROUP), "_vnni", attrs
+    dot = _dot_groups(x, w, weight.shape, target)
+    if dot is not None:
+        attrs: dict[str, object] = {"weight_block": dot.lanes, "weight_kgroup": dot.group}
+        suffix = "_vnni" if dot == VNNI_DOT else "_bf16dot"
+        return group_matmul_weight(weight, dot.lanes, dot.group), suffix, attrs
     rows, columns = x.type.shape[0], weight.shape[1]
     single_row = rows == 1 and target.kind == "cpu"
     block = matrix_vector_block(columns, target) if single_row else _panel(rows, columns, target)
@@ -264,18 +263,16 @@ def _cpu_weight(
     return block_matmul_weight(weight, block), f"_{block}n", {"weight_block": block}
 
 
-def _dot_groups(x: Value, w: Value, shape: tuple[int, ...], target: Target) -> bool:
-    """Whether a matmul of 8-bit operands takes its constant [K, N] in VNNI's groups: on a
-    CPU with VNNI (`Target.int8_dot`), where 16 columns and 4 products of each divide it."""
+def _dot_groups(x: Value, w: Value, shape: tuple[int, ...], target: Target) -> Intrinsic | None:
+    """The dot-product intrinsic in whose groups a matmul takes its constant [K, N]: 8-bit
+    operands on a CPU with VNNI (`Target.int8_dot`), bfloat16 ones on a CPU with AVX512_BF16
+    (`Target.bf16_dot`), where the intrinsic's columns and products divide it; else None."""
     k, n = shape
-    return (
-        x.type.dtype in BYTE_INTS
-        and w.type.dtype in BYTE_INTS
-        and target.kind == "cpu"
-        and target.int8_dot
-        and k % DOT_GROUP == 0
-        and n % DOT_LANES == 0
-    )
+    dot = dot_intrinsic(x.type.dtype, w.type.dtype)
+    has = {VNNI_DOT: target.int8_dot, BF16_DOT: target.bf16_dot}
+    if dot is None or target.kind != "cpu" or not has.get(dot, False):
+        return None
+    return dot if k % dot.group == 0 and n % dot.lanes == 0 else None
 
 
 def _panel(rows: int, columns: int, target: Target) -> int:

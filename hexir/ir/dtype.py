@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
-# name -> (short text form, numpy dtype, C type)
+# name -> (short text form, numpy dtype, C type). bfloat16 (ml_dtypes' numpy type: onnx's own
+# dependency) is stored as its 16 bits; C computes it in float (codegen/c_narrow.py).
 _TABLE: dict[str, tuple[str, type, str]] = {
     "float32": ("f32", np.float32, "float"),
     "float64": ("f64", np.float64, "double"),
     "float16": ("f16", np.float16, "_Float16"),
+    "bfloat16": ("bf16", ml_dtypes.bfloat16, "uint16_t"),
     "int8": ("i8", np.int8, "int8_t"),
     "int16": ("i16", np.int16, "int16_t"),
     "int32": ("i32", np.int32, "int32_t"),
@@ -21,6 +24,7 @@ _TABLE: dict[str, tuple[str, type, str]] = {
 }
 DTYPES: tuple[str, ...] = tuple(_TABLE)
 BYTE_INTS = ("int8", "uint8")  # 8-bit operands contract into int32 (VNNI's, MatMulInteger's)
+NARROW_FLOATS = ("bfloat16",)  # contract into float32 (AVX512_BF16's vdpbf16ps)
 _BY_SHORT = {short: name for name, (short, _, _) in _TABLE.items()}
 
 
@@ -61,7 +65,7 @@ def c_type(dtype: str) -> str:
 
 
 def is_float(dtype: str) -> bool:
-    return dtype.startswith("float")
+    return dtype.startswith("float") or dtype == "bfloat16"
 
 
 def is_int(dtype: str) -> bool:

@@ -14,6 +14,7 @@ from typing import NamedTuple, cast
 
 from hexir.errors import ParseError
 from hexir.ir.dtype import check_dtype
+from hexir.ir.dtype import is_float as is_float_dtype
 from hexir.ir.tir import (
     CALLS,
     LOOP_KINDS,
@@ -52,14 +53,14 @@ _TOKEN = re.compile(
     |(?P<newline>\n)
     |(?P<string>"(?:[^"\\\n]|\\.)*")
     |(?P<shape>\d+(?:x\d+)*x[A-Za-z][A-Za-z0-9]*)
-    |(?P<number>(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)(?:[fiu]\d+)?)
+    |(?P<number>(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)(?:bf16|[fiu]\d+)?)
     |(?P<name>[%@][A-Za-z_][A-Za-z0-9_.]*)
     |(?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
     |(?P<punct>\.\.|==|!=|<=|>=|&&|\|\||[-+*/<>=!(){}\[\],:])
     """,
     re.VERBOSE,
 )
-_NUMBER = re.compile(r"(\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)([fiu]\d+)?\Z")
+_NUMBER = re.compile(r"(\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)(bf16|[fiu]\d+)?\Z")
 _SHORT_DTYPES = {"f16": "float16", "f32": "float32", "f64": "float64"}
 
 
@@ -286,7 +287,7 @@ class _Parser:
             body, suffix = m.group(1), m.group(2) or ""
         is_float = not body.isdigit()
         dtype = self.suffix_dtype(tok, suffix, is_float)
-        if dtype.startswith("float"):
+        if is_float_dtype(dtype):
             return FloatImm(-float(body) if negate else float(body), dtype)
         if is_float:
             raise self.error(f"a float literal cannot have the integer type {suffix}", tok)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from hexir.ir.arith_eval import fold_cast
-from hexir.ir.dtype import BYTE_INTS
+from hexir.ir.dtype import BYTE_INTS, NARROW_FLOATS
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm
@@ -27,9 +27,12 @@ def _contraction_flops(op: Op) -> int:
 
 
 def result_dtype(c: Check) -> str:
-    """The operands' dtype, or int32 for 8-bit integers of either signedness."""
+    """The operands' dtype, or int32 for 8-bit integers of either signedness, or float32 for
+    bfloat16s."""
     if all(t.dtype in BYTE_INTS for t in c.types):
         return "int32"
+    if all(t.dtype in NARROW_FLOATS for t in c.types):
+        return "float32"
     c.dtype_in("numeric", 0)
     return c.same_dtype()
 
@@ -145,7 +148,17 @@ def _matmul_export(ex: Exporter, op: Op) -> None:
         shape = matmul_weight_shape(op.operands[1].type.shape, 1)
         moved = ex.node("Transpose", [names[1]], perm=unblock_perm(rank - 2, rank - 1))
         names[1] = ex.node("Reshape", [moved, ex.ints(shape, f"{op.result.name}.b")])
-    ex.node(_onnx_matmul(op), names, op.result.name)
+    ex.node(_onnx_matmul(op), _float32(ex, op, names), op.result.name)
+
+
+def _float32(ex: Exporter, op: Op, names: list[str]) -> list[str]:
+    """The operands' names, bfloat16 ones cast to float32 first: ONNX's MatMul of bfloat16s
+    gives bfloat16, Hexir's float32 (the products and sums in float32 both ways)."""
+    to = ex.elem_type("float32")
+    return [
+        ex.node("Cast", [name], to=to) if v.type.dtype in NARROW_FLOATS else name
+        for name, v in zip(names, op.operands, strict=True)
+    ]
 
 
 def _onnx_matmul(op: Op) -> str:
@@ -231,8 +244,8 @@ def _dense_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> No
 
 def _dense_export(ex: Exporter, op: Op) -> None:
     # Gemm(transB=1) for floats; ONNX's Gemm takes no ints, so MatMul of the transposed weight.
-    names, out = operand_names(op), op.result.name
-    if op.operands[0].type.dtype.startswith("float"):
+    names, out = _float32(ex, op, operand_names(op)), op.result.name
+    if op.operands[0].type.dtype.startswith("float") or op.operands[0].type.dtype in NARROW_FLOATS:
         ex.node("Gemm", names, out, transB=1)
     else:
         ex.node(_onnx_matmul(op), [names[0], ex.node("Transpose", [names[1]], perm=[1, 0])], out)

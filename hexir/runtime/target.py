@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from hexir.runtime.peak import Peak
 
 # The instruction-set features that change the code we generate, in key order. Others
-# (avx512_vnni: `Target.int8_dot`; bmi2, ...) do not change our C, so they stay out of the key.
+# (avx512_vnni: `Target.int8_dot`; avx512_bf16: `Target.bf16_dot`; bmi2, ...) do not change our
+# C, so they stay out of the key.
 CPU_FEATURES = ("avx2", "avx512f", "fma", "neon", "sve")
 
 # Per CUDA arch: opt-in shared memory per block in bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin).
@@ -69,9 +70,11 @@ class Target:
     features: tuple[str, ...] = field(init=False)  # sorted; CPU only
     vector_width: int = field(init=False)  # fp32 lanes of one vector
     vector_registers: int = field(init=False)  # CPU: architectural vector registers (CUDA: 0)
-    # CPU: VNNI's 8-bit dot product (vpdpbusd) on 512-bit vectors; probed, False where
-    # described. Not in the key: it decides a layout, so the workload, not a kernel's C.
+    # CPU: VNNI's 8-bit dot product (vpdpbusd), AVX512_BF16's bfloat16 one (vdpbf16ps) on
+    # 512-bit vectors; probed, False where described. Not in the key: they decide a layout,
+    # so the workload, not a kernel's C.
     int8_dot: bool = field(init=False)
+    bf16_dot: bool = field(init=False)
     num_cores: int = field(init=False)  # CPU cores (CUDA: 0)
     # GPU limits; None on the CPU, where GPU-bound loops run serially and nothing limits them.
     max_threads_per_block: int | None = field(init=False)
@@ -136,10 +139,11 @@ def _cpu_fields(text: str, options: list[str]) -> dict[str, object]:
     if options:
         features, cores = _described_cpu(text, options)
         text = f"cpu -features={','.join(features) or 'none'} -cores={cores}"
-        int8_dot = False
+        int8_dot = bf16_dot = False
     else:
         features, cores, text = cpu_features(), _num_cores(), "cpu"
         int8_dot = "avx512f" in features and "avx512_vnni" in _host_flags()
+        bf16_dot = "avx512f" in features and "avx512_bf16" in _host_flags()
     width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
     return dict(
         text=text,
@@ -149,6 +153,7 @@ def _cpu_fields(text: str, options: list[str]) -> dict[str, object]:
         vector_width=width,
         vector_registers=32 if "avx512f" in features else 16,  # x86-64: zmm0-31 or ymm/xmm0-15
         int8_dot=int8_dot,
+        bf16_dot=bf16_dot,
         num_cores=cores,
         max_threads_per_block=None,
         max_shared_memory_per_block=None,
@@ -206,6 +211,7 @@ def _cuda_fields(text: str, options: list[str]) -> dict[str, object]:
         vector_width=4,
         vector_registers=0,
         int8_dot=False,
+        bf16_dot=False,
         num_cores=0,
         max_threads_per_block=1024,
         max_shared_memory_per_block=STATIC_SHARED_BYTES,
@@ -253,6 +259,7 @@ def _compiler_flags(cc: str) -> set[str]:
         "__ARM_NEON": "neon",
         "__ARM_FEATURE_SVE": "sve",
         "__AVX512VNNI__": "avx512_vnni",
+        "__AVX512BF16__": "avx512_bf16",
     }
     try:
         out = subprocess.run(

@@ -2,19 +2,27 @@
 decides whether a nest computes what the intrinsic computes.
 
 An intrinsic describes a nest of two loops, `lanes` outer and `group` inner, around one
-multiply-accumulate of widened 8-bit operands:
+multiply-accumulate of widened narrow operands:
 
     for j in 0..16:              # lanes: one accumulator per j, contiguous
       for k in 0..4:             # group: 4 products summed into each accumulator
         c[j] = c[j] + int32(a[k]) * int32(b[j*4 + k])
 
-with `a` read at 4 consecutive elements whatever j (one 32-bit broadcast) and `b` at 64
-consecutive ones (j*4 + k), one of them uint8 and the other int8: x86's VNNI instruction
-`vpdpbusd` (`_mm512_dpbusd_epi32`). The match reads the flattened indices of the
-accumulator and both operands as affine functions of j and k (their strides), so any
-loop order outside the two loops, any buffer shapes and any offsets match. The C printer
-(`hexir/codegen/c.py`) emits the instruction where the compiler targets it
-(`__AVX512VNNI__`) and the nest as it is elsewhere: the semantics are exact either way.
+with `a` read at `group` consecutive elements whatever j (one 32-bit broadcast) and `b` at
+lanes x group consecutive ones (j*group + k):
+
+- `x86_vnni_dot_u8s8`: 4 products of a uint8 and an int8 into int32 (one operand of each),
+  x86's VNNI instruction `vpdpbusd` (`_mm512_dpbusd_epi32`);
+- `x86_bf16_dot_f32`: 2 products of bfloat16s into float32, AVX512_BF16's `vdpbf16ps`
+  (`_mm512_dpbf16_ps`; it adds the two products in turn, the second first, treats denormal
+  inputs as zeros and rounds each addition to the nearest float32: within float32 rounding of
+  the nest's order).
+
+The match reads the flattened indices of the accumulator and both operands as affine
+functions of j and k (their strides), so any loop order outside the two loops, any buffer
+shapes and any offsets match. The C printer (`hexir/codegen/c.py`) emits the instruction where
+the compiler targets it (`__AVX512VNNI__`, `__AVX512BF16__`) and the nest as it is elsewhere:
+the nest is the semantics either way.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ class Intrinsic:
     name: str
     lanes: int  # the outer loop: one accumulator each, contiguous
     group: int  # the inner loop: products summed into each accumulator
+    acc: str  # the accumulator's dtype
+    operands: frozenset[str]  # the operands' dtypes (one of each, or both the one)
     description: str
 
 
@@ -56,22 +66,41 @@ VNNI_DOT = Intrinsic(
     "x86_vnni_dot_u8s8",
     16,
     4,
+    "int32",
+    frozenset(BYTE_INTS),
     "for j in 0..16: for k in 0..4: c[j] += int32(a[k]) * int32(b[j*4 + k]) (c int32, "
     "contiguous in j; a and b 8-bit, one unsigned and one signed; a contiguous in k and "
     "the same for every j, b contiguous in (j, k)): vpdpbusd",
 )
-INTRINSICS = {VNNI_DOT.name: VNNI_DOT}
+BF16_DOT = Intrinsic(
+    "x86_bf16_dot_f32",
+    16,
+    2,
+    "float32",
+    frozenset({"bfloat16"}),
+    "for j in 0..16: for k in 0..2: c[j] += float32(a[k]) * float32(b[j*2 + k]) (c float32, "
+    "contiguous in j; a and b bfloat16; a contiguous in k and the same for every j, b "
+    "contiguous in (j, k)): vdpbf16ps",
+)
+INTRINSICS = {i.name: i for i in (VNNI_DOT, BF16_DOT)}
+# The intrinsic whose products a contraction of these operand dtypes makes, by dtype pair.
+DOT_INTRINSICS = (VNNI_DOT, BF16_DOT)
+
+
+def dot_intrinsic(a: str, b: str) -> Intrinsic | None:
+    """The dot-product intrinsic of operands of dtypes `a` and `b` (None: none)."""
+    return next((i for i in DOT_INTRINSICS if {a, b} == i.operands), None)
 
 
 @dataclass(frozen=True)
 class DotMatch:
-    """A nest that computes `VNNI_DOT`: where its accumulator and operands start (j = k = 0)."""
+    """A nest that computes a dot intrinsic: where its accumulator and operands start (j = k
+    = 0)."""
 
     acc: Buffer
     acc_index: tuple[Expr, ...]
-    unsigned: BufferLoad  # the uint8 operand at j = k = 0
-    signed: BufferLoad  # the int8 one
-    broadcast_unsigned: bool  # the uint8 operand is the one read once for every j
+    broadcast: BufferLoad  # the operand read once for every j (`group` elements)
+    wide: BufferLoad  # the other (lanes x group elements)
     guard: Expr | None  # where the nest runs at all (a ragged row tile's), free of j and k
 
 
@@ -90,12 +119,14 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
     if any(free_vars(g) & {j, k} for g in guards):
         return "a condition inside the nest depends on its loops"
     scope = {**ranges, j: loop.extent, k: inner.extent}
-    operands = _accumulated_product(store, scope)
+    operands = _accumulated_product(store, scope, intrinsic.acc)
     if isinstance(operands, str):
         return operands
     a, b = operands
-    if {a.dtype, b.dtype} != set(BYTE_INTS):
-        return f"the operands are {a.dtype} and {b.dtype}, not one uint8 and one int8"
+    if dot_intrinsic(a.dtype, b.dtype) != intrinsic:
+        names = sorted(intrinsic.operands)
+        want = f"both {names[0]}" if len(names) == 1 else f"one {names[0]} and one {names[1]}"
+        return f"the operands are {a.dtype} and {b.dtype}, not {want}"
     strides: list[tuple[int, int]] = []  # (along the outer loop, along the inner) of each
     for what, access in (("the accumulator", store), ("an operand", a), ("an operand", b)):
         coeffs = affine_coefficients(flat_index(access.buffer, access.indices), [j, k], scope)
@@ -111,14 +142,12 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
             f"contiguous in (outer, inner) (strides {sorted({a_strides, b_strides})})"
         )
     at_zero = {j: IntImm(0, j.dtype), k: IntImm(0, k.dtype)}
-    unsigned, signed = (a, b) if a.dtype == "uint8" else (b, a)
-    broadcast_unsigned = (a_strides if unsigned is a else b_strides) == (0, 1)
+    broadcast, wide = (a, b) if a_strides == (0, 1) else (b, a)
     return DotMatch(
         store.buffer,
         _at(store.indices, at_zero, scope),
-        BufferLoad(unsigned.buffer, _at(unsigned.indices, at_zero, scope)),
-        BufferLoad(signed.buffer, _at(signed.indices, at_zero, scope)),
-        broadcast_unsigned,
+        BufferLoad(broadcast.buffer, _at(broadcast.indices, at_zero, scope)),
+        BufferLoad(wide.buffer, _at(wide.indices, at_zero, scope)),
         conjoin(guards) if guards else None,
     )
 
@@ -146,11 +175,12 @@ def _only(stmt: Stmt, guards: list[Expr]) -> Stmt | None:
 
 
 def _accumulated_product(
-    store: BufferStore, scope: dict[Var, int]
+    store: BufferStore, scope: dict[Var, int], dtype: str
 ) -> tuple[BufferLoad, BufferLoad] | str:
-    """The two loads of `c = c + int32(x) * int32(y)`, or why the store is not that."""
-    if store.buffer.dtype != "int32":
-        return f"the accumulator is {store.buffer.dtype}, not int32"
+    """The two loads of `c = c + dtype(x) * dtype(y)` (`dtype` the accumulator's), or why the
+    store is not that."""
+    if store.buffer.dtype != dtype:
+        return f"the accumulator is {store.buffer.dtype}, not {dtype}"
     match store.value:
         case Binary("+", BufferLoad() as acc, product) if _same(acc, store, scope):
             pass
@@ -159,7 +189,9 @@ def _accumulated_product(
         case _:
             return "the store is not an accumulation c = c + ..."
     match product:
-        case Binary("*", Cast("int32", BufferLoad() as x), Cast("int32", BufferLoad() as y)):
+        case Binary("*", Cast(tx, BufferLoad() as x), Cast(ty, BufferLoad() as y)) if (
+            tx == ty == dtype
+        ):
             return x, y
     return "the accumulated value is not the product of two widened loads"
 

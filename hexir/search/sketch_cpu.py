@@ -39,7 +39,6 @@ import math
 from hexir.codegen.c_lower import MAX_REGISTER_VECTORS
 from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients
-from hexir.ir.dtype import BYTE_INTS
 from hexir.ir.tir import Binary, Block, BufferRegion, Expr, IntImm, Range, Var
 from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
@@ -47,7 +46,7 @@ from hexir.runtime.tiling import MAX_UNROLLED_ROWS, largest_divisor, register_ti
 from hexir.schedule import BlockRV, LoopRV, Schedule
 from hexir.schedule.common import index_vars, reduce_fed_by
 from hexir.schedule.compute_region import stored
-from hexir.schedule.tensorize import VNNI_DOT
+from hexir.schedule.tensorize import Intrinsic, dot_intrinsic
 from hexir.search.analysis import (
     block_named,
     consumers,
@@ -126,14 +125,16 @@ DOT_MAX_PANELS = 4
 
 
 def dot_tile(sch: Schedule, block: BlockRV, target: Target) -> bool:
-    """An 8-bit matmul whose weight is in VNNI's groups (`weight_kgroup`, hexir/graph/layout.py)
-    tiled for `x86_vnni_dot_u8s8`: rows x panels of 16 columns in registers, K in steps of 4
-    outside them, each (row, panel, 4 products) one instruction, panels outer and rows inner;
-    the (rows, panels) tiles are the parallel jobs. False, scheduling nothing, for any other
+    """A matmul whose weight is in a dot intrinsic's groups (`weight_kgroup`,
+    hexir/graph/layout.py: VNNI's for 8-bit operands, AVX512_BF16's for bfloat16 ones) tiled
+    for it: rows x panels of 16 columns in registers, K in steps of the group outside them,
+    each (row, panel, group of products) one instruction, panels outer and rows inner; the
+    (rows, panels) tiles are the parallel jobs. False, scheduling nothing, for any other
     block or target."""
     node = sch.get(block)
     assert isinstance(node, Block)
-    if target.kind != "cpu" or target.vector_width != VNNI_DOT.lanes or not _dot_reads(node):
+    dot = _dot_reads(node)
+    if target.kind != "cpu" or dot is None or target.vector_width != dot.lanes:
         return False
     loops = sch.get_loops(block)
     if len(loops) != 3:
@@ -141,12 +142,12 @@ def dot_tile(sch: Schedule, block: BlockRV, target: Target) -> bool:
     i, j, k = loops
     m, n = loop_of(sch, i).extent, loop_of(sch, j).extent
     rows = min(m, DOT_ROWS)  # a ragged last row tile runs under a guard
-    panels = largest_divisor(n // VNNI_DOT.lanes, DOT_MAX_PANELS)
+    panels = largest_divisor(n // dot.lanes, DOT_MAX_PANELS)
     writeback = sch.cache_write(block, 0, "local")
     inline_epilogue(sch, writeback)
     i0, i1 = sch.split(i, [None, rows])
-    j0, j1, j2 = sch.split(j, [None, panels, VNNI_DOT.lanes])
-    k0, k1 = sch.split(k, [None, VNNI_DOT.group])
+    j0, j1, j2 = sch.split(j, [None, panels, dot.lanes])
+    k0, k1 = sch.split(k, [None, dot.group])
     sch.reorder(i0, j0, k0, j1, i1, j2, k1)
     outer = sch.fuse(i0, j0)
     sch.parallel(outer)
@@ -156,20 +157,21 @@ def dot_tile(sch: Schedule, block: BlockRV, target: Target) -> bool:
     for loop in (j1, i1):
         if loop_of(sch, loop).extent > 1:
             sch.unroll(loop)
-    sch.tensorize(j2, VNNI_DOT.name)
+    sch.tensorize(j2, dot.name)
     _writeback_tile(sch, writeback, sch.get_loops(writeback)[1:], target)
     return True
 
 
-def _dot_reads(block: Block) -> bool:
-    """matmul's reads of an 8-bit [M, K] and a weight in VNNI's groups, [N/16, K/4, 16, 4],
-    into int32."""
-    if block.writes[0].buffer.dtype != "int32" or len(block.reads) != 2:
-        return False
+def _dot_reads(block: Block) -> Intrinsic | None:
+    """The dot intrinsic of a matmul's reads of an [M, K] and a weight in its groups, [N/16,
+    K/group, 16, group], into its accumulator's dtype; None for any other block."""
+    if len(block.reads) != 2:
+        return None
     a, b = (r.buffer for r in block.reads)
-    grouped = (VNNI_DOT.lanes, VNNI_DOT.group)
-    eight_bit = {a.dtype, b.dtype} <= set(BYTE_INTS)
-    return eight_bit and len(a.shape) == 2 and b.shape[2:] == grouped
+    dot = dot_intrinsic(a.dtype, b.dtype)
+    if dot is None or block.writes[0].buffer.dtype != dot.acc or len(a.shape) != 2:
+        return None
+    return dot if b.shape[2:] == (dot.lanes, dot.group) else None
 
 
 def _wants_tiling(sch: Schedule, block: Block) -> bool:

@@ -91,7 +91,7 @@ def test_a_nest_that_is_not_the_instruction_is_refused_with_the_reason():
     x, w = b.input("x", (4, 32), "int8"), b.input("w", (2, 8, 16, 4), "int8")
     signed = lower_op(b.build(b.op("matmul", x, w, weight_block=16, weight_kgroup=4)).ops[-1])
     sch, lanes = tiled(signed)
-    with pytest.raises(ScheduleError, match="not one uint8 and one int8"):
+    with pytest.raises(ScheduleError, match="not one int8 and one uint8"):
         sch.tensorize(lanes, VNNI)
     sch, lanes = tiled(func)
     k1 = sch.get_loops(sch.get_block("matmul"))[-1]
