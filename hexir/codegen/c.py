@@ -104,17 +104,17 @@ _MATH = {
 }
 # Small helpers, emitted only when used; {t} is the C type, {s} the dtype's short name.
 # bfloat16's bits from a float (to the nearest, ties to even; a NaN stays a quiet NaN) and
-# back (c_narrow.py), through memcpy: no aliasing rules broken, one move once compiled.
+# back (c_narrow.py), through a union: C allows the type pun, CUDA C compiles it to a move.
 BF16_HELPERS = {
     "f32_bf16": (
-        "{q} uint16_t hx_f32_bf16(float x) {{\n"
-        "  uint32_t b; __builtin_memcpy(&b, &x, 4);\n"
-        "  if (x != x) return (uint16_t)((b >> 16) | 0x40);\n"
-        "  return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);\n}}"
+        "{q} {u16} hx_f32_bf16(float x) {{\n"
+        "  union {{ float f; {u32} u; }} v; v.f = x;\n"
+        "  if (x != x) return ({u16})((v.u >> 16) | 0x40);\n"
+        "  return ({u16})((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);\n}}"
     ),
     "bf16_f32": (
-        "{q} float hx_bf16_f32(uint16_t h) {{\n"
-        "  uint32_t b = (uint32_t)h << 16; float x; __builtin_memcpy(&x, &b, 4); return x;\n}}"
+        "{q} float hx_bf16_f32({u16} h) {{\n"
+        "  union {{ float f; {u32} u; }} v; v.u = ({u32})h << 16; return v.f;\n}}"
     ),
 }
 
@@ -709,7 +709,9 @@ class CPrinter:
         if "bfloat16" in (dtype, value.dtype):  # bits <-> float (c_narrow.py: float32 only)
             kind = "f32_bf16" if dtype == "bfloat16" else "bf16_f32"
             if kind not in self._helpers:
-                self._helpers[kind] = BF16_HELPERS[kind].format(q=self.helper_qualifier)
+                u16, u32 = self.ctype("uint16"), self.ctype("uint32")
+                helper = BF16_HELPERS[kind].format(q=self.helper_qualifier, u16=u16, u32=u32)
+                self._helpers[kind] = helper
             return f"hx_{kind}({x})"
         if dtype == "bool":
             return f"({x} != 0)"

@@ -74,6 +74,7 @@ CUDA_INTS = {
     "int64": "long long",
     "uint8": "unsigned char",
     "uint16": "unsigned short",
+    "bfloat16": "unsigned short",  # its bits (c_narrow.py)
     "uint32": "unsigned int",
     "uint64": "unsigned long long",
 }

@@ -124,3 +124,19 @@ def test_tensorize_refuses_a_bfloat16_nest_for_the_int8_intrinsic_and_keeps_the_
     assert fresh.func == before
     fresh.tensorize(lane, "x86_bf16_dot_f32")
     assert fresh.func != before
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_bfloat16_kernels_compile_for_cuda_with_nvrtc(arch):
+    # NVRTC has no stdint: bfloat16 is `unsigned short` there, converted as on the CPU.
+    from hexir.runtime.default_schedule import default_schedule
+
+    target = f"cuda -arch={arch}"
+    e, m = hexir.GraphBuilder("e"), hexir.GraphBuilder("m")
+    x, y = e.input("x", (64, 128), "bfloat16"), m.input("x", (64, 128), "bfloat16")
+    for graph in (
+        e.build(e.op("exp", e.op("mul", x, x))),
+        m.build(m.matmul(y, m.input("w", (128, 32), "bfloat16"))),
+    ):
+        kernel = hexir.build(default_schedule(hexir.lower(graph), target).func, target)
+        assert "unsigned short" in kernel.source and "hx_bf16_f32" in kernel.source
