@@ -20,17 +20,26 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         "quantize",
         parents=[parent],
         help="a model's linear layers in int8 (weights per column; activations per run or "
-        "calibrated), as a .hexir file",
+        "calibrated) or bfloat16, as a .hexir file",
         description="Quantize every matmul and dense of a float32 activation by a constant "
         "weight: the weight to int8 (symmetric, one scale per output column, computed now: "
         "no data needed), the activation to uint8 at every run from its own range, or, with "
         "--activations int8 --calibrate FILE, from the range it takes on calibration inputs. "
         "Writes OUT (.hexir) and its constants (.npz) and prints the error against the "
-        "float32 model on held-out random inputs.",
+        "float32 model on held-out random inputs. --weights bfloat16 casts both operands to "
+        "bfloat16 instead (no scales; AVX512_BF16 where the CPU has it).",
     )
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
-    p.add_argument("-o", "--output", metavar="OUT.hexir", help="default: MODEL-int8.hexir")
-    p.add_argument("--weights", default="int8", metavar="TYPE", help="int8 (the default)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT.hexir",
+        help="default: MODEL-int8.hexir (MODEL-bfloat16.hexir)",
+    )
+    p.add_argument(
+        "--weights", default="int8", metavar="TYPE",
+        help="int8 (the default) or bfloat16 (bf16: activations cast at every run)",
+    )  # fmt: skip
     p.add_argument(
         "--activations", default="dynamic", choices=("dynamic", "int8"),
         help="dynamic: quantized at every run from their own range (the default); int8: "
@@ -66,23 +75,25 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             f"{args.model} has no linear layer to quantize (a matmul or dense of a float32 "
             "activation by a constant 2-D float32 weight of at least 4096 elements)"
         )
-    output = Path(args.output or f"{subject.stem}-int8.hexir")
+    kind = "bfloat16" if args.weights in ("bf16", "bfloat16") else args.weights
+    output = Path(args.output or f"{subject.stem}-{kind}.hexir")
     hexir.save_model(quantized, output)
     rng = np.random.default_rng(args.seed)
     held_out = [random_array(v.type.shape, v.type.dtype, rng) for v in graph.inputs]
     errors = quantization_error(graph, quantized, held_out)
     before = sum(4 * n * k for n, k in (layer.shape for layer in layers))
+    after = before / (2 if kind == "bfloat16" else 4)
     source = f"from calibration ({len(calibration)} sets)" if calibration else "at every run"
     print(
         f"wrote {output} (and {output.with_suffix('.npz').name}): {len(layers)} linear layers "
-        f"in int8, weights {before / 2**20:.2f} -> {before / 4 / 2**20:.2f} MiB; activations "
+        f"in {kind}, weights {before / 2**20:.2f} -> {after / 2**20:.2f} MiB; activations "
         f"{source}"
     )
     worst = max(layers, key=lambda layer: layer.weight_error)
     print(f"largest weight rounding error: {worst.weight_error:.2e} of its layer's largest |w|")
     for value, error in zip(graph.outputs, errors, strict=True):
         print(
-            f"output %{value.name}: largest |int8 - float32| = {error:.2e} of the largest "
+            f"output %{value.name}: largest |{kind} - float32| = {error:.2e} of the largest "
             f"|float32| (held-out random inputs, seed {args.seed})"
         )
     return 0

@@ -131,3 +131,20 @@ def test_cli_quantize_writes_a_model_that_runs_and_reports_its_error(tmp_path, c
     assert "--activations int8" in capsys.readouterr().err
     assert main(["quantize", "mlp", "--weights", "int4"]) == 1
     assert "int4" in capsys.readouterr().err
+
+
+def test_bfloat16_weights_halve_the_bytes_and_stay_within_bfloat16_rounding(tmp_path, rng):
+    graph = _two_layers(rng)
+    quantized, layers = hexir.quantize(graph, weights="bf16")
+    assert len(layers) == 2 and all(layer.weight_error <= 2**-8 for layer in layers)
+    assert any(op.result.type.dtype == "bfloat16" for op in quantized.ops if op.kind == "constant")
+    x = [rng.standard_normal((8, 96)).astype(np.float32)]
+    want = evaluate(graph, x)[0]
+    got = hexir.compile(quantized).run(x)[0]
+    np.testing.assert_allclose(got, evaluate(quantized, x)[0], rtol=1e-5, atol=1e-5)
+    assert 0 < np.abs(got - want).max() < 2**-6 * np.abs(want).max()
+    with pytest.raises(HexirError, match="no calibration"):
+        hexir.quantize(graph, weights="bfloat16", activations="static", calibration=[x])
+    out = tmp_path / "bf.hexir"
+    assert main(["quantize", "mlp", "-o", str(out), "--weights", "bf16"]) == 0
+    assert hexir.load_model(str(out)) is not None
