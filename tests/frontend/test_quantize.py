@@ -147,4 +147,6 @@ def test_bfloat16_weights_halve_the_bytes_and_stay_within_bfloat16_rounding(tmp_
         hexir.quantize(graph, weights="bfloat16", activations="static", calibration=[x])
     out = tmp_path / "bf.hexir"
     assert main(["quantize", "mlp", "-o", str(out), "--weights", "bf16"]) == 0
-    assert hexir.load_model(str(out)) is not None
+    loaded = hexir.load_model(str(out))  # its bfloat16 constants read back from the .npz
+    assert any(op.result.type.dtype == "bfloat16" for op in loaded.ops)
+    assert main(["run", str(out), "--check"]) == 0
