@@ -315,8 +315,6 @@ class CPrinter:
     # -- types and names ------------------------------------------------------------------
 
     def ctype(self, dtype: str) -> str:
-        if dtype == "float16":
-            raise BuildError("float16 is not supported by the C backend yet")
         return c_type(dtype)
 
     def var(self, v: Var) -> str:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import cast
 
-from hexir.codegen.c_narrow import lower_bfloat16
+from hexir.codegen.c_narrow import lower_narrow_floats
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import itemsize
 from hexir.ir.tir import (
@@ -75,9 +75,9 @@ FALSE = IntImm(0, "bool")
 
 def lower_for_c(body: Stmt) -> Stmt:
     """`body` with blocks flattened into named wrappers, small unrolled loops expanded,
-    loops under bound guards partitioned and bfloat16 computed in float (c_narrow.py)."""
+    loops under bound guards partitioned and bfloat16/float16 computed in float (c_narrow.py)."""
     flat = map_stmt(map_stmt(body, stmt_fn=_flatten_block), stmt_fn=_unroll)
-    return lower_bfloat16(map_stmt(flat, stmt_fn=_partition))
+    return lower_narrow_floats(map_stmt(flat, stmt_fn=_partition))
 
 
 def _flatten_block(stmt: Stmt) -> Stmt:

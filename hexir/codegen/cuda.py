@@ -75,8 +75,19 @@ CUDA_INTS = {
     "uint8": "unsigned char",
     "uint16": "unsigned short",
     "bfloat16": "unsigned short",  # its bits (c_narrow.py)
+    "float16": "unsigned short",  # its bits, converted by PTX's cvt
     "uint32": "unsigned int",
     "uint64": "unsigned long long",
+}
+F16_HELPERS = {
+    "f32_f16": (
+        "{q} unsigned short hx_f32_f16(float x) {{\n"
+        '  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h;\n}}'
+    ),
+    "f16_f32": (
+        "{q} float hx_f16_f32(unsigned short h) {{\n"
+        '  float x; asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h)); return x;\n}}'
+    ),
 }
 FAST_MATH = {"exp": "__expf", "log": "__logf", "sin": "__sinf", "cos": "__cosf"}
 MAX_VECTOR_CHUNKS = 4
@@ -311,6 +322,16 @@ class CudaPrinter(CPrinter):
         return super().expr(e)
 
     # -- math -----------------------------------------------------------------------------
+
+    def cast(self, dtype: str, value: Expr) -> str:
+        """float16 <-> float32 through PTX's cvt (round to nearest even); c_narrow.py leaves
+        no other float16 cast."""
+        if "float16" not in (dtype, value.dtype) or dtype == value.dtype:
+            return super().cast(dtype, value)
+        kind = "f32_f16" if dtype == "float16" else "f16_f32"
+        if kind not in self._helpers:
+            self._helpers[kind] = F16_HELPERS[kind].format(q=self.helper_qualifier)
+        return f"hx_{kind}({self.expr(value)})"
 
     def call(self, name: str, arg: Expr) -> str:
         if not is_float(arg.dtype):

@@ -10,13 +10,13 @@ import pytest
 import hexir
 from hexir import knobs
 from hexir.codegen.c import CPrinter, generate_c, kernel_symbol
-from hexir.errors import BuildError
 from hexir.ir.tir import (
     Allocate,
     Barrier,
     Binary,
     Block,
     Buffer,
+    BufferLoad,
     BufferStore,
     Call,
     Cast,
@@ -373,10 +373,20 @@ def test_literals():
     assert np.isnan(out[0]) and out[1] == -(2**31)
 
 
-def test_float16_is_refused():
-    A = Buffer("A", (4,), "float16")
-    with pytest.raises(BuildError, match="float16 is not supported by the C backend yet"):
-        generate_c(PrimFunc("half", (A,), BufferStore(A, (IntImm(0),), FloatImm(1.0, "float16"))))
+def test_float16_is_stored_as_float16_and_computed_in_float():
+    # 1/3 in float16 (rounded once, to 0.333251953125), times 3 in float, rounded again: 1.0
+    A = Buffer("A", (2,), "float16")
+    third = Cast("float16", FloatImm(1 / 3, "float32"))
+    body = seq(
+        BufferStore(A, (IntImm(0),), third),
+        BufferStore(A, (IntImm(1),), BufferLoad(A, (IntImm(0),)) * FloatImm(3.0, "float16")),
+    )
+    func = PrimFunc("half", (A,), body)
+    assert "_Float16" in generate_c(func)
+    out = np.zeros(2, np.float16)
+    build(func)(out)
+    want = np.float16(1 / 3)
+    np.testing.assert_array_equal(out, [want, np.float16(np.float32(want) * 3)])
 
 
 def test_names_that_clash_with_c_are_renamed(rng):

@@ -10,6 +10,7 @@ import pytest
 
 import hexir
 from hexir.graph.evaluate import evaluate
+from hexir.ir.dtype import numpy_dtype
 from hexir.ops.parse import parse_graph
 from hexir.runtime.target import Target
 from hexir.schedule import Schedule
@@ -140,3 +141,21 @@ def test_bfloat16_kernels_compile_for_cuda_with_nvrtc(arch):
     ):
         kernel = hexir.build(default_schedule(hexir.lower(graph), target).func, target)
         assert "unsigned short" in kernel.source and "hx_bf16_f32" in kernel.source
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_narrow_float_kernels_run_on_the_cpu_and_compile_for_cuda(dtype, rng):
+    # float16 as bfloat16: stored narrow, computed in float and rounded after each op (numpy's
+    # float16 arithmetic), compiled with NVRTC for CUDA (PTX's cvt for float16).
+    from hexir.runtime.default_schedule import default_schedule
+
+    b = hexir.GraphBuilder("g")
+    x = b.input("x", (16, 40), dtype)
+    graph = b.build(b.op("sub", b.op("mul", x, x), x))
+    a = (rng.standard_normal((16, 40)) * 4).astype(numpy_dtype(dtype))
+    got, want = hexir.compile(graph).run([a])[0], evaluate(graph, [a])[0]
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+    func = hexir.lower(graph)
+    kernel = hexir.build(default_schedule(func, "cuda -arch=sm_90").func, "cuda -arch=sm_90")
+    assert "unsigned short" in kernel.source
