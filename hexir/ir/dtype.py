@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-# name -> (short text form, numpy dtype, C type). bfloat16 (ml_dtypes' numpy type: onnx's own
-# dependency) is stored as its 16 bits; C computes it in float (codegen/c_narrow.py).
-_TABLE: dict[str, tuple[str, type, str]] = {
+# name -> (short text form, numpy dtype, C type). bfloat16's numpy type is ml_dtypes' (onnx's
+# own dependency), imported on first use: it takes half a second, which every `hexir` command
+# would pay. C stores bfloat16 as its 16 bits and computes it in float (codegen/c_narrow.py).
+_TABLE: dict[str, tuple[str, type | None, str]] = {
     "float32": ("f32", np.float32, "float"),
     "float64": ("f64", np.float64, "double"),
     "float16": ("f16", np.float16, "_Float16"),
-    "bfloat16": ("bf16", ml_dtypes.bfloat16, "uint16_t"),
+    "bfloat16": ("bf16", None, "uint16_t"),
     "int8": ("i8", np.int8, "int8_t"),
     "int16": ("i16", np.int16, "int16_t"),
     "int32": ("i32", np.int32, "int32_t"),
@@ -57,7 +57,12 @@ def from_short(short: str) -> str:
 
 
 def numpy_dtype(dtype: str) -> np.dtype:
-    return np.dtype(_TABLE[dtype][1])
+    scalar = _TABLE[dtype][1]
+    if scalar is None:  # bfloat16
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(scalar)
 
 
 def c_type(dtype: str) -> str:

@@ -21,10 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import AnnotationValue
-
-BFLOAT16 = numpy_dtype("bfloat16")
 
 Attrs = dict[str, AnnotationValue]
 Evaluate = Callable[[list[np.ndarray], Attrs], np.ndarray]
@@ -35,7 +32,7 @@ Evaluate = Callable[[list[np.ndarray], Attrs], np.ndarray]
 
 def wide(x: np.ndarray) -> np.ndarray:
     """float64 for floats, int64 for ints, bool unchanged: where sums and products happen."""
-    if x.dtype.kind == "f" or x.dtype == BFLOAT16:
+    if x.dtype.kind == "f" or x.dtype.name == "bfloat16":
         return x.astype(np.float64, copy=False)
     if x.dtype.kind in "iu":
         return x.astype(np.int64, copy=False)
