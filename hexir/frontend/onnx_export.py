@@ -124,7 +124,9 @@ class _Exporter:
         from onnx import numpy_helper
 
         name = name if name is not None else self.fresh(base)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        # (np.ascontiguousarray would make a rank-0 array rank 1: ONNX Runtime then warns
+        # that the initializer's shape is not the value's.)
+        self.initializers.append(numpy_helper.from_array(np.array(array, order="C"), name))
         return name
 
     def scalar(self, value: float, like: Value, base: str) -> str:

@@ -33,6 +33,7 @@ from hexir.frontend.onnx_context import Context
 from hexir.frontend.onnx_ops import cast
 from hexir.frontend.onnx_ops_quant import dynamic_quantize, integer_matmul, quantize_linear
 from hexir.graph.evaluate import constant_array, evaluate
+from hexir.graph.rewrite import remove_dead_ops
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ops.builder import GraphBuilder
@@ -111,7 +112,8 @@ def quantize(
             operands = [env[v.name] for v in op.operands]
             value = builder.op(op.kind, *operands, name=name, **dict(op.attrs))
         env[name] = value
-    return ctx.builder.build([env[v.name] for v in graph.outputs]), rewritten
+    # The float32 weights the integer layers replaced are dead: no file or module keeps them.
+    return remove_dead_ops(builder.build([env[v.name] for v in graph.outputs])), rewritten
 
 
 def _producer(graph: Graph, value: Value) -> Op | None:

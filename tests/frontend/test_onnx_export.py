@@ -70,3 +70,19 @@ def test_onnxruntime_agrees(rng):
         inputs = random_inputs(graph, rng)
         for got, want in zip(session.run(None, inputs), evaluate(graph, inputs), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rank_0_constant_exports_as_a_rank_0_initializer(tmp_path, rng):
+    # numpy's ascontiguousarray makes rank-0 arrays rank 1; ONNX Runtime then warned that the
+    # initializer's shape is not the value's.
+    from hexir.ops.builder import GraphBuilder
+
+    b = GraphBuilder("g")
+    x = b.input("x", (3, 4))
+    graph = b.build(b.op("maximum", x, b.constant(np.float32(0.25))))
+    model = export_onnx(graph, tmp_path / "g.onnx")
+    scalars = [i for i in model.graph.initializer if i.data_type == 1]
+    assert scalars and all(list(i.dims) == [] for i in scalars)
+    xs = rng.standard_normal((3, 4)).astype(np.float32)
+    (got,) = evaluate(import_onnx(model), [xs])
+    np.testing.assert_array_equal(got, np.maximum(xs, 0.25))

@@ -64,6 +64,13 @@ def test_a_quantized_model_keeps_its_names_and_is_near_the_float32_one(rng):
     assert len(layers) == 4 and all(layer.weight_error < 4e-3 for layer in layers)
     assert [v.name for v in quantized.outputs] == [v.name for v in graph.outputs]
     assert [v.name for v in quantized.inputs] == [v.name for v in graph.inputs]
+    # the float32 weights are gone: a quarter of their bytes stays, as int8
+    f32_bytes = sum(d.array.nbytes for _, d in graph.constants)
+    q_bytes = sum(d.array.nbytes for _, d in quantized.constants)
+    assert q_bytes < 0.3 * f32_bytes
+    assert not any(
+        d.array.dtype == np.float32 and d.array.size > 4096 for _, d in quantized.constants
+    )
     inputs = [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
     errors = hexir.frontend.quantize.quantization_error(graph, quantized, inputs)
     assert all(0 < e < 0.05 for e in errors), errors
