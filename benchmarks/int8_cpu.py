@@ -51,12 +51,14 @@ both are at the machine's quiet level.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import logging
 import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -309,10 +311,7 @@ def quantize(graph: hexir.Graph, f32: Path, q: Path) -> None:
     `graph`) into `q`: uint8 activations, int8 per-channel weights."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # it advises pre-processing the model, on the root logger
-    try:
+    with _quiet_root_logger():
         quantize_static(
             str(f32),
             str(q),
@@ -323,6 +322,16 @@ def quantize(graph: hexir.Graph, f32: Path, q: Path) -> None:
             per_channel=True,
             op_types_to_quantize=["MatMul", "Gemm"],
         )
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """ONNX Runtime's quantizers advise pre-processing the model, on the root logger."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
     finally:
         root.setLevel(level)
 
@@ -384,10 +393,7 @@ def bench_dynamic(name: str, rounds: int, folder: Path) -> DynamicRow:
 
     graph = hexir.load_model(name)
     hexir.export_onnx(graph, folder / "f32.onnx")
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
+    with _quiet_root_logger():
         quantize_dynamic(
             str(folder / "f32.onnx"),
             str(folder / "dyn.onnx"),
@@ -395,8 +401,6 @@ def bench_dynamic(name: str, rounds: int, folder: Path) -> DynamicRow:
             per_channel=True,
             op_types_to_quantize=["MatMul", "Gemm"],
         )
-    finally:
-        root.setLevel(level)
     inputs, feed = inputs_of(graph), folder / "inputs.npz"
     save_feed(graph, inputs, feed)
     quantized, _ = hexir.quantize(graph)
@@ -491,20 +495,15 @@ def run_shapes(shapes: tuple[Shape, ...], rounds: int, version: str | None) -> l
 
 
 def run_models(names: tuple[str, ...], rounds: int, version: str, schemes: list[str]) -> None:
-    if "qdq" in schemes:
+    parts = {"qdq": (bench_model, print_models), "dynamic": (bench_dynamic, print_dynamic)}
+    for scheme in schemes:
+        bench, show = parts[scheme]
         rows = []
         for name in names:
-            print(f"{name} (QDQ) ...", flush=True)
+            print(f"{name} ({scheme}) ...", flush=True)
             with tempfile.TemporaryDirectory() as tmp:
-                rows.append(bench_model(name, rounds, Path(tmp)))
-        print_models(rows, version)
-    if "dynamic" in schemes:
-        dynamic = []
-        for name in names:
-            print(f"{name} (dynamic) ...", flush=True)
-            with tempfile.TemporaryDirectory() as tmp:
-                dynamic.append(bench_dynamic(name, rounds, Path(tmp)))
-        print_dynamic(dynamic, version)
+                rows.append(bench(name, rounds, Path(tmp)))
+        show(rows, version)
 
 
 def main() -> None:

@@ -19,23 +19,9 @@ forms), float16 with C casts (F16C's vcvtps2ph / vcvtph2ps); CUDA C with PTX's c
 
 from __future__ import annotations
 
-from hexir.ir.tir import (
-    ARITH_OPS,
-    Binary,
-    BufferLoad,
-    BufferStore,
-    Call,
-    Cast,
-    Expr,
-    FloatImm,
-    IfThenElse,
-    Select,
-    Stmt,
-    Unary,
-)
+from hexir.ir.narrow import F32, HALF_FLOATS, in_float32
+from hexir.ir.tir import BufferLoad, BufferStore, Cast, Expr, FloatImm, IfThenElse, Stmt
 from hexir.ir.visit import map_stmt, walk
-
-NARROW, F32 = ("bfloat16", "float16"), "float32"
 
 
 def lower_narrow_floats(body: Stmt) -> Stmt:
@@ -48,20 +34,20 @@ def lower_narrow_floats(body: Stmt) -> Stmt:
 
 def _narrow(node: object) -> bool:
     if isinstance(node, (BufferLoad, BufferStore)):
-        return node.buffer.dtype in NARROW
-    return isinstance(node, (Cast, FloatImm)) and node.dtype in NARROW
+        return node.buffer.dtype in HALF_FLOATS
+    return isinstance(node, (Cast, FloatImm)) and node.dtype in HALF_FLOATS
 
 
 def _stmt(stmt: Stmt) -> Stmt:
     match stmt:
         case BufferStore(buffer, indices, value):
-            indices = tuple(_float(i) for i in indices)
-            value = _float(value)
-            if buffer.dtype in NARROW:
+            indices = tuple(in_float32(i) for i in indices)
+            value = in_float32(value)
+            if buffer.dtype in HALF_FLOATS:
                 value = _stored(value, buffer.dtype)
             return BufferStore(buffer, indices, value)
         case IfThenElse(cond, then, else_):
-            return IfThenElse(_float(cond), then, else_)
+            return IfThenElse(in_float32(cond), then, else_)
     return stmt
 
 
@@ -70,34 +56,3 @@ def _stored(value: Expr, dtype: str) -> Expr:
     if isinstance(value, Cast) and value.dtype == F32 and value.value.dtype == dtype:
         return value.value
     return Cast(dtype, value)
-
-
-def _round(value: Expr, dtype: str) -> Expr:
-    """A float32 `value` rounded to the narrow `dtype`, kept as a float32."""
-    return Cast(F32, Cast(dtype, value))
-
-
-def _float(e: Expr) -> Expr:
-    """`e` with every bfloat16 value in it a float32 one."""
-    match e:
-        case BufferLoad(buffer, indices):
-            load = BufferLoad(buffer, tuple(_float(i) for i in indices))
-            return Cast(F32, load) if buffer.dtype in NARROW else load
-        case FloatImm(value, dtype) if dtype in NARROW:
-            return FloatImm(value, F32)
-        case Cast(dtype, value):
-            inner = _float(value)
-            if dtype in NARROW:
-                return _round(inner if inner.dtype == F32 else Cast(F32, inner), dtype)
-            return inner if inner.dtype == dtype else Cast(dtype, inner)
-        case Binary(op, a, b):
-            new = Binary(op, _float(a), _float(b))
-            return _round(new, e.dtype) if e.dtype in NARROW and op in ARITH_OPS else new
-        case Unary(op, a):
-            return Unary(op, _float(a))
-        case Call(name, args):
-            new = Call(name, tuple(_float(a) for a in args))
-            return _round(new, e.dtype) if e.dtype in NARROW else new
-        case Select(cond, then, else_):
-            return Select(_float(cond), _float(then), _float(else_))
-    return e

@@ -24,7 +24,6 @@ _TABLE: dict[str, tuple[str, type | None, str]] = {
 }
 DTYPES: tuple[str, ...] = tuple(_TABLE)
 BYTE_INTS = ("int8", "uint8")  # 8-bit operands contract into int32 (VNNI's, MatMulInteger's)
-NARROW_FLOATS = ("bfloat16",)  # contract into float32 (AVX512_BF16's vdpbf16ps)
 _BY_SHORT = {short: name for name, (short, _, _) in _TABLE.items()}
 
 

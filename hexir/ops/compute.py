@@ -20,6 +20,7 @@ import numpy as np
 from hexir.ir.dtype import is_float, numpy_dtype
 from hexir.ir.graph import Op
 from hexir.ir.names import unique_name
+from hexir.ir.narrow import HALF_FLOATS, in_float32
 from hexir.ir.tir import (
     Allocate,
     Binary,
@@ -28,16 +29,13 @@ from hexir.ir.tir import (
     BufferLoad,
     BufferRegion,
     BufferStore,
-    Call,
     Cast,
     Expr,
-    FloatImm,
     For,
     IntImm,
     IterVar,
     Select,
     Stmt,
-    Unary,
     Var,
     const,
     seq,
@@ -91,11 +89,11 @@ class Kernel:
 
         `combine` is a binary operator ("+", "max", "min"); `init` defaults to 0 of out's dtype.
         """
-        if out.dtype in ("float16", "bfloat16") and combine == "+" and init is None:
+        if out.dtype in HALF_FLOATS and combine == "+" and init is None:
             # A sum of narrow floats accumulates in float32 and rounds once, as the numpy
             # reference sums in float64: no rounding of each partial sum to 8 or 11 bits.
             acc = self.alloc(f"{out.name}_f32", out.shape, "float32")
-            self.reduce(name, acc, extents, lambda s, r: _widened(fn(s, r)))
+            self.reduce(name, acc, extents, lambda s, r: in_float32(fn(s, r), rounded=False))
             self.compute(f"{name}_round", out, lambda s: Cast(out.dtype, BufferLoad(acc, s)))
             return
         spatial = self._iter_vars("i", "spatial", out.shape)
@@ -386,25 +384,3 @@ def _extreme(dtype: str, largest: bool) -> Expr:
         return const(int(largest), dtype)
     info = np.iinfo(numpy_dtype(dtype))
     return const(int(info.max if largest else info.min), dtype)
-
-
-def _widened(e: Expr) -> Expr:
-    """A float16 or bfloat16 expression computed in float32 throughout: its narrow operands
-    widened where they are read, no rounding between its ops."""
-    narrow = ("float16", "bfloat16")
-    match e:
-        case BufferLoad() if e.dtype in narrow:
-            return Cast("float32", e)
-        case FloatImm(value, dtype) if dtype in narrow:
-            return FloatImm(value, "float32")
-        case Cast(dtype, value) if dtype in narrow:
-            return _widened(value) if value.dtype in narrow else Cast("float32", value)
-        case Binary(op, a, b) if e.dtype in narrow:
-            return Binary(op, _widened(a), _widened(b))
-        case Unary(op, a) if e.dtype in narrow:
-            return Unary(op, _widened(a))
-        case Call(fn, args) if e.dtype in narrow:
-            return Call(fn, tuple(_widened(a) for a in args))
-        case Select(cond, then, else_) if e.dtype in narrow:
-            return Select(cond, _widened(then), _widened(else_))
-    return e

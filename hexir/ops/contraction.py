@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from hexir.ir.arith_eval import fold_cast
-from hexir.ir.dtype import BYTE_INTS, NARROW_FLOATS
+from hexir.ir.dtype import BYTE_INTS, is_float
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm
@@ -31,7 +31,7 @@ def result_dtype(c: Check) -> str:
     bfloat16s."""
     if all(t.dtype in BYTE_INTS for t in c.types):
         return "int32"
-    if all(t.dtype in NARROW_FLOATS for t in c.types):
+    if all(t.dtype == "bfloat16" for t in c.types):
         return "float32"
     c.dtype_in("numeric", 0)
     return c.same_dtype()
@@ -156,7 +156,7 @@ def _float32(ex: Exporter, op: Op, names: list[str]) -> list[str]:
     gives bfloat16, Hexir's float32 (the products and sums in float32 both ways)."""
     to = ex.elem_type("float32")
     return [
-        ex.node("Cast", [name], to=to) if v.type.dtype in NARROW_FLOATS else name
+        ex.node("Cast", [name], to=to) if v.type.dtype == "bfloat16" else name
         for name, v in zip(names, op.operands, strict=True)
     ]
 
@@ -245,7 +245,7 @@ def _dense_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> No
 def _dense_export(ex: Exporter, op: Op) -> None:
     # Gemm(transB=1) for floats; ONNX's Gemm takes no ints, so MatMul of the transposed weight.
     names, out = _float32(ex, op, operand_names(op)), op.result.name
-    if op.operands[0].type.dtype.startswith("float") or op.operands[0].type.dtype in NARROW_FLOATS:
+    if is_float(op.operands[0].type.dtype):
         ex.node("Gemm", names, out, transB=1)
     else:
         ex.node(_onnx_matmul(op), [names[0], ex.node("Transpose", [names[1]], perm=[1, 0])], out)
