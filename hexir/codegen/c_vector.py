@@ -424,7 +424,12 @@ class _Chunk:
         if "bfloat16" in (dtype, a.dtype):  # bits <-> float32 (c_narrow.py)
             kind = "narrow" if dtype == "bfloat16" else "widen"
             return VValue(f"{self.helper(kind, a.dtype)}({self.vector(x, a.dtype)})", True, dtype)
-        return VValue(f"__builtin_convertvector({x.text}, {self.vtype(dtype)})", True, dtype)
+        text = x.text
+        if is_float(a.dtype) and not is_float(dtype) and itemsize(dtype) < 4:
+            # through int32 (vcvttps2dq, then vpmovdb/vpmovdw): GCC converts floats to 8- and
+            # 16-bit lanes one at a time (a quantization's uint8 store: 4x slower)
+            text = f"__builtin_convertvector({text}, {self.vtype('int32')})"
+        return VValue(f"__builtin_convertvector({text}, {self.vtype(dtype)})", True, dtype)
 
     # -- types and helpers ----------------------------------------------------------------
 

@@ -417,7 +417,7 @@ Compose = Callable[[Context, Value], Value]
 
 def _reduce_of(kind: str, before: Compose | None = None, after: Compose | None = None) -> Convert:
     """A reduction ONNX names, as `after(kind(before(x)))`: ReduceSumSquare is
-    reduce_sum(x * x), ReduceL1 reduce_sum(|x|), ReduceL2 its sqrt, ReduceMin -max(-x)."""
+    reduce_sum(x * x), ReduceL1 reduce_sum(|x|), ReduceL2 its sqrt."""
     reduce = _reduce(kind)
 
     def convert(ctx: Context) -> Sequence[Value]:
@@ -505,7 +505,7 @@ SPECS: dict[str, Spec] = {
     "ReduceSum": Spec(_reduce("reduce_sum"), _REDUCE),
     "ReduceMean": Spec(_reduce("reduce_mean"), _REDUCE),
     "ReduceMax": Spec(_reduce("reduce_max"), _REDUCE),
-    "ReduceMin": Spec(_reduce_of("reduce_max", _neg, _neg), _REDUCE),
+    "ReduceMin": Spec(_reduce_of("reduce_min"), _REDUCE),
     "ReduceSumSquare": Spec(_reduce_of("reduce_sum", _square), _REDUCE),
     "ReduceL1": Spec(_reduce_of("reduce_sum", _abs_of), _REDUCE),
     "ReduceL2": Spec(_reduce_of("reduce_sum", _square, lambda ctx, x: ctx.op("sqrt", x)), _REDUCE),

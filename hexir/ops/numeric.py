@@ -78,11 +78,21 @@ def get_ints(attrs: Attrs, key: str) -> tuple[int, ...]:
 
 
 def lowest_value(dtype: np.dtype) -> float | int | bool:
-    if dtype.kind == "f":
+    """The identity of max in numpy: -inf, the smallest integer, or False."""
+    if dtype.kind == "f" or dtype.name == "bfloat16":
         return -np.inf
     if dtype.kind in "iu":
         return int(np.iinfo(dtype).min)
     return False
+
+
+def highest_value(dtype: np.dtype) -> float | int | bool:
+    """The identity of min in numpy: inf, the largest integer, or True."""
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        return np.inf
+    if dtype.kind in "iu":
+        return int(np.iinfo(dtype).max)
+    return True
 
 
 def on_axis(v: np.ndarray, axis: int, ndim: int) -> np.ndarray:

@@ -30,14 +30,24 @@ from hexir.ops.compute import (
     lowest,
     mean,
 )
-from hexir.ops.numeric import Attrs, f64, get_float, get_int, get_ints, lowest_value, mean_of, wide
+from hexir.ops.numeric import (
+    Attrs,
+    f64,
+    get_float,
+    get_int,
+    get_ints,
+    highest_value,
+    lowest_value,
+    mean_of,
+    wide,
+)
 
 Indices = tuple[Expr, ...]
 T = TypeVar("T")
 # One reduction stage: (kernel, out, the reduced extents, the input element, its dtype).
 Stage = Callable[[Kernel, Buffer, tuple[int, ...], ReduceFn, str], None]
 
-# --- reduce_sum, reduce_mean, reduce_max -------------------------------------------------------
+# --- reduce_sum, reduce_mean, reduce_max, reduce_min ----------------------------------------
 
 
 def _reduce_infer(allowed: str) -> Infer:
@@ -96,6 +106,10 @@ def _max_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn,
     k.reduce("reduce_max", out, extents, load, combine="max", init=lowest(dt))
 
 
+def _min_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn, dt: str) -> None:
+    k.reduce("reduce_min", out, extents, load, combine="min", init=highest(dt))
+
+
 def _mean_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn, dt: str) -> None:
     mean(k, "reduce_mean", out, extents, load, math.prod(extents))
 
@@ -121,6 +135,16 @@ def _reduce_max_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     )
 
 
+def _reduce_min_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    x = xs[0]
+    return np.min(
+        x,
+        axis=get_ints(attrs, "axes"),
+        keepdims=bool(attrs["keepdims"]),
+        initial=highest_value(x.dtype),
+    )
+
+
 def _reduce_export(ex: Exporter, op: Op) -> None:
     names, out = operand_names(op), op.result.name
     axes = attr_ints(op, "axes")
@@ -130,7 +154,7 @@ def _reduce_export(ex: Exporter, op: Op) -> None:
     elif op.kind == "reduce_sum":  # axes became an input in opset 13, for ReduceSum only
         ex.node("ReduceSum", [names[0], ex.ints(axes, f"{out}.axes")], out, keepdims=keepdims)
     else:
-        onnx_op = "ReduceMean" if op.kind == "reduce_mean" else "ReduceMax"
+        onnx_op = {"reduce_mean": "ReduceMean", "reduce_min": "ReduceMin"}.get(op.kind, "ReduceMax")
         ex.node(onnx_op, names, out, axes=list(axes), keepdims=keepdims)
 
 
@@ -153,6 +177,7 @@ REDUCE_MEAN = _reduce(
     "reduce_mean", "the mean over axes", "numeric", _reduce_mean_evaluate, _mean_stage
 )
 REDUCE_MAX = _reduce("reduce_max", "the max over axes", "any", _reduce_max_evaluate, _max_stage)
+REDUCE_MIN = _reduce("reduce_min", "the min over axes", "any", _reduce_min_evaluate, _min_stage)
 
 
 # --- argmax, argmin ---------------------------------------------------------------------------
@@ -487,6 +512,7 @@ OPS: tuple[OpDef, ...] = (
     REDUCE_SUM,
     REDUCE_MEAN,
     REDUCE_MAX,
+    REDUCE_MIN,
     ARGMAX,
     ARGMIN,
 )

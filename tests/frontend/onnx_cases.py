@@ -170,6 +170,7 @@ CASES: dict[str, Graph] = {
             b.reduce_sum(x, axes=1),
             b.reduce_mean(x, axes=(0, 2), keepdims=True),
             b.reduce_max(x),
+            b.reduce_min(x, axes=(1, 2), keepdims=True),
             b.reduce_sum(x, axes=()),
         ],
     ),

@@ -287,7 +287,7 @@ CASES = [
       for kind in ("argmax", "argmin")
       for attrs in ({"axis": 1}, {"axis": -1, "keepdims": True, "last": True})],
     *[(kind, "float32", [(3, 4, 5)], attrs, "normal")
-      for kind in ("reduce_sum", "reduce_mean", "reduce_max")
+      for kind in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
       for attrs in ({"axes": (1,)}, {"axes": (0, 2), "keepdims": True}, {})],
     ("layout_transform", "float32", [(1, 8, 3, 5)], {"src": "NCHW", "dst": "NHWC"}, "normal"),
     ("layout_transform", "float32", [(2, 3, 5, 4, 4)], {"src": "NCHW4c", "dst": "NHW2cC"},
@@ -345,6 +345,7 @@ CASES = [
     ("relu", "int32", [(3, 4)], {}, "normal"),
     ("reduce_mean", "int32", [(3, 4, 5)], {"axes": (1,)}, "normal"),
     ("reduce_max", "int32", [(3, 4)], {"axes": (1,), "keepdims": True}, "normal"),
+    ("reduce_min", "uint8", [(3, 4)], {"axes": (0,)}, "normal"),
     ("reduce_sum", "int32", [(3, 4)], {}, "normal"),
     ("max_pool2d", "int32", [(1, 2, 5, 5)], {"kernel": 3, "padding": 1, "stride": 2}, "normal"),
     ("avg_pool2d", "int32", [(1, 2, 5, 5)], {"kernel": 3, "padding": 1}, "normal"),
@@ -361,6 +362,7 @@ ELEMENTWISE = {
     "gather",
     *("gather_elements", "gather_nd", "scatter_elements", "scatter_nd"),
     "reduce_max",
+    "reduce_min",
 }
 
 
