@@ -124,25 +124,21 @@ def _reduce_mean_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return mean_of(np.sum(wide(x), axis=axes, keepdims=bool(attrs["keepdims"])), count)
 
 
-def _reduce_max_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    x = xs[0]
-    # The initial value makes an empty reduction give the kernels' identity, not a numpy error.
-    return np.max(
-        x,
-        axis=get_ints(attrs, "axes"),
-        keepdims=bool(attrs["keepdims"]),
-        initial=lowest_value(x.dtype),
-    )
+def _extreme_evaluate(largest: bool) -> Evaluate:
+    """reduce_max's (reduce_min's) numpy semantics: the initial value makes an empty
+    reduction give the kernels' identity, not a numpy error."""
 
+    def evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+        x = xs[0]
+        reduce, initial = (np.max, lowest_value) if largest else (np.min, highest_value)
+        return reduce(
+            x,
+            axis=get_ints(attrs, "axes"),
+            keepdims=bool(attrs["keepdims"]),
+            initial=initial(x.dtype),
+        )
 
-def _reduce_min_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
-    x = xs[0]
-    return np.min(
-        x,
-        axis=get_ints(attrs, "axes"),
-        keepdims=bool(attrs["keepdims"]),
-        initial=highest_value(x.dtype),
-    )
+    return evaluate
 
 
 def _reduce_export(ex: Exporter, op: Op) -> None:
@@ -176,8 +172,8 @@ REDUCE_SUM = _reduce("reduce_sum", "the sum over axes", "numeric", _reduce_sum_e
 REDUCE_MEAN = _reduce(
     "reduce_mean", "the mean over axes", "numeric", _reduce_mean_evaluate, _mean_stage
 )
-REDUCE_MAX = _reduce("reduce_max", "the max over axes", "any", _reduce_max_evaluate, _max_stage)
-REDUCE_MIN = _reduce("reduce_min", "the min over axes", "any", _reduce_min_evaluate, _min_stage)
+REDUCE_MAX = _reduce("reduce_max", "the max over axes", "any", _extreme_evaluate(True), _max_stage)
+REDUCE_MIN = _reduce("reduce_min", "the min over axes", "any", _extreme_evaluate(False), _min_stage)
 
 
 # --- argmax, argmin ---------------------------------------------------------------------------
