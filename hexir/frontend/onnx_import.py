@@ -150,7 +150,9 @@ def _opset(proto: Any, source: str) -> tuple[Any, int]:
 def _changed(node: Any, last: int, version: int) -> str:
     """'' where `node` means at opset `version` what it meant at `last`: its op's definition is
     the same, or differs only in types it widened (which Hexir's dtype checks still refuse
-    where it lacks them) and in attributes the node does not set; else what changed."""
+    where it lacks them), in attributes the node does not set and in optional inputs added
+    after the old ones that the node does not give (Attention's nonpad_kv_seqlen); else what
+    changed."""
     from onnx import defs
 
     try:
@@ -165,7 +167,7 @@ def _changed(node: Any, last: int, version: int) -> str:
     same = (
         not (added & set_attrs)
         and set(old.attributes) <= set(new.attributes)
-        and _ports(old.inputs) == _ports(new.inputs)
+        and _same_inputs(old.inputs, new.inputs, node)
         and _ports(old.outputs) == _ports(new.outputs)
         and all(types <= _types(new).get(k, set()) for k, types in _types(old).items())
     )
@@ -173,6 +175,21 @@ def _changed(node: Any, last: int, version: int) -> str:
         ""
         if same
         else f"{node.op_type} (version {new.since_version}, Hexir reads {old.since_version})"
+    )
+
+
+def _same_inputs(old: Any, new: Any, node: Any) -> bool:
+    """Whether `new` is `old` followed by optional inputs only, none of which `node` gives."""
+    from onnx.defs import OpSchema
+
+    before, after = _ports(old), _ports(new)
+    added = after[len(before) :]
+    given = sum(1 for name in node.input if name) if added else 0
+    return (
+        after[: len(before)] == before
+        and all(option == OpSchema.FormalParameterOption.Optional for _, option in added)
+        and (not added or len(node.input) <= len(before) or given <= len(before))
+        and all(not name for name in node.input[len(before) :])
     )
 
 

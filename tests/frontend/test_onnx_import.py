@@ -656,10 +656,13 @@ def test_an_old_opset_is_converted_and_a_new_one_read_where_its_ops_did_not_chan
     agrees(model(relu, [("x", [2, 3])], ["y"], opset=25))  # Relu unchanged since 14
     flatten = [helper.make_node("Flatten", ["x"], ["y"], axis=1)]  # Flatten-24: types only
     agrees(model(flatten, [("x", [2, 3, 4])], ["y"], opset=25))
-    attention = [helper.make_node("Attention", ["q", "k", "v"], ["y"])]  # changed at 24
+    qkv = [("q", [1, 2, 4, 8]), ("k", [1, 2, 4, 8]), ("v", [1, 2, 4, 8])]
+    # Attention changed at 24 and 25 by an optional input and two attributes: read where the
+    # node uses neither, refused where it does
+    agrees(model([helper.make_node("Attention", ["q", "k", "v"], ["y"])], qkv, ["y"], opset=25))
+    windowed = [helper.make_node("Attention", ["q", "k", "v"], ["y"], left_window_size=2)]
     with pytest.raises(ModelError, match=r"changed since: Attention \(version 2[4-9]"):
-        import_onnx(model(attention, [("q", [1, 2, 4, 8]), ("k", [1, 2, 4, 8]),
-                                      ("v", [1, 2, 4, 8])], ["y"], opset=25))  # fmt: skip
+        import_onnx(model(windowed, qkv, ["y"], opset=25))
 
 
 @pytest.mark.parametrize(
@@ -722,3 +725,16 @@ def test_a_reflect_pad_wider_than_the_tensor_is_refused():
     )
     with pytest.raises(ModelError, match="Pad mode reflect of 4 on an extent of 4"):
         import_onnx(proto)
+
+
+def test_a_newer_opset_reads_an_op_whose_new_inputs_the_node_does_not_give():
+    # Attention gained an optional input after opset 23 (nonpad_kv_seqlen): a node that does
+    # not give it means what it meant at 23; one that does is refused, naming the op.
+    from hexir.frontend.onnx_import import _changed
+
+    plain = helper.make_node("Attention", ["q", "k", "v"], ["y"])
+    padded = helper.make_node("Attention", ["q", "k", "v", "", "", "", "lens"], ["y"])
+    assert _changed(plain, 23, 25) == ""
+    assert _changed(padded, 23, 25).startswith("Attention (version")
+    windowed = helper.make_node("Attention", ["q", "k", "v"], ["y"], left_window_size=4)
+    assert _changed(windowed, 23, 25).startswith("Attention (version")
