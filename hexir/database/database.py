@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, create_engine, event, make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from hexir import __version__
@@ -81,7 +82,7 @@ class Database:
             self._engine, self._writer = _engines(url)
             # The schema version the database had when opened: None if it was new, older
             # than SCHEMA_VERSION if it was migrated.
-            self.found_version = prepare(self._engine, self._writer, self.shown)
+            self.found_version = _prepare(self._engine, self._writer, self.shown)
 
     def commit_record(
         self,
@@ -255,6 +256,24 @@ def _engines(url: str) -> tuple[Engine, Engine]:
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
     return engine, engine.execution_options(hexir_write=True)
+
+
+# Opening a new SQLite file from several processes at once: SQLite may report it locked at
+# once, without waiting out the busy timeout (switching the new file to WAL needs it alone),
+# so opening tries again, after a pause that grows; a later try sees the schema made.
+OPEN_TRIES = 8
+
+
+def _prepare(read: Engine, write: Engine, shown: str) -> int | None:
+    """`prepare` (migrations.py), tried again where SQLite reports the file locked at once."""
+    for attempt in range(OPEN_TRIES):
+        try:
+            return prepare(read, write, shown)
+        except OperationalError as e:
+            if "locked" not in str(e.orig) or attempt == OPEN_TRIES - 1:
+                raise
+            time.sleep(0.02 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def _sqlite_connect(dbapi_connection, _record) -> None:  # noqa: ANN001 - a DBAPI connection

@@ -56,3 +56,36 @@ def test_a_killed_writer_keeps_every_record_it_committed(new_url) -> None:
     if url.startswith("sqlite:///"):
         path = url.removeprefix("sqlite:///")
         assert sqlite3.connect(path).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_opening_tries_again_where_sqlite_reports_a_new_file_locked_at_once(tmp_path, monkeypatch):
+    # Seen once in CI: one of four processes creating one new file got "database is locked"
+    # at once, not after the busy timeout. Opening tries again; other errors still raise.
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from hexir.database import Database
+    from hexir.database import database as module
+    from hexir.errors import DatabaseError
+
+    real, calls = module.prepare, []
+
+    def flaky(*args):
+        calls.append(1)
+        if len(calls) < 3:
+            raise OperationalError(
+                "PRAGMA journal_mode", {}, sqlite3.OperationalError("database is locked")
+            )
+        return real(*args)
+
+    monkeypatch.setattr(module, "prepare", flaky)
+    db = Database(f"sqlite:///{tmp_path / 'new.db'}")
+    assert len(calls) == 3 and db.found_version is None
+
+    def broken(*args):
+        raise OperationalError("SELECT", {}, sqlite3.OperationalError("disk I/O error"))
+
+    monkeypatch.setattr(module, "prepare", broken)
+    with pytest.raises(DatabaseError, match="disk I/O error"):
+        Database(f"sqlite:///{tmp_path / 'other.db'}")
