@@ -83,7 +83,7 @@ from hexir.ir.tir import (
 )
 from hexir.ir.visit import children
 from hexir.schedule.common import all_loops
-from hexir.schedule.tensorize import BF16_DOT, INTRINSICS, TENSORIZE, DotMatch, match_dot
+from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, DotMatch, match_dot
 
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
@@ -102,9 +102,11 @@ _MATH = {
     "sin": "sin",
     "cos": "cos",
 }
-# Small helpers, emitted only when used; {t} is the C type, {s} the dtype's short name.
+# Conversions c_narrow.py leaves between float32 and a 16-bit float, by `<from>_<to>` of the
+# dtypes' short names; {q} is the helper qualifier, {u16} and {u32} the unsigned C types.
 # bfloat16's bits from a float (to the nearest, ties to even; a NaN stays a quiet NaN) and
-# back (c_narrow.py), through a union: C allows the type pun, CUDA C compiles it to a move.
+# back, through a union: C allows the type pun, CUDA C compiles it to a move. (float16 is
+# _Float16 in C, converted by C casts; CUDA C adds its own, cuda.py.)
 BF16_HELPERS = {
     "f32_bf16": (
         "{q} {u16} hx_f32_bf16(float x) {{\n"
@@ -118,6 +120,7 @@ BF16_HELPERS = {
     ),
 }
 
+# Small helpers, emitted only when used; {t} is the C type, {s} the dtype's short name.
 _HELPERS = {
     "floordiv_int": (
         "{q} {t} hx_floordiv_{s}({t} a, {t} b) {{\n"
@@ -143,45 +146,41 @@ _HELPERS = {
 TRUE, FALSE = IntImm(1, "bool"), IntImm(0, "bool")
 
 
-def dpbusd_helper(qualifier: str, broadcast_unsigned: bool) -> str:
-    """vpdpbusd on the 16 int32 accumulators at c: 4 uint8 times 4 int8 summed into each.
-    The operand read once for every accumulator is 4 bytes broadcast (the uint8 one where
-    `broadcast_unsigned`), the other 64 bytes (16 x 4). Compiled where the compiler targets
-    VNNI only; elsewhere the nest prints as loops."""
-    b = "u" if broadcast_unsigned else "s"
-    narrow, wide = ("u", "s") if broadcast_unsigned else ("s", "u")
-    bcast = "_mm512_set1_epi32(four)"
-    first, second = (bcast, "wide") if broadcast_unsigned else ("wide", bcast)
+def dot_helper(qualifier: str, name: str, feature: str, acc: str, vector: str, call: str) -> str:
+    """A dot intrinsic on the 16 accumulators (C type `acc`, vector type `vector`) at c: the
+    operand read once for every accumulator, 4 bytes at a, broadcast (`four`); the other, 64
+    bytes at b (`wide`); `call` the instruction on `acc`, `four` and `wide`. Compiled where
+    the compiler targets `feature` only; elsewhere the nest prints as loops."""
     return (
-        "#if defined(__AVX512VNNI__)\n"
-        f"{qualifier} void hx_dpbusd_{b}(int32_t* c, const void* u, const void* s) {{\n"
-        "  __m512i acc, wide; int32_t four;\n"
+        f"#if defined({feature})\n"
+        f"{qualifier} void {name}({acc}* c, const void* a, const void* b) {{\n"
+        f"  {vector} acc; __m512i wide; int32_t four;\n"
         "  __builtin_memcpy(&acc, c, 64);\n"
-        f"  __builtin_memcpy(&four, {narrow}, 4);\n"
-        f"  __builtin_memcpy(&wide, {wide}, 64);\n"
-        f"  acc = _mm512_dpbusd_epi32(acc, {first}, {second});\n"
-        "  __builtin_memcpy(c, &acc, 64);\n"
-        "}\n"
-        "#endif"
-    )
-
-
-def dpbf16_helper(qualifier: str) -> str:
-    """vdpbf16ps on the 16 float32 accumulators at c: 2 bfloat16 products summed into each,
-    the pair at a broadcast (4 bytes), b's 32 bfloat16s (16 x 2) read whole. Compiled where
-    the compiler targets AVX512_BF16 only; elsewhere the nest prints as loops."""
-    return (
-        "#if defined(__AVX512BF16__)\n"
-        f"{qualifier} void hx_dpbf16(float* c, const void* a, const void* b) {{\n"
-        "  __m512 acc; __m512i wide; int32_t pair;\n"
-        "  __builtin_memcpy(&acc, c, 64);\n"
-        "  __builtin_memcpy(&pair, a, 4);\n"
+        "  __builtin_memcpy(&four, a, 4);\n"
         "  __builtin_memcpy(&wide, b, 64);\n"
-        "  acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(pair), (__m512bh)wide);\n"
+        f"  acc = {call};\n"
         "  __builtin_memcpy(c, &acc, 64);\n"
         "}\n"
         "#endif"
     )
+
+
+# Per intrinsic (tensorize.py): (the helper's name, feature, accumulator C type, vector type,
+# call) by whether the broadcast operand is uint8 (VNNI: vpdpbusd takes the uint8 one first).
+_DOT_CALLS = {
+    ("x86_vnni_dot_u8s8", True): (
+        "hx_dpbusd_u", "__AVX512VNNI__", "int32_t", "__m512i",
+        "_mm512_dpbusd_epi32(acc, _mm512_set1_epi32(four), wide)",
+    ),
+    ("x86_vnni_dot_u8s8", False): (
+        "hx_dpbusd_s", "__AVX512VNNI__", "int32_t", "__m512i",
+        "_mm512_dpbusd_epi32(acc, wide, _mm512_set1_epi32(four))",
+    ),
+    ("x86_bf16_dot_f32", False): (
+        "hx_dpbf16", "__AVX512BF16__", "float", "__m512",
+        "_mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(four), (__m512bh)wide)",
+    ),
+}  # fmt: skip
 
 
 def nest_iterations(loop: For) -> int:
@@ -227,6 +226,7 @@ class CPrinter:
     export = '__attribute__((visibility("default")))'
     restrict = "restrict"
     helper_qualifier = "static inline"
+    conversions = BF16_HELPERS  # float32 <-> 16-bit floats without a C cast of their own
     indent_unit = "  "
     stack_limit_bytes = 64 * 1024  # larger shared/local buffers go to the heap
     # A global-scope intermediate this small (an rfactor's partial sums, a row of exp values)
@@ -463,20 +463,16 @@ class CPrinter:
         if not isinstance(found, DotMatch) or self._in_simd:
             return False
         self.extra_includes.add("immintrin.h")
-        broadcast, wide = (self.access(x.buffer, x.indices) for x in (found.broadcast, found.wide))
-        if known == BF16_DOT:
-            name, feature, args = "hx_dpbf16", "__AVX512BF16__", f"&{broadcast}, &{wide}"
-            helper = dpbf16_helper(self.helper_qualifier)
-            acc = f"(float*)&{self.access(found.acc, found.acc_index)}"
-        else:  # VNNI_DOT: the helper takes the uint8 operand first
-            unsigned = found.broadcast.buffer.dtype == "uint8"
-            name, feature = f"hx_dpbusd_{'u' if unsigned else 's'}", "__AVX512VNNI__"
-            args = f"&{broadcast}, &{wide}" if unsigned else f"&{wide}, &{broadcast}"
-            helper = dpbusd_helper(self.helper_qualifier, unsigned)
-            acc = f"(int32_t*)&{self.access(found.acc, found.acc_index)}"
-        self._helpers.setdefault(name, helper)
+        unsigned = found.broadcast.buffer.dtype == "uint8"
+        name, feature, acc, vector, instruction = _DOT_CALLS[(intrinsic, unsigned)]
+        if name not in self._helpers:
+            self._helpers[name] = dot_helper(
+                self.helper_qualifier, name, feature, acc, vector, instruction
+            )
+        c = self.access(found.acc, found.acc_index)
+        a, b = (self.access(x.buffer, x.indices) for x in (found.broadcast, found.wide))
         self.emit(f"#if defined({feature})")
-        call = f"{name}({acc}, {args});"
+        call = f"{name}(({acc}*)&{c}, &{a}, &{b});"
         if found.guard is None:
             self.emit(call)
         else:
@@ -704,12 +700,12 @@ class CPrinter:
         x = self.expr(value)
         if dtype == value.dtype:
             return x
-        if "bfloat16" in (dtype, value.dtype):  # bits <-> float (c_narrow.py: float32 only)
-            kind = "f32_bf16" if dtype == "bfloat16" else "bf16_f32"
+        kind = f"{short_name(value.dtype)}_{short_name(dtype)}"
+        if kind in self.conversions:  # float32 <-> a 16-bit float (c_narrow.py)
             if kind not in self._helpers:
                 u16, u32 = self.ctype("uint16"), self.ctype("uint32")
-                helper = BF16_HELPERS[kind].format(q=self.helper_qualifier, u16=u16, u32=u32)
-                self._helpers[kind] = helper
+                template = self.conversions[kind]
+                self._helpers[kind] = template.format(q=self.helper_qualifier, u16=u16, u32=u32)
             return f"hx_{kind}({x})"
         if dtype == "bool":
             return f"({x} != 0)"

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hexir.codegen.c import CPrinter
+from hexir.codegen.c import BF16_HELPERS, CPrinter
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
 from hexir.codegen.cuda_lower import lower_for_cuda
 from hexir.codegen.cuda_reduce import AllReduce
@@ -79,6 +79,7 @@ CUDA_INTS = {
     "uint32": "unsigned int",
     "uint64": "unsigned long long",
 }
+# float16's conversions through PTX's cvt (round to nearest even): CPrinter.cast's table.
 F16_HELPERS = {
     "f32_f16": (
         "{q} unsigned short hx_f32_f16(float x) {{\n"
@@ -136,6 +137,7 @@ class CudaPrinter(CPrinter):
     export = 'extern "C" __global__'
     restrict = "__restrict__"
     helper_qualifier = "static __device__ __forceinline__"
+    conversions = {**BF16_HELPERS, **F16_HELPERS}
 
     def __init__(self, target: Target | None, launch: Launch, *, fast_math: bool = False):
         super().__init__(target)
@@ -322,16 +324,6 @@ class CudaPrinter(CPrinter):
         return super().expr(e)
 
     # -- math -----------------------------------------------------------------------------
-
-    def cast(self, dtype: str, value: Expr) -> str:
-        """float16 <-> float32 through PTX's cvt (round to nearest even); c_narrow.py leaves
-        no other float16 cast."""
-        if "float16" not in (dtype, value.dtype) or dtype == value.dtype:
-            return super().cast(dtype, value)
-        kind = "f32_f16" if dtype == "float16" else "f16_f32"
-        if kind not in self._helpers:
-            self._helpers[kind] = F16_HELPERS[kind].format(q=self.helper_qualifier)
-        return f"hx_{kind}({self.expr(value)})"
 
     def call(self, name: str, arg: Expr) -> str:
         if not is_float(arg.dtype):

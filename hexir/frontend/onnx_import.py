@@ -184,11 +184,9 @@ def _same_inputs(old: Any, new: Any, node: Any) -> bool:
 
     before, after = _ports(old), _ports(new)
     added = after[len(before) :]
-    given = sum(1 for name in node.input if name) if added else 0
     return (
         after[: len(before)] == before
         and all(option == OpSchema.FormalParameterOption.Optional for _, option in added)
-        and (not added or len(node.input) <= len(before) or given <= len(before))
         and all(not name for name in node.input[len(before) :])
     )
 

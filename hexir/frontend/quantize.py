@@ -32,8 +32,8 @@ from hexir.errors import HexirError
 from hexir.frontend.onnx_context import Context
 from hexir.frontend.onnx_ops import cast
 from hexir.frontend.onnx_ops_quant import dynamic_quantize, integer_matmul, quantize_linear
-from hexir.graph.evaluate import constant_array, evaluate
-from hexir.graph.rewrite import remove_dead_ops
+from hexir.graph.evaluate import evaluate
+from hexir.graph.rewrite import RewritePass, remove_dead_ops
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ops.builder import GraphBuilder
@@ -79,7 +79,9 @@ def quantize(
             f"activations {activations!r}: one of {', '.join(ACTIVATIONS)} (dynamic: quantized "
             "at every run from their own range; static: from calibration inputs)"
         )
-    layers = [op for op in graph.ops if _quantizable(graph, op)]
+    p = RewritePass(graph)  # its constants' data, by value
+    layers = [op for op in graph.ops if _quantizable(p, op)]
+    rewrite = {op.result.name for op in layers}
     ranges = {}
     if activations == "static":
         if not calibration:
@@ -97,9 +99,8 @@ def quantize(
     rewritten: list[Layer] = []
     for op in graph.ops:  # every value keeps its name; the new ones get fresh names
         name = op.result.name
-        if op in layers:
-            x = env[op.operands[0].name]
-            w = constant_array(graph, _producer(graph, op.operands[1]))
+        if name in rewrite:
+            x, w = env[op.operands[0].name], p.data[op.operands[1].name]
             w = w.T if op.kind == "dense" else w  # [N, K] -> [K, N]
             if weights == "bfloat16":
                 value, error = _bfloat16_layer(ctx, x, w, name)
@@ -107,7 +108,7 @@ def quantize(
                 value, error = _integer_layer(ctx, x, w, ranges.get(op.operands[0].name), name)
             rewritten.append(Layer(name, w.shape, error))
         elif op.kind == "constant":
-            value = builder.constant(constant_array(graph, op), name=name)
+            value = builder.constant(p.data[name], name=name)
         else:
             operands = [env[v.name] for v in op.operands]
             value = builder.op(op.kind, *operands, name=name, **dict(op.attrs))
@@ -116,18 +117,12 @@ def quantize(
     return remove_dead_ops(builder.build([env[v.name] for v in graph.outputs])), rewritten
 
 
-def _producer(graph: Graph, value: Value) -> Op | None:
-    return next((op for op in graph.ops if op.result.name == value.name), None)
-
-
-def _quantizable(graph: Graph, op: Op) -> bool:
+def _quantizable(p: RewritePass, op: Op) -> bool:
     if op.kind not in ("matmul", "dense") or len(op.operands) != 2 or op.attrs:
         return False
     x, w = op.operands
-    source = _producer(graph, w)
     return (
-        source is not None
-        and source.kind == "constant"
+        w.name in p.data  # a constant's
         and x.type.dtype == w.type.dtype == "float32"
         and len(w.type.shape) == 2
         and len(x.type.shape) == 2

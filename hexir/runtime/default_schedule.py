@@ -165,7 +165,7 @@ def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
     chains = CHAINS if extent >= 4 * CHAINS * lanes else 1
     _, lane = sch.split(inner, [None, chains * lanes])
     partial = sch.rfactor(lane, -1)
-    loops, kinds, block = _loops(sch, sch.get(partial).name)  # type: ignore[union-attr]
+    loops, kinds, _ = _loops(sch, sch.get(partial).name)  # type: ignore[union-attr]
     sch.vectorize(loops[-1])
     # zeroed once before the reduction's loops (not where a ragged row's guard refuses it)
     first = kinds.index("reduce") if "reduce" in kinds else len(loops) - 2
