@@ -83,7 +83,7 @@ from hexir.ir.tir import (
 )
 from hexir.ir.visit import children
 from hexir.schedule.common import all_loops
-from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, DotMatch, match_dot
+from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, DotMatch, Intrinsic, match_dot
 
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
@@ -320,6 +320,10 @@ class CPrinter:
     def var(self, v: Var) -> str:
         return self.names(v, v.name)
 
+    def add_helper(self, name: str, text: str) -> None:
+        """Define helper `name` (once) above the kernel."""
+        self._helpers.setdefault(name, text)
+
     def helper(self, kind: str, dtype: str) -> str:
         t, s = self.ctype(dtype), short_name(dtype)
         name = f"hx_{kind.split('_')[0]}_{s}"
@@ -459,7 +463,7 @@ class CPrinter:
         nest itself elsewhere (`hexir/schedule/tensorize.py`); False where the nest as lowered
         no longer matches (then it prints as loops)."""
         known = INTRINSICS.get(intrinsic)
-        found = match_dot(loop, known, self.ranges) if known is not None else None
+        found = match_dot(loop, known, self.ranges) if isinstance(known, Intrinsic) else None
         if not isinstance(found, DotMatch) or self._in_simd:
             return False
         self.extra_includes.add("immintrin.h")

@@ -24,11 +24,13 @@ from typing import TYPE_CHECKING
 from hexir.codegen.c import BF16_HELPERS, CPrinter
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
 from hexir.codegen.cuda_lower import lower_for_cuda
+from hexir.codegen.cuda_mma import emit_mma, mma_lane
 from hexir.codegen.cuda_reduce import AllReduce
 from hexir.codegen.gpu_verify import BLOCK_AXES, THREAD_AXES, Launch, verify_gpu
 from hexir.errors import ResourceError, ScheduleError, TargetError
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import is_float, itemsize, short_name
+from hexir.ir.narrow import HALF_FLOATS
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,
     Allocate,
@@ -47,12 +49,14 @@ from hexir.ir.tir import (
 from hexir.ir.visit import free_vars, substitute, walk
 from hexir.schedule.compact import compact_buffers
 from hexir.schedule.reduction import identity
+from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, WarpMma
 
 if TYPE_CHECKING:
     from hexir.runtime.target import Target
 
 CUDA_NAMES = frozenset(
-    "threadIdx blockIdx blockDim gridDim warpSize float2 float4 int2 int4 min max rsqrtf "
+    "threadIdx blockIdx blockDim gridDim warpSize float2 float4 int2 int4 uint2 uint4 min max "
+    "rsqrtf "
     "rsqrt __expf __logf __sinf __cosf __syncthreads __shfl_xor_sync __int_as_float "
     "INT32_MIN INT64_MIN INT64_C UINT32_C UINT64_C".split()
 )
@@ -151,6 +155,16 @@ class CudaPrinter(CPrinter):
         self._shared_decls: dict[object, str] = {}
         self._lanes: dict[BufferLoad, str] = {}
         self._temps = itertools.count()
+        self.axis_vars: dict[str, tuple[Var, int]] = {}  # the thread loops around: var, extent
+        # Tensor-core fragments loaded in this straight-line run: (operand, address) -> name.
+        self.fragments: dict[tuple[str, str], str] = {}
+
+    @contextmanager
+    def scope(self, opener: str, closer: str = "}") -> Iterator[None]:
+        self.fragments = {}  # what was loaded before a loop or branch may be stale in it
+        with super().scope(opener, closer):
+            yield
+        self.fragments = {}
 
     # -- the kernel -----------------------------------------------------------------------
 
@@ -188,6 +202,8 @@ class CudaPrinter(CPrinter):
     # -- statements -----------------------------------------------------------------------
 
     def stmt(self, stmt: Stmt) -> None:
+        if not (isinstance(stmt, For) and TENSORIZE in dict(stmt.annotations)):
+            self.fragments = {}  # it may store to what a fragment holds
         missing = [
             a
             for a in (*THREAD_AXES, *BLOCK_AXES)
@@ -215,9 +231,14 @@ class CudaPrinter(CPrinter):
             self.active, self.guarded = saved
 
     def loop(self, loop: For) -> None:
+        intrinsic = dict(loop.annotations).get(TENSORIZE)
+        if isinstance(intrinsic, str) and self.tensorized(loop, intrinsic):
+            return
         if loop.kind in THREAD_AXES or loop.kind in BLOCK_AXES:
             v = self.var(loop.var)
             saved = self._unroll_step
+            outer = dict(self.axis_vars)
+            self.axis_vars[loop.kind] = (loop.var, loop.extent)
             step = dict(loop.annotations).get(AUTO_UNROLL_KEY)  # the search's unroll, kept on
             if isinstance(step, int) and not isinstance(step, bool):  # the block loop
                 self._unroll_step = step
@@ -226,14 +247,15 @@ class CudaPrinter(CPrinter):
                     self.emit(f"const int {v} = (int){loop.kind};")
                 with self.on_axes([loop.kind]):
                     self.stmt_list(loop.body)
-            self._unroll_step = saved
+            self._unroll_step, self.axis_vars = saved, outer
             return
         if loop.kind == "vectorized" and self.vector_loop(loop):
             return
         self.scalar_loop(loop)
 
     def tensorized(self, loop: For, intrinsic: str) -> bool:
-        return False  # no CUDA intrinsic yet: the nest prints as loops
+        known = INTRINSICS.get(intrinsic)
+        return isinstance(known, WarpMma) and emit_mma(self, loop, known, mma_lane(self.axis_vars))
 
     def loop_pragmas(self, loop: For) -> list[str]:
         unrolls = loop.kind in ("unrolled", "vectorized") or self.auto_unrolls(loop)
@@ -254,25 +276,33 @@ class CudaPrinter(CPrinter):
             self.shared_bytes += size * itemsize(getattr(key, "dtype", "float32"))
 
     def barrier(self) -> None:
+        self.fragments = {}
         self.emit("__syncthreads();")
 
     # -- vector loads and stores ----------------------------------------------------------
 
     def vector_loop(self, loop: For) -> bool:
         """`loop` as float2/float4 accesses, when its body is one float32 store contiguous
-        and aligned in the lane (loads too, or invariant, or loaded lane by lane)."""
+        and aligned in the lane (loads too, or invariant, or loaded lane by lane); a copy of
+        16-bit elements (a float16 tile into shared memory) as 4-, 8- or 16-byte words."""
         store = _single_store(loop.body)
-        lanes = 4 if loop.extent % 4 == 0 else 2
-        if store is None or store.buffer.dtype != "float32" or loop.extent % lanes:
+        if store is None:
             return False
-        if loop.extent // lanes > MAX_VECTOR_CHUNKS:
+        if store.buffer.dtype == "float32":
+            lanes = 4 if loop.extent % 4 == 0 else 2
+        elif itemsize(store.buffer.dtype) == 2 and _copies(store):
+            lanes = next((n for n in (8, 4, 2) if loop.extent % n == 0), 1)
+        else:
+            return False
+        if loop.extent % lanes or lanes == 1 or loop.extent // lanes > MAX_VECTOR_CHUNKS:
             return False
         x = loop.var
         with self.bind_ranges({x: loop.extent}):
             bases = [IntImm(c * lanes) for c in range(loop.extent // lanes)]
             if any(self.vector_ref(store, x, b, lanes) is None for b in bases):
                 return False
-            with self.scope(f"{{  // {loop.kind} {self.var(x)}: float{lanes}"):
+            vt = _vector_type(store.buffer.dtype, lanes)
+            with self.scope(f"{{  // {loop.kind} {self.var(x)}: {vt}"):
                 for base in bases:
                     self.vector_chunk(store, x, base, lanes)
         return True
@@ -281,7 +311,7 @@ class CudaPrinter(CPrinter):
         """`&buf[start]` for the lanes base .. base + lanes - 1 of `access`, or None unless
         they are contiguous, start aligned, in a buffer that is not per-thread."""
         buffer = access.buffer
-        if buffer.scope == "local" or buffer.dtype != "float32":
+        if buffer.scope == "local" or buffer.dtype not in ("float32", *HALF_FLOATS):
             return None
         flat = self.flat(buffer, access.indices)
         coeffs = affine_coefficients(flat, [x], self.ranges)
@@ -294,7 +324,7 @@ class CudaPrinter(CPrinter):
         return f"&{self.names(buffer, buffer.name)}[{self.bare(start)}]"
 
     def vector_chunk(self, store: BufferStore, x: Var, base: Expr, lanes: int) -> None:
-        vt, fields = f"float{lanes}", "xyzw"[:lanes]
+        vt, fields = _vector_type(store.buffer.dtype, lanes), "xyzw"[:lanes]
         dst = self.vector_ref(store, x, base, lanes)
         value = store.value
         src = self.vector_ref(value, x, base, lanes) if isinstance(value, BufferLoad) else None
@@ -419,6 +449,15 @@ def _single_store(stmt: Stmt) -> BufferStore | None:
         case Block(body=body):
             return _single_store(body)
     return None
+
+
+def _vector_type(dtype: str, lanes: int) -> str:
+    """The CUDA vector type of `lanes` elements: float2/float4, or 16-bit elements as words."""
+    return f"float{lanes}" if dtype == "float32" else {2: "unsigned", 4: "uint2", 8: "uint4"}[lanes]
+
+
+def _copies(store: BufferStore) -> bool:
+    return isinstance(store.value, BufferLoad) and store.value.buffer.dtype == store.buffer.dtype
 
 
 def _multiple(e: Expr, lanes: int) -> bool:

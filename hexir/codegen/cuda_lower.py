@@ -15,6 +15,10 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -26,6 +30,7 @@ from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients, bound, simplify
 from hexir.ir.tir import (
     Allocate,
+    Binary,
     Block,
     Buffer,
     BufferLoad,
@@ -39,10 +44,14 @@ from hexir.ir.tir import (
     Var,
     seq,
 )
-from hexir.ir.visit import map_expr, map_stmt
+from hexir.ir.visit import free_vars, map_expr, map_stmt, substitute
 from hexir.schedule.cache import replace_buffer
 
 Indices = tuple[Expr, ...]
+# A set of integers as base + sum of c * x over digits (c, e), x in 0..e-1, each value once.
+Digits = tuple[int, tuple[tuple[int, int], ...]]
+# A per-thread index this many values wide or less is checked value by value when compacted.
+COMPACT_CHECK_MAX = 4096
 # The bound loops around a point (var -> axis) and every loop's extent.
 Env = tuple[dict[Var, str], dict[Var, int]]
 
@@ -123,6 +132,8 @@ class _Axis:
     terms: tuple[tuple[str, int], ...] | None = None
     extent: int = 1
     rests: set[int] = field(default_factory=set)  # every value the remaining index takes
+    indices: list[tuple[Expr, dict[Var, int]]] = field(default_factory=list)  # the rests
+    digits: Digits | None = None  # the rests as a lattice, where every access's compacts
 
 
 def _thread_share(
@@ -154,26 +165,37 @@ def _thread_share(
             if span.lo is None or span.hi is None or span.lo < 0:
                 raise fail(f"the index part {rest} is not provably non-negative")
             axis.extent = max(axis.extent, int(span.hi) + 1)
-            axis.rests.update(range(int(span.lo), int(span.hi) + 1))
-        shared_by = [a for v, a in at[0].items() if launch.dim(a) > 1 and a not in used]
+            axis.rests.update(_values(rest, at[1]) or range(int(span.lo), int(span.hi) + 1))
+            axis.indices.append((rest, at[1]))
+        shared_by = [
+            a for v, a in at[0].items() if launch.dim(a) > 1 and not _covered(a, used, launch)
+        ]
         if shared_by:
             raise fail(f"threads differing only in {shared_by[0]} touch the same elements")
         return indices
 
     _map_accesses(scope, buf, buf, visit, env)
     _check_disjoint(axes, launch, fail)
-    new = replace(buf, shape=tuple(a.extent for a in axes))
+    for axis in axes:
+        axis.digits = _compactable(axis)
+    new = replace(buf, shape=tuple(len(a.rests) if a.digits else a.extent for a in axes))
 
     def project(indices: Indices, at: Env) -> Indices:
-        return tuple(p[1] for p in (_split_index(e, at) for e in indices))  # type: ignore[index]
+        rests = (p[1] for p in (_split_index(e, at) for e in indices))  # type: ignore[index]
+        return tuple(
+            _compacted(r, a.digits, at[1]) or r if a.digits else r  # type: ignore[misc]
+            for r, a in zip(rests, axes, strict=True)
+        )
 
     return new, project
 
 
 def _split_index(e: Expr, at: Env) -> tuple[tuple[tuple[str, int], ...], Expr] | None:
-    """`e` as (bound axis -> coefficient, the rest), or None where not affine in them."""
+    """`e` as (bound axis -> coefficient, the rest), or None where not affine in them. A
+    bound index divided or taken modulo a constant (a lane fused from a row and a column:
+    `tx / 4`, `tx % 4`) is an axis of its own, named `threadIdx.x/4`, `threadIdx.x%4`."""
+    e, at = _digit_axes(simplify(e, at[1]), at)
     bound_vars, ranges = at
-    e = simplify(e, ranges)
     coeffs = affine_coefficients(e, list(bound_vars), ranges)
     if coeffs is None:
         return None
@@ -186,18 +208,171 @@ def _split_index(e: Expr, at: Env) -> tuple[tuple[tuple[str, int], ...], Expr] |
     return tuple(sorted(terms)), simplify(rest, ranges)
 
 
+# ---------------------------------------------------------------------------------------------
+# A thread's share without holes: C_local[8 * nj + cj] (nj < 4, cj < 2: an mma accumulator's
+# columns) takes 8 elements, not 26, as C_local[2 * nj + cj].
+
+
+def _values(rest: Expr, ranges: dict[Var, int]) -> set[int] | None:
+    """Every value `rest` takes over its loops, where affine and at most COMPACT_CHECK_MAX."""
+    vars = sorted(free_vars(rest), key=lambda v: v.name)
+    coeffs = affine_coefficients(rest, vars, ranges)
+    if coeffs is None or any(v not in ranges for v in vars):
+        return None
+    if math.prod(ranges[v] for v in vars) > COMPACT_CHECK_MAX:
+        return None
+    values = {coeffs[None]}
+    for v in vars:
+        values = {x + coeffs[v] * n for x in values for n in range(ranges[v])}
+    return values
+
+
+def _digits(values: set[int]) -> Digits | None:
+    """`values` as a lattice of digits (the smallest value not yet spanned starts the next
+    digit, as many steps as stay inside `values`), or None where they are not one."""
+    base = min(values)
+    rel = {v - base for v in values}
+    span, digits = {0}, []
+    while len(span) < len(rel):
+        c = min(rel - span)
+        e = 1
+        while all(s + c * e in rel for s in span):
+            e += 1
+        if e == 1:  # the next value does not start a whole copy of the span
+            return None
+        grown = {s + c * k for s in span for k in range(e)}
+        if len(grown) != len(span) * e:
+            return None
+        span = grown
+        digits.append((c, e))
+    return (base, tuple(digits)) if span == rel else None
+
+
+def _rank(value: int, digits: Digits) -> int | None:
+    """`value`'s place in the lattice: its digits, highest first, in mixed radix."""
+    base, ds = digits
+    rest, place, scale = value - base, 0, 1
+    xs = []
+    for c, e in reversed(ds):
+        x = min(rest // c, e - 1)
+        rest -= x * c
+        xs.append(x)
+    if rest:
+        return None
+    for (_, e), x in zip(ds, reversed(xs), strict=True):
+        place += x * scale
+        scale *= e
+    return place
+
+
+def _compacted(rest: Expr, digits: Digits, ranges: dict[Var, int]) -> Expr | None:
+    """`rest` as its rank in the lattice: each term's coefficient c over the digit (c_i, e_i)
+    it is a multiple of becomes c / c_i times the digit's place value (_compactable checked
+    that this is the rank at every point)."""
+    vars = sorted(free_vars(rest), key=lambda v: v.name)
+    coeffs = affine_coefficients(rest, vars, ranges) or {None: 0}
+    out: Expr = IntImm(_rank(coeffs[None], digits) or 0, rest.dtype)
+    places = list(itertools.accumulate((e for _, e in digits[1]), operator.mul, initial=1))
+    for v in vars:
+        c = coeffs[v]
+        over = [n for n, (ci, _) in enumerate(digits[1]) if 0 < ci <= c and c % ci == 0]
+        if c and not over:
+            return None
+        if c:
+            out = out + v * IntImm(c // digits[1][over[-1]][0] * places[over[-1]], rest.dtype)
+    return simplify(out, ranges)
+
+
+def _compactable(axis: _Axis) -> Digits | None:
+    """The lattice of the axis's values where it has holes and every access's index compacts
+    to its rank at every point; None to keep the axis as it is."""
+    if not axis.rests or len(axis.rests) == axis.extent:
+        return None
+    digits = _digits(axis.rests)
+    if digits is None or any(not _compacts(r, digits, at) for r, at in axis.indices):
+        return None
+    return digits
+
+
+def _compacts(rest: Expr, digits: Digits, ranges: dict[Var, int]) -> bool:
+    vars = sorted(free_vars(rest), key=lambda v: v.name)
+    if _values(rest, ranges) is None:
+        return False
+    compact = _compacted(rest, digits, ranges)
+    if compact is None:
+        return False
+    for point in itertools.product(*(range(ranges[v]) for v in vars)):
+        at = {v: IntImm(n, v.dtype) for v, n in zip(vars, point, strict=True)}
+        value, place = (simplify(substitute(e, at)) for e in (rest, compact))
+        if not isinstance(value, IntImm) or not isinstance(place, IntImm):
+            return False
+        if _rank(value.value, digits) != place.value:
+            return False
+    return True
+
+
+def _digit_axes(e: Expr, at: Env) -> tuple[Expr, Env]:
+    bound_vars, ranges = at
+    found: dict[Var, tuple[str, int]] = {}
+
+    def digit(n: Expr) -> Expr:
+        match n:
+            case Binary(("floordiv" | "floormod") as op, Var() as v, IntImm(value=c)) if (
+                v in bound_vars and c > 0
+            ):
+                name = f"{bound_vars[v]}{'/' if op == 'floordiv' else '%'}{c}"
+                extent = -(-ranges[v] // c) if op == "floordiv" else min(c, ranges[v])
+                found[Var(name, v.dtype)] = (name, extent)
+                return Var(name, v.dtype)
+        return n
+
+    e = map_expr(e, digit)
+    if not found:
+        return e, at
+    names = {v: name for v, (name, _) in found.items()}
+    extents = {v: extent for v, (_, extent) in found.items()}
+    return e, ({**bound_vars, **names}, {**ranges, **extents})
+
+
+def _dim(axis: str, launch: Launch) -> int:
+    """The threads along `axis`, or a digit axis's values (`threadIdx.x/4`: 8 of 32)."""
+    for sep in "/%":
+        if sep in axis:
+            base, c = axis.split(sep)
+            dim = launch.dim(base)
+            return -(-dim // int(c)) if sep == "/" else min(int(c), dim)
+    return launch.dim(axis)
+
+
+def _covered(axis: str, used: set[str], launch: Launch) -> bool:
+    """Whether the axes in `used` tell apart every two threads along `axis`: it, or its
+    quotient and remainder by one constant, or a remainder by at least its extent."""
+    if axis in used:
+        return True
+    for name in used:
+        base, sep, c = name.partition("%")
+        if base == axis and sep and (int(c) >= launch.dim(axis) or f"{axis}/{c}" in used):
+            return True
+    return False
+
+
 def _check_disjoint(axes: list[_Axis], launch: Launch, fail: Callable) -> None:
     """Each thread's share is its own: along every axis, no two threads' indices (the bound
     part) plus the remaining index's values meet (counted: at most a block's threads times
     the buffer's extent)."""
     seen: set[str] = set()
+    split_by: dict[str, set[str]] = {}  # a thread axis -> how its indices are taken apart
     for axis in axes:
         starts = {0}
         for name, coeff in axis.terms or ():
             if name in seen:
                 raise fail(f"{name} indexes two of its axes")
             seen.add(name)
-            starts = {s + coeff * t for s in starts for t in range(launch.dim(name))}
+            base, divisor = re.split("[/%]", name)[0], re.split("[/%]", name)[1:]
+            split_by.setdefault(base, set()).update(divisor or ["whole"])
+            if len(split_by[base]) > 1:  # tx with tx / 4, or tx / 4 with tx % 8: dependent
+                raise fail(f"{base} indexes it in two ways")
+            starts = {s + coeff * t for s in starts for t in range(_dim(name, launch))}
         hit = {s + r for s in starts for r in axis.rests}
         if len(hit) != len(starts) * len(axis.rests):
             raise fail("the shares of two threads overlap")

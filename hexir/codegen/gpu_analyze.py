@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hexir.codegen.cuda_mma import ldsm_kind, ldsm_rows
 from hexir.ir import arith
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import (
@@ -51,12 +52,18 @@ from hexir.ir.visit import free_vars, substitute, walk
 from hexir.runtime.cuda_kernel import CudaKernel
 from hexir.schedule.common import sub_stmts
 from hexir.schedule.compact import compact_buffers
+from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, MmaMatch, WarpMma, match_mma
 
 BANKS = 32
 WARP = 32
 FMA_LANES_PER_CLOCK = 128  # FP32 lanes of one multiprocessor (sm_80's are 64: see LIMITS)
 RESERVED_SHARED = 1024  # bytes per block the driver keeps (sm_80 and later)
 REGISTER_UNIT = 256  # registers are allocated per warp in units of this many
+MMA_FMAS = 16 * 8 * 16  # multiply-adds of one m16n8k16
+# Dense float16/bfloat16 tensor multiply-adds per clock of a multiprocessor (NVIDIA's peak
+# tables: A100 312 TFLOPS over 108 SMs at 1.41 GHz; H100 989 over 132 at 1.83). On sm_90 that
+# rate is wgmma's; mma.sync issues at a lower one that the model does not know.
+TENSOR_FMAS_PER_CLOCK = {"sm_80": 1024, "sm_86": 512, "sm_89": 512, "sm_90": 2048}
 
 # Per arch: (shared memory per multiprocessor, threads, blocks, FP32 lanes), NVIDIA's tables.
 LIMITS = {
@@ -94,6 +101,7 @@ class Report:
     fma_clocks: float  # per warp, one iteration of the innermost rolled loop
     memory_clocks: float  # shared wavefronts and L1 lines, same iteration
     predicted: float  # FMA clocks / max(FMA clocks, shared clocks): a ceiling
+    tensor_cores: bool = False  # the clocks and the ceiling are the tensor cores' (mma.sync)
 
     @property
     def conflict_free(self) -> bool:
@@ -108,7 +116,8 @@ class Report:
             f"{self.kernel}: {len(self.accesses)} shared accesses, worst conflict "
             f"{self.worst:.0f}-way; {self.registers} registers, {self.spill_bytes} B spilled; "
             f"{self.blocks_per_sm} blocks/SM, occupancy {self.occupancy:.0%}; "
-            f"issue mix allows {self.predicted:.0%} of FP32 peak"
+            f"issue mix allows {self.predicted:.0%} of "
+            f"{'tensor-core' if self.tensor_cores else 'FP32'} peak"
         )
 
 
@@ -118,7 +127,9 @@ def analyze(kernel: CudaKernel) -> Report:
     threads = _thread_vars(func.body)
     block = kernel.block
     lanes = [_lane(n, block) for n in range(min(WARP, math.prod(block)))]
-    fma, memory, inner = _issue_mix(func.body, threads, lanes)
+    arch = kernel.binary.arch
+    mma = _mma_mix(func.body, threads, lanes, arch)
+    fma, memory, inner = mma or _issue_mix(func.body, threads, lanes)
     accesses = [  # the update's loads as the inner loop issues them (merged into vectors)
         _access(indices, node, loops, threads, lanes)
         for indices, node, loops in _shared_accesses(func.body, [])
@@ -136,6 +147,7 @@ def analyze(kernel: CudaKernel) -> Report:
         fma,
         memory,
         predicted,
+        tensor_cores=mma is not None,
     )
 
 
@@ -324,6 +336,99 @@ def _vector_width(values: list[int]) -> int:
         if values and runs:
             return width
     return 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor cores: mma.sync per warp, fed by fragment loads
+
+
+def _mma_mix(body, threads: dict[Var, str], lanes, arch: str):  # noqa: ANN001, ANN202
+    """(tensor clocks, memory clocks, {}) per warp for one iteration of the innermost rolled
+    loop around a tensorized warp nest (None where there is none): an m16n8k16 takes
+    MMA_FMAS / the arch's dense tensor FMAs per clock of a multiprocessor; each distinct
+    fragment the unrolled loops load (the printer loads one once per straight-line run,
+    cuda_mma.py) its wavefronts: ldmatrix one per 8x8 matrix without conflicts, else the
+    bank model on each 16-bit load of the lanes."""
+    found = _tensorized(body, [])
+    if found is None:
+        return None
+    loop, around, intrinsic = found
+    lane = next((lp.var for lp in around if lp.kind == "threadIdx.x"), None)
+    ranges = {n.var: n.extent for n in walk(body) if isinstance(n, For)}
+    match = match_mma(loop, intrinsic, ranges, lane) if lane is not None else None
+    if not isinstance(match, MmaMatch):
+        return None
+    rolled = [n for n, lp in enumerate(around) if lp.kind in ("serial", "parallel")]
+    unrolled = [lp for lp in around[rolled[-1] + 1 if rolled else 0 :] if lp.kind == "unrolled"]
+    base = {v: lanes[0][kind] for v, kind in threads.items()}
+    clocks = 0.0
+    accesses: dict[BufferLoad, Access] = {}
+    for which, tile, strides in (("a", match.a, match.a_strides), ("b", match.b, match.b_strides)):
+        flat = arith.flat_index(tile.buffer, tile.indices)
+        starts = {
+            _value(flat, base | {lp.var: p for lp, p in zip(unrolled, point, strict=True)})
+            for point in itertools.product(*(range(lp.extent) for lp in unrolled))
+        }
+        ldsm = ldsm_kind(tile, strides, which, flat, ranges)
+        loads = [_fragment_wavefronts(tile, strides, which, s or 0, ldsm) for s in starts]
+        clocks += sum(w for w, _ in loads)
+        worst = max(loads, key=lambda x: x[0] / x[1])
+        access = Access(tile.buffer.name, "load", 4 if ldsm else 1, *worst)
+        for n in walk(loop):  # the nest's own loads of the tile stand for the fragments'
+            if isinstance(n, BufferLoad) and n.buffer == tile.buffer:
+                accesses[n] = access
+    mmas = math.prod(lp.extent for lp in unrolled)
+    tensor = mmas * MMA_FMAS / TENSOR_FMAS_PER_CLOCK.get(arch, TENSOR_FMAS_PER_CLOCK["sm_90"])
+    return tensor, clocks, accesses
+
+
+def _tensorized(stmt, loops: list[For]):  # noqa: ANN001, ANN202
+    """(the first loop tensorized with a WarpMma, the loops around it, the intrinsic)."""
+    if isinstance(stmt, For):
+        known = INTRINSICS.get(str(dict(stmt.annotations).get(TENSORIZE)))
+        if isinstance(known, WarpMma):
+            return stmt, loops, known
+        return _tensorized(stmt.body, [*loops, stmt])
+    for child in sub_stmts(stmt):
+        found = _tensorized(child, loops)
+        if found is not None:
+            return found
+    return None
+
+
+def _fragment_wavefronts(
+    tile: BufferLoad,
+    strides: tuple[int, int],
+    which: str,
+    start: int,
+    ldsm: tuple[str, int] | None,
+) -> tuple[int, int]:
+    """(wavefronts, ideal) of loading a warp's fragments of `tile` (origin at element
+    `start`): ldmatrix's matrices (8 rows of 4 words each), or each 16-bit load's lanes."""
+    if ldsm is not None:
+        matrices = ldsm_rows(*ldsm)
+        waves = sum(_wavefronts([(start + r) // 2 for r in rows], 4)[0] for rows in matrices)
+        return waves, len(matrices)
+    first, second = strides
+    if which == "a":  # rows lane/4 (+8), k 2*(lane%4) (+1, +8, +9)
+        steps = [(dr, dk) for dr in (0, 8) for dk in (0, 1, 8, 9)]
+        offsets = [
+            [((lane >> 2) + dr) * first + (2 * (lane & 3) + dk) * second for lane in range(WARP)]
+            for dr, dk in steps
+        ]
+    else:  # k 2*(lane%4) (+1, +8, +9), column lane/4
+        offsets = [
+            [(2 * (lane & 3) + dk) * first + (lane >> 2) * second for lane in range(WARP)]
+            for dk in (0, 1, 8, 9)
+        ]
+    total = 0
+    for lane_offsets in offsets:
+        words = [(start + o) * 2 // 4 for o in lane_offsets]
+        if tile.buffer.scope == "shared":
+            total += _wavefronts(words, 1)[0]
+        else:
+            total += len({w // BANKS for w in words})
+    return total, len(offsets)
 
 
 __all__ = ["Access", "Report", "analyze"]

@@ -17,7 +17,7 @@ from dataclasses import replace
 from hexir.errors import ScheduleError
 from hexir.ir import arith
 from hexir.ir.dtype import is_float
-from hexir.ir.tir import GPU_KINDS, AnnotationValue, Block, For, PrimFunc
+from hexir.ir.tir import GPU_KINDS, AnnotationValue, Block, For, PrimFunc, Var
 from hexir.ir.visit import free_vars
 from hexir.schedule.common import (
     accesses,
@@ -33,7 +33,7 @@ from hexir.schedule.common import (
 )
 from hexir.schedule.reduction import LANE_COMBINERS, match_reduction
 from hexir.schedule.state import ScheduleBase, primitive
-from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, match_dot
+from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, WarpMma, match_dot, match_mma
 from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
 
 THREAD_AXES = GPU_KINDS
@@ -107,7 +107,10 @@ class AnnotatePrimitives(ScheduleBase):
         if known is None:
             reason = f"unknown intrinsic {intrinsic!r}; one of {', '.join(INTRINSICS)}"
             raise schedule_error("tensorize", reason, self.func, loop=node.var)
-        found = match_dot(node, known, loop_ranges(self.func))
+        if isinstance(known, WarpMma):
+            found = match_mma(node, known, loop_ranges(self.func), self._lane(node))
+        else:
+            found = match_dot(node, known, loop_ranges(self.func))
         if isinstance(found, str):
             reason = f"the nest does not compute {intrinsic} ({known.description}): {found}"
             raise schedule_error("tensorize", reason, self.func, loop=node.var)
@@ -130,6 +133,13 @@ class AnnotatePrimitives(ScheduleBase):
         self._set_annotations("unannotate", block_or_loop, inputs, drop)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _lane(self, node: For) -> Var:
+        """The var of the threadIdx.x loop around `node` (a warp's lane where it has 32
+        threads; a placeholder that no range knows where there is none)."""
+        path = find_path(self.func.body, lambda s: s is node) or []
+        axes = [lp.var for lp in loops_of(path) if lp.kind == "threadIdx.x"]
+        return axes[-1] if axes else Var("threadIdx.x")
 
     def _set_kind(self, name: str, loop: LoopRV, kind: str, attrs: tuple = ()) -> None:
         node = self._loop(loop, name)

@@ -55,12 +55,42 @@ def access_span(index: Expr, inner: Mapping[Var, int], ranges: Mapping[Var, int]
         return None  # an indirect index: nothing to say about it
     coeffs = arith.affine_coefficients(index, list(inner))
     if coeffs is None:
-        # Not affine in the inner loops (a clamp, a div): a constant hull over every loop.
-        return _constant_span(index, ranges)
+        # Not affine in the inner loops (a clamp, a div): the hull of the terms that use them
+        # (a fused thread index taken apart: floordiv(t, 2) * 64 + floormod(t, 4)) after the
+        # rest, where no term mixes them with outer loops; else a constant hull over all.
+        return _separable_span(index, inner, ranges) or _constant_span(index, ranges)
     low = {v: IntImm(0 if coeffs[v] >= 0 else ext - 1) for v, ext in inner.items()}
     start = arith.simplify(substitute(index, low), ranges)  # type: ignore[arg-type]
     extent = 1 + sum(abs(coeffs[v]) * (ext - 1) for v, ext in inner.items())
     return Span(start, extent)  # type: ignore[arg-type]
+
+
+def _separable_span(
+    index: Expr, inner: Mapping[Var, int], ranges: Mapping[Var, int]
+) -> Span | None:
+    terms = _summands(arith.simplify(index, ranges))
+    mixed = [t for t in terms if free_vars(t) & inner.keys()]
+    if not mixed or any(free_vars(t) - inner.keys() for t in mixed):
+        return None
+    b = arith.bound(_sum(mixed), inner)
+    if b.lo is None or b.hi is None:
+        return None
+    rest = [t for t in terms if not free_vars(t) & inner.keys()]
+    start = arith.simplify(_sum([*rest, IntImm(int(b.lo), index.dtype)]), ranges)
+    return Span(start, int(b.hi - b.lo) + 1)
+
+
+def _summands(e: Expr) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == "+":
+        return [*_summands(e.a), *_summands(e.b)]
+    return [e]
+
+
+def _sum(terms: list[Expr]) -> Expr:
+    total = terms[0]
+    for t in terms[1:]:
+        total = Binary("+", total, t)
+    return total
 
 
 def _constant_span(index: Expr, ranges: Mapping[Var, int]) -> Span | None:

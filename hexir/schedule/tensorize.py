@@ -23,10 +23,26 @@ functions of j and k (their strides), so any loop order outside the two loops, a
 shapes and any offsets match. The C printer (`hexir/codegen/c.py`) emits the instruction where
 the compiler targets it (`__AVX512VNNI__`, `__AVX512BF16__`) and the nest as it is elsewhere:
 the nest is the semantics either way.
+
+A warp's tensor-core instruction (`WarpMma`, CUDA's `mma.sync.aligned.m16n8k16`, sm_80 and
+later) is described by what one thread of the warp computes, lane = threadIdx.x (32 threads):
+
+    for ri in 0..2:              # the thread's rows lane/4 and lane/4 + 8 of the 16
+      for cj in 0..2:            # its columns 2*(lane%4) and 2*(lane%4) + 1 of the 8
+        for k in 0..16:
+          c[ri, cj] = c[ri, cj] + float32(a[lane/4 + 8*ri, k]) * float32(b[k, 2*(lane%4) + cj])
+
+a a 16x16 tile and b a 16x8 tile of float16 (or bfloat16) at any strides, c four float32s
+the thread owns. That is the instruction's result layout: the 32 threads' nests together are
+the warp's 16x8x16 product, which the instruction computes from fragments the threads load
+(`ldmatrix` where the tile is in shared memory with 16-byte rows, else two halves a word;
+`hexir/codegen/cuda.py`). Every thread of the warp must reach the nest: a condition around it
+may not depend on the lane. On the CPU, and on a GPU before sm_80, the nest runs as loops.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from hexir.ir.arith import affine_coefficients, flat_index, simplify
@@ -82,7 +98,36 @@ BF16_DOT = Intrinsic(
     "contiguous in j; a and b bfloat16; a contiguous in k and the same for every j, b "
     "contiguous in (j, k)): vdpbf16ps",
 )
-INTRINSICS = {i.name: i for i in (VNNI_DOT, BF16_DOT)}
+
+
+@dataclass(frozen=True)
+class WarpMma:
+    """A warp's m16n8k16 multiply-accumulate into float32 on tensor cores (module docstring)."""
+
+    name: str
+    operand: str  # both operands' dtype
+    ptx: str  # its PTX type
+    description: str
+
+
+def _mma(operand: str, ptx: str) -> WarpMma:
+    return WarpMma(
+        f"cuda_mma_m16n8k16_{ptx}",
+        operand,
+        ptx,
+        "per thread, lane = threadIdx.x of 32: for ri in 0..2: for cj in 0..2: for k in 0..16: "
+        f"c[ri, cj] += float32(a[lane/4 + 8*ri, k]) * float32(b[k, 2*(lane%4) + cj]) (a, b "
+        f"{operand}, c float32 and k-invariant): mma.sync.aligned.m16n8k16 (sm_80+)",
+    )
+
+
+MMA_F16 = _mma("float16", "f16")
+MMA_BF16 = _mma("bfloat16", "bf16")
+MMA_ROWS, MMA_COLS, MMA_DEPTH = 16, 8, 16
+WARP = 32
+INTRINSICS: dict[str, Intrinsic | WarpMma] = {
+    i.name: i for i in (VNNI_DOT, BF16_DOT, MMA_F16, MMA_BF16)
+}
 # The intrinsic whose products a contraction of these operand dtypes makes, by dtype pair.
 DOT_INTRINSICS = (VNNI_DOT, BF16_DOT)
 
@@ -90,6 +135,11 @@ DOT_INTRINSICS = (VNNI_DOT, BF16_DOT)
 def dot_intrinsic(a: str, b: str) -> Intrinsic | None:
     """The dot-product intrinsic of operands of dtypes `a` and `b` (None: none)."""
     return next((i for i in DOT_INTRINSICS if {a, b} == i.operands), None)
+
+
+def mma_intrinsic(a: str, b: str) -> WarpMma | None:
+    """The tensor-core intrinsic of operands of dtypes `a` and `b` (None: none)."""
+    return next((i for i in (MMA_F16, MMA_BF16) if a == b == i.operand), None)
 
 
 @dataclass(frozen=True)
@@ -208,3 +258,95 @@ def _same(load: BufferLoad, store: BufferStore, scope: dict[Var, int]) -> bool:
 
 def _at(indices: tuple[Expr, ...], values: dict[Var, Expr], scope: dict[Var, int]) -> tuple:
     return tuple(simplify(substitute(i, values), scope) for i in indices)
+
+
+@dataclass(frozen=True)
+class MmaMatch:
+    """A nest that computes a WarpMma: the thread's four accumulators (c0..c3: rows lane/4
+    and lane/4 + 8, columns 2*(lane%4) + 0 and 1), and each operand tile's origin (lane 0's
+    first element) with its strides in elements, (row, k) for `a` and (k, column) for `b`."""
+
+    acc: tuple[BufferLoad, BufferLoad, BufferLoad, BufferLoad]
+    a: BufferLoad
+    a_strides: tuple[int, int]
+    b: BufferLoad
+    b_strides: tuple[int, int]
+    guard: Expr | None  # where the warp runs the nest at all, free of the lane
+
+
+def match_mma(loop: For, intrinsic: WarpMma, ranges: dict[Var, int], lane: Var) -> MmaMatch | str:
+    """The match of `loop`'s nest, in the scope of the lane var `lane` (threadIdx.x, 32
+    threads), against `intrinsic`, or why it does not match."""
+    if ranges.get(lane) != WARP:
+        return f"the lane (threadIdx.x) has {ranges.get(lane)} threads, not a warp's {WARP}"
+    guards: list[Expr] = []
+    nest = [loop]
+    for extent in (2, 2, MMA_DEPTH):
+        if not isinstance(nest[-1], For) or nest[-1].extent != extent:
+            return "the nest is not three loops of 2, 2 and 16 iterations"
+        nest.append(_only(nest[-1].body, guards))  # type: ignore[arg-type]
+    store = nest[-1]
+    if not isinstance(store, BufferStore):
+        return "the innermost loop's body is not one store"
+    ri, cj, k = (f.var for f in nest[:3])  # type: ignore[union-attr]
+    if any(free_vars(g) & {ri, cj, k, lane} for g in guards):
+        return "a condition inside or around the nest depends on the lane or the nest's loops"
+    # The lane as its row (lane / 4) and column pair (lane % 4): the indices become affine.
+    q, r = Var("lane/4", lane.dtype), Var("lane%4", lane.dtype)
+    split = {lane: q * IntImm(4, lane.dtype) + r}
+    scope = {v: e for v, e in ranges.items() if v != lane} | {q: 8, r: 4, ri: 2, cj: 2, k: 16}
+    lanes = substitute(store, split)
+    operands = _accumulated_product(lanes, scope, "float32")  # type: ignore[arg-type]
+    if isinstance(operands, str):
+        return operands
+    if any(x.dtype != intrinsic.operand for x in operands):
+        return (
+            f"the operands are {operands[0].dtype} and {operands[1].dtype}, not {intrinsic.operand}"
+        )
+    order = [q, r, ri, cj, k]
+    coeffs = []
+    for access in (lanes, *operands):
+        found = affine_coefficients(flat_index(access.buffer, access.indices), order, scope)
+        if found is None:
+            return f"{access.buffer.name}'s index is not affine in the lane and the nest's loops"
+        coeffs.append(tuple(found[v] for v in order))
+    reason = _mma_accumulator(store.buffer, coeffs[0])
+    if reason:
+        return reason
+    at_zero = {v: IntImm(0, v.dtype) for v in order}
+    for a, b, ca, cb in ((*operands, *coeffs[1:]), (*operands[::-1], *coeffs[:0:-1])):
+        if _mma_a(ca) and _mma_b(cb):
+            here = [BufferLoad(x.buffer, _at(x.indices, at_zero, scope)) for x in (a, b)]
+            corners = [{ri: IntImm(i // 2), cj: IntImm(i % 2)} for i in range(4)]
+            acc = [BufferLoad(store.buffer, _at(store.indices, c, ranges)) for c in corners]
+            guard = conjoin(guards) if guards else None
+            return MmaMatch(tuple(acc), here[0], (ca[0], ca[4]), here[1], (cb[4], cb[3]), guard)  # type: ignore[arg-type]
+    return (
+        "the operands are not a[lane/4 + 8*ri, k] and b[k, 2*(lane%4) + cj] at any strides "
+        f"(coefficients of lane/4, lane%4, ri, cj, k: {coeffs[1]} and {coeffs[2]})"
+    )
+
+
+def _mma_accumulator(buffer: Buffer, c: tuple[int, ...]) -> str | None:
+    """Why the accumulator with coefficients `c` (of lane/4, lane%4, ri, cj, k) is not four
+    elements per thread, the same for every k, apart from other threads' unless per thread."""
+    cq, cr, cri, ccj, ck = c
+    if ck:
+        return "the accumulator changes with k"
+    if len({cri * i + ccj * j for i in range(2) for j in range(2)}) < 4:
+        return "the accumulator is not four elements per thread"
+    if buffer.scope == "local":
+        return None
+    points = itertools.product(range(8), range(4), range(2), range(2))
+    mine = {cq * x + cr * y + cri * i + ccj * j for x, y, i, j in points}
+    return None if len(mine) == 128 else "two threads of the warp accumulate into one element"
+
+
+def _mma_a(c: tuple[int, ...]) -> bool:  # a[lane/4 + 8*ri, k]: rows at any stride, k
+    cq, cr, cri, ccj, ck = c
+    return cq != 0 and cri == 8 * cq and cr == ccj == 0 and ck != 0
+
+
+def _mma_b(c: tuple[int, ...]) -> bool:  # b[k, 2*(lane%4) + cj]
+    cq, cr, cri, ccj, ck = c
+    return ccj != 0 and cr == 2 * ccj and cq == cri == 0 and ck != 0

@@ -1,0 +1,152 @@
+"""The hand-written tensor-core schedule of a float16 or bfloat16 contraction (matmul, dense,
+batch_matmul into float32): warps of `mma.sync.aligned.m16n8k16` (`hexir/schedule/tensorize.py`).
+
+    sch = mma_schedule(hexir.workload("matmul", M=4096, N=4096, K=4096, dtype="float16"))
+    kernel = hexir.build(sch.func, "cuda -arch=sm_90")   # or "cpu": the nests run as loops
+
+A thread block computes a tile of rows x columns (MmaTiling.block) with its warps side by side
+(each a warp tile of `warp` rows x columns), stepping the reduction `bk` at a time through
+shared memory. Within a warp, output (i, j) of each 16 x 8 instruction tile belongs to lane
+4 * (i % 8) + j % 8 / 2, so the rows split as [blocks, warps, tiles, 2, 8] and the columns as
+[blocks, warps, tiles, 4, 2]: the lane is fused from the 8 and the 4, and the thread's nest
+(2 rows, 2 columns, 16 of the reduction) is tensorized. The accumulators stay in registers for
+the whole reduction (cache_write, local); the write-back splits its tile the same way, so each
+thread stores what it holds. The shared tiles' rows are padded to an odd number of 16-byte
+chunks, so ldmatrix's eight rows of a request fall in different banks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hexir.ir.tir import Block, PrimFunc
+from hexir.schedule.common import all_blocks
+from hexir.schedule.schedule import Schedule
+from hexir.schedule.tensorize import MMA_COLS, MMA_DEPTH, MMA_ROWS, WARP, WarpMma, mma_intrinsic
+from hexir.schedule.trace import LoopRV
+
+LDSM_ROW = 8  # halves in a 16-byte ldmatrix row; padded rows hold an odd number of them
+
+
+@dataclass(frozen=True)
+class MmaTiling:
+    """A thread block's output tile (rows, columns), each warp's, and the reduction step held
+    in shared memory. The default: 128 x 128 in four warps of 64 x 64 (128 float32
+    accumulators a thread), 64 deep (35 KB of shared memory: two blocks a multiprocessor)."""
+
+    block: tuple[int, int] = (128, 128)
+    warp: tuple[int, int] = (64, 64)
+    bk: int = 64
+    pad: bool = True  # the shared tiles' rows padded against ldmatrix's bank conflicts
+
+
+def mma_contraction(func: PrimFunc, tiling: MmaTiling = MmaTiling()) -> Block | None:
+    """The contraction `mma_schedule` tiles: the one reducing block of float16 or bfloat16
+    operands into float32 whose output rows and columns divide the tiling's block and whose
+    reduction divides its step; None where there is none."""
+    found = [b for b in all_blocks(func.body) if any(iv.kind == "reduce" for iv in b.iter_vars)]
+    if len(found) != 1:
+        return None
+    block = found[0]
+    spatial = [iv.dom for iv in block.iter_vars if iv.kind == "spatial"]
+    reduce = [iv.dom for iv in block.iter_vars if iv.kind == "reduce"]
+    if _intrinsic(block) is None or block.writes[0].buffer.dtype != "float32":
+        return None
+    if len(spatial) < 2 or len(reduce) != 1 or reduce[0] % tiling.bk:
+        return None
+    rows, cols = spatial[-2:]
+    return block if rows % tiling.block[0] == 0 and cols % tiling.block[1] == 0 else None
+
+
+def _intrinsic(block: Block) -> WarpMma | None:
+    written = {w.buffer for w in block.writes}
+    dtypes = [r.buffer.dtype for r in block.reads if r.buffer not in written]
+    return mma_intrinsic(*dtypes) if len(dtypes) == 2 else None
+
+
+def mma_schedule(func: PrimFunc, tiling: MmaTiling = MmaTiling()) -> Schedule:
+    """A tensor-core schedule of `func` (see the module docstring); `func` must have an
+    `mma_contraction`."""
+    block = mma_contraction(func, tiling)
+    if block is None:
+        raise ValueError(f"{func.name} has no float16/bfloat16 contraction the tiling divides")
+    t = tiling
+    warps = (t.block[0] // t.warp[0], t.block[1] // t.warp[1])
+    sch = Schedule(func)
+    mm = sch.get_block(block.name)
+    c_local = sch.cache_write(mm, 0, "local")
+    for b in all_blocks(func.body):  # the rounding (and any elementwise tail) into the write-back
+        if b.name != block.name:
+            sch.reverse_compute_inline(sch.get_block(b.name))
+    fetches = [sch.cache_read(mm, n, "shared") for n in range(2)]
+    *outer, i, j, k = sch.get_loops(mm)
+    by, wy, mi, ri, q = sch.split(i, [None, warps[0], t.warp[0] // MMA_ROWS, 2, 8])
+    bx, wx, nj, r, cj = sch.split(j, [None, warps[1], t.warp[1] // MMA_COLS, 4, 2])
+    k0, k1, kk = sch.split(k, [None, t.bk // MMA_DEPTH, MMA_DEPTH])
+    sch.reorder(*outer, by, bx, k0, wy, wx, q, r, k1, mi, nj, ri, cj, kk)
+    # Before the fuses: the tile of the block's outputs is then an affine region.
+    _write_back(sch, c_local, bx, t, warps)
+    _bind_warps(sch, outer, by, bx, sch.fuse(wy, wx), sch.fuse(q, r))
+    for fetch in fetches:
+        sch.compute_at(fetch, k0)
+        rank = len(sch.get(fetch).writes[0].buffer.shape)  # type: ignore[union-attr]
+        if t.pad:
+            sch.storage_align(fetch, 0, rank - 2, 2 * LDSM_ROW, LDSM_ROW)
+        _fetch(sch, fetch, k0, warps[0] * warps[1])
+    sch.unroll(mi)
+    sch.unroll(nj)
+    sch.decompose_reduction(mm, k0)
+    sch.tensorize(ri, _intrinsic(block).name)  # type: ignore[union-attr]
+    return sch
+
+
+def _bind_warps(
+    sch: Schedule, outer: list[LoopRV], by: LoopRV, bx: LoopRV, ty: LoopRV, tx: LoopRV
+) -> None:
+    if outer:
+        sch.bind(outer[0] if len(outer) == 1 else sch.fuse(*outer), "blockIdx.z")
+    sch.bind(by, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+
+
+def _fetch(sch: Schedule, fetch, at: LoopRV, warps: int) -> None:  # noqa: ANN001 - a BlockRV
+    """The copy of one operand tile, its loops fused and dealt out to the block's threads,
+    8 halves (16 bytes) a thread at a time where the tile's rows and threads allow."""
+    loops = sch.get_loops(fetch)
+    names = [sch.describe(lp) for lp in loops]
+    loops = loops[names.index(sch.describe(at)) + 1 :]
+    row = sch.get(loops[-1]).extent  # type: ignore[union-attr]
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    extent = sch.get(fused).extent  # type: ignore[union-attr]
+    if row % LDSM_ROW == 0 and extent % (LDSM_ROW * warps * WARP) == 0:
+        _, y, x, v = sch.split(fused, [None, warps, WARP, LDSM_ROW])
+        sch.vectorize(v)
+    else:
+        _, y, x = sch.split(fused, [None, warps, WARP])
+    sch.bind(y, "threadIdx.y")
+    sch.bind(x, "threadIdx.x")
+
+
+def _write_back(
+    sch: Schedule,
+    c_local,
+    bx: LoopRV,
+    t: MmaTiling,
+    warps: tuple[int, int],  # noqa: ANN001
+) -> None:
+    """The accumulators stored by the threads that hold them (the compute's split)."""
+    sch.reverse_compute_at(c_local, bx)
+    loops = sch.get_loops(c_local)
+    own = loops[[sch.get(lp) for lp in loops].index(sch.get(bx)) + 1 :]
+    wy, mi, ri, q = sch.split(own[-2], [warps[0], t.warp[0] // MMA_ROWS, 2, 8])
+    wx, nj, r, cj = sch.split(own[-1], [warps[1], t.warp[1] // MMA_COLS, 4, 2])
+    sch.reorder(wy, wx, q, r, mi, nj, ri, cj)
+    sch.bind(sch.fuse(wy, wx), "threadIdx.y")
+    sch.bind(sch.fuse(q, r), "threadIdx.x")
+    for loop in (mi, nj, ri, cj):
+        sch.unroll(loop)
+
+
+__all__ = ["MmaTiling", "mma_contraction", "mma_schedule"]
