@@ -1,8 +1,11 @@
-"""float32 matmul 4096^3 on the GPU: a hand schedule against cuBLAS, side by side in one run.
+"""matmul 4096^3 on the GPU: a hand schedule against cuBLAS, side by side in one run.
 
     python benchmarks/matmul_gpu.py [--size 4096] [--op matmul|dense] [--rounds 3]
-                                    [--tiling 8,32,8,4,64]
+                                    [--dtype float32|float16] [--tiling 8,32,8,4,64]
                                     [--summary FILE]
+
+float16 runs the tensor-core schedule (`hexir.schedule.handwritten_mma`: mma.sync and
+ldmatrix, float32 accumulation) against cuBLAS's float16 GEMM (float32 accumulation too).
 
 The schedule is `hexir.schedule.handwritten.gpu_schedule` (the public primitives: a thread
 block's output tile in a `local` accumulator, each operand's tile for a reduction step in
@@ -28,6 +31,7 @@ import hexir
 from hexir import knobs
 from hexir.runtime.cuda_kernel import CudaKernel, gpu_unavailable_reason
 from hexir.schedule.handwritten import Tiling, gpu_schedule
+from hexir.schedule.handwritten_mma import MmaTiling
 
 
 def vendor_peer(a: np.ndarray, b: np.ndarray) -> tuple[str, Callable[[], float], np.ndarray]:
@@ -38,7 +42,7 @@ def vendor_peer(a: np.ndarray, b: np.ndarray) -> tuple[str, Callable[[], float],
     except ImportError:
         return _torch_peer(a, b)
     da, db = cp.asarray(a), cp.asarray(b)
-    dc = cp.empty((a.shape[0], b.shape[1]), cp.float32)
+    dc = cp.empty((a.shape[0], b.shape[1]), a.dtype)
     start, end = cp.cuda.Event(), cp.cuda.Event()
 
     def run() -> float:
@@ -58,8 +62,9 @@ def _torch_peer(a: np.ndarray, b: np.ndarray) -> tuple[str, Callable[[], float],
     except ImportError:
         sys.exit("matmul_gpu.py: no vendor library to compare with: install CuPy (or PyTorch)")
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 against float32
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # sums in float32
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
-    tc = torch.empty((a.shape[0], b.shape[1]), dtype=torch.float32, device="cuda")
+    tc = torch.empty((a.shape[0], b.shape[1]), dtype=ta.dtype, device="cuda")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def run() -> float:
@@ -92,6 +97,7 @@ def main() -> None:
     parser.add_argument("--op", choices=("matmul", "dense"), default="matmul",
                         help="dense: Y = X W^T with W stored [N][K] (cuBLAS gets W^T)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     parser.add_argument("--tiling", help="ty,tx,mi,nj,bk (default: the schedule's own)")
     parser.add_argument("--summary", help="write the figures to this JSON file")
     args = parser.parse_args()
@@ -102,7 +108,7 @@ def main() -> None:
     n = args.size
     flop = 2.0 * n**3
     extra = {"bias": False} if args.op == "dense" else {}
-    func = hexir.workload(args.op, M=n, N=n, K=n, **extra)
+    func = hexir.workload(args.op, M=n, N=n, K=n, dtype=args.dtype, **extra)
     sch = gpu_schedule(func, parse_tiling(args.tiling))
     print(sch.trace, end="\n\n")
     kernel = hexir.build(sch.func, target="cuda")  # the visible GPU's arch
@@ -110,14 +116,17 @@ def main() -> None:
     print(f"{kernel}: {kernel.resources}")
 
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    c = np.full((n, n), np.nan, np.float32)
+    a = rng.standard_normal((n, n), dtype=np.float32).astype(args.dtype)
+    b = rng.standard_normal((n, n), dtype=np.float32).astype(args.dtype)
+    c = np.full((n, n), np.nan, args.dtype)
     vendor, vendor_run, expect = vendor_peer(a, b if args.op == "matmul" else b.T.copy())
     kernel(a, b, c)
-    # K products of unit normals: |c| ~ sqrt(K); summation orders differ between the two.
-    np.testing.assert_allclose(c, expect, rtol=1e-3, atol=1e-3 * np.sqrt(n))
-    print(f"hexir matches {vendor} (max abs difference {np.abs(c - expect).max():.2e})")
+    # K products of unit normals: |c| ~ sqrt(K); summation orders differ between the two, and
+    # float16 results round to 11 bits.
+    tol = 1e-3 if args.dtype == "float32" else 2e-3
+    c32, expect32 = c.astype(np.float32), expect.astype(np.float32)
+    np.testing.assert_allclose(c32, expect32, rtol=tol, atol=tol * np.sqrt(n))
+    print(f"hexir matches {vendor} (max abs difference {np.abs(c32 - expect32).max():.2e})")
 
     hexir_times, vendor_times = [], []
     with knobs.scope(timing_warmup=3, timing_repeats=10, timing_min_seconds=0.0):
@@ -139,8 +148,13 @@ def report(
     ratio = tflops["hexir"] / tflops[vendor]
     t = parse_tiling(args.tiling) or Tiling()
     label = f"hexir, hand schedule ({t.ty}x{t.tx} threads, {t.mi}x{t.nj} per thread, bk {t.bk})"
+    if args.dtype == "float16":
+        m = MmaTiling()
+        label = (
+            f"hexir, mma.sync ({m.block[0]}x{m.block[1]} a block, {m.warp[0]}x{m.warp[1]} a warp)"
+        )
     gpu = kernel.target.arch
-    print(f"\nfloat32 {args.op} {args.size}^3 on {gpu}, medians of CUDA-event timings")
+    print(f"\n{args.dtype} {args.op} {args.size}^3 on {gpu}, medians of CUDA-event timings")
     print(f"{'':58} {'ms':>8} {'TFLOP/s':>8} {'x cuBLAS':>9}")
     for name, shown in ((vendor, vendor), ("hexir", label)):
         s, tf = seconds[name], tflops[name]
@@ -148,6 +162,7 @@ def report(
     if args.summary:
         summary = {
             "size": f"{args.size}^3",
+            "dtype": args.dtype,
             "arch": gpu,
             "hexir_ms": seconds["hexir"] * 1e3,
             "hexir_tflops": tflops["hexir"],

@@ -11,7 +11,8 @@
 # CUDA toolkit, minutes of a lease), else cuda-bindings (hexir/runtime/cuda_driver.py), so
 # nothing has to be compiled on the GPU machine. Then it runs the NVRTC and runner tests, every
 # GPU test (`pytest -m gpu tests/gpu`: tests/conftest.py refuses a `gpu`-marked test anywhere
-# else), benchmarks/matmul_gpu.py (cuBLAS through CuPy or PyTorch) and `hexir run MODEL
+# else), benchmarks/matmul_gpu.py in float32 and float16 (cuBLAS through CuPy or PyTorch;
+# float16 on tensor cores) and `hexir run MODEL
 # --target cuda --profile --check` for each --model (default: mlp, bert-base, gpt2-decode; its
 # end-to-end time replays a CUDA graph, beside the time of launching kernel by kernel), and
 # prints a short table last. Exit status 0 only when every step passed; a skipped test fails the check,
@@ -36,7 +37,7 @@ while (($#)); do
         --dry-run) dry_run=1; shift ;;
         --build-pycuda) build_pycuda=1; shift ;;
         --model) (($# > 1)) || usage; models+=("$2"); shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         -*) usage ;;
         *) [[ -z "$wheelhouse" ]] || usage; wheelhouse="$1"; shift ;;
     esac
@@ -276,19 +277,22 @@ fi
 
 # -- benchmarks --------------------------------------------------------------------------------
 
-echo "== benchmarks/matmul_gpu.py"
-if timeout 150 "$py" benchmarks/matmul_gpu.py --summary "$work/bench.json"; then
-    while IFS= read -r line; do rows+=("$line"); done < <("$py" - "$work/bench.json" <<'PYEOF'
+for dtype in float32 float16; do  # float16: tensor cores (mma.sync) against cuBLAS's
+    echo "== benchmarks/matmul_gpu.py --dtype $dtype"
+    if timeout 150 "$py" benchmarks/matmul_gpu.py --dtype "$dtype" --summary "$work/bench.json"; then
+        while IFS= read -r line; do rows+=("$line"); done < <("$py" - "$work/bench.json" <<'PYEOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(f"{'hand matmul ' + s['size']:36} {s['hexir_tflops']:.1f} TFLOP/s ({s['hexir_ms']:.2f} ms)")
+name = f"hand matmul {s['size']} {s['dtype']}"
+print(f"{name:36} {s['hexir_tflops']:.1f} TFLOP/s ({s['hexir_ms']:.2f} ms)")
 print(f"{s['vendor']:36} {s['vendor_tflops']:.1f} TFLOP/s ({s['vendor_ms']:.2f} ms)")
 print(f"{'ratio (hand / vendor)':36} {s['ratio']:.3f}")
 PYEOF
 )
-else
-    failed "benchmarks/matmul_gpu.py" "exit status $? (see above)"
-fi
+    else
+        failed "benchmarks/matmul_gpu.py --dtype $dtype" "exit status $? (see above)"
+    fi
+done
 
 for model in "${models[@]}"; do  # a whole model: built, checked against numpy, profiled
     echo "== hexir run $model --target cuda --profile --check"

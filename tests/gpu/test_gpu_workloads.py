@@ -69,3 +69,27 @@ def test_timing_a_workload_leaves_its_result(cache, rng):
         seconds = kernel.time(*inputs, out)
     assert seconds > 0
     np.testing.assert_allclose(out, inputs[0] @ inputs[1], rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize(
+    "name,shape,dtype",
+    [
+        ("matmul", dict(M=256, N=256, K=128), "float16"),
+        ("matmul", dict(M=128, N=256, K=192), "bfloat16"),
+        ("batch_matmul", dict(B=2, M=128, N=128, K=64), "float16"),
+        ("dense", dict(M=128, N=256, K=128), "float16"),
+    ],
+)
+def test_tensor_core_workloads_match_numpy_on_the_gpu(cache, name, shape, dtype, rng):
+    """float16/bfloat16 contractions take mma.sync (handwritten_mma.py) by default."""
+    func = hexir.workload(name, dtype=dtype, **shape)
+    kernel = hexir.build(gpu_schedule(func).func, target="cuda")
+    assert "mma.sync" in kernel.source and kernel.resources["spill_bytes"] == 0
+    for _ in range(2):
+        inputs, outputs = _inputs(func, rng), _poisoned(func)
+        kernel(*inputs, *outputs)
+        (out,) = outputs
+        (ref,) = hexir.reference(func, inputs)
+        got, want = out.astype(np.float32), np.asarray(ref).astype(np.float32)
+        assert not np.isnan(got).any(), "the kernel left elements unwritten"
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
