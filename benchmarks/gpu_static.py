@@ -1,6 +1,7 @@
 """The static GPU analyzer's table, no GPU needed: each reference schedule's shared-memory bank
-conflicts, registers, spills, occupancy and the fraction of FP32 peak its inner loop's issue
-mix allows, beside the best of a few sampled schedules of the search space.
+conflicts, registers, spills, occupancy and the fraction of FP32 peak (tensor-core peak for
+float16: mma.sync) its inner loop's issue mix allows, beside the best of a few sampled
+schedules of the search space.
 
     python benchmarks/gpu_static.py [--arch sm_90] [--samples 32]
 
@@ -21,8 +22,11 @@ from hexir.runtime.target import Target
 from hexir.schedule.handwritten import gpu_schedule
 from hexir.search.space import SearchSpace
 
+F16 = dict(dtype="float16")
 WORKLOADS = [
     ("matmul 4096^3", "matmul", dict(M=4096, N=4096, K=4096)),
+    ("matmul 4096^3 f16 (tensor cores)", "matmul", dict(M=4096, N=4096, K=4096, **F16)),
+    ("dense BERT FFN f16 (tensor cores)", "dense", dict(M=128, N=3072, K=768, **F16)),
     ("dense 4096^3", "dense", dict(M=4096, N=4096, K=4096)),
     ("dense BERT FFN", "dense", dict(M=128, N=3072, K=768, bias=True)),
     ("batch_matmul 12x128x128x64", "batch_matmul", dict(B=12, M=128, N=128, K=64)),

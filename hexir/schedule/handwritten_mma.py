@@ -17,13 +17,15 @@ chunks, so ldmatrix's eight rows of a request fall in different banks.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hexir.ir.tir import Block, PrimFunc
 from hexir.schedule.common import all_blocks
 from hexir.schedule.schedule import Schedule
 from hexir.schedule.tensorize import MMA_COLS, MMA_DEPTH, MMA_ROWS, WARP, WarpMma, mma_intrinsic
-from hexir.schedule.trace import LoopRV
+from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
 
 LDSM_ROW = 8  # halves in a 16-byte ldmatrix row; padded rows hold an odd number of them
 
@@ -40,28 +42,34 @@ class MmaTiling:
     pad: bool = True  # the shared tiles' rows padded against ldmatrix's bank conflicts
 
 
-def mma_contraction(func: PrimFunc, tiling: MmaTiling = MmaTiling()) -> Block | None:
-    """The contraction `mma_schedule` tiles: the one reducing block of float16 or bfloat16
-    operands into float32 whose output rows and columns divide the tiling's block and whose
-    reduction divides its step; None where there is none."""
-    found = [b for b in all_blocks(func.body) if any(iv.kind == "reduce" for iv in b.iter_vars)]
-    if len(found) != 1:
-        return None
-    block = found[0]
+def mma_operands(block: Block) -> WarpMma | None:
+    """The tensor-core intrinsic of `block` where it is a contraction the tiling takes: two
+    float16 or two bfloat16 operands summed into float32 over one reduce axis, with rows
+    and columns (its last two spatial axes) and reduction divisible by the instruction's
+    16 x 8 x 16; None elsewhere."""
     spatial = [iv.dom for iv in block.iter_vars if iv.kind == "spatial"]
     reduce = [iv.dom for iv in block.iter_vars if iv.kind == "reduce"]
-    if _intrinsic(block) is None or block.writes[0].buffer.dtype != "float32":
+    if block.writes[0].buffer.dtype != "float32" or len(spatial) < 2 or len(reduce) != 1:
         return None
-    if len(spatial) < 2 or len(reduce) != 1 or reduce[0] % tiling.bk:
+    if spatial[-2] % MMA_ROWS or spatial[-1] % MMA_COLS or reduce[0] % MMA_DEPTH:
         return None
-    rows, cols = spatial[-2:]
-    return block if rows % tiling.block[0] == 0 and cols % tiling.block[1] == 0 else None
-
-
-def _intrinsic(block: Block) -> WarpMma | None:
     written = {w.buffer for w in block.writes}
     dtypes = [r.buffer.dtype for r in block.reads if r.buffer not in written]
     return mma_intrinsic(*dtypes) if len(dtypes) == 2 else None
+
+
+def mma_contraction(func: PrimFunc, tiling: MmaTiling = MmaTiling()) -> Block | None:
+    """The contraction `mma_schedule` tiles: the one reducing block with `mma_operands`
+    whose rows and columns divide the tiling's block and whose reduction divides its step;
+    None where there is none."""
+    found = [b for b in all_blocks(func.body) if any(iv.kind == "reduce" for iv in b.iter_vars)]
+    if len(found) != 1 or mma_operands(found[0]) is None:
+        return None
+    block = found[0]
+    rows, cols = [iv.dom for iv in block.iter_vars if iv.kind == "spatial"][-2:]
+    (depth,) = [iv.dom for iv in block.iter_vars if iv.kind == "reduce"]
+    divides = rows % tiling.block[0] == 0 and cols % tiling.block[1] == 0
+    return block if divides and depth % tiling.bk == 0 else None
 
 
 def mma_schedule(func: PrimFunc, tiling: MmaTiling = MmaTiling()) -> Schedule:
@@ -71,33 +79,59 @@ def mma_schedule(func: PrimFunc, tiling: MmaTiling = MmaTiling()) -> Schedule:
     if block is None:
         raise ValueError(f"{func.name} has no float16/bfloat16 contraction the tiling divides")
     t = tiling
-    warps = (t.block[0] // t.warp[0], t.block[1] // t.warp[1])
     sch = Schedule(func)
     mm = sch.get_block(block.name)
     c_local = sch.cache_write(mm, 0, "local")
     for b in all_blocks(func.body):  # the rounding (and any elementwise tail) into the write-back
         if b.name != block.name:
             sch.reverse_compute_inline(sch.get_block(b.name))
+    rows = (t.block[0] // t.warp[0], t.warp[0] // MMA_ROWS)
+    cols = (t.block[1] // t.warp[1], t.warp[1] // MMA_COLS)
+    tile_tensor_cores(sch, mm, c_local, lambda *_: (rows, cols, t.bk // MMA_DEPTH), pad=t.pad)
+    return sch
+
+
+Factor = int | ExprRV
+# (warps, 16-row tiles a warp), (warps, 8-column tiles a warp), 16-deep chunks a shared step
+Tiles = tuple[Sequence[Factor], Sequence[Factor], Factor]
+
+
+def tile_tensor_cores(
+    sch: Schedule,
+    mm: BlockRV,
+    c_local: BlockRV,
+    tiles: Callable[[LoopRV, LoopRV, LoopRV], Tiles],
+    pad: bool = True,
+) -> None:
+    """Tile the contraction `mm` (its accumulator `c_local`, a local cache_write whose
+    write-back holds the elementwise epilogue already) for tensor cores. `tiles(rows, cols,
+    depth)` gives the factors of the loops over 16-row tiles, 8-column tiles and 16-deep
+    chunks: (warps, tiles a warp) of the rows and of the columns per thread block, and the
+    chunks per shared step; integers, or ExprRVs it samples (`hexir/search/sketch_gpu.py`)."""
     fetches = [sch.cache_read(mm, n, "shared") for n in range(2)]
     *outer, i, j, k = sch.get_loops(mm)
-    by, wy, mi, ri, q = sch.split(i, [None, warps[0], t.warp[0] // MMA_ROWS, 2, 8])
-    bx, wx, nj, r, cj = sch.split(j, [None, warps[1], t.warp[1] // MMA_COLS, 4, 2])
-    k0, k1, kk = sch.split(k, [None, t.bk // MMA_DEPTH, MMA_DEPTH])
+    i16, i_in = sch.split(i, [None, MMA_ROWS])
+    j8, j_in = sch.split(j, [None, MMA_COLS])
+    k16, kk = sch.split(k, [None, MMA_DEPTH])
+    rows, cols, steps = tiles(i16, j8, k16)
+    (by, wy, mi), (ri, q) = sch.split(i16, [None, *rows]), sch.split(i_in, [2, 8])
+    (bx, wx, nj), (r, cj) = sch.split(j8, [None, *cols]), sch.split(j_in, [4, 2])
+    k0, k1 = sch.split(k16, [None, steps])
     sch.reorder(*outer, by, bx, k0, wy, wx, q, r, k1, mi, nj, ri, cj, kk)
     # Before the fuses: the tile of the block's outputs is then an affine region.
-    _write_back(sch, c_local, bx, t, warps)
+    _write_back(sch, c_local, bx, rows, cols)
     _bind_warps(sch, outer, by, bx, sch.fuse(wy, wx), sch.fuse(q, r))
     for fetch in fetches:
         sch.compute_at(fetch, k0)
         rank = len(sch.get(fetch).writes[0].buffer.shape)  # type: ignore[union-attr]
-        if t.pad:
+        if pad:
             sch.storage_align(fetch, 0, rank - 2, 2 * LDSM_ROW, LDSM_ROW)
-        _fetch(sch, fetch, k0, warps[0] * warps[1])
+        _fetch(sch, fetch, k0, (rows[0], cols[0]))
     sch.unroll(mi)
     sch.unroll(nj)
     sch.decompose_reduction(mm, k0)
-    sch.tensorize(ri, _intrinsic(block).name)  # type: ignore[union-attr]
-    return sch
+    intrinsic = mma_operands(sch.get(mm))  # type: ignore[arg-type]
+    sch.tensorize(ri, intrinsic.name)  # type: ignore[union-attr]
 
 
 def _bind_warps(
@@ -111,37 +145,37 @@ def _bind_warps(
     sch.bind(tx, "threadIdx.x")
 
 
-def _fetch(sch: Schedule, fetch, at: LoopRV, warps: int) -> None:  # noqa: ANN001 - a BlockRV
-    """The copy of one operand tile, its loops fused and dealt out to the block's threads,
-    8 halves (16 bytes) a thread at a time where the tile's rows and threads allow."""
+def _fetch(sch: Schedule, fetch: BlockRV, at: LoopRV, warps: tuple[Factor, Factor]) -> None:
+    """The copy of one operand tile, its loops fused and dealt out to the block's warps and
+    lanes, 8 halves (16 bytes) a thread at a time where the tile's rows and size allow."""
     loops = sch.get_loops(fetch)
     names = [sch.describe(lp) for lp in loops]
     loops = loops[names.index(sch.describe(at)) + 1 :]
     row = sch.get(loops[-1]).extent  # type: ignore[union-attr]
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = sch.get(fused).extent  # type: ignore[union-attr]
-    if row % LDSM_ROW == 0 and extent % (LDSM_ROW * warps * WARP) == 0:
-        _, y, x, v = sch.split(fused, [None, warps, WARP, LDSM_ROW])
+    threads = math.prod(_value(sch, w) for w in warps) * WARP
+    lanes = LDSM_ROW if row % LDSM_ROW == 0 and extent % (LDSM_ROW * threads) == 0 else 1
+    _, wy, wx, x, v = sch.split(fused, [None, *warps, WARP, lanes])
+    if lanes > 1:
         sch.vectorize(v)
-    else:
-        _, y, x = sch.split(fused, [None, warps, WARP])
-    sch.bind(y, "threadIdx.y")
+    sch.bind(sch.fuse(wy, wx), "threadIdx.y")
     sch.bind(x, "threadIdx.x")
 
 
+def _value(sch: Schedule, factor: Factor) -> int:
+    return factor if isinstance(factor, int) else sch.get(factor)  # type: ignore[return-value]
+
+
 def _write_back(
-    sch: Schedule,
-    c_local,
-    bx: LoopRV,
-    t: MmaTiling,
-    warps: tuple[int, int],  # noqa: ANN001
+    sch: Schedule, c_local: BlockRV, bx: LoopRV, rows: Sequence[Factor], cols: Sequence[Factor]
 ) -> None:
     """The accumulators stored by the threads that hold them (the compute's split)."""
     sch.reverse_compute_at(c_local, bx)
     loops = sch.get_loops(c_local)
     own = loops[[sch.get(lp) for lp in loops].index(sch.get(bx)) + 1 :]
-    wy, mi, ri, q = sch.split(own[-2], [warps[0], t.warp[0] // MMA_ROWS, 2, 8])
-    wx, nj, r, cj = sch.split(own[-1], [warps[1], t.warp[1] // MMA_COLS, 4, 2])
+    wy, mi, ri, q = sch.split(own[-2], [*rows, 2, 8])
+    wx, nj, r, cj = sch.split(own[-1], [*cols, 4, 2])
     sch.reorder(wy, wx, q, r, mi, nj, ri, cj)
     sch.bind(sch.fuse(wy, wx), "threadIdx.y")
     sch.bind(sch.fuse(q, r), "threadIdx.x")
@@ -149,4 +183,11 @@ def _write_back(
         sch.unroll(loop)
 
 
-__all__ = ["MmaTiling", "mma_contraction", "mma_schedule"]
+__all__ = [
+    "MmaTiling",
+    "Tiles",
+    "mma_contraction",
+    "mma_operands",
+    "mma_schedule",
+    "tile_tensor_cores",
+]

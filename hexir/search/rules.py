@@ -44,21 +44,24 @@ def attempt(fn: Callable[..., object], *args: object) -> bool:
     return True
 
 
-def auto_inline(sch: Schedule, keep_padding: bool = False) -> None:
+def auto_inline(sch: Schedule, keep_padding: bool = False, keep: Collection[str] = ()) -> None:
     """Inline every elementwise producer of an intermediate into its consumers, then fold
     every elementwise consumer into an elementwise producer, until neither applies. With
     `keep_padding` (the CPU), a zero border feeding a contraction stays a stage of its own
     (conv2d's `conv2d_pad`): inlined, its guard would run at every multiply-add (and a copy
-    split by phase would be read with a stride again)."""
-    while _inline_one(sch, keep_padding):
+    split by phase would be read with a stride again). The blocks named in `keep` stay (a
+    tensor-core contraction's shared operand tiles, which its fragments need)."""
+    while _inline_one(sch, keep_padding, keep):
         pass
 
 
-def _inline_one(sch: Schedule, keep_padding: bool) -> bool:
+def _inline_one(sch: Schedule, keep_padding: bool, keep: Collection[str]) -> bool:
     """One inline step, if any applies (the block list is stale after it)."""
     func = sch.func
     for block in leaf_blocks(func):
         if keep_padding and _pads_a_contraction(func, block):
+            continue
+        if block.name in keep:
             continue
         if is_elementwise(func, block) and writes_intermediate(func, block):
             if attempt(sch.compute_inline, sch.get_block(block.name)):

@@ -25,6 +25,7 @@ layer_norm or a row reduction, one block of threads per row.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -34,6 +35,7 @@ from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import BlockRV, ExprRV, LoopRV, Schedule
 from hexir.schedule.common import region_vars
+from hexir.schedule.handwritten_mma import Tiles, mma_operands, tile_tensor_cores
 from hexir.schedule.sampling import divisors
 from hexir.search.analysis import (
     consumers,
@@ -82,12 +84,17 @@ def gpu_sketch(sch: Schedule, target: Target) -> None:
         for b in leaf_blocks(sch.func)
         if has_reuse(b) and is_tileable(sch.func, b) and not _feeds_a_wider_stage(sch, b)
     ]
-    done = set(tiled)
+    done, fetches = set(tiled), set()
     for name in tiled:
         before = {b.name for b in leaf_blocks(sch.func)}
-        tile_gpu(sch, sch.get_block(name), target)
+        block = sch.get_block(name)
+        if _has_tensor_cores(target) and mma_operands(sch.get(block)) is not None:  # type: ignore[arg-type]
+            tile_mma(sch, block)
+            fetches |= {b.name for b in leaf_blocks(sch.func)} - before
+        else:
+            tile_gpu(sch, block, target)
         done |= {b.name for b in leaf_blocks(sch.func)} - before
-    auto_inline(sch)
+    auto_inline(sch, keep=fetches)
     threads: dict[str, ExprRV] = {}  # per blockIdx loop: the threads every stage under it uses
     for block in reversed(leaf_blocks(sch.func)):
         if block.name not in done:
@@ -150,6 +157,54 @@ def tile_gpu(sch: Schedule, block: BlockRV, target: Target) -> None:
     for copy in fetches:
         _cooperative_fetch(sch, copy, _at(r, 0)[-1], [(tiles[d][2], axis) for d, axis in axes])
     annotate_unroll(sch, bx)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor cores: a float16/bfloat16 contraction in warps of mma.sync (handwritten_mma.py), its
+# tiles drawn among those that keep a block within MAX_MMA_WARPS warps, a thread within
+# MAX_MMA_ACCUMULATORS float32 accumulators and the two padded shared tiles within 48 KB.
+
+MMA_TILE_CHOICES = (1, 2, 4)  # warps per block side, 16-row tiles a warp, chunks a step
+MMA_COLUMN_TILES = (1, 2, 4, 8)  # 8-column tiles a warp
+MAX_MMA_WARPS = 8
+MIN_MMA_WARPS = 2
+MAX_MMA_ACCUMULATORS = 128
+MMA_SHARED_BYTES = 48 * 1024
+
+
+def _has_tensor_cores(target: Target) -> bool:
+    return target.kind == "cuda" and int((target.arch or "sm_0").removeprefix("sm_")) >= 80
+
+
+def tile_mma(sch: Schedule, block: BlockRV) -> None:
+    """Tile a float16/bfloat16 contraction for tensor cores with sampled tiles."""
+    c_local = sch.cache_write(block, 0, "local")
+    inline_epilogue(sch, c_local)
+    tile_tensor_cores(sch, block, c_local, lambda i, j, k: _mma_tiles(sch, i, j, k))
+
+
+def _mma_tiles(sch: Schedule, rows: LoopRV, cols: LoopRV, depth: LoopRV) -> Tiles:
+    r, c, d = (loop_of(sch, lp).extent for lp in (rows, cols, depth))
+    shapes = [
+        (wy, mi, wx, nj, s)
+        for wy, mi, wx, s in itertools.product(MMA_TILE_CHOICES, repeat=4)
+        for nj in MMA_COLUMN_TILES
+        if r % (wy * mi) == 0 and c % (wx * nj) == 0 and d % s == 0
+        and MIN_MMA_WARPS <= wy * wx <= MAX_MMA_WARPS and mi * nj * 4 <= MAX_MMA_ACCUMULATORS
+        and _mma_shared_bytes(wy * mi * 16, wx * nj * 8, s * 16) <= MMA_SHARED_BYTES
+    ]  # fmt: skip
+    if not shapes:
+        raise ScheduleError("no tensor-core tiling fits the contraction", "tile_mma")
+    wy, mi, wx, nj, s = sch.rng.choice(shapes)
+    row_rvs = sch.sample_perfect_tile(rows, 3, 4, decision=[r // (wy * mi), wy, mi])
+    col_rvs = sch.sample_perfect_tile(cols, 3, 8, decision=[c // (wx * nj), wx, nj])
+    step_rvs = sch.sample_perfect_tile(depth, 2, 4, decision=[d // s, s])
+    return row_rvs[1:], col_rvs[1:], step_rvs[1]
+
+
+def _mma_shared_bytes(rows: int, cols: int, depth: int) -> int:
+    """A's [rows][depth] and B's [depth][cols] tiles of 16-bit elements, rows padded by 8."""
+    return 2 * (rows * (depth + 8) + depth * (cols + 8))
 
 
 def thread_axes(tiles: list[list[int]]) -> list[tuple[int, str]]:

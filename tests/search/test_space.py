@@ -14,6 +14,7 @@ import pytest
 import hexir
 from hexir.codegen.gpu_verify import verify_gpu
 from hexir.errors import ResourceError, ScheduleError, SpaceError
+from hexir.ir.dtype import numpy_dtype, short_name
 from hexir.ir.tir import Allocate, PrimFunc
 from hexir.ir.visit import walk
 from hexir.runtime.target import Target
@@ -288,3 +289,29 @@ def test_most_gpu_draws_at_model_sizes_are_valid_kernels(name, shape):
             continue
         valid += 1
     assert valid >= draws // 2, f"{valid} of {draws} draws valid"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gpu_draws_of_a_half_precision_matmul_are_tensor_core_kernels(dtype):
+    """A float16/bfloat16 contraction is tiled for mma.sync (handwritten_mma.tile_tensor_cores)
+    with sampled warp and block tiles: every draw fits sm_90, replays, and computes the
+    product on the CPU; the mutator's tile decisions are the warps', the tiles' and the
+    step's."""
+    func = hexir.workload("matmul", M=256, N=128, K=128, dtype=dtype)
+    target = Target("cuda -arch=sm_90")
+    schedules = SearchSpace().sample_schedules(func, target, random.Random(4), 6)
+    assert len({s.func for s in schedules}) >= 3
+    rng = np.random.default_rng(4)
+    a, b = (rng.standard_normal(p.shape).astype(numpy_dtype(dtype)) for p in func.inputs)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    for sch in schedules:
+        check_resources(sch.func, target)
+        assert f'intrinsic="cuda_mma_m16n8k16_{short_name(dtype)}")' in str(sch.trace)
+        assert Trace.from_json(sch.trace.to_json()).apply(func).func == sch.func
+        tiles = [i for i in sch.trace if i.kind == "sample_perfect_tile"]
+        assert [len(i.decision) for i in tiles] == [3, 3, 2]  # type: ignore[arg-type]
+    sch = schedules[0]
+    assert "mma.sync" in hexir.build(sch.func, target).source
+    out = np.zeros((256, 128), numpy_dtype(func.outputs[0].dtype))
+    hexir.build(sch.func, "cpu")(a, b, out)
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=2e-3, atol=2e-2)
