@@ -178,6 +178,7 @@ class CudaPrinter(CPrinter):
         with self.scope(self.func_signature(func, symbol) + " {"):
             start = len(self._lines)
             self.stmt_list(body)
+        self._lines[start - 1] = self.func_signature(func, symbol) + " {"  # knows the body now
         decls = [self.indent_unit + d for d in self._shared_decls.values()]
         self._lines[start:start] = decls
         return "\n".join([*self.preamble(), "", *self._lines]) + "\n"
@@ -188,7 +189,11 @@ class CudaPrinter(CPrinter):
             f"{self.names(b, b.name)}"
             for b in func.params
         )
-        bounds = f"__launch_bounds__({self.launch.threads})"
+        # A tensor-core kernel says one block a multiprocessor is enough: ptxas otherwise
+        # aims at more and caps the registers below a warp tile's accumulators and fragments
+        # (a 32 x 64 tile spilled 12 bytes at 48 registers; with the hint, 60 and none).
+        tensor = any(name.startswith("hx_mma_") for name in self._helpers)
+        bounds = f"__launch_bounds__({self.launch.threads}{', 1' if tensor else ''})"
         return f"{self.export} void {bounds} {symbol}({params or 'void'})"
 
     def preamble(self) -> list[str]:

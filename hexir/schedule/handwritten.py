@@ -6,8 +6,8 @@ the defaults until the search (a later issue) finds better ones.
     print(sch.trace)                            # the schedule, as Python
 
 A schedule is chosen by the kinds of the blocks' iter vars, not their names:
-- a contraction of float16 or bfloat16 operands into float32 whose shape divides the tiles
-  gets warps of tensor-core instructions (handwritten_mma.py);
+- a contraction of float16 or bfloat16 operands into float32 whose shape divides a tiling
+  (multiples of 32 x 64 x 32) gets warps of tensor-core instructions (handwritten_mma.py);
 - any other reduction with two or more spatial iter vars (matmul, batch_matmul, dense, conv2d) gets
   block/thread tiling: the output tile of a thread block in a `local` accumulator
   (cache_write), each operand's tile for a step of the reduction in `shared` memory
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from hexir.ir.tir import Block, PrimFunc, Var
 from hexir.schedule.common import all_blocks, index_vars, region_vars
-from hexir.schedule.handwritten_mma import mma_contraction, mma_schedule
+from hexir.schedule.handwritten_mma import mma_schedule, mma_tiling
 from hexir.schedule.schedule import Schedule
 from hexir.schedule.trace import BlockRV, LoopRV
 
@@ -64,7 +64,7 @@ VECTOR_TILING = Tiling(ty=1, tx=64, mi=1, nj=1, bk=64)
 def gpu_schedule(func: PrimFunc, tiling: Tiling | None = None) -> Schedule:
     """A hand-written GPU schedule of `func` (see the module docstring)."""
     blocks = list(all_blocks(func.body))
-    if tiling is None and mma_contraction(func) is not None:  # float16/bfloat16: tensor cores
+    if tiling is None and mma_tiling(func) is not None:  # float16/bfloat16: tensor cores
         return mma_schedule(func)
     contraction = [b for b in blocks if _reduces(b) and _spatial(b) >= 2]
     if contraction:

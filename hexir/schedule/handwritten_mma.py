@@ -72,9 +72,42 @@ def mma_contraction(func: PrimFunc, tiling: MmaTiling = MmaTiling()) -> Block | 
     return block if divides and depth % tiling.bk == 0 else None
 
 
-def mma_schedule(func: PrimFunc, tiling: MmaTiling = MmaTiling()) -> Schedule:
-    """A tensor-core schedule of `func` (see the module docstring); `func` must have an
-    `mma_contraction`."""
+# The tilings `mma_tiling` tries, largest first: 4 warps each (64 x 64, 32 x 64, 32 x 32,
+# 16 x 32 a warp), each with a 64-deep step, then a 32-deep one.
+TILINGS = tuple(
+    MmaTiling(block, warp, bk)
+    for bk in (64, 32)
+    for block, warp in (
+        ((128, 128), (64, 64)),
+        ((64, 128), (32, 64)),
+        ((64, 64), (32, 32)),
+        ((32, 64), (16, 32)),
+    )
+)
+MIN_MMA_BLOCKS = 132  # a thread block per multiprocessor of an H100/H200, where shapes allow
+
+
+def mma_tiling(func: PrimFunc) -> MmaTiling | None:
+    """The tiling `mma_schedule` uses by default: the first of TILINGS whose tiles divide the
+    contraction and whose grid has MIN_MMA_BLOCKS blocks (BERT's 128 x 3072 dense in 128 x
+    128 tiles would occupy 24 of 132 multiprocessors), else the dividing one with the most
+    blocks; None where no tiling divides it."""
+    fits = [t for t in TILINGS if mma_contraction(func, t) is not None]
+    if not fits:
+        return None
+    block = mma_contraction(func, fits[0])
+    spatial = [iv.dom for iv in block.iter_vars if iv.kind == "spatial"]  # type: ignore[union-attr]
+
+    def blocks(t: MmaTiling) -> int:
+        return math.prod(spatial[:-2]) * spatial[-2] // t.block[0] * spatial[-1] // t.block[1]
+
+    return next((t for t in fits if blocks(t) >= MIN_MMA_BLOCKS), max(fits, key=blocks))
+
+
+def mma_schedule(func: PrimFunc, tiling: MmaTiling | None = None) -> Schedule:
+    """A tensor-core schedule of `func` (see the module docstring) in `tiling` (default:
+    `mma_tiling`'s); `func` must have an `mma_contraction` the tiling divides."""
+    tiling = tiling or mma_tiling(func) or MmaTiling()
     block = mma_contraction(func, tiling)
     if block is None:
         raise ValueError(f"{func.name} has no float16/bfloat16 contraction the tiling divides")
@@ -189,5 +222,6 @@ __all__ = [
     "mma_contraction",
     "mma_operands",
     "mma_schedule",
+    "mma_tiling",
     "tile_tensor_cores",
 ]

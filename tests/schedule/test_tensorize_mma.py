@@ -19,7 +19,7 @@ from hexir.errors import ScheduleError
 from hexir.ir.dtype import numpy_dtype
 from hexir.schedule import Schedule, Trace
 from hexir.schedule.handwritten import gpu_schedule
-from hexir.schedule.handwritten_mma import MmaTiling, mma_contraction, mma_schedule
+from hexir.schedule.handwritten_mma import MmaTiling, mma_contraction, mma_schedule, mma_tiling
 
 F16 = "cuda_mma_m16n8k16_f16"
 
@@ -158,3 +158,19 @@ def test_a_nest_that_is_not_a_warp_mma_is_refused_and_the_schedule_kept():
     i0, i1 = plain.split(i, [None, 2])
     with pytest.raises(ScheduleError, match="has None threads, not a warp's 32"):
         plain.tensorize(i1, F16)
+
+
+def test_a_small_contraction_takes_smaller_tiles_to_fill_the_gpu(rng):
+    """BERT's 128 x 3072 dense in 128 x 128 tiles would occupy 24 of 132 multiprocessors."""
+    big = hexir.workload("dense", M=128, N=3072, K=768, dtype="float16")
+    tiling = mma_tiling(big)
+    assert tiling is not None and tiling.block == (32, 64)
+    kernel = hexir.build(gpu_schedule(big).func, "cuda -arch=sm_90")
+    assert kernel.grid == (48, 4, 1) and kernel.resources["spill_bytes"] == 0
+    assert analyze(kernel).tensor_cores
+    small = hexir.workload("matmul", M=32, N=64, K=32, dtype="float16")
+    sch = mma_schedule(small)  # the smallest tiling: one block of 4 warps of 16 x 32
+    (a, b), got = run_on_cpu(small, sch, rng)
+    want = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3)
+    assert mma_tiling(hexir.workload("matmul", M=16, N=64, K=32, dtype="float16")) is None
