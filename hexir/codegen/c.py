@@ -666,6 +666,10 @@ class CPrinter:
             return f"{self.helper(kind, dtype)}({x}, {y})"
         if op in ("min", "max"):
             return f"{self.helper(op, dtype)}({x}, {y})"
+        if op == "fmod":  # the remainder of truncating division
+            if is_float(dtype):
+                return f"{'fmodf' if dtype == 'float32' else 'fmod'}({x}, {y})"
+            return f"(({self.ctype(dtype)})({x} % {y}))"
         if op == "pow":
             if is_float(dtype):
                 return f"{'powf' if dtype == 'float32' else 'pow'}({x}, {y})"

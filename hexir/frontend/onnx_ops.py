@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, int_list
-from hexir.ir.dtype import is_unsigned, numpy_dtype
+from hexir.ir.dtype import is_float, is_unsigned, numpy_dtype
 from hexir.ir.graph import Value
 
 Convert = Callable[[Context], Sequence[Value]]
@@ -90,6 +90,15 @@ def _as_operands(ctx: Context, y: Value, a: Value) -> Value:
 
 def _binary(kind: str) -> Convert:
     return lambda ctx: [ctx.op(kind, ctx.input(0), ctx.input(1))]
+
+
+def _mod(ctx: Context) -> Sequence[Value]:
+    a, b = ctx.input(0), ctx.input(1)
+    if ctx.attr("fmod", 0):
+        return [ctx.op("fmod", a, b)]
+    if is_float(a.type.dtype):
+        raise Unsupported("Mod of floats needs fmod=1 (ONNX's rule)")
+    return [ctx.op("mod", a, b)]
 
 
 def _variadic(kind: str) -> Convert:
@@ -465,6 +474,7 @@ SPECS: dict[str, Spec] = {
     "Mul": Spec(_binary("mul")),
     "Div": Spec(_binary("div")),
     "Pow": Spec(_pow),
+    "Mod": Spec(_mod, {"fmod": (0, 1)}),
     "Max": Spec(_variadic("maximum")),
     "Min": Spec(_variadic("minimum")),
     "Sum": Spec(_variadic("add")),

@@ -19,12 +19,20 @@ from hexir.ir.tir import Binary, BufferLoad, Call, Cast, Expr, FloatImm, IntImm,
 
 Value = int | float | bool
 
+
+def _trunc_mod(a: int, b: int) -> int:
+    """C's integer remainder: the dividend's sign."""
+    r = abs(a) % abs(b)
+    return r if a >= 0 else -r
+
+
 _BINARY: dict[str, Callable[[Value, Value], Value]] = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
     "floordiv": lambda a, b: a // b,
     "floormod": lambda a, b: a % b,
+    "fmod": lambda a, b: math.fmod(a, b) if isinstance(a, float) else _trunc_mod(a, b),
     "min": min,
     "max": max,
     "pow": lambda a, b: a**b,

@@ -14,7 +14,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from hexir.ir.dtype import check_dtype, is_float
+from hexir.ir.dtype import check_dtype, is_float, is_int
 from hexir.ir.graph import TensorType
 from hexir.ir.tir import AnnotationValue
 
@@ -91,11 +91,14 @@ class Check:
         return first
 
     def dtype_in(self, allowed: str, *indices: int) -> None:
-        """`allowed`: "float" (float16/32/64), "numeric" (all but bool) or "any"."""
+        """`allowed`: "float" (float16/32/64), "int" (integers), "numeric" (all but bool) or
+        "any"."""
         for i in indices or range(len(self.types)):
             dtype = self.types[i].dtype
             if allowed == "float" and not is_float(dtype):
                 raise Reject(f"{self.names[i]} must be a float tensor, got {dtype}")
+            if allowed == "int" and not is_int(dtype):
+                raise Reject(f"{self.names[i]} must be an integer tensor, got {dtype}")
             if allowed == "numeric" and dtype == "bool":
                 raise Reject(f"{self.names[i]} must be a numeric tensor, got bool")
 

@@ -101,8 +101,9 @@ class FloatImm(ExprBase):
 
 
 # Binary operators. Arithmetic: + - * / (true division for floats), floordiv and floormod (for
-# ints), min, max, pow. Comparisons give bool: == != < <= > >=. Logic on bools: && ||.
-ARITH_OPS = ("+", "-", "*", "/", "floordiv", "floormod", "min", "max", "pow")
+# ints), fmod (C's remainder: the dividend's sign; ints and floats), min, max, pow. Comparisons
+# give bool: == != < <= > >=. Logic on bools: && ||.
+ARITH_OPS = ("+", "-", "*", "/", "floordiv", "floormod", "fmod", "min", "max", "pow")
 COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
 LOGIC_OPS = ("&&", "||")
 BINARY_OPS = ARITH_OPS + COMPARE_OPS + LOGIC_OPS

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hexir.ir.dtype import is_unsigned, numpy_dtype
+from hexir.ir.dtype import is_float, is_unsigned, numpy_dtype
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, fail
 from hexir.ir.tir import Binary, Buffer, Call, Cast, Expr, Select, const
@@ -86,6 +86,53 @@ def _div(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return np.true_divide(a, b)
 
 
+def _remainder_evaluate(fn: Callable[..., np.ndarray]) -> Evaluate:
+    def evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+        a, b = xs
+        if a.dtype.kind in "iu":  # a remainder by zero is 0, as the kernels guard it
+            return np.where(b == 0, 0, fn(a, np.where(b == 0, 1, b)))
+        return fn(a, b)
+
+    return evaluate
+
+
+def _lower_remainder(operator: str) -> Lower:
+    """The remainder; an integer one is 0 where the divisor is 0 (C would trap there)."""
+
+    def lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+        a, b = args
+        shape = out.shape
+
+        def value(i: tuple[Expr, ...]) -> Expr:
+            x, y = broadcast(a, i, shape), broadcast(b, i, shape)
+            if is_float(out.dtype):
+                return Binary(operator, x, y)
+            zero, one = const(0, out.dtype), const(1, out.dtype)
+            by_zero = Binary("==", y, zero)  # the divisor made 1 too: vector code takes both
+            return Select(by_zero, zero, Binary(operator, x, Select(by_zero, one, y)))
+
+        k.compute(op.kind, out, value)
+
+    return lower
+
+
+def _remainder(name: str, doc: str, operator: str, allowed: str, fn, fmod: int) -> OpDef:  # noqa: ANN001
+    def export(ex: Exporter, op: Op) -> None:
+        ex.node("Mod", operand_names(op), op.result.name, fmod=fmod)
+
+    return OpDef(
+        name,
+        doc,
+        ("a", "b"),
+        (),
+        infer=_binary_infer(allowed, None),
+        fusion=Pattern.ELEMENTWISE,
+        evaluate=_remainder_evaluate(fn),
+        lower=_lower_remainder(operator),
+        export=export,
+    )
+
+
 def _export_extremum(ex: Exporter, op: Op) -> None:
     # ONNX's Max and Min take no bools: on bools maximum is Or and minimum is And.
     names, out = operand_names(op), op.result.name
@@ -127,6 +174,12 @@ _ARITHMETIC = (
     binary("maximum", "max(a, b)", "max", "any", in_dtype(np.maximum), _export_extremum),
     binary("minimum", "min(a, b)", "min", "any", in_dtype(np.minimum), _export_extremum),
     binary("power", "a ** b (floats)", "pow", "float", in_f64(np.power), onnx_same("Pow")),
+    _remainder(
+        "mod", "a mod b, the divisor's sign (ints; numpy's %)", "floormod", "int", np.mod, 0
+    ),
+    _remainder(
+        "fmod", "a - b·trunc(a / b), the dividend's sign (C's %)", "fmod", "numeric", np.fmod, 1
+    ),
 )
 _COMPARISONS = (
     _compare("equal", "a == b", "==", np.equal, onnx_same("Equal")),

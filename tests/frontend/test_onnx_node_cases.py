@@ -21,9 +21,9 @@ from hexir.ir.dtype import numpy_dtype
 
 BFLOAT16 = numpy_dtype("bfloat16")
 
-# Cases that pass on 2026-12-04 (onnx 1.23): a floor, so that a regression shows.
-PASSING_AT_LEAST = 794
-COMPILED_AT_LEAST = 794  # every passing case, float16 and bfloat16 included
+# Cases that pass on 2026-12-05 (onnx 1.23): a floor, so that a regression shows.
+PASSING_AT_LEAST = 900
+COMPILED_AT_LEAST = 900  # every passing case, float16 and bfloat16 included
 
 
 @functools.cache
@@ -63,9 +63,16 @@ def outcome(case, compile_it: bool = False) -> str:
         # bfloat16 keeps 8 significant bits: Hexir rounds after every op, as ml_dtypes does,
         # where the reference may keep an intermediate in float32 (an expanded function's
         # exp - 1): the two are then one bfloat16 step apart.
-        step = 2.0**-7 if want.dtype == BFLOAT16 else 0.0
+        step = {BFLOAT16: 2.0**-7, np.dtype(np.float16): 2.0**-10}.get(want.dtype, 0.0)
         g, want = (a.astype(np.float64) if a.dtype == BFLOAT16 else a for a in (g, want))
-        close = np.allclose(g, want, rtol=max(rtol, step), atol=atol, equal_nan=True)
+        # A bfloat16 or float16 sum of products (attention's probabilities times values,
+        # expanded into narrow ops) rounds each partial sum: an element may be one step of
+        # the output's scale away, however small the element.
+        finite = want[np.isfinite(want)] if want.dtype.kind == "f" else want
+        scale = float(np.abs(finite).max()) if step and finite.size else 0.0
+        close = np.allclose(
+            g, want, rtol=max(rtol, step), atol=max(atol, step * scale), equal_nan=True
+        )
         if g.shape != want.shape or not close:
             return f"wrong: output {g.shape} against {want.shape}"
     return "pass"
