@@ -27,6 +27,7 @@ from hexir.frontend.onnx_context import Context, Node, Unsupported, clean_name, 
 from hexir.frontend.onnx_ops import SPECS, Spec
 from hexir.frontend.onnx_ops_attention import ATTENTION_SPECS
 from hexir.frontend.onnx_ops_compose import COMPOSED_SPECS
+from hexir.frontend.onnx_ops_loss import LOSS_SPECS
 from hexir.frontend.onnx_ops_quant import QUANT_SPECS
 from hexir.frontend.onnx_ops_resize import RESIZE_SPECS
 from hexir.frontend.onnx_ops_shape import SHAPE_SPECS
@@ -51,6 +52,7 @@ SUPPORTED: dict[str, Spec] = {
     **QUANT_SPECS,
     **RESIZE_SPECS,
     **ATTENTION_SPECS,
+    **LOSS_SPECS,
 }
 _DOMAINS = ("", "ai.onnx")
 
