@@ -184,6 +184,16 @@ def _isnan(ctx: Context) -> Sequence[Value]:
     return [ctx.op("not_equal", x, x)]
 
 
+def _isinf(ctx: Context) -> Sequence[Value]:
+    """x == +inf, x == -inf, or either (detect_positive, detect_negative)."""
+    x = ctx.input(0)
+    signs = [s for s, key in ((1, "detect_positive"), (-1, "detect_negative")) if ctx.attr(key, 1)]
+    if not signs:  # detects neither: false everywhere (x < x, NaN included)
+        return [ctx.op("less", x, x)]
+    hits = [ctx.op("equal", x, ctx.scalar(s * np.inf, x)) for s in signs]
+    return [hits[0] if len(hits) == 1 else ctx.op("maximum", *hits)]
+
+
 # Activations ONNX names that are compositions of Hexir's elementwise ops, exact as written
 # (ONNX's reference evaluates the same formulas).
 
@@ -201,6 +211,14 @@ def _scaled(ctx: Context, x: Value, a: float, b: float = 0.0) -> Value:
 def _expm1_scaled(ctx: Context, x: Value, alpha: float) -> Value:
     """alpha * (exp(x) - 1), Elu's and Selu's negative side."""
     return _scaled(ctx, ctx.op("sub", ctx.op("exp", x), ctx.scalar(1, x)), alpha)
+
+
+def _swish(ctx: Context) -> Sequence[Value]:
+    """x * sigmoid(alpha * x)."""
+    x = ctx.input(0)
+    alpha = ctx.float_attr("alpha", 1.0)
+    inner = x if alpha == 1.0 else _scaled(ctx, x, alpha)
+    return [ctx.op("mul", x, ctx.op("sigmoid", inner))]
 
 
 def _leaky_relu(ctx: Context) -> Sequence[Value]:
@@ -489,6 +507,8 @@ SPECS: dict[str, Spec] = {
     "Xor": Spec(_binary("not_equal")),
     "Not": Spec(_not),
     "IsNaN": Spec(_isnan),
+    "IsInf": Spec(_isinf, {"detect_positive": (0, 1), "detect_negative": (0, 1)}),
+    "Swish": Spec(_swish, {"alpha": None}),
     "LeakyRelu": Spec(_leaky_relu, {"alpha": None}),
     "PRelu": Spec(_prelu),
     "Elu": Spec(_elu, {"alpha": None}),

@@ -1,8 +1,8 @@
 """Converters of ONNX's training losses and a few small ops, as compositions of Hexir's own:
 NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (a gather of each target's score along
 the class axis, weighted, masked where the target is `ignore_index`, then summed or averaged
-by the weights), Hardmax and OneHot (comparisons against the class indices), LpNormalization
-and ReduceLogSum.
+by the weights), Hardmax and OneHot (comparisons against the class indices), LpNormalization,
+ReduceLogSum and SpaceToDepth.
 """
 
 from __future__ import annotations
@@ -156,11 +156,25 @@ def _reduce_log_sum(ctx: Context) -> Sequence[Value]:
     return [ctx.op("log", ctx.op("reduce_sum", x, axes=tuple(axes), keepdims=keep))]
 
 
+def _space_to_depth(ctx: Context) -> Sequence[Value]:
+    """[N, C, H, W] -> [N, C·b·b, H/b, W/b]: each b x b block's pixels become channels,
+    the block's row and column outermost (ONNX's reshape, transpose, reshape)."""
+    x = ctx.input(0)
+    b = int(ctx.attr("blocksize"))
+    if len(x.type.shape) != 4 or b < 1 or x.type.shape[2] % b or x.type.shape[3] % b:
+        raise Unsupported(f"SpaceToDepth of {x.type!r} in blocks of {b}")
+    n, c, h, w = x.type.shape
+    blocks = reshape(ctx, x, (n, c, h // b, b, w // b, b))
+    moved = ctx.op("transpose", blocks, perm=(0, 3, 5, 1, 2, 4))
+    return [reshape(ctx, moved, (n, c * b * b, h // b, w // b))]
+
+
 _LOSS = {"ignore_index": None, "reduction": REDUCTIONS}
 LOSS_SPECS: dict[str, Spec] = {
     "NegativeLogLikelihoodLoss": Spec(_nll, _LOSS),
     "SoftmaxCrossEntropyLoss": Spec(_softmax_cross_entropy, _LOSS, outputs=None),
     "Hardmax": Spec(_hardmax, {"axis": None}),
+    "SpaceToDepth": Spec(_space_to_depth, {"blocksize": None}),
     "OneHot": Spec(_one_hot, {"axis": None}),
     "LpNormalization": Spec(_lp_normalization, {"axis": None, "p": None}),
     "ReduceLogSum": Spec(

@@ -150,6 +150,38 @@ def _pool(ctx: Context) -> Sequence[Value]:
     return [_from_rows(ctx, y, one_d)]
 
 
+def _lp_pool(ctx: Context) -> Sequence[Value]:
+    """(the sum of |x|^p over each window)^(1/p), the padding zeros: an average pool of |x|^p
+    over the explicitly padded image, times the window's size."""
+    x = ctx.input(0)
+    attrs = window_attrs(ctx, x, "pools")
+    one_d = len(x.type.shape) == 3
+    x = _as_rows(ctx, x)
+    kernel = tuple(int_list(attrs["kernel_shape"]))
+    if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1]))):
+        raise Unsupported("dilated pools are not supported")
+    pads = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
+    stride = tuple(int_list(attrs.get("strides", [1, 1])))
+    if attrs.get("ceil_mode", 0):
+        pads = _ceil_pads(x.type.shape[2:], kernel, stride, pads)
+    p = float(ctx.attr("p", 2))
+    if p == 2.0:
+        powered = ctx.op("mul", x, x)
+    else:
+        size = ctx.op("maximum", x, ctx.op("sub", ctx.scalar(0, x), x))  # |x|
+        powered = size if p == 1.0 else ctx.op("power", size, ctx.scalar(p, x))
+    mean = ctx.op("avg_pool2d", _padded(ctx, powered, pads, 0.0), kernel=kernel, stride=stride,
+                  padding=(0, 0))  # fmt: skip
+    total = ctx.op("mul", mean, ctx.scalar(float(np.prod(kernel)), mean))
+    if p == 1.0:
+        root = total
+    elif p == 2.0:
+        root = ctx.op("sqrt", total)
+    else:
+        root = ctx.op("power", total, ctx.scalar(1.0 / p, total))
+    return [_from_rows(ctx, root, one_d)]
+
+
 def _clipped_average(
     ctx: Context,
     x: Value,
@@ -231,5 +263,6 @@ WINDOW_SPECS: dict[str, Spec] = {
     "MaxPool": Spec(_pool, {**_POOL, "storage_order": None}),
     "AveragePool": Spec(_pool, {**_POOL, "count_include_pad": None}),
     "GlobalAveragePool": Spec(_global_pool),
+    "LpPool": Spec(_lp_pool, {**_POOL, "p": None}),
     "GlobalMaxPool": Spec(_global_pool),
 }

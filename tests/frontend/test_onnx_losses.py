@@ -94,3 +94,29 @@ def test_one_hot_wraps_negative_indices_and_drops_the_rest():
     want = np.where(np.arange(4)[None, :, None] == wrapped[:, None, :], 9, 2).astype(np.float32)
     for got in both(graph, [indices]):
         np.testing.assert_array_equal(got[0], want)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_lp_pool_is_the_p_norm_of_each_zero_padded_window(rng, p):
+    x = rng.standard_normal((1, 2, 7, 6)).astype(np.float32)
+    attrs = dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], p=p)
+    graph = import_onnx(
+        model("LpPool", [("x", F32, [1, 2, 7, 6])], [("y", F32, [1, 2, 4, 6])], **attrs)
+    )
+    padded = np.pad(np.abs(x.astype(np.float64)) ** p, ((0, 0), (0, 0), (1, 1), (0, 1)))
+    want = np.empty((1, 2, 4, 6))
+    for i in range(4):
+        for j in range(6):
+            want[:, :, i, j] = padded[:, :, 2 * i : 2 * i + 3, j : j + 2].sum(axis=(2, 3))
+    for got in both(graph, [x]):
+        np.testing.assert_allclose(got[0], want ** (1 / p), rtol=1e-5, atol=1e-6)
+
+
+def test_space_to_depth_moves_each_block_into_channels(rng):
+    x = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)
+    graph = import_onnx(
+        model("SpaceToDepth", [("x", F32, [2, 3, 4, 6])], [("y", F32, [2, 12, 2, 3])], blocksize=2)
+    )
+    want = x.reshape(2, 3, 2, 2, 3, 2).transpose(0, 3, 5, 1, 2, 4).reshape(2, 12, 2, 3)
+    for got in both(graph, [x]):
+        np.testing.assert_array_equal(got[0], want)
