@@ -31,7 +31,7 @@ from hexir.codegen.c_lower import (
     unroll_factor,
 )
 from hexir.codegen.c_math import MATH_NEEDS, math_helper
-from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
+from hexir.codegen.c_names import BIT_OPERATORS, C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
 from hexir.codegen.c_vector import (
     HELPER_NEEDS,
     HORIZONTAL,
@@ -666,6 +666,8 @@ class CPrinter:
             return f"{self.helper(kind, dtype)}({x}, {y})"
         if op in ("min", "max"):
             return f"{self.helper(op, dtype)}({x}, {y})"
+        if op in BIT_OPERATORS:  # narrow ints computed as int: wrapped back
+            return f"(({self.ctype(dtype)})({x} {BIT_OPERATORS[op]} {y}))"
         if op == "fmod":  # the remainder of truncating division
             if is_float(dtype):
                 return f"{'fmodf' if dtype == 'float32' else 'fmod'}({x}, {y})"

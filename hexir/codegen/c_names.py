@@ -49,3 +49,7 @@ class Names:
             self._taken.add(name)
             self._names[key] = name
         return self._names[key]
+
+
+# The C spelling of hextir's bitwise operators (hexir/ir/tir.py BIT_OPS).
+BIT_OPERATORS = {"shl": "<<", "shr": ">>", "bitand": "&", "bitor": "|", "bitxor": "^"}

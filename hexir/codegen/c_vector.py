@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from hexir.codegen.c_lower import MAX_STRAIGHT_CHUNKS
 from hexir.codegen.c_math import has_vector_form
+from hexir.codegen.c_names import BIT_OPERATORS
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import is_float, itemsize
 from hexir.ir.tir import (
@@ -385,6 +386,8 @@ class _Chunk:
             raise Unvectorizable("bool arithmetic")
         if op in ("+", "-", "*", "/"):
             return VValue(f"({x.text} {op} {y.text})", True, dtype)
+        if op in BIT_OPERATORS:  # GCC's vector operators, lane by lane in the dtype
+            return VValue(f"({x.text} {BIT_OPERATORS[op]} {y.text})", True, dtype)
         if op in ("floordiv", "floormod") and not is_float(dtype):
             if self.p.lower_bound(a) >= 0 and self.p.lower_bound(b) > 0:
                 text = f"({x.text} {'/' if op == 'floordiv' else '%'} {y.text})"

@@ -101,6 +101,18 @@ def _mod(ctx: Context) -> Sequence[Value]:
     return [ctx.op("mod", a, b)]
 
 
+def _bit_shift(ctx: Context) -> Sequence[Value]:
+    kind = "left_shift" if ctx.attr("direction") == "LEFT" else "right_shift"
+    return [ctx.op(kind, ctx.input(0), ctx.input(1))]
+
+
+def _bitwise_not(ctx: Context) -> Sequence[Value]:
+    """x ^ (all ones)."""
+    x = ctx.input(0)
+    ones = np.asarray(-1).astype(numpy_dtype(x.type.dtype))  # wraps to the unsigned maximum
+    return [ctx.op("bitwise_xor", x, ctx.constant(ones, x.type.dtype))]
+
+
 def _variadic(kind: str) -> Convert:
     def convert(ctx: Context) -> Sequence[Value]:
         operands = [ctx.input(i) for i in range(len(ctx.current.inputs))]
@@ -493,6 +505,11 @@ SPECS: dict[str, Spec] = {
     "Div": Spec(_binary("div")),
     "Pow": Spec(_pow),
     "Mod": Spec(_mod, {"fmod": (0, 1)}),
+    "BitShift": Spec(_bit_shift, {"direction": ("LEFT", "RIGHT")}),
+    "BitwiseAnd": Spec(_binary("bitwise_and")),
+    "BitwiseOr": Spec(_binary("bitwise_or")),
+    "BitwiseXor": Spec(_binary("bitwise_xor")),
+    "BitwiseNot": Spec(_bitwise_not),
     "Max": Spec(_variadic("maximum")),
     "Min": Spec(_variadic("minimum")),
     "Sum": Spec(_variadic("add")),

@@ -101,9 +101,11 @@ class FloatImm(ExprBase):
 
 
 # Binary operators. Arithmetic: + - * / (true division for floats), floordiv and floormod (for
-# ints), fmod (C's remainder: the dividend's sign; ints and floats), min, max, pow. Comparisons
-# give bool: == != < <= > >=. Logic on bools: && ||.
-ARITH_OPS = ("+", "-", "*", "/", "floordiv", "floormod", "fmod", "min", "max", "pow")
+# ints), fmod (C's remainder: the dividend's sign; ints and floats), min, max, pow, and on ints
+# the bitwise shl, shr (arithmetic for signed), bitand, bitor, bitxor. Comparisons give bool:
+# == != < <= > >=. Logic on bools: && ||.
+BIT_OPS = ("shl", "shr", "bitand", "bitor", "bitxor")
+ARITH_OPS = ("+", "-", "*", "/", "floordiv", "floormod", "fmod", "min", "max", "pow", *BIT_OPS)
 COMPARE_OPS = ("==", "!=", "<", "<=", ">", ">=")
 LOGIC_OPS = ("&&", "||")
 BINARY_OPS = ARITH_OPS + COMPARE_OPS + LOGIC_OPS

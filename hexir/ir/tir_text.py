@@ -23,6 +23,7 @@ from contextlib import contextmanager
 
 from hexir.ir.dtype import short_name
 from hexir.ir.tir import (
+    BIT_OPS,
     COMPARE_OPS,
     Allocate,
     Annotations,
@@ -59,7 +60,7 @@ INFIX_PREC = {
 }  # fmt: skip
 UNARY_PREC = 6
 ATOM_PREC = 7
-FUNCTION_OPS = ("floordiv", "floormod", "fmod", "min", "max", "pow")
+FUNCTION_OPS = ("floordiv", "floormod", "fmod", "min", "max", "pow", *BIT_OPS)
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 # Identifiers that are literals: a var with such a name prints with `%` so it is never read back

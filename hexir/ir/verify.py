@@ -19,6 +19,7 @@ from hexir.errors import VerifyError
 from hexir.ir.dtype import is_float, is_int
 from hexir.ir.tir import (
     ARITH_OPS,
+    BIT_OPS,
     LOGIC_OPS,
     Allocate,
     Annotations,
@@ -251,7 +252,7 @@ class _Verifier:
     def binary_types(self, e: Expr, op: str, da: str, db: str, where: str) -> None:
         if op in LOGIC_OPS:
             ok = da == db == "bool"
-        elif op in ("floordiv", "floormod"):
+        elif op in ("floordiv", "floormod", *BIT_OPS):
             ok = is_int(da) and is_int(db)
         elif op in ARITH_OPS:
             ok = (is_int(da) and is_int(db)) or (is_float(da) and da == db)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hexir.ir.dtype import is_float, is_unsigned, numpy_dtype
+from hexir.ir.dtype import is_float, is_unsigned, itemsize, numpy_dtype
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, fail
 from hexir.ir.tir import Binary, Buffer, Call, Cast, Expr, Select, const
@@ -133,6 +133,58 @@ def _remainder(name: str, doc: str, operator: str, allowed: str, fn, fmod: int) 
     )
 
 
+def _lower_shift(operator: str) -> Lower:
+    """A shift; by a negative amount or the width or more (C leaves it undefined) what numpy
+    gives: 0, or for a right shift of a negative integer -1. The amount is made 0 there too,
+    as vector code computes both sides of a select."""
+
+    def lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+        a, b = args
+        shape, dtype = out.shape, out.dtype
+        width = const(8 * itemsize(dtype), dtype)
+
+        def value(i: tuple[Expr, ...]) -> Expr:
+            x, y = broadcast(a, i, shape), broadcast(b, i, shape)
+            zero = const(0, dtype)
+            ok = Binary("<", y, width)
+            if not is_unsigned(dtype):
+                ok = Binary("&&", Binary(">=", y, zero), ok)
+            outside = zero
+            if operator == "shr" and not is_unsigned(dtype):
+                outside = Select(Binary("<", x, zero), const(-1, dtype), zero)
+            return Select(ok, Binary(operator, x, Select(ok, y, zero)), outside)
+
+        k.compute(op.kind, out, value)
+
+    return lower
+
+
+def _shift(name: str, doc: str, operator: str, fn, direction: str) -> OpDef:  # noqa: ANN001
+    def export(ex: Exporter, op: Op) -> None:
+        ex.node("BitShift", operand_names(op), op.result.name, direction=direction)
+
+    def evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+        a, b = xs
+        width = 8 * a.dtype.itemsize
+        ok = (b >= 0) & (b < width)
+        outside = np.zeros_like(a)  # in a's dtype: a uint64 beside an int64 would go float
+        if operator == "shr" and a.dtype.kind == "i":
+            outside = np.where(a < 0, np.asarray(-1, a.dtype), outside)
+        return np.where(ok, fn(a, np.where(ok, b, 0).astype(b.dtype)), outside)
+
+    return OpDef(
+        name,
+        doc,
+        ("a", "b"),
+        (),
+        infer=_binary_infer("int", None),
+        fusion=Pattern.ELEMENTWISE,
+        evaluate=evaluate,
+        lower=_lower_shift(operator),
+        export=export,
+    )
+
+
 def _export_extremum(ex: Exporter, op: Op) -> None:
     # ONNX's Max and Min take no bools: on bools maximum is Or and minimum is And.
     names, out = operand_names(op), op.result.name
@@ -181,6 +233,18 @@ _ARITHMETIC = (
         "fmod", "a - b·trunc(a / b), the dividend's sign (C's %)", "fmod", "numeric", np.fmod, 1
     ),
 )
+_BITWISE = (
+    binary("bitwise_and", "a & b (ints)", "bitand", "int", in_dtype(np.bitwise_and),
+           onnx_same("BitwiseAnd")),
+    binary("bitwise_or", "a | b (ints)", "bitor", "int", in_dtype(np.bitwise_or),
+           onnx_same("BitwiseOr")),
+    binary("bitwise_xor", "a ^ b (ints)", "bitxor", "int", in_dtype(np.bitwise_xor),
+           onnx_same("BitwiseXor")),
+    _shift("left_shift", "a << b (ints; 0 where b is negative or the width or more)", "shl",
+           np.left_shift, "LEFT"),
+    _shift("right_shift", "a >> b (ints, arithmetic where signed; a's sign where b is negative "
+           "or the width or more)", "shr", np.right_shift, "RIGHT"),
+)  # fmt: skip
 _COMPARISONS = (
     _compare("equal", "a == b", "==", np.equal, onnx_same("Equal")),
     _compare("not_equal", "a != b", "!=", np.not_equal, _export_not_equal),
@@ -420,4 +484,4 @@ CAST = OpDef(
     flops=no_flops,
 )
 
-OPS: tuple[OpDef, ...] = (*_ARITHMETIC, WHERE, *_COMPARISONS, *_UNARIES, GELU, CAST)
+OPS: tuple[OpDef, ...] = (*_ARITHMETIC, *_BITWISE, WHERE, *_COMPARISONS, *_UNARIES, GELU, CAST)
