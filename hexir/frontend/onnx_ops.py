@@ -559,6 +559,7 @@ SPECS: dict[str, Spec] = {
     "ReduceMean": Spec(_reduce("reduce_mean"), _REDUCE),
     "ReduceMax": Spec(_reduce("reduce_max"), _REDUCE),
     "ReduceMin": Spec(_reduce_of("reduce_min"), _REDUCE),
+    "ReduceProd": Spec(_reduce_of("reduce_prod"), _REDUCE),
     "ReduceSumSquare": Spec(_reduce_of("reduce_sum", _square), _REDUCE),
     "ReduceL1": Spec(_reduce_of("reduce_sum", _abs_of), _REDUCE),
     "ReduceL2": Spec(_reduce_of("reduce_sum", _square, lambda ctx, x: ctx.op("sqrt", x)), _REDUCE),

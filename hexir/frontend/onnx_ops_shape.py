@@ -319,6 +319,26 @@ def _cumsum(ctx: Context) -> Sequence[Value]:
     return [summed if axis == ndim - 1 else ctx.op("transpose", summed, perm=tuple(back))]
 
 
+def _cumprod(ctx: Context) -> Sequence[Value]:
+    """Cumulative product along a constant axis: each output position's product over a row of
+    the input masked by a triangle (1 where an element is not in its prefix; exclusive: the
+    strict triangle; reverse: from the end), n products of n for an axis of n."""
+    x = ctx.input(0)
+    ndim = len(x.type.shape)
+    axis = normalized_axis(int(np.asarray(ctx.array(1, "axis")).reshape(-1)[0]), ndim)
+    n = x.type.shape[axis]
+    k = 1 if ctx.attr("exclusive", 0) else 0
+    ones = np.ones((n, n), bool)  # [output j, input i]: i <= j (i < j exclusive; reversed)
+    taken = np.triu(ones, k) if ctx.attr("reverse", 0) else np.tril(ones, -k)
+    spread = list(x.type.shape)
+    spread.insert(axis, 1)  # [..., 1 (j), n (i), ...]
+    mask_shape = [1] * (ndim + 1)
+    mask_shape[axis], mask_shape[axis + 1] = n, n
+    mask = ctx.constant(taken.reshape(mask_shape))
+    masked = ctx.op("where", mask, reshape(ctx, x, spread), ctx.scalar(1, x))
+    return [ctx.op("reduce_prod", masked, axes=(axis + 1,), keepdims=False)]
+
+
 def _constant(ctx: Context) -> Sequence[Value]:
     attrs = ctx.current.attrs
     if "value" in attrs:
@@ -358,6 +378,7 @@ SHAPE_SPECS: dict[str, Spec] = {
     "Tile": Spec(_tile),
     "Trilu": Spec(_trilu, {"upper": None}),
     "CumSum": Spec(_cumsum, {"exclusive": None, "reverse": None}),
+    "CumProd": Spec(_cumprod, {"exclusive": None, "reverse": None}),
     "Expand": Spec(_expand),
     "Constant": Spec(
         _constant,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hexir.errors import HexirError
 from hexir.ir.dtype import is_float, is_unsigned, itemsize, numpy_dtype
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, fail
@@ -159,8 +160,19 @@ def _lower_shift(operator: str) -> Lower:
     return lower
 
 
+def _export_opset18(op_type: str) -> Export:
+    def export(ex: Exporter, op: Op) -> None:
+        raise HexirError(f"{op.kind} has no ONNX form at opset 17 ({op_type} arrived in opset 18)")
+
+    return export
+
+
 def _shift(name: str, doc: str, operator: str, fn, direction: str) -> OpDef:  # noqa: ANN001
     def export(ex: Exporter, op: Op) -> None:
+        if not is_unsigned(op.operands[0].type.dtype):
+            raise HexirError(
+                f"{op.kind} of signed integers has no ONNX form (BitShift's are unsigned)"
+            )
         ex.node("BitShift", operand_names(op), op.result.name, direction=direction)
 
     def evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
@@ -235,11 +247,11 @@ _ARITHMETIC = (
 )
 _BITWISE = (
     binary("bitwise_and", "a & b (ints)", "bitand", "int", in_dtype(np.bitwise_and),
-           onnx_same("BitwiseAnd")),
+           _export_opset18("BitwiseAnd")),
     binary("bitwise_or", "a | b (ints)", "bitor", "int", in_dtype(np.bitwise_or),
-           onnx_same("BitwiseOr")),
+           _export_opset18("BitwiseOr")),
     binary("bitwise_xor", "a ^ b (ints)", "bitxor", "int", in_dtype(np.bitwise_xor),
-           onnx_same("BitwiseXor")),
+           _export_opset18("BitwiseXor")),
     _shift("left_shift", "a << b (ints; 0 where b is negative or the width or more)", "shl",
            np.left_shift, "LEFT"),
     _shift("right_shift", "a >> b (ints, arithmetic where signed; a's sign where b is negative "

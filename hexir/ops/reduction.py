@@ -110,12 +110,20 @@ def _min_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn,
     k.reduce("reduce_min", out, extents, load, combine="min", init=highest(dt))
 
 
+def _prod_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn, dt: str) -> None:
+    k.reduce("reduce_prod", out, extents, load, combine="*", init=const(1, dt))
+
+
 def _mean_stage(k: Kernel, out: Buffer, extents: tuple[int, ...], load: ReduceFn, dt: str) -> None:
     mean(k, "reduce_mean", out, extents, load, math.prod(extents))
 
 
 def _reduce_sum_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     return np.sum(wide(xs[0]), axis=get_ints(attrs, "axes"), keepdims=bool(attrs["keepdims"]))
+
+
+def _reduce_prod_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    return np.prod(wide(xs[0]), axis=get_ints(attrs, "axes"), keepdims=bool(attrs["keepdims"]))
 
 
 def _reduce_mean_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
@@ -141,6 +149,9 @@ def _extreme_evaluate(largest: bool) -> Evaluate:
     return evaluate
 
 
+_ONNX_REDUCE = {"reduce_mean": "ReduceMean", "reduce_min": "ReduceMin", "reduce_prod": "ReduceProd"}
+
+
 def _reduce_export(ex: Exporter, op: Op) -> None:
     names, out = operand_names(op), op.result.name
     axes = attr_ints(op, "axes")
@@ -150,7 +161,7 @@ def _reduce_export(ex: Exporter, op: Op) -> None:
     elif op.kind == "reduce_sum":  # axes became an input in opset 13, for ReduceSum only
         ex.node("ReduceSum", [names[0], ex.ints(axes, f"{out}.axes")], out, keepdims=keepdims)
     else:
-        onnx_op = {"reduce_mean": "ReduceMean", "reduce_min": "ReduceMin"}.get(op.kind, "ReduceMax")
+        onnx_op = _ONNX_REDUCE.get(op.kind, "ReduceMax")
         ex.node(onnx_op, names, out, axes=list(axes), keepdims=keepdims)
 
 
@@ -174,6 +185,9 @@ REDUCE_MEAN = _reduce(
 )
 REDUCE_MAX = _reduce("reduce_max", "the max over axes", "any", _extreme_evaluate(True), _max_stage)
 REDUCE_MIN = _reduce("reduce_min", "the min over axes", "any", _extreme_evaluate(False), _min_stage)
+REDUCE_PROD = _reduce(
+    "reduce_prod", "the product over axes", "numeric", _reduce_prod_evaluate, _prod_stage
+)
 
 
 # --- argmax, argmin ---------------------------------------------------------------------------
@@ -509,6 +523,7 @@ OPS: tuple[OpDef, ...] = (
     REDUCE_MEAN,
     REDUCE_MAX,
     REDUCE_MIN,
+    REDUCE_PROD,
     ARGMAX,
     ARGMIN,
 )

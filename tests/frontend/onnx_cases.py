@@ -118,6 +118,19 @@ CASES: dict[str, Graph] = {
         kind: one_op(kind, [((4, 1, 5), F), ((3, 5), F)], lambda b, x, y, k=kind: b.op(k, x, y))
         for kind in ("add", "sub", "mul", "div", "maximum", "minimum", "power")
     },
+    "remainders": one_op(
+        "remainders",
+        [((3, 4), "int32"), ((4,), "int32")],
+        lambda b, x, y: [b.op("mod", x, y), b.op("fmod", x, y)],
+    ),
+    "shifts": one_op(
+        "shifts",
+        [((3, 4), "uint32"), ((4,), "uint32")],
+        lambda b, x, y: [b.op("left_shift", x, y), b.op("right_shift", x, y)],
+    ),
+    "fmod_float": one_op(
+        "fmod_float", [((3, 4), F), ((4,), F)], lambda b, x, y: b.op("fmod", x, y)
+    ),
     "add_int32": one_op(
         "add_int32", [((3, 4), "int32"), ((4,), "int32")], lambda b, x, y: b.mul(b.add(x, y), x)
     ),
@@ -172,6 +185,7 @@ CASES: dict[str, Graph] = {
             b.reduce_max(x),
             b.reduce_min(x, axes=(1, 2), keepdims=True),
             b.reduce_sum(x, axes=()),
+            b.op("reduce_prod", x, axes=2),
         ],
     ),
     "arg": one_op(
@@ -285,3 +299,17 @@ CASES["int_windows"] = one_op(
         b.global_avg_pool2d(x),
     ],
 )
+
+# Ops with no ONNX form at the export's opset (17): exporting them is refused, naming why.
+UNEXPORTED: dict[str, Graph] = {
+    "bitwise": one_op(
+        "bitwise",
+        [((3, 4), "int32"), ((4,), "int32")],
+        lambda b, x, y: [b.op(k, x, y) for k in ("bitwise_and", "bitwise_or", "bitwise_xor")],
+    ),
+    "signed_shift": one_op(
+        "signed_shift",
+        [((3, 4), "int32"), ((4,), "int32")],
+        lambda b, x, y: b.op("left_shift", x, y),
+    ),
+}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx_cases import CASES, POSITIVE, random_inputs
+from onnx_cases import CASES, POSITIVE, UNEXPORTED, random_inputs
 
+from hexir.errors import HexirError
 from hexir.frontend.onnx_export import OPSET, export_onnx
 from hexir.frontend.onnx_import import import_onnx
 from hexir.graph.evaluate import evaluate
@@ -15,8 +16,15 @@ from hexir.ops import OPS
 
 
 def test_the_cases_cover_every_op():
-    kinds = {op.kind for graph in CASES.values() for op in graph.ops}
+    kinds = {op.kind for graph in (*CASES.values(), *UNEXPORTED.values()) for op in graph.ops}
     assert kinds == set(OPS)
+
+
+@pytest.mark.parametrize("case", sorted(UNEXPORTED))
+def test_an_op_without_an_onnx_form_is_refused_by_name(case):
+    graph = UNEXPORTED[case]
+    with pytest.raises(HexirError, match=f"{graph.ops[0].kind} .*has no ONNX form"):
+        export_onnx(graph)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

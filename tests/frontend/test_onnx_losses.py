@@ -120,3 +120,29 @@ def test_space_to_depth_moves_each_block_into_channels(rng):
     want = x.reshape(2, 3, 2, 2, 3, 2).transpose(0, 3, 5, 1, 2, 4).reshape(2, 12, 2, 3)
     for got in both(graph, [x]):
         np.testing.assert_array_equal(got[0], want)
+
+
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod_along_a_constant_axis(rng, exclusive, reverse):
+    x = rng.uniform(0.5, 1.5, (3, 5, 2)).astype(np.float32)
+    axis = numpy_helper.from_array(np.array(1, np.int64), "axis")
+    graph = import_onnx(model("CumProd", [("x", F32, [3, 5, 2])], [("y", F32, [3, 5, 2])], [axis],
+                              exclusive=exclusive, reverse=reverse))  # fmt: skip
+    flipped = x[:, ::-1] if reverse else x
+    if exclusive:
+        flipped = np.concatenate([np.ones_like(flipped[:, :1]), flipped[:, :-1]], axis=1)
+    want = np.cumprod(flipped.astype(np.float64), axis=1)
+    want = want[:, ::-1] if reverse else want
+    for got in both(graph, [x]):
+        np.testing.assert_allclose(got[0], want, rtol=1e-5)
+
+
+def test_reduce_prod_of_ints_and_floats(rng):
+    for elem, dtype in ((F32, np.float32), (TensorProto.INT32, np.int32)):
+        x = rng.integers(-3, 4, (2, 3, 4)).astype(dtype)
+        axes = numpy_helper.from_array(np.array([0, 2], np.int64), "axes")
+        graph = import_onnx(
+            model("ReduceProd", [("x", elem, [2, 3, 4])], [("y", elem, [1, 3, 1])], [axes])
+        )
+        for got in both(graph, [x]):
+            np.testing.assert_array_equal(got[0], np.prod(x, axis=(0, 2), keepdims=True))

@@ -59,6 +59,7 @@ def test_the_executor_writes_in_place_over_elementwise_and_broadcast_ops():
     pointwise = {name for name, d in OPS.items() if d.pointwise}
     assert pointwise == {
         *("add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "cast", "gelu"),
+        *("mod", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"),
         *("relu", "sigmoid", "tanh", "exp", "log", "erf", "sqrt", "rsqrt"),
         *("floor", "ceil", "round", "sin", "cos", "sign"),
         *("bias_add", "batch_norm"),
