@@ -143,6 +143,60 @@ _HELPERS = {
     "min": "{q} {t} hx_min_{s}({t} a, {t} b) {{ return a < b ? a : b; }}",
     "max": "{q} {t} hx_max_{s}({t} a, {t} b) {{ return a > b ? a : b; }}",
 }
+# The 8-bit floats by short name: (exponent bits, mantissa bits, bias, the largest finite
+# value, the code of NaN (with the sign bit for the sign-carrying ones), the code an overflow
+# gives: e5m2's infinity, the others' NaN, as ml_dtypes converts), and whether zero is
+# unsigned (the fnuz formats keep no negative zero: 0x80 is their NaN).
+FLOAT8 = {
+    "f8e4m3fn": (4, 3, 7, 448.0, 0x7F, 0x7F, False),
+    "f8e4m3fnuz": (4, 3, 8, 240.0, 0x80, 0x80, True),
+    "f8e5m2": (5, 2, 15, 57344.0, 0x7E, 0x7C, False),
+    "f8e5m2fnuz": (5, 2, 16, 57344.0, 0x80, 0x80, True),
+}
+
+
+def float8_helpers() -> dict[str, str]:
+    """`<f8>_f32` (bits to a float, exact) and `f32_<f8>` (a float to the nearest code, ties
+    to even, an overflow to infinity or NaN as ml_dtypes gives, never saturating) for each
+    8-bit float, in the conversions' template form ({q}: the qualifier)."""
+    out = {}
+    for s, (e_bits, m_bits, bias, top, nan, over, unsigned_zero) in FLOAT8.items():
+        signed = "" if unsigned_zero else " | sign"
+        if s == "f8e5m2":  # all-ones exponent: infinity or NaN
+            special = "if (e == 31) return m ? NAN : (b >> 7 ? -INFINITY : INFINITY);"
+        elif unsigned_zero:
+            special = "if (b == 0x80) return NAN;"
+        else:
+            special = "if ((b & 0x7F) == 0x7F) return NAN;"
+        out[f"{s}_f32"] = (
+            f"{{q}} float hx_{s}_f32({{u8}} b) {{{{\n"
+            f"  int e = (b >> {m_bits}) & {(1 << e_bits) - 1}, m = b & {(1 << m_bits) - 1};\n"
+            f"  {special}\n"
+            f"  float v = e ? ldexpf((float)(m | {1 << m_bits}), e - {bias + m_bits})"
+            f" : ldexpf((float)m, {1 - bias - m_bits});\n"
+            f"  return b >> 7 ? -v : v;\n}}}}"
+        )
+        out[f"f32_{s}"] = (
+            f"{{q}} {{u8}} hx_f32_{s}(float x) {{{{\n"
+            f"  {{u8}} sign = signbit(x) ? 0x80 : 0;\n"
+            f"  float a = fabsf(x), r;\n"
+            f"  int e;\n"
+            f"  if (a != a) return {nan}{signed};\n"
+            f"  if (a > {top}f * 2) return {over}{signed};\n"
+            f"  frexpf(a, &e);\n"
+            f"  e = e - 1 < {1 - bias} ? {1 - bias} : e - 1;  /* a's binade or the subnormals' */\n"
+            f"  r = ldexpf(nearbyintf(ldexpf(a, {m_bits} - e)), e - {m_bits});  /* to even */\n"
+            f"  if (r > {top}f) return {over}{signed};\n"
+            f"  if (r == 0.0f) return {'0' if unsigned_zero else 'sign'};\n"
+            f"  frexpf(r, &e);\n"
+            f"  e -= 1;\n"
+            f"  if (e < {1 - bias}) return sign | ({{u8}})ldexpf(r, {bias + m_bits - 1});\n"
+            f"  return sign | ({{u8}})((e + {bias}) << {m_bits})"
+            f" | ({{u8}})(ldexpf(r, {m_bits} - e) - {1 << m_bits});\n}}}}"
+        )
+    return out
+
+
 TRUE, FALSE = IntImm(1, "bool"), IntImm(0, "bool")
 
 
@@ -226,7 +280,8 @@ class CPrinter:
     export = '__attribute__((visibility("default")))'
     restrict = "restrict"
     helper_qualifier = "static inline"
-    conversions = BF16_HELPERS  # float32 <-> 16-bit floats without a C cast of their own
+    # float32 <-> the narrow floats without a C cast of their own
+    conversions = {**BF16_HELPERS, **float8_helpers()}
     indent_unit = "  "
     stack_limit_bytes = 64 * 1024  # larger shared/local buffers go to the heap
     # A global-scope intermediate this small (an rfactor's partial sums, a row of exp values)
@@ -711,11 +766,13 @@ class CPrinter:
         if dtype == value.dtype:
             return x
         kind = f"{short_name(value.dtype)}_{short_name(dtype)}"
-        if kind in self.conversions:  # float32 <-> a 16-bit float (c_narrow.py)
+        if kind in self.conversions:  # float32 <-> a narrow float (c_narrow.py)
             if kind not in self._helpers:
-                u16, u32 = self.ctype("uint16"), self.ctype("uint32")
+                u8, u16, u32 = (self.ctype(t) for t in ("uint8", "uint16", "uint32"))
                 template = self.conversions[kind]
-                self._helpers[kind] = template.format(q=self.helper_qualifier, u16=u16, u32=u32)
+                self._helpers[kind] = template.format(
+                    q=self.helper_qualifier, u8=u8, u16=u16, u32=u32
+                )
             return f"hx_{kind}({x})"
         if dtype == "bool":
             return f"({x} != 0)"

@@ -19,7 +19,7 @@ forms), float16 with C casts (F16C's vcvtps2ph / vcvtph2ps); CUDA C with PTX's c
 
 from __future__ import annotations
 
-from hexir.ir.narrow import F32, HALF_FLOATS, in_float32
+from hexir.ir.narrow import F32, NARROW_FLOATS, in_float32
 from hexir.ir.tir import BufferLoad, BufferStore, Cast, Expr, FloatImm, IfThenElse, Stmt
 from hexir.ir.visit import map_stmt, walk
 
@@ -34,8 +34,8 @@ def lower_narrow_floats(body: Stmt) -> Stmt:
 
 def _narrow(node: object) -> bool:
     if isinstance(node, (BufferLoad, BufferStore)):
-        return node.buffer.dtype in HALF_FLOATS
-    return isinstance(node, (Cast, FloatImm)) and node.dtype in HALF_FLOATS
+        return node.buffer.dtype in NARROW_FLOATS
+    return isinstance(node, (Cast, FloatImm)) and node.dtype in NARROW_FLOATS
 
 
 def _stmt(stmt: Stmt) -> Stmt:
@@ -43,7 +43,7 @@ def _stmt(stmt: Stmt) -> Stmt:
         case BufferStore(buffer, indices, value):
             indices = tuple(in_float32(i) for i in indices)
             value = in_float32(value)
-            if buffer.dtype in HALF_FLOATS:
+            if buffer.dtype in NARROW_FLOATS:
                 value = _stored(value, buffer.dtype)
             return BufferStore(buffer, indices, value)
         case IfThenElse(cond, then, else_):

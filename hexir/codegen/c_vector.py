@@ -36,6 +36,7 @@ from hexir.codegen.c_math import has_vector_form
 from hexir.codegen.c_names import BIT_OPERATORS
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import is_float, itemsize
+from hexir.ir.narrow import FLOAT8S
 from hexir.ir.tir import (
     COMPARE_OPS,
     LOGIC_OPS,
@@ -424,6 +425,8 @@ class _Chunk:
             raise Unvectorizable("a cast from or to bool")
         if dtype == a.dtype:
             return x
+        if {dtype, a.dtype} & set(FLOAT8S):
+            raise Unvectorizable("an 8-bit float's conversion (one element at a time)")
         if "bfloat16" in (dtype, a.dtype):  # bits <-> float32 (c_narrow.py)
             kind = "narrow" if dtype == "bfloat16" else "widen"
             return VValue(f"{self.helper(kind, a.dtype)}({self.vector(x, a.dtype)})", True, dtype)

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hexir.codegen.c import BF16_HELPERS, CPrinter
+from hexir.codegen.c import BF16_HELPERS, CPrinter, float8_helpers
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
 from hexir.codegen.cuda_lower import lower_for_cuda
 from hexir.codegen.cuda_mma import emit_mma, mma_lane
@@ -30,7 +30,7 @@ from hexir.codegen.gpu_verify import BLOCK_AXES, THREAD_AXES, Launch, verify_gpu
 from hexir.errors import ResourceError, ScheduleError, TargetError
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import is_float, itemsize, short_name
-from hexir.ir.narrow import HALF_FLOATS
+from hexir.ir.narrow import FLOAT8S, HALF_FLOATS
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,
     Allocate,
@@ -80,6 +80,7 @@ CUDA_INTS = {
     "uint16": "unsigned short",
     "bfloat16": "unsigned short",  # its bits (c_narrow.py)
     "float16": "unsigned short",  # its bits, converted by PTX's cvt
+    **dict.fromkeys(FLOAT8S, "unsigned char"),  # their bits (c.py's float8_helpers)
     "uint32": "unsigned int",
     "uint64": "unsigned long long",
 }
@@ -141,7 +142,7 @@ class CudaPrinter(CPrinter):
     export = 'extern "C" __global__'
     restrict = "__restrict__"
     helper_qualifier = "static __device__ __forceinline__"
-    conversions = {**BF16_HELPERS, **F16_HELPERS}
+    conversions = {**BF16_HELPERS, **float8_helpers(), **F16_HELPERS}
 
     def __init__(self, target: Target | None, launch: Launch, *, fast_math: bool = False):
         super().__init__(target)

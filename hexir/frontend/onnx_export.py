@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexir.errors import HexirError
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph, Op, Value
+from hexir.ir.narrow import FLOAT8S
 from hexir.ops import op_def
 
 if TYPE_CHECKING:
@@ -83,6 +85,8 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
 def _elem_type(dtype: str) -> int:
     from onnx import helper
 
+    if dtype in FLOAT8S:
+        raise HexirError(f"{dtype} has no ONNX type at opset {OPSET} (8-bit floats: opset 19)")
     return int(helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype)))
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, int_list
 from hexir.ir.dtype import is_float, is_unsigned, numpy_dtype
 from hexir.ir.graph import Value
+from hexir.ir.narrow import FLOAT8S
 
 Convert = Callable[[Context], Sequence[Value]]
 
@@ -295,11 +296,29 @@ def _clip(ctx: Context) -> Sequence[Value]:
 
 def _cast(ctx: Context) -> Sequence[Value]:
     dtype = hexir_dtype(int(ctx.attr("to")), "the cast's target")
-    return [ctx.op("cast", ctx.input(0), dtype=dtype)]
+    return [_saturated_cast(ctx, ctx.input(0), dtype)]
 
 
 def _cast_like(ctx: Context) -> Sequence[Value]:
-    return [cast(ctx, ctx.input(0), ctx.input(1).type.dtype)]
+    return [_saturated_cast(ctx, ctx.input(0), ctx.input(1).type.dtype)]
+
+
+def ml_finfo(dtype: str):  # noqa: ANN201 - ml_dtypes.finfo
+    import ml_dtypes
+
+    return ml_dtypes.finfo(numpy_dtype(dtype))
+
+
+def _saturated_cast(ctx: Context, x: Value, dtype: str) -> Value:
+    """A cast; into an 8-bit float with `saturate` (ONNX's default) a value beyond its range,
+    infinities included, becomes its largest (a NaN stays NaN); without, it overflows to
+    infinity or NaN as the conversion does."""
+    if dtype not in FLOAT8S or not ctx.attr("saturate", 1) or not is_float(x.type.dtype):
+        return cast(ctx, x, dtype)
+    top = float(ml_finfo(dtype).max)
+    clipped = ctx.op("minimum", ctx.op("maximum", x, ctx.scalar(-top, x)), ctx.scalar(top, x))
+    kept = ctx.op("where", ctx.op("not_equal", x, x), x, clipped)  # NaN: not clipped
+    return cast(ctx, kept, dtype)
 
 
 def _gelu(ctx: Context) -> Sequence[Value]:

@@ -12,6 +12,12 @@ _TABLE: dict[str, tuple[str, type | None, str]] = {
     "float64": ("f64", np.float64, "double"),
     "float16": ("f16", np.float16, "_Float16"),
     "bfloat16": ("bf16", None, "uint16_t"),
+    # 8-bit floats (ml_dtypes' names; E exponent and M mantissa bits, fn: finite, no inf,
+    # uz: no negative zero, its code the one NaN): stored as their bits, computed in float.
+    "float8_e4m3fn": ("f8e4m3fn", None, "uint8_t"),
+    "float8_e4m3fnuz": ("f8e4m3fnuz", None, "uint8_t"),
+    "float8_e5m2": ("f8e5m2", None, "uint8_t"),
+    "float8_e5m2fnuz": ("f8e5m2fnuz", None, "uint8_t"),
     "int8": ("i8", np.int8, "int8_t"),
     "int16": ("i16", np.int16, "int16_t"),
     "int32": ("i32", np.int32, "int32_t"),
@@ -57,11 +63,20 @@ def from_short(short: str) -> str:
 
 def numpy_dtype(dtype: str) -> np.dtype:
     scalar = _TABLE[dtype][1]
-    if scalar is None:  # bfloat16
+    if scalar is None:  # bfloat16, the 8-bit floats
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, dtype))
     return np.dtype(scalar)
+
+
+# The float dtypes numpy keeps as ml_dtypes' (kind "V" there, not "f").
+ML_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
+def numpy_is_float(dtype: np.dtype) -> bool:
+    """Whether a numpy dtype holds floats: numpy's own or ml_dtypes'."""
+    return dtype.kind == "f" or dtype.name in ML_FLOATS
 
 
 def c_type(dtype: str) -> str:

@@ -24,6 +24,8 @@ from hexir.ir.tir import (
 )
 
 HALF_FLOATS = ("float16", "bfloat16")
+FLOAT8S = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+NARROW_FLOATS = HALF_FLOATS + FLOAT8S  # stored narrow, computed in float32
 F32 = "float32"
 
 
@@ -35,24 +37,24 @@ def in_float32(e: Expr, rounded: bool = True) -> Expr:
         match e:
             case BufferLoad(buffer, indices):
                 load = BufferLoad(buffer, tuple(go(i) for i in indices))
-                return Cast(F32, load) if buffer.dtype in HALF_FLOATS else load
-            case FloatImm(value, dtype) if dtype in HALF_FLOATS:
+                return Cast(F32, load) if buffer.dtype in NARROW_FLOATS else load
+            case FloatImm(value, dtype) if dtype in NARROW_FLOATS:
                 return FloatImm(value, F32)
             case Cast(dtype, value):
                 inner = go(value)
-                if dtype in HALF_FLOATS:
+                if dtype in NARROW_FLOATS:
                     inner = inner if inner.dtype == F32 else Cast(F32, inner)
                     return round_to(inner, dtype) if rounded else inner
                 return inner if inner.dtype == dtype else Cast(dtype, inner)
             case Binary(op, a, b):
                 new = Binary(op, go(a), go(b))
-                narrow = e.dtype in HALF_FLOATS and op in ARITH_OPS
+                narrow = e.dtype in NARROW_FLOATS and op in ARITH_OPS
                 return round_to(new, e.dtype) if narrow and rounded else new
             case Unary(op, a):
                 return Unary(op, go(a))
             case Call(name, args):
                 new = Call(name, tuple(go(a) for a in args))
-                return round_to(new, e.dtype) if e.dtype in HALF_FLOATS and rounded else new
+                return round_to(new, e.dtype) if e.dtype in NARROW_FLOATS and rounded else new
             case Select(cond, then, else_):
                 return Select(go(cond), go(then), go(else_))
         return e

@@ -20,7 +20,7 @@ import numpy as np
 from hexir.ir.dtype import is_float, numpy_dtype
 from hexir.ir.graph import Op
 from hexir.ir.names import unique_name
-from hexir.ir.narrow import HALF_FLOATS, in_float32
+from hexir.ir.narrow import NARROW_FLOATS, in_float32
 from hexir.ir.tir import (
     Allocate,
     Binary,
@@ -89,7 +89,7 @@ class Kernel:
 
         `combine` is a binary operator ("+", "max", "min"); `init` defaults to 0 of out's dtype.
         """
-        if out.dtype in HALF_FLOATS and combine == "+" and init is None:
+        if out.dtype in NARROW_FLOATS and combine == "+" and init is None:
             # A sum of narrow floats accumulates in float32 and rounds once, as the numpy
             # reference sums in float64: no rounding of each partial sum to 8 or 11 bits.
             acc = self.alloc(f"{out.name}_f32", out.shape, "float32")

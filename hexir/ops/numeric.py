@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hexir.ir.dtype import numpy_is_float
 from hexir.ir.tir import AnnotationValue
 
 Attrs = dict[str, AnnotationValue]
@@ -32,7 +33,7 @@ Evaluate = Callable[[list[np.ndarray], Attrs], np.ndarray]
 
 def wide(x: np.ndarray) -> np.ndarray:
     """float64 for floats, int64 for ints, bool unchanged: where sums and products happen."""
-    if x.dtype.kind == "f" or x.dtype.name == "bfloat16":
+    if numpy_is_float(x.dtype):
         return x.astype(np.float64, copy=False)
     if x.dtype.kind in "iu":
         return x.astype(np.int64, copy=False)
@@ -79,7 +80,7 @@ def get_ints(attrs: Attrs, key: str) -> tuple[int, ...]:
 
 def lowest_value(dtype: np.dtype) -> float | int | bool:
     """The identity of max in numpy: -inf, the smallest integer, or False."""
-    if dtype.kind == "f" or dtype.name == "bfloat16":
+    if numpy_is_float(dtype):
         return -np.inf
     if dtype.kind in "iu":
         return int(np.iinfo(dtype).min)
@@ -88,7 +89,7 @@ def lowest_value(dtype: np.dtype) -> float | int | bool:
 
 def highest_value(dtype: np.dtype) -> float | int | bool:
     """The identity of min in numpy: inf, the largest integer, or True."""
-    if dtype.kind == "f" or dtype.name == "bfloat16":
+    if numpy_is_float(dtype):
         return np.inf
     if dtype.kind in "iu":
         return int(np.iinfo(dtype).max)

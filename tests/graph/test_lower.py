@@ -256,6 +256,11 @@ CASES = [
     ("minimum", "float32", [(5,), (5,)], {}, "normal"),
     ("power", "float32", [(3, 4), (4,)], {}, "positive"),
     ("power", "float32", [(2, 3), ()], {}, "positive"),
+    *[(kind, "int32", shapes, {}, "normal")  # divisors and shifts never 0 here
+      for kind in ("mod", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor")
+      + ("left_shift", "right_shift")
+      for shapes in ([(3, 4), (4,)], [(2, 1, 3), (2, 3)])],
+    ("fmod", "float32", [(3, 4), (4,)], {}, "positive"),
     ("where", "float32", [(3, 4), (4,), (3, 1)], {}, "normal"),
     ("where", "float32", [(5,), (5,), (5,)], {}, "normal"),
     *[(kind, "float32", shapes, {}, "grid")
@@ -287,7 +292,7 @@ CASES = [
       for kind in ("argmax", "argmin")
       for attrs in ({"axis": 1}, {"axis": -1, "keepdims": True, "last": True})],
     *[(kind, "float32", [(3, 4, 5)], attrs, "normal")
-      for kind in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min")
+      for kind in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod")
       for attrs in ({"axes": (1,)}, {"axes": (0, 2), "keepdims": True}, {})],
     ("layout_transform", "float32", [(1, 8, 3, 5)], {"src": "NCHW", "dst": "NHWC"}, "normal"),
     ("layout_transform", "float32", [(2, 3, 5, 4, 4)], {"src": "NCHW4c", "dst": "NHW2cC"},
@@ -358,6 +363,7 @@ ELEMENTWISE = {
     *("add", "sub", "mul", "div", "maximum", "minimum", "power", "where", "relu", "sigmoid"),
     *("tanh", "exp", "log", "erf", "sqrt", "rsqrt", "gelu", "cast", "bias_add", "batch_norm"),
     *("floor", "ceil", "round", "sin", "cos", "sign"),
+    *("mod", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"),
     *("transpose", "layout_transform", "reshape", "concat", "slice", "pad", "max_pool2d"),
     "gather",
     *("gather_elements", "gather_nd", "scatter_elements", "scatter_nd"),
