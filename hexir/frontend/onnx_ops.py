@@ -583,6 +583,7 @@ SPECS: dict[str, Spec] = {
     "ReduceL1": Spec(_reduce_of("reduce_sum", _abs_of), _REDUCE),
     "ReduceL2": Spec(_reduce_of("reduce_sum", _square, lambda ctx, x: ctx.op("sqrt", x)), _REDUCE),
     "ReduceLogSumExp": Spec(_reduce_log_sum_exp, _REDUCE),
+    "ReduceLogSum": Spec(_reduce_of("reduce_sum", after=lambda ctx, x: ctx.op("log", x)), _REDUCE),
     "CastLike": Spec(_cast_like, {"saturate": None}),
     "ArgMax": Spec(_arg("argmax"), _ARG),
     "ArgMin": Spec(_arg("argmin"), _ARG),

@@ -1,8 +1,8 @@
 """Converters of ONNX's training losses and a few small ops, as compositions of Hexir's own:
 NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss (a gather of each target's score along
 the class axis, weighted, masked where the target is `ignore_index`, then summed or averaged
-by the weights), Hardmax and OneHot (comparisons against the class indices), LpNormalization,
-ReduceLogSum and SpaceToDepth.
+by the weights), Hardmax and OneHot (comparisons against the class indices), LpNormalization
+and SpaceToDepth.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hexir.frontend.onnx_context import Context, Unsupported, int_list, normalized_axis
+from hexir.frontend.onnx_context import Context, Unsupported, normalized_axis
 from hexir.frontend.onnx_ops import Spec, broadcast_to, cast, reshape
 from hexir.ir.graph import Value
 
@@ -141,21 +141,6 @@ def _lp_normalization(ctx: Context) -> Sequence[Value]:
     return [ctx.op("div", x, safe)]
 
 
-def _reduce_log_sum(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    if ctx.attr("axes") is not None:
-        axes = int_list(ctx.attr("axes"))
-    else:
-        given = ctx.optional_array(1, "axes")
-        axes = [] if given is None else int_list(given)
-    if not axes:
-        if ctx.attr("noop_with_empty_axes", 0):
-            return [ctx.op("log", x)]
-        axes = list(range(len(x.type.shape)))
-    keep = bool(ctx.attr("keepdims", 1))
-    return [ctx.op("log", ctx.op("reduce_sum", x, axes=tuple(axes), keepdims=keep))]
-
-
 def _space_to_depth(ctx: Context) -> Sequence[Value]:
     """[N, C, H, W] -> [N, C·b·b, H/b, W/b]: each b x b block's pixels become channels,
     the block's row and column outermost (ONNX's reshape, transpose, reshape)."""
@@ -177,7 +162,4 @@ LOSS_SPECS: dict[str, Spec] = {
     "SpaceToDepth": Spec(_space_to_depth, {"blocksize": None}),
     "OneHot": Spec(_one_hot, {"axis": None}),
     "LpNormalization": Spec(_lp_normalization, {"axis": None, "p": None}),
-    "ReduceLogSum": Spec(
-        _reduce_log_sum, {"axes": None, "keepdims": None, "noop_with_empty_axes": None}
-    ),
 }

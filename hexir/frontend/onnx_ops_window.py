@@ -8,6 +8,7 @@ sums times a constant divisor per position).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,21 @@ def _batch_norm(ctx: Context) -> Sequence[Value]:
     return [ctx.op("batch_norm", x, *params, axis=1, epsilon=eps)]
 
 
-def _pool(ctx: Context) -> Sequence[Value]:
+@dataclass(frozen=True)
+class _Window:
+    """A pool's input as rows ([N, C, H, W]; a 1-D one a row high), its attributes, window,
+    stride, and pads as given and as ceil_mode grows them."""
+
+    x: Value
+    one_d: bool
+    attrs: dict[str, Any]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    given: list[int]
+    pads: list[int]
+
+
+def _window(ctx: Context) -> _Window:
     x = ctx.input(0)
     attrs = window_attrs(ctx, x, "pools")
     one_d = len(x.type.shape) == 3
@@ -129,12 +144,20 @@ def _pool(ctx: Context) -> Sequence[Value]:
     kernel = tuple(int_list(attrs["kernel_shape"]))
     if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1]))):
         raise Unsupported("dilated pools are not supported")
-    pads = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
+    given = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
     stride = tuple(int_list(attrs.get("strides", [1, 1])))
+    pads = (
+        _ceil_pads(x.type.shape[2:], kernel, stride, given) if attrs.get("ceil_mode", 0) else given
+    )
+    return _Window(x, one_d, attrs, kernel, stride, given, pads)
+
+
+def _pool(ctx: Context) -> Sequence[Value]:
+    w = _window(ctx)
+    x, one_d, attrs, kernel, stride, given, pads = (
+        w.x, w.one_d, w.attrs, w.kernel, w.stride, w.given, w.pads
+    )  # fmt: skip
     is_max = ctx.current.op_type == "MaxPool"
-    given = pads
-    if attrs.get("ceil_mode", 0):
-        pads = _ceil_pads(x.type.shape[2:], kernel, stride, pads)
     if not is_max and (pads != given or pads[:2] != pads[2:]):
         return [_from_rows(ctx, _clipped_average(ctx, x, kernel, stride, given, pads, attrs),
                            one_d)]  # fmt: skip
@@ -153,17 +176,8 @@ def _pool(ctx: Context) -> Sequence[Value]:
 def _lp_pool(ctx: Context) -> Sequence[Value]:
     """(the sum of |x|^p over each window)^(1/p), the padding zeros: an average pool of |x|^p
     over the explicitly padded image, times the window's size."""
-    x = ctx.input(0)
-    attrs = window_attrs(ctx, x, "pools")
-    one_d = len(x.type.shape) == 3
-    x = _as_rows(ctx, x)
-    kernel = tuple(int_list(attrs["kernel_shape"]))
-    if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1]))):
-        raise Unsupported("dilated pools are not supported")
-    pads = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
-    stride = tuple(int_list(attrs.get("strides", [1, 1])))
-    if attrs.get("ceil_mode", 0):
-        pads = _ceil_pads(x.type.shape[2:], kernel, stride, pads)
+    w = _window(ctx)
+    x, kernel, stride, pads = w.x, w.kernel, w.stride, w.pads
     p = float(ctx.attr("p", 2))
     if p == 2.0:
         powered = ctx.op("mul", x, x)
@@ -179,7 +193,7 @@ def _lp_pool(ctx: Context) -> Sequence[Value]:
         root = ctx.op("sqrt", total)
     else:
         root = ctx.op("power", total, ctx.scalar(1.0 / p, total))
-    return [_from_rows(ctx, root, one_d)]
+    return [_from_rows(ctx, root, w.one_d)]
 
 
 def _clipped_average(

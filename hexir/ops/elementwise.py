@@ -62,9 +62,11 @@ def binary(
     evaluate: Evaluate,
     export: Export,
     result_dtype: str | None = None,
+    lower: Lower | None = None,
 ) -> OpDef:
-    """A broadcasting binary op: hextir `operator` of its operands, `allowed` dtypes ("float",
-    "numeric" or "any"), the operands' dtype or `result_dtype` as the result's."""
+    """A broadcasting binary op: hextir `operator` of its operands (or `lower`'s kernel),
+    `allowed` dtypes ("float", "int", "numeric" or "any"), the operands' dtype or
+    `result_dtype` as the result's."""
     return OpDef(
         name,
         doc,
@@ -73,7 +75,7 @@ def binary(
         infer=_binary_infer(allowed, result_dtype),
         fusion=Pattern.ELEMENTWISE,
         evaluate=evaluate,
-        lower=_lower_binary(operator),
+        lower=lower or _lower_binary(operator),
         export=export,
     )
 
@@ -121,17 +123,8 @@ def _remainder(name: str, doc: str, operator: str, allowed: str, fn, fmod: int) 
     def export(ex: Exporter, op: Op) -> None:
         ex.node("Mod", operand_names(op), op.result.name, fmod=fmod)
 
-    return OpDef(
-        name,
-        doc,
-        ("a", "b"),
-        (),
-        infer=_binary_infer(allowed, None),
-        fusion=Pattern.ELEMENTWISE,
-        evaluate=_remainder_evaluate(fn),
-        lower=_lower_remainder(operator),
-        export=export,
-    )
+    evaluate, lower = _remainder_evaluate(fn), _lower_remainder(operator)
+    return binary(name, doc, operator, allowed, evaluate, export, lower=lower)
 
 
 def _lower_shift(operator: str) -> Lower:
@@ -184,17 +177,7 @@ def _shift(name: str, doc: str, operator: str, fn, direction: str) -> OpDef:  # 
             outside = np.where(a < 0, np.asarray(-1, a.dtype), outside)
         return np.where(ok, fn(a, np.where(ok, b, 0).astype(b.dtype)), outside)
 
-    return OpDef(
-        name,
-        doc,
-        ("a", "b"),
-        (),
-        infer=_binary_infer("int", None),
-        fusion=Pattern.ELEMENTWISE,
-        evaluate=evaluate,
-        lower=_lower_shift(operator),
-        export=export,
-    )
+    return binary(name, doc, operator, "int", evaluate, export, lower=_lower_shift(operator))
 
 
 def _export_extremum(ex: Exporter, op: Op) -> None:
