@@ -95,11 +95,7 @@ def _binary(kind: str) -> Convert:
 
 def _mod(ctx: Context) -> Sequence[Value]:
     a, b = ctx.input(0), ctx.input(1)
-    if ctx.attr("fmod", 0):
-        return [ctx.op("fmod", a, b)]
-    if is_float(a.type.dtype):
-        raise Unsupported("Mod of floats needs fmod=1 (ONNX's rule)")
-    return [ctx.op("mod", a, b)]
+    return [ctx.op("fmod" if ctx.attr("fmod", 0) else "mod", a, b)]
 
 
 def _bit_shift(ctx: Context) -> Sequence[Value]:
@@ -112,6 +108,31 @@ def _bitwise_not(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
     ones = np.asarray(-1).astype(numpy_dtype(x.type.dtype))  # wraps to the unsigned maximum
     return [ctx.op("bitwise_xor", x, ctx.constant(ones, x.type.dtype))]
+
+
+def _mean(ctx: Context) -> Sequence[Value]:
+    (total,) = _variadic("add")(ctx)
+    return [ctx.op("div", total, ctx.scalar(len(ctx.current.inputs), total))]
+
+
+def _celu(ctx: Context) -> Sequence[Value]:
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+    x = ctx.input(0)
+    alpha = ctx.float_attr("alpha", 1.0)
+    negative = _expm1_scaled(ctx, _scaled(ctx, x, 1.0 / alpha), alpha)
+    zero = ctx.scalar(0, x)
+    return [ctx.op("add", ctx.op("maximum", x, zero), ctx.op("minimum", negative, zero))]
+
+
+def _eye_like(ctx: Context) -> Sequence[Value]:
+    """Ones on the k-th diagonal of a 2-D tensor of the input's shape, zeros elsewhere."""
+    x = ctx.input(0)
+    if len(x.type.shape) != 2:
+        raise Unsupported(f"EyeLike of {x.type!r}: the input must be 2-D")
+    to = ctx.attr("dtype")
+    dtype = x.type.dtype if to is None else hexir_dtype(int(to), "EyeLike's dtype")
+    eye = np.eye(*x.type.shape, k=int(ctx.attr("k", 0)), dtype=numpy_dtype(dtype))
+    return [ctx.constant(eye, dtype)]
 
 
 def _variadic(kind: str) -> Convert:
@@ -532,6 +553,9 @@ SPECS: dict[str, Spec] = {
     "Max": Spec(_variadic("maximum")),
     "Min": Spec(_variadic("minimum")),
     "Sum": Spec(_variadic("add")),
+    "Mean": Spec(_mean),
+    "Celu": Spec(_celu, {"alpha": None}),
+    "EyeLike": Spec(_eye_like, {"dtype": None, "k": None}),
     "Where": Spec(lambda ctx: [ctx.op("where", ctx.input(0), ctx.input(1), ctx.input(2))]),
     "Equal": Spec(_binary("equal")),
     "Less": Spec(_binary("less")),

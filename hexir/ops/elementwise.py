@@ -100,7 +100,8 @@ def _remainder_evaluate(fn: Callable[..., np.ndarray]) -> Evaluate:
 
 
 def _lower_remainder(operator: str) -> Lower:
-    """The remainder; an integer one is 0 where the divisor is 0 (C would trap there)."""
+    """The remainder; an integer one is 0 where the divisor is 0 (C would trap there); a
+    float floor remainder is C's fmod moved to the divisor's sign (numpy's rule)."""
 
     def lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
         a, b = args
@@ -109,7 +110,13 @@ def _lower_remainder(operator: str) -> Lower:
         def value(i: tuple[Expr, ...]) -> Expr:
             x, y = broadcast(a, i, shape), broadcast(b, i, shape)
             if is_float(out.dtype):
-                return Binary(operator, x, y)
+                r = Binary("fmod", x, y)
+                if operator == "fmod":
+                    return r
+                zero = const(0, out.dtype)
+                other_sign = Binary("!=", Binary("<", r, zero), Binary("<", y, zero))
+                moved = Binary("&&", Binary("!=", r, zero), other_sign)
+                return Select(moved, Binary("+", r, y), r)
             zero, one = const(0, out.dtype), const(1, out.dtype)
             by_zero = Binary("==", y, zero)  # the divisor made 1 too: vector code takes both
             return Select(by_zero, zero, Binary(operator, x, Select(by_zero, one, y)))
@@ -221,9 +228,7 @@ _ARITHMETIC = (
     binary("maximum", "max(a, b)", "max", "any", in_dtype(np.maximum), _export_extremum),
     binary("minimum", "min(a, b)", "min", "any", in_dtype(np.minimum), _export_extremum),
     binary("power", "a ** b (floats)", "pow", "float", in_f64(np.power), onnx_same("Pow")),
-    _remainder(
-        "mod", "a mod b, the divisor's sign (ints; numpy's %)", "floormod", "int", np.mod, 0
-    ),
+    _remainder("mod", "a mod b, the divisor's sign (numpy's %)", "floormod", "numeric", np.mod, 0),
     _remainder(
         "fmod", "a - b·trunc(a / b), the dividend's sign (C's %)", "fmod", "numeric", np.fmod, 1
     ),

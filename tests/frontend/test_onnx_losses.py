@@ -146,3 +146,20 @@ def test_reduce_prod_of_ints_and_floats(rng):
         )
         for got in both(graph, [x]):
             np.testing.assert_array_equal(got[0], np.prod(x, axis=(0, 2), keepdims=True))
+
+
+def test_celu_mean_and_eye_like(rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32) * 3
+    y = rng.standard_normal((3, 4)).astype(np.float32)
+    celu = import_onnx(model("Celu", [("x", F32, [3, 4])], [("y", F32, [3, 4])], alpha=0.7))
+    want = np.maximum(0, x) + np.minimum(0, 0.7 * (np.exp(x / 0.7) - 1))
+    for got in both(celu, [x]):
+        np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+    mean = import_onnx(
+        model("Mean", [("x", F32, [3, 4]), ("y", F32, [3, 4])], [("z", F32, [3, 4])])
+    )
+    for got in both(mean, [x, y]):
+        np.testing.assert_allclose(got[0], (x + y) / 2, rtol=1e-6)
+    eye = import_onnx(model("EyeLike", [("x", F32, [3, 4])], [("y", I64, [3, 4])], k=1, dtype=I64))
+    for got in both(eye, [x]):
+        np.testing.assert_array_equal(got[0], np.eye(3, 4, k=1, dtype=np.int64))
