@@ -14,7 +14,9 @@ a kernel's body so that every such value is a float holding a bfloat16 (float16)
 
 Afterwards the only narrow expressions are loads and `cast<bf16>` / `cast<f16>` of a float.
 The C printer converts bfloat16's bits with `hx_f32_bf16` / `hx_bf16_f32` (and their vector
-forms), float16 with C casts (F16C's vcvtps2ph / vcvtph2ps); CUDA C with PTX's cvt.
+forms), float16 with C casts (F16C's vcvtps2ph / vcvtph2ps); CUDA C with PTX's cvt. The 8-bit
+floats (float8_e4m3fn, ...) follow the same rule, converted one element at a time by the C
+functions `float8_helpers` writes (exact: ml_dtypes' codes, ties to even, no saturation).
 """
 
 from __future__ import annotations
@@ -56,3 +58,57 @@ def _stored(value: Expr, dtype: str) -> Expr:
     if isinstance(value, Cast) and value.dtype == F32 and value.value.dtype == dtype:
         return value.value
     return Cast(dtype, value)
+
+
+# The 8-bit floats by short name: (exponent bits, mantissa bits, bias, the largest finite
+# value, the code of NaN (with the sign bit for the sign-carrying ones), the code an overflow
+# gives: e5m2's infinity, the others' NaN, as ml_dtypes converts), and whether zero is
+# unsigned (the fnuz formats keep no negative zero: 0x80 is their NaN).
+FLOAT8 = {
+    "f8e4m3fn": (4, 3, 7, 448.0, 0x7F, 0x7F, False),
+    "f8e4m3fnuz": (4, 3, 8, 240.0, 0x80, 0x80, True),
+    "f8e5m2": (5, 2, 15, 57344.0, 0x7E, 0x7C, False),
+    "f8e5m2fnuz": (5, 2, 16, 57344.0, 0x80, 0x80, True),
+}
+
+
+def float8_helpers() -> dict[str, str]:
+    """`<f8>_f32` (bits to a float, exact) and `f32_<f8>` (a float to the nearest code, ties
+    to even, an overflow to infinity or NaN as ml_dtypes gives, never saturating) for each
+    8-bit float, in the conversions' template form ({q}: the qualifier)."""
+    out = {}
+    for s, (e_bits, m_bits, bias, top, nan, over, unsigned_zero) in FLOAT8.items():
+        signed = "" if unsigned_zero else " | sign"
+        if s == "f8e5m2":  # all-ones exponent: infinity or NaN
+            special = "if (e == 31) return m ? NAN : (b >> 7 ? -INFINITY : INFINITY);"
+        elif unsigned_zero:
+            special = "if (b == 0x80) return NAN;"
+        else:
+            special = "if ((b & 0x7F) == 0x7F) return NAN;"
+        out[f"{s}_f32"] = (
+            f"{{q}} float hx_{s}_f32({{u8}} b) {{{{\n"
+            f"  int e = (b >> {m_bits}) & {(1 << e_bits) - 1}, m = b & {(1 << m_bits) - 1};\n"
+            f"  {special}\n"
+            f"  float v = e ? ldexpf((float)(m | {1 << m_bits}), e - {bias + m_bits})"
+            f" : ldexpf((float)m, {1 - bias - m_bits});\n"
+            f"  return b >> 7 ? -v : v;\n}}}}"
+        )
+        out[f"f32_{s}"] = (
+            f"{{q}} {{u8}} hx_f32_{s}(float x) {{{{\n"
+            f"  {{u8}} sign = signbit(x) ? 0x80 : 0;\n"
+            f"  float a = fabsf(x), r;\n"
+            f"  int e;\n"
+            f"  if (a != a) return {nan}{signed};\n"
+            f"  if (a > {top}f * 2) return {over}{signed};\n"
+            f"  frexpf(a, &e);\n"
+            f"  e = e - 1 < {1 - bias} ? {1 - bias} : e - 1;  /* a's binade or the subnormals' */\n"
+            f"  r = ldexpf(nearbyintf(ldexpf(a, {m_bits} - e)), e - {m_bits});  /* to even */\n"
+            f"  if (r > {top}f) return {over}{signed};\n"
+            f"  if (r == 0.0f) return {'0' if unsigned_zero else 'sign'};\n"
+            f"  frexpf(r, &e);\n"
+            f"  e -= 1;\n"
+            f"  if (e < {1 - bias}) return sign | ({{u8}})ldexpf(r, {bias + m_bits - 1});\n"
+            f"  return sign | ({{u8}})((e + {bias}) << {m_bits})"
+            f" | ({{u8}})(ldexpf(r, {m_bits} - e) - {1 << m_bits});\n}}}}"
+        )
+    return out

@@ -21,8 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hexir.codegen.c import BF16_HELPERS, CPrinter, float8_helpers
+from hexir.codegen.c import BF16_HELPERS, CPrinter
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
+from hexir.codegen.c_narrow import float8_helpers
 from hexir.codegen.cuda_lower import lower_for_cuda
 from hexir.codegen.cuda_mma import emit_mma, mma_lane
 from hexir.codegen.cuda_reduce import AllReduce
