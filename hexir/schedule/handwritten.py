@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hexir.errors import ScheduleError
 from hexir.ir.tir import Block, PrimFunc, Var
 from hexir.schedule.common import all_blocks, index_vars, region_vars
 from hexir.schedule.handwritten_mma import mma_schedule, mma_tiling
@@ -65,7 +66,10 @@ def gpu_schedule(func: PrimFunc, tiling: Tiling | None = None) -> Schedule:
     """A hand-written GPU schedule of `func` (see the module docstring)."""
     blocks = list(all_blocks(func.body))
     if tiling is None and mma_tiling(func) is not None:  # float16/bfloat16: tensor cores
-        return mma_schedule(func)
+        try:
+            return mma_schedule(func)
+        except ScheduleError:  # a stage it cannot fold (a producer fused before the product)
+            pass
     contraction = [b for b in blocks if _reduces(b) and _spatial(b) >= 2]
     if contraction:
         return _tiled(func, contraction[0], tiling)

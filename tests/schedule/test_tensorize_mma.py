@@ -174,3 +174,16 @@ def test_a_small_contraction_takes_smaller_tiles_to_fill_the_gpu(rng):
     want = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-3)
     assert mma_tiling(hexir.workload("matmul", M=16, N=64, K=32, dtype="float16")) is None
+
+
+def test_the_default_gpu_schedule_falls_back_where_the_tensor_core_one_fails(monkeypatch):
+    from hexir.errors import ScheduleError
+    from hexir.schedule import handwritten
+
+    def refuse(func, tiling=None):
+        raise ScheduleError("a stage it cannot fold", "mma_schedule")
+
+    monkeypatch.setattr(handwritten, "mma_schedule", refuse)
+    func = hexir.workload("matmul", M=128, N=128, K=64, dtype="float16")
+    source = generate_cuda(handwritten.gpu_schedule(func).func, "cuda -arch=sm_90").source
+    assert "mma.sync" not in source and "__shared__" in source  # the float tiling
