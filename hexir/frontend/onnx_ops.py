@@ -317,11 +317,11 @@ def _clip(ctx: Context) -> Sequence[Value]:
 
 def _cast(ctx: Context) -> Sequence[Value]:
     dtype = hexir_dtype(int(ctx.attr("to")), "the cast's target")
-    return [_saturated_cast(ctx, ctx.input(0), dtype)]
+    return [saturated_cast(ctx, ctx.input(0), dtype)]
 
 
 def _cast_like(ctx: Context) -> Sequence[Value]:
-    return [_saturated_cast(ctx, ctx.input(0), ctx.input(1).type.dtype)]
+    return [saturated_cast(ctx, ctx.input(0), ctx.input(1).type.dtype)]
 
 
 def ml_finfo(dtype: str):  # noqa: ANN201 - ml_dtypes.finfo
@@ -330,7 +330,7 @@ def ml_finfo(dtype: str):  # noqa: ANN201 - ml_dtypes.finfo
     return ml_dtypes.finfo(numpy_dtype(dtype))
 
 
-def _saturated_cast(ctx: Context, x: Value, dtype: str) -> Value:
+def saturated_cast(ctx: Context, x: Value, dtype: str) -> Value:
     """A cast; into an 8-bit float with `saturate` (ONNX's default) a value beyond its range,
     infinities included, becomes its largest (a NaN stays NaN); without, it overflows to
     infinity or NaN as the conversion does."""

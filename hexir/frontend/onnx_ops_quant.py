@@ -20,10 +20,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, normalized_axis
-from hexir.frontend.onnx_ops import Spec, cast, gemm, gemm_bias, matmul_nd, reshape
+from hexir.frontend.onnx_ops import (
+    Spec,
+    cast,
+    gemm,
+    gemm_bias,
+    matmul_nd,
+    reshape,
+    saturated_cast,
+)
 from hexir.frontend.onnx_ops_window import CONV_ATTRS, conv_of
 from hexir.ir.dtype import BYTE_INTS, numpy_dtype
 from hexir.ir.graph import Value
+from hexir.ir.narrow import FLOAT8S
 
 _QUANTIZED = ("int8", "uint8", "int16", "uint16")
 
@@ -78,6 +87,11 @@ def _quantize(ctx: Context) -> Sequence[Value]:
     out = ctx.attr("output_dtype")
     dtype = hexir_dtype(out, "output_dtype") if out else "uint8"
     dtype = zero.type.dtype if zero is not None else dtype
+    if dtype in FLOAT8S:  # x / scale + zero, no rounding to an integer, then the cast
+        q = ctx.op("div", x, _along(ctx, scale, x, axis, block))
+        if zero is not None:
+            q = ctx.op("add", q, cast(ctx, _along(ctx, zero, x, axis, block), x.type.dtype))
+        return [saturated_cast(ctx, q, dtype)]
     if dtype not in _QUANTIZED:
         raise Unsupported(f"quantizing to {dtype}")
     if ctx.attr("precision"):

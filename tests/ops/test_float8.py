@@ -114,3 +114,22 @@ def test_onnx_export_refuses_an_8bit_float_by_name():
 
     with pytest.raises(HexirError, match="float8_e5m2 has no ONNX type at opset 17"):
         export_onnx(cast_graph("float32", "float8_e5m2", 4))
+
+
+def test_onnx_quantize_linear_into_an_8bit_float_saturates(rng):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hexir.frontend.onnx_import import import_onnx
+
+    scale = numpy_helper.from_array(np.array(0.5, np.float32), "scale")
+    node = helper.make_node(
+        "QuantizeLinear", ["x", "scale"], ["y"], output_dtype=TensorProto.FLOAT8E5M2
+    )
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT8E5M2, [64])]
+    graph = import_onnx(helper.make_model(helper.make_graph([node], "m", inputs, outputs, [scale])))
+    x = (rng.standard_normal(64) * 10.0 ** rng.integers(-3, 6, 64)).astype(np.float32)
+    top = float(ml_dtypes.finfo(ml_dtypes.float8_e5m2).max)
+    want = np.clip(x / np.float32(0.5), -top, top).astype(ml_dtypes.float8_e5m2)
+    for got in (evaluate(graph, [x])[0], hexir.compile(graph).run([x])[0]):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
