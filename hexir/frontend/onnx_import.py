@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from hexir.errors import HexirError, ModelError
 from hexir.frontend.onnx_context import Context, Node, Unsupported, clean_name, hexir_dtype
 from hexir.frontend.onnx_ops import SPECS, Spec
+from hexir.frontend.onnx_ops_activation import ACTIVATION_SPECS
 from hexir.frontend.onnx_ops_attention import ATTENTION_SPECS
 from hexir.frontend.onnx_ops_compose import COMPOSED_SPECS
 from hexir.frontend.onnx_ops_loss import LOSS_SPECS
@@ -46,6 +47,7 @@ __all__ = ["import_onnx", "SUPPORTED", "OPSETS"]
 OPSETS = range(13, 24)
 SUPPORTED: dict[str, Spec] = {
     **SPECS,
+    **ACTIVATION_SPECS,
     **SHAPE_SPECS,
     **WINDOW_SPECS,
     **COMPOSED_SPECS,

@@ -115,15 +115,6 @@ def _mean(ctx: Context) -> Sequence[Value]:
     return [ctx.op("div", total, ctx.scalar(len(ctx.current.inputs), total))]
 
 
-def _celu(ctx: Context) -> Sequence[Value]:
-    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
-    x = ctx.input(0)
-    alpha = ctx.float_attr("alpha", 1.0)
-    negative = _expm1_scaled(ctx, _scaled(ctx, x, 1.0 / alpha), alpha)
-    zero = ctx.scalar(0, x)
-    return [ctx.op("add", ctx.op("maximum", x, zero), ctx.op("minimum", negative, zero))]
-
-
 def _eye_like(ctx: Context) -> Sequence[Value]:
     """Ones on the k-th diagonal of a 2-D tensor of the input's shape, zeros elsewhere."""
     x = ctx.input(0)
@@ -226,84 +217,6 @@ def _isinf(ctx: Context) -> Sequence[Value]:
         return [ctx.op("less", x, x)]
     hits = [ctx.op("equal", x, ctx.scalar(s * np.inf, x)) for s in signs]
     return [hits[0] if len(hits) == 1 else ctx.op("maximum", *hits)]
-
-
-# Activations ONNX names that are compositions of Hexir's elementwise ops, exact as written
-# (ONNX's reference evaluates the same formulas).
-
-
-def _negative_part(ctx: Context, x: Value, negative: Value) -> Value:
-    """`x` where x >= 0, `negative` elsewhere."""
-    return ctx.op("where", ctx.op("greater_equal", x, ctx.scalar(0, x)), x, negative)
-
-
-def _scaled(ctx: Context, x: Value, a: float, b: float = 0.0) -> Value:
-    out = ctx.op("mul", x, ctx.scalar(a, x))
-    return out if b == 0 else ctx.op("add", out, ctx.scalar(b, x))
-
-
-def _expm1_scaled(ctx: Context, x: Value, alpha: float) -> Value:
-    """alpha * (exp(x) - 1), Elu's and Selu's negative side."""
-    return _scaled(ctx, ctx.op("sub", ctx.op("exp", x), ctx.scalar(1, x)), alpha)
-
-
-def _swish(ctx: Context) -> Sequence[Value]:
-    """x * sigmoid(alpha * x)."""
-    x = ctx.input(0)
-    alpha = ctx.float_attr("alpha", 1.0)
-    inner = x if alpha == 1.0 else _scaled(ctx, x, alpha)
-    return [ctx.op("mul", x, ctx.op("sigmoid", inner))]
-
-
-def _leaky_relu(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    return [_negative_part(ctx, x, _scaled(ctx, x, ctx.float_attr("alpha", 0.01)))]
-
-
-def _prelu(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    return [_negative_part(ctx, x, ctx.op("mul", x, ctx.input(1)))]
-
-
-def _elu(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    return [_positive_or(ctx, x, _expm1_scaled(ctx, x, ctx.float_attr("alpha", 1.0)))]
-
-
-def _selu(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    alpha = ctx.float_attr("alpha", 1.6732632423543772)
-    inner = _positive_or(ctx, x, _expm1_scaled(ctx, x, alpha))
-    return [_scaled(ctx, inner, ctx.float_attr("gamma", 1.0507009873554805))]
-
-
-def _positive_or(ctx: Context, x: Value, other: Value) -> Value:
-    """`x` where x > 0, `other` elsewhere (Elu, Selu: zero takes the other side)."""
-    return ctx.op("where", ctx.op("greater", x, ctx.scalar(0, x)), x, other)
-
-
-def _hard_sigmoid_of(ctx: Context, x: Value, alpha: float, beta: float) -> Value:
-    line = _scaled(ctx, x, alpha, beta)
-    return ctx.op("maximum", ctx.op("minimum", line, ctx.scalar(1, x)), ctx.scalar(0, x))
-
-
-def _hard_sigmoid(ctx: Context) -> Sequence[Value]:
-    alpha, beta = ctx.float_attr("alpha", 0.2), ctx.float_attr("beta", 0.5)
-    return [_hard_sigmoid_of(ctx, ctx.input(0), alpha, beta)]
-
-
-def _hard_swish(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    return [ctx.op("mul", x, _hard_sigmoid_of(ctx, x, 1 / 6, 0.5))]
-
-
-def _softplus_of(ctx: Context, x: Value) -> Value:
-    return ctx.op("log", ctx.op("add", ctx.op("exp", x), ctx.scalar(1, x)))
-
-
-def _mish(ctx: Context) -> Sequence[Value]:
-    x = ctx.input(0)
-    return [ctx.op("mul", x, ctx.op("tanh", _softplus_of(ctx, x)))]
 
 
 def _clip(ctx: Context) -> Sequence[Value]:
@@ -554,7 +467,6 @@ SPECS: dict[str, Spec] = {
     "Min": Spec(_variadic("minimum")),
     "Sum": Spec(_variadic("add")),
     "Mean": Spec(_mean),
-    "Celu": Spec(_celu, {"alpha": None}),
     "EyeLike": Spec(_eye_like, {"dtype": None, "k": None}),
     "Where": Spec(lambda ctx: [ctx.op("where", ctx.input(0), ctx.input(1), ctx.input(2))]),
     "Equal": Spec(_binary("equal")),
@@ -568,15 +480,6 @@ SPECS: dict[str, Spec] = {
     "Not": Spec(_not),
     "IsNaN": Spec(_isnan),
     "IsInf": Spec(_isinf, {"detect_positive": (0, 1), "detect_negative": (0, 1)}),
-    "Swish": Spec(_swish, {"alpha": None}),
-    "LeakyRelu": Spec(_leaky_relu, {"alpha": None}),
-    "PRelu": Spec(_prelu),
-    "Elu": Spec(_elu, {"alpha": None}),
-    "Selu": Spec(_selu, {"alpha": None, "gamma": None}),
-    "HardSigmoid": Spec(_hard_sigmoid, {"alpha": None, "beta": None}),
-    "HardSwish": Spec(_hard_swish),
-    "Softplus": Spec(lambda ctx: [_softplus_of(ctx, ctx.input(0))]),
-    "Mish": Spec(_mish),
     **{k: Spec(_unary(k.lower())) for k in ("Relu", "Sigmoid", "Tanh", "Exp", "Log", "Erf")},
     "Sqrt": Spec(_unary("sqrt")),
     **{k: Spec(_unary(k.lower())) for k in ("Floor", "Ceil", "Round", "Sin", "Cos", "Sign")},
