@@ -280,15 +280,10 @@ def match_mma(loop: For, intrinsic: WarpMma, ranges: dict[Var, int], lane: Var) 
     if ranges.get(lane) != WARP:
         return f"the lane (threadIdx.x) has {ranges.get(lane)} threads, not a warp's {WARP}"
     guards: list[Expr] = []
-    nest = [loop]
-    for extent in (2, 2, MMA_DEPTH):
-        if not isinstance(nest[-1], For) or nest[-1].extent != extent:
-            return "the nest is not three loops of 2, 2 and 16 iterations"
-        nest.append(_only(nest[-1].body, guards))  # type: ignore[arg-type]
-    store = nest[-1]
-    if not isinstance(store, BufferStore):
-        return "the innermost loop's body is not one store"
-    ri, cj, k = (f.var for f in nest[:3])  # type: ignore[union-attr]
+    nest = _mma_nest(loop, guards)
+    if isinstance(nest, str):
+        return nest
+    store, (ri, cj, k) = nest
     if any(free_vars(g) & {ri, cj, k, lane} for g in guards):
         return "a condition inside or around the nest depends on the lane or the nest's loops"
     # The lane as its row (lane / 4) and column pair (lane % 4): the indices become affine.
@@ -304,12 +299,9 @@ def match_mma(loop: For, intrinsic: WarpMma, ranges: dict[Var, int], lane: Var) 
             f"the operands are {operands[0].dtype} and {operands[1].dtype}, not {intrinsic.operand}"
         )
     order = [q, r, ri, cj, k]
-    coeffs = []
-    for access in (lanes, *operands):
-        found = affine_coefficients(flat_index(access.buffer, access.indices), order, scope)
-        if found is None:
-            return f"{access.buffer.name}'s index is not affine in the lane and the nest's loops"
-        coeffs.append(tuple(found[v] for v in order))
+    coeffs = _coefficients((lanes, *operands), order, scope)  # type: ignore[arg-type]
+    if isinstance(coeffs, str):
+        return coeffs
     reason = _mma_accumulator(store.buffer, coeffs[0])
     if reason:
         return reason
@@ -325,6 +317,34 @@ def match_mma(loop: For, intrinsic: WarpMma, ranges: dict[Var, int], lane: Var) 
         "the operands are not a[lane/4 + 8*ri, k] and b[k, 2*(lane%4) + cj] at any strides "
         f"(coefficients of lane/4, lane%4, ri, cj, k: {coeffs[1]} and {coeffs[2]})"
     )
+
+
+def _mma_nest(loop: For, guards: list[Expr]) -> tuple[BufferStore, tuple[Var, ...]] | str:
+    """The one store inside `loop`'s three loops of 2, 2 and 16 iterations, and their vars
+    (conditions on the way to `guards`), or why the nest is not that."""
+    nest: list[Stmt | None] = [loop]
+    for extent in (2, 2, MMA_DEPTH):
+        node = nest[-1]
+        if not isinstance(node, For) or node.extent != extent:
+            return "the nest is not three loops of 2, 2 and 16 iterations"
+        nest.append(_only(node.body, guards))
+    store = nest[-1]
+    if not isinstance(store, BufferStore):
+        return "the innermost loop's body is not one store"
+    return store, tuple(f.var for f in nest[:3])  # type: ignore[union-attr]
+
+
+def _coefficients(
+    accesses: tuple[BufferLoad | BufferStore, ...], order: list[Var], scope: dict[Var, int]
+) -> list[tuple[int, ...]] | str:
+    """Each access's flat index as coefficients of `order`, or why one is not affine."""
+    coeffs = []
+    for access in accesses:
+        found = affine_coefficients(flat_index(access.buffer, access.indices), order, scope)
+        if found is None:
+            return f"{access.buffer.name}'s index is not affine in the lane and the nest's loops"
+        coeffs.append(tuple(found[v] for v in order))
+    return coeffs
 
 
 def _mma_accumulator(buffer: Buffer, c: tuple[int, ...]) -> str | None:
