@@ -67,6 +67,18 @@ class Logits(torch.nn.Module):
         return getattr(self.model(input_ids=input_ids), self.field)
 
 
+class MaskedLogits(torch.nn.Module):
+    """The model's first output tensor, from input_ids and an attention_mask."""
+
+    def __init__(self, model: torch.nn.Module, field: str):
+        super().__init__()
+        self.model, self.field = model, field
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask)
+        return getattr(out, self.field)
+
+
 class Classify(torch.nn.Module):
     """An image classifier's logits, from pixel_values alone."""
 
@@ -131,6 +143,31 @@ def export_vision(name: str, model: torch.nn.Module, opset: int, out: Path) -> N
     onnx.save(proto, path)
 
 
+def export_dynamic(bert: torch.nn.Module, gpt2: torch.nn.Module, out: Path) -> None:
+    """The two language models as users export them, with dynamic axes: BERT (legacy
+    exporter, opset 17) from input_ids and attention_mask, both [batch, sequence]; GPT-2
+    (dynamo, opset 18) from input_ids [batch, sequence]. Their graphs compute shapes at run
+    time (Shape -> Gather -> Concat -> Reshape) from those symbolic dims."""
+    ids = torch.randint(0, VOCAB, (2, TOKENS - 3))
+    mask = torch.ones_like(ids)
+    axes = {0: "batch", 1: "sequence"}
+    torch.onnx.export(MaskedLogits(bert, "last_hidden_state"), (ids, mask),
+                      str(out / "bert_tiny_dynamic.onnx"),
+                      input_names=["input_ids", "attention_mask"], output_names=["hidden"],
+                      dynamic_axes={"input_ids": axes, "attention_mask": axes, "hidden": axes},
+                      opset_version=17, dynamo=False)  # fmt: skip
+    batch, sequence = torch.export.Dim("batch", max=8), torch.export.Dim("sequence", max=TOKENS)
+    path = out / "gpt2_tiny_dynamic.onnx"
+    torch.onnx.export(Logits(gpt2, "logits"), (ids,), str(path), input_names=["input_ids"],
+                      output_names=["logits"], opset_version=18, dynamo=True,
+                      dynamic_shapes={"input_ids": {0: batch, 1: sequence}},
+                      external_data=False)  # fmt: skip
+    proto = onnx.load(path)
+    for node in proto.graph.node:
+        del node.metadata_props[:]
+    onnx.save(proto, path)
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/frontend/fixtures")
     out.mkdir(parents=True, exist_ok=True)
@@ -147,6 +184,7 @@ def main() -> None:
     torch.onnx.export(Logits(gpt2, "logits"), (ids,), str(out / "gpt2_tiny.onnx"),
                       input_names=["input_ids"], output_names=["logits"], opset_version=18,
                       dynamo=True, external_data=False)  # fmt: skip
+    export_dynamic(bert, gpt2, out)
     for name, model in vision_models().items():
         for opset in OPSETS:
             export_vision(name, model, opset, out)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from hexir.cli.common import (
     DEFAULT_DB,
+    add_dim_argument,
     load_graph,
     open_database,
     require_database,
@@ -62,6 +63,7 @@ def add_parsers(verbs: argparse._SubParsersAction, parent: argparse.ArgumentPars
         "--report", choices=("text", "json"), default="text",
         help="json: the build report as one JSON object on stdout",
     )  # fmt: skip
+    add_dim_argument(p)
     p.set_defaults(handler=cmd_build)
 
     e = verbs.add_parser(
@@ -73,6 +75,7 @@ def add_parsers(verbs: argparse._SubParsersAction, parent: argparse.ArgumentPars
     )
     e.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     e.add_argument("-o", "--output", metavar="FILE", help="the ONNX file (default: MODEL.onnx)")
+    add_dim_argument(e)
     e.set_defaults(handler=cmd_export)
 
 
@@ -91,7 +94,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     import hexir
 
     target = resolve_target(args.target)
-    subject = load_graph(args.model, "build")
+    subject = load_graph(args.model, "build", args.dim)
     output = Path(args.output or f"{subject.stem}.hxa")
     # An explicit --db must exist; the default one is used where a tune made it.
     db = require_database(args.db) if args.db else open_database(DEFAULT_DB, create=False)
@@ -155,7 +158,7 @@ def _record_count(db: Database | None) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import hexir
 
-    subject = load_graph(args.model, "export")
+    subject = load_graph(args.model, "export", args.dim)
     output = Path(args.output or f"{subject.stem}.onnx")
     model = hexir.export_onnx(subject.model, output)
     opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)

@@ -98,16 +98,58 @@ class Subject:
         return Path(self.text).stem if Path(self.text).suffix else self.text
 
 
-def load_subject(text: str) -> Subject:
-    """A model (zoo name, .hexir, .onnx) or a workload spec."""
+def add_dim_argument(p: argparse.ArgumentParser) -> None:
+    """`--dim NAME=SIZE`, repeated: sizes of an ONNX model's symbolic dims (`dims` of
+    `load_subject`)."""
+    p.add_argument(
+        "--dim", metavar="NAME=SIZE", action="append", type=dim_binding, default=[],
+        help="an .onnx model exported with dynamic axes: the size of its symbolic dim NAME "
+        "(a dim_param such as sequence_length); repeat for each. The model is compiled for "
+        "those sizes",
+    )  # fmt: skip
+
+
+def dim_binding(text: str) -> tuple[str, int]:
+    """`"sequence=128"` → `("sequence", 128)`, for argparse."""
+    name, eq, size = text.partition("=")
+    if not eq or not name or not size.isdigit() or int(size) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not NAME=SIZE with a positive size (e.g. --dim sequence_length=128)"
+        )
+    return name, int(size)
+
+
+def load_subject(
+    text: str,
+    dims: list[tuple[str, int]] | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> Subject:
+    """A model (zoo name, .hexir, .onnx; an .onnx's symbolic dims sized by `dims` and
+    `input_shapes`, see `hexir.frontend.onnx_import`) or a workload spec."""
     if is_workload_spec(text):
+        if dims:
+            raise HexirError(
+                f"--dim sizes an .onnx model's symbolic dims, and {text!r} is a workload, "
+                "whose sizes are its parameters: drop --dim"
+            )
         return Subject(text, func=load_workload(text))
     import hexir
 
-    return Subject(text, graph=hexir.load_model(text))
+    named = [name for name, _ in dims or ()]
+    twice = sorted({n for n in named if named.count(n) > 1})
+    if twice:
+        raise HexirError(f"--dim sizes {', '.join(twice)} more than once: give each dim once")
+    return Subject(
+        text, graph=hexir.load_model(text, dims=dict(dims or ()), input_shapes=input_shapes)
+    )
 
 
-def load_graph(text: str, verb: str) -> Subject:
+def load_graph(
+    text: str,
+    verb: str,
+    dims: list[tuple[str, int]] | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> Subject:
     """A model, refusing a workload spec (verbs that compile or export a whole graph)."""
     if is_workload_spec(text):
         raise ModelError(
@@ -116,7 +158,7 @@ def load_graph(text: str, verb: str) -> Subject:
             f"schedule with `hexir show {text} --schedule best`, and run it with the tuned "
             f"schedule with `hexir run {text} --db URL`."
         )
-    return load_subject(text)
+    return load_subject(text, dims, input_shapes)
 
 
 def default_target() -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hexir.cli.common import MODEL_HELP, load_graph, random_array
+from hexir.cli.common import MODEL_HELP, add_dim_argument, load_graph, random_array
 from hexir.cli.run import read_inputs
 from hexir.errors import HexirError
 from hexir.ir.graph import Graph
@@ -53,6 +53,7 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the held-out random inputs of the report"
     )
+    add_dim_argument(p)
     p.set_defaults(handler=cmd_quantize)
 
 
@@ -60,7 +61,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     import hexir
     from hexir.frontend.quantize import quantization_error
 
-    subject = load_graph(args.model, "quantize")
+    subject = load_graph(args.model, "quantize", args.dim)
     graph = subject.model
     if args.calibrate and args.activations != "int8":
         raise HexirError(

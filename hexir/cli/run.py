@@ -21,6 +21,7 @@ import numpy as np
 
 from hexir import knobs
 from hexir.cli.common import (
+    add_dim_argument,
     is_workload_spec,
     load_graph,
     load_workload,
@@ -84,6 +85,7 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
     p.add_argument(
         "--check", action="store_true", help="compare a model's outputs with numpy's evaluation"
     )
+    add_dim_argument(p)
     p.set_defaults(handler=cmd_run)
 
 
@@ -147,9 +149,21 @@ def _module(args: argparse.Namespace) -> Module:
     import hexir
 
     target = resolve_target(args.target)
-    subject = load_graph(args.what, "run")
+    subject = load_graph(args.what, "run", args.dim, _input_shapes(args))
     db = require_database(args.db) if args.db else None
     return hexir.compile(subject.model, target, database=db)
+
+
+def _input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
+    """An .onnx model run on --inputs: each input's shape, from its array; they size the
+    model's symbolic dims (hexir.frontend.onnx_import)."""
+    path = Path(args.what)
+    if args.inputs is None or path.suffix.lower() != ".onnx" or not path.is_file():
+        return None
+    from hexir.frontend.onnx_import import input_names
+
+    names = input_names(path)
+    return {n: a.shape for n, a in zip(names, read_inputs(args.inputs, names), strict=True)}
 
 
 def _graph_inputs(graph: Graph, args: argparse.Namespace) -> list[np.ndarray]:

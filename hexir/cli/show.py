@@ -16,6 +16,7 @@ from hexir import knobs
 from hexir.cli.common import (
     DEFAULT_DB,
     MODEL_HELP,
+    add_dim_argument,
     load_subject,
     ms,
     require_database,
@@ -56,6 +57,7 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         help="the target of --schedule (default: cuda when a GPU is usable, else cpu)",
     )  # fmt: skip
     p.add_argument("--db", default=DEFAULT_DB, metavar="URL", help=f"default: {DEFAULT_DB}")
+    add_dim_argument(p)
     p.set_defaults(handler=cmd_show)
 
 
@@ -63,7 +65,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     import hexir
 
     target = resolve_target(args.target) if args.schedule else None
-    subject = load_subject(args.what)
+    subject = load_subject(args.what, args.dim)
     if subject.func is not None:
         if target is not None:
             db = require_database(args.db) if args.schedule == "best" else None

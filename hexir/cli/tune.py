@@ -19,6 +19,7 @@ from hexir import knobs
 from hexir.cli.common import (
     DEFAULT_DB,
     MODEL_HELP,
+    add_dim_argument,
     duration,
     load_subject,
     ms,
@@ -101,6 +102,7 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         "--report", choices=("text", "json"), default="text",
         help="json: the final report as one JSON object on stdout (progress goes to stderr)",
     )  # fmt: skip
+    add_dim_argument(p)
     p.set_defaults(handler=cmd_tune, usage_error=p.error)  # exits with status 2
 
 
@@ -125,7 +127,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         args.usage_error("a budget is needed: --trials N, --time-budget SPAN (30m, 1h), or both")
     target = resolve_target(args.target)
     _check_device(target, args)
-    subject = load_subject(args.model)
+    subject = load_subject(args.model, args.dim)
     tasks = extract_tasks(subject.tunable, target)
     db = open_database(args.db, create=True)
     assert db is not None

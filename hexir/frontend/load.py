@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,21 +17,33 @@ from hexir.ir.graph import Graph
 __all__ = ["load_model", "save_model", "load_hexir"]
 
 
-def load_model(name_or_path: str | os.PathLike[str]) -> Graph:
+def load_model(
+    name_or_path: str | os.PathLike[str],
+    *,
+    dims: Mapping[str, int] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> Graph:
     """A zoo model by name (`resnet18`, ...; see `hexir.frontend.zoo`), or a `.hexir` or
-    `.onnx` file."""
+    `.onnx` file. `dims` and `input_shapes` fix an ONNX model's symbolic dims (`import_onnx`);
+    the zoo's models and .hexir files have static shapes, and refuse them."""
     text = os.fspath(name_or_path)
     name = _zoo_name(text)
-    if name is not None:
-        return zoo_model(name)
     path = Path(text)
     suffix = path.suffix.lower()
-    if suffix == ".hexir":
-        return load_hexir(path)
     if suffix == ".onnx":
         from hexir.frontend.onnx_import import import_onnx
 
-        return import_onnx(path)
+        return import_onnx(path, dims=dims, input_shapes=input_shapes)
+    if dims or input_shapes:
+        given = ", ".join([*(dims or {}), *(input_shapes or {})])
+        raise ModelError(
+            f"{text} has static shapes: sizes for symbolic dims or input shapes ({given}) apply "
+            "only to an .onnx model exported with dynamic axes; drop them"
+        )
+    if name is not None:
+        return zoo_model(name)
+    if suffix == ".hexir":
+        return load_hexir(path)
     if path.exists():
         raise ModelError(
             f"{path} is neither a .hexir nor an .onnx file; load_model reads those two kinds "

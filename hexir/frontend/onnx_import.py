@@ -1,9 +1,18 @@
-"""ONNX import: an ONNX model (default domain, static shapes) as a Hexir graph. Nodes are read
-as of opsets 13–23: an older model is converted up with onnx.version_converter, a newer one is
-read as opset 23 where none of its ops changed definition since (else refused, naming them).
+"""ONNX import: an ONNX model (default domain) as a Hexir graph of static shapes. Nodes are
+read as of opsets 13–23: an older model is converted up with onnx.version_converter, a newer
+one is read as opset 23 where none of its ops changed definition since (else refused, naming
+them).
 
     graph = import_onnx("model.onnx")                       # or an onnx.ModelProto
+    graph = import_onnx("bert.onnx", dims={"batch": 1, "sequence": 128})
     graph = import_onnx("bert.onnx", input_shapes={"input_ids": (1, 128)})
+
+A model exported with dynamic axes has symbolic input dims (`dim_param`s such as
+"sequence_length", or unnamed ones); the graph is specialized to one size of each: `dims`
+binds the named ones (in every input and output that names them), `input_shapes` gives
+whole input shapes (binding the names they hold, so an attention_mask of the same
+[batch, sequence] follows an input_ids given by shape). The Shape -> Gather -> Concat ->
+Reshape chains exporters write for dynamic axes then fold to constants.
 
 Initializers become constants (created where first used); names are cleaned to the graph's
 identifier alphabet and kept where they name a graph input, an output or a node's result.
@@ -21,6 +30,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from hexir.errors import HexirError, ModelError
 from hexir.frontend.onnx_context import Context, Node, Unsupported, clean_name, hexir_dtype
@@ -63,10 +74,13 @@ def import_onnx(
     model: str | os.PathLike[str] | onnx.ModelProto,
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
     name: str | None = None,
 ) -> Graph:
-    """The Hexir graph of `model` (a path or an onnx.ModelProto). `input_shapes` fixes the
-    shapes of inputs whose ONNX shapes are symbolic; `name` names the graph."""
+    """The Hexir graph of `model` (a path or an onnx.ModelProto). `dims` binds symbolic dims
+    by their names, `input_shapes` gives inputs' whole shapes (by ONNX name or Hexir's clean
+    one): together they must fix every input's shape (module docstring); `name` names the
+    graph."""
     proto, source = _load(model)
     proto, opset = _opset(proto, source)
     onnx_graph = proto.graph
@@ -74,11 +88,11 @@ def import_onnx(
     initializers = {t.name: t for t in onnx_graph.initializer}
     builder = GraphBuilder(clean_name(name or onnx_graph.name or "model", "model"))
     ctx = Context(builder, initializers, opset)
-    _inputs(ctx, onnx_graph, input_shapes or {}, source)
+    bound = _inputs(ctx, onnx_graph, input_shapes or {}, dims or {}, source)
     problems = _convert(ctx, nodes, onnx_graph)
     outputs = [_output(ctx, o.name) for o in onnx_graph.output]
     if not problems:
-        problems = _check_outputs(onnx_graph, outputs)
+        problems = _check_outputs(onnx_graph, outputs, bound)
     if problems:
         raise ModelError(
             f"cannot import {source}: {len(problems)} node(s) or output(s) are not supported "
@@ -89,6 +103,32 @@ def import_onnx(
         )
     named = [(o.name, v) for o, v in zip(onnx_graph.output, outputs, strict=True) if v is not None]
     return _finish(builder, ctx, named)
+
+
+def input_names(model: str | os.PathLike[str]) -> list[str]:
+    """The names the graph `import_onnx` makes of the ONNX model at `model` gives its inputs
+    (the ONNX graph's inputs without an initializer, names cleaned), in order; weights are
+    not read."""
+    import onnx
+
+    path = os.fspath(model)
+    try:
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise ModelError(f"{path} is not a readable ONNX model: {e}") from e
+    weights = {t.name for t in graph.initializer}
+    return _clean_names([v for v in graph.input if v.name not in weights])
+
+
+def _clean_names(inputs: list[Any]) -> list[str]:
+    """The graph inputs' names in Hexir: cleaned, and made distinct."""
+    names: list[str] = []
+    for v in inputs:
+        name = base = clean_name(v.name, "input")
+        while name in names:
+            name = f"{base}_{len(names)}"
+        names.append(name)
+    return names
 
 
 def _output(ctx: Context, name: str) -> Value | None:
@@ -215,42 +255,102 @@ def _node(index: int, proto: Any) -> Node:
 
 
 def _inputs(
-    ctx: Context, onnx_graph: Any, shapes: Mapping[str, Sequence[int]], source: str
-) -> None:
-    """Graph inputs (those without an initializer) with static shapes; every problem at once."""
+    ctx: Context,
+    onnx_graph: Any,
+    shapes: Mapping[str, Sequence[int]],
+    dims: Mapping[str, int],
+    source: str,
+) -> dict[str, int]:
+    """Graph inputs (those without an initializer), each of the static shape its declared
+    dims, `dims` and `shapes` give (`_bind`); every problem at once. The dims bound, by name."""
     real = [v for v in onnx_graph.input if v.name not in ctx.initializers]
-    unknown = set(shapes) - {v.name for v in real}
-    problems = [f"input_shapes names {n!r}, which is no input of the model" for n in unknown]
-    taken: set[str] = set()
-    for v in real:
+    names = _clean_names(real)
+    by_name = {n: v for v, name in zip(real, names, strict=True) for n in (v.name, name)}
+    problems = [f"input_shapes names {n!r}, which is no input of the model" for n in shapes]
+    problems = [p for n, p in zip(shapes, problems, strict=True) if n not in by_name]
+    given = {by_name[n].name: tuple(s) for n, s in shapes.items() if n in by_name}
+    bound, more = _bind(real, given, dims)
+    problems += more
+    for v, name in zip(real, names, strict=True):
         try:
-            dtype, shape = _input_type(v, shapes.get(v.name))
+            dtype, shape = _input_type(v, given.get(v.name), bound)
         except Unsupported as e:
             problems.append(str(e))
             continue
-        name = base = clean_name(v.name, "input")
-        while name in taken:
-            name = f"{base}_{len(taken)}"
-        taken.add(name)
         ctx.values[v.name] = ctx.builder.input(name, shape, dtype)
     if problems:
         raise ModelError(
-            f"cannot import {source}: Hexir needs static shapes and its dtypes; pass "
-            "input_shapes={name: shape} to import_onnx for symbolic inputs:",
+            f"cannot import {source}: Hexir compiles static shapes, one size of each dim; bind "
+            "the model's symbolic dims by name with dims={name: size} (the CLI's --dim "
+            "NAME=SIZE) or give whole shapes with input_shapes={input: shape} (the CLI takes "
+            "them from --inputs):",
             tuple(problems),
         )
+    return bound
 
 
-def _input_type(info: Any, shape: Sequence[int] | None) -> tuple[str, Sequence[int]]:
+def _declared(info: Any) -> list[int | str | None] | None:
+    """An input's or output's declared dims (a size, a dim_param's name, or None for an
+    unnamed symbolic dim); None where the shape is not declared at all."""
     tensor = info.type.tensor_type
-    dtype = hexir_dtype(tensor.elem_type, f"input {info.name!r}")
+    if not tensor.HasField("shape"):
+        return None
+    return [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
+    ]
+
+
+def _bind(
+    real: list[Any], given: Mapping[str, tuple[int, ...]], dims: Mapping[str, int]
+) -> tuple[dict[str, int], list[str]]:
+    """Each dim_param's size: from `dims`, then from the whole shapes `given` where they hold
+    it; and the problems: a size that is no positive int, a given shape that disagrees with
+    the declared dims, a dim_param two sources size differently, a name no input uses."""
+    problems = [f"dims[{n!r}] = {s!r} is not a positive size" for n, s in dims.items()]
+    problems = [p for (n, s), p in zip(dims.items(), problems, strict=True) if not _size(s)]
+    bound = {n: int(s) for n, s in dims.items() if _size(s)}
+    named = {d for v in real for d in (_declared(v) or ()) if isinstance(d, str)}
+    problems += [f"dims names {n!r}, which no input of the model has" for n in set(dims) - named]
+    for v in real:
+        shape, declared = given.get(v.name), _declared(v)
+        if shape is None or declared is None:
+            continue
+        if len(shape) != len(declared):
+            problems.append(f"input {v.name!r} has rank {len(declared)}, given shape {shape}")
+            continue
+        for axis, (size, want) in enumerate(zip(shape, declared, strict=True)):
+            if isinstance(want, str):
+                want = bound.setdefault(want, size)
+            if want is not None and want != size:
+                problems.append(
+                    f"input {v.name!r}: dim {axis} ({_dim_text(declared[axis])}) is {want}, "
+                    f"given shape {shape}"
+                )
+    return bound, problems
+
+
+def _size(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool) and value > 0
+
+
+def _dim_text(dim: int | str | None) -> str:
+    return "unnamed symbolic" if dim is None else repr(dim)
+
+
+def _input_type(
+    info: Any, shape: Sequence[int] | None, bound: Mapping[str, int]
+) -> tuple[str, Sequence[int]]:
+    dtype = hexir_dtype(info.type.tensor_type.elem_type, f"input {info.name!r}")
     if shape is not None:
         return dtype, shape
-    dims = list(tensor.shape.dim)
-    symbolic = [d.dim_param or "?" for d in dims if not d.HasField("dim_value")]
-    if symbolic or not tensor.HasField("shape"):
-        raise Unsupported(f"input {info.name!r} has symbolic dims {symbolic or 'unknown'}")
-    return dtype, [d.dim_value for d in dims]
+    declared = _declared(info)
+    if declared is None:
+        raise Unsupported(f"input {info.name!r} declares no shape: give it in input_shapes")
+    dims = [bound.get(d, d) if isinstance(d, str) else d for d in declared]
+    free = [_dim_text(d) for d in dims if not isinstance(d, int)]
+    if free:
+        raise Unsupported(f"input {info.name!r} has symbolic dims {', '.join(free)} not bound")
+    return dtype, dims
 
 
 def _uses(nodes: list[Node], onnx_graph: Any) -> Counter[str]:
@@ -336,16 +436,20 @@ def _static_problems(node: Node, uses: Mapping[str, int]) -> list[str]:
     return problems
 
 
-def _check_outputs(onnx_graph: Any, outputs: list[Value | None]) -> list[str]:
-    """Each graph output exists and agrees with the dtype and static shape ONNX declares."""
+def _check_outputs(
+    onnx_graph: Any, outputs: list[Value | None], bound: Mapping[str, int]
+) -> list[str]:
+    """Each graph output exists and agrees with the shape ONNX declares, where its dims are
+    sizes or dim_params the inputs bound."""
     problems = []
     for info, value in zip(onnx_graph.output, outputs, strict=True):
         if value is None:
             problems.append(f"output {info.name!r} is made by no node")
             continue
-        tensor = info.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-        declared = tuple(dims) if tensor.HasField("shape") else None
+        dims = _declared(info)
+        declared = (
+            None if dims is None else tuple(bound.get(d) if isinstance(d, str) else d for d in dims)
+        )
         if declared is not None and None not in declared and declared != value.type.shape:
             problems.append(
                 f"output {info.name!r} is declared {declared}, Hexir infers {value.type!r}"

@@ -299,13 +299,14 @@ def _trilu(ctx: Context) -> Sequence[Value]:
 
 
 def _cumsum(ctx: Context) -> Sequence[Value]:
-    """Cumulative sum along a constant axis as a matmul with a triangle of ones (exclusive: the
-    strict triangle; reverse: from the end), the axis moved last and back."""
+    """Cumulative sum along a constant axis: of floats, a matmul with a triangle of ones
+    (exclusive: the strict triangle; reverse: from the end), the axis moved last and back; of
+    integers (position ids from an attention mask) a masked sum (`_masked_prefix`)."""
     x = ctx.input(0)
     ndim = len(x.type.shape)
-    if not x.type.dtype.startswith("float"):
-        raise Unsupported(f"CumSum of {x.type.dtype} (float tensors only)")
     axis = normalized_axis(int(np.asarray(ctx.array(1, "axis")).reshape(-1)[0]), ndim)
+    if not x.type.dtype.startswith("float"):
+        return [_masked_prefix(ctx, x, axis, "reduce_sum", 0)]
     n = x.type.shape[axis]
     # column j sums the rows i <= j (i < j exclusive; i >= j, i > j in reverse)
     k = 1 if ctx.attr("exclusive", 0) else 0
@@ -320,13 +321,17 @@ def _cumsum(ctx: Context) -> Sequence[Value]:
 
 
 def _cumprod(ctx: Context) -> Sequence[Value]:
-    """Cumulative product along a constant axis: each output position's product over a row of
-    the input masked by a triangle (1 where an element is not in its prefix; exclusive: the
-    strict triangle; reverse: from the end), n products of n for an axis of n."""
+    """Cumulative product along a constant axis (`_masked_prefix`)."""
     x = ctx.input(0)
-    ndim = len(x.type.shape)
-    axis = normalized_axis(int(np.asarray(ctx.array(1, "axis")).reshape(-1)[0]), ndim)
-    n = x.type.shape[axis]
+    axis = normalized_axis(int(np.asarray(ctx.array(1, "axis")).reshape(-1)[0]), len(x.type.shape))
+    return [_masked_prefix(ctx, x, axis, "reduce_prod", 1)]
+
+
+def _masked_prefix(ctx: Context, x: Value, axis: int, reduce: str, identity: int) -> Value:
+    """Each output position's `reduce` over a row of the input masked by a triangle (the
+    `identity` where an element is not in its prefix; exclusive: the strict triangle;
+    reverse: from the end): n reductions of n for an axis of n."""
+    ndim, n = len(x.type.shape), x.type.shape[axis]
     k = 1 if ctx.attr("exclusive", 0) else 0
     ones = np.ones((n, n), bool)  # [output j, input i]: i <= j (i < j exclusive; reversed)
     taken = np.triu(ones, k) if ctx.attr("reverse", 0) else np.tril(ones, -k)
@@ -335,8 +340,8 @@ def _cumprod(ctx: Context) -> Sequence[Value]:
     mask_shape = [1] * (ndim + 1)
     mask_shape[axis], mask_shape[axis + 1] = n, n
     mask = ctx.constant(taken.reshape(mask_shape))
-    masked = ctx.op("where", mask, reshape(ctx, x, spread), ctx.scalar(1, x))
-    return [ctx.op("reduce_prod", masked, axes=(axis + 1,), keepdims=False)]
+    masked = ctx.op("where", mask, reshape(ctx, x, spread), ctx.scalar(identity, x))
+    return ctx.op(reduce, masked, axes=(axis + 1,), keepdims=False)
 
 
 def _constant(ctx: Context) -> Sequence[Value]:

@@ -137,6 +137,24 @@ def test_cumprod_along_a_constant_axis(rng, exclusive, reverse):
         np.testing.assert_allclose(got[0], want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumsum_of_int64_along_a_constant_axis(rng, exclusive, reverse):
+    """An integer CumSum (position ids from an attention mask) sums exactly, wrapping as numpy
+    does, where the float form's matmul by a triangle would round."""
+    x = rng.integers(-(2**40), 2**40, (3, 5, 2)).astype(np.int64)
+    x[0, 0, 0] = np.iinfo(np.int64).max  # the sum wraps
+    axis = numpy_helper.from_array(np.array(-2, np.int64), "axis")
+    graph = import_onnx(model("CumSum", [("x", I64, [3, 5, 2])], [("y", I64, [3, 5, 2])], [axis],
+                              exclusive=exclusive, reverse=reverse))  # fmt: skip
+    flipped = x[:, ::-1] if reverse else x
+    if exclusive:
+        flipped = np.concatenate([np.zeros_like(flipped[:, :1]), flipped[:, :-1]], axis=1)
+    want = np.cumsum(flipped, axis=1)
+    want = want[:, ::-1] if reverse else want
+    for got in both(graph, [x]):
+        np.testing.assert_array_equal(got[0], want)
+
+
 def test_reduce_prod_of_ints_and_floats(rng):
     for elem, dtype in ((F32, np.float32), (TensorProto.INT32, np.int32)):
         x = rng.integers(-3, 4, (2, 3, 4)).astype(dtype)
