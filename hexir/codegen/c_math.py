@@ -15,7 +15,10 @@ scripts/fit_math.py, minimax fits; GCC contracts a*b + c into an FMA where the t
 - exp: n = round(x·log2 e) by the 1.5·2^23 trick, r = x − n·ln2 in two parts (Cody-Waite),
   |r| ≤ ln2/2, exp(r) = 1 + r + r²·P5(r); times 2^n (scale2) from exponent bits, in two
   halves, so that the last multiply overflows to inf and underflows to denormals and 0 as IEEE
-  rounding does; on AVX-512 one VSCALEFPS, the same single rounding (c_vector.py).
+  rounding does; on AVX-512 one VSCALEFPS, the same single rounding (c_vector.py). Below
+  −104, where exp rounds to 0, a lane computes exp(0) and is then zeroed: an underflowing
+  scale costs a microcode assist on Zen 4, and a masked softmax (−1e9 or −inf logits) made
+  one per masked element (GPT-2's 12 x 128 x 128 causal softmax 0.33 -> 0.047 ms).
 - log: x = 2^e·m with m in [√½, √2) from the bits (denormals scaled by 2^23 first),
   log1p(f) = f − f²/2 + f³·P8(f) for f = m − 1, plus e·ln2 in two parts; 0 → −inf,
   x < 0 → NaN, inf → inf.
@@ -156,15 +159,17 @@ EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(10))  # to r^9: 7e-12 
 _EXP = (
     "$q $v hx_exp_$sv($v x) {\n"
     "  /* exp(x) = 2^n exp(r), n = round(x log2(e)), r = x - n ln2 (hexir/codegen/c_math.py) */\n"
-    "  /* clamped so that n fits (NaN stays NaN) */\n"
-    "  x = hx_min_$sv(hx_splat_$sv(89.0f), hx_max_$sv(hx_splat_$sv(-104.0f), x));\n"
+    "  /* exp rounds to 0 below -104: those lanes compute exp(0) and give 0, for an underflow\n"
+    "     in the scaling is slow (a microcode assist on Zen 4); clamped above so that n fits */\n"
+    "  $m zero = x < -104.0f;\n"
+    "  x = hx_min_$sv(hx_splat_$sv(89.0f), hx_select_$sv(zero, hx_splat_$sv(0.0f), x));\n"
     "  $v k = x * 1.44269504f + 12582912.0f;  /* + 1.5*2^23: rounds x*log2(e) to an integer */\n"
     "  $v fn = k - 12582912.0f;\n"
     "  $v r = x - fn * 0.693359375f;  /* exact: ln2's leading 9 bits times n */\n"
     "  r = r - fn * -2.12194440e-4f;  /* and the rest of ln2 */\n"
     + _horner("p", "r", EXP_P, "$v")
     + "  p = (r * r) * p + r + 1.0f;\n"
-    "  return hx_scale2_$sv(p, fn);\n"
+    "  return hx_select_$sv(zero, hx_splat_$sv(0.0f), hx_scale2_$sv(p, fn));\n"
     "}"
 )
 
@@ -386,7 +391,7 @@ _TEMPLATES: dict[tuple[str, str], str] = {
 # The helpers each helper calls, as (kind, dtype): registered first, so declared before use.
 _F32, _F64 = "float32", "float64"
 MATH_NEEDS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
-    ("exp", _F32): (("min", _F32), ("max", _F32), ("splat", _F32), ("scale2", _F32)),
+    ("exp", _F32): (("min", _F32), ("select", _F32), ("splat", _F32), ("scale2", _F32)),
     ("log", _F32): (("select", _F32), ("abs", _F32), ("splat", _F32)),
     ("tanh", _F32): (("exp", _F32), ("select", _F32), ("abs", _F32)),
     ("sigmoid", _F32): (("exp", _F32), ("select", _F32), ("abs", _F32)),
