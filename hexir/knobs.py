@@ -148,6 +148,9 @@ class Knobs:
     # Compile time: constant weights laid out for the kernels that read them (dense of a
     # constant weight as a matmul of its transpose: hexir/graph/layout.py); off, as given.
     pack_weights: bool = field(default_factory=lambda: _flag("HEXIR_PACK_WEIGHTS", "1"))
+    # Compile time, CPU: attention of at least 1024 keys (batch_matmul, scale, mask, softmax,
+    # batch_matmul) as one `attention` op and kernel (hexir/graph/attention.py); off, as given.
+    fuse_attention: bool = field(default_factory=lambda: _flag("HEXIR_FUSE_ATTENTION", "1"))
     # Compile time, CPU: 3x3 convs of stride 1 in the Winograd form F(m, 3) where their output
     # tiles are many enough (hexir/graph/layout.py, `winograd_tile`): "auto"; "0" keeps every
     # conv direct, "2" or "4" forces F(2, 3) or F(4, 3) on every conv that has the form.

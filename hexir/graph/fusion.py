@@ -258,13 +258,16 @@ def compiled_graph(
     graph: Graph, target: Target | str = "cpu", winograd: Mapping[str, int] | None = None
 ) -> Graph:
     """The graph a model's kernels are partitioned from: simplified (constants evaluated,
-    batch norm folded, exact rewrites), its constant weights laid out for `target`'s kernels
+    batch norm folded, exact rewrites), long attention as one op on the CPU
+    (hexir.graph.attention), its constant weights laid out for `target`'s kernels
     (hexir.graph.layout; `winograd` chooses some convs' forms there)."""
+    from hexir.graph.attention import fuse_attention
     from hexir.graph.layout import layout_weights
     from hexir.graph.rewrite import simplify_graph
     from hexir.runtime.target import Target
 
-    return layout_weights(simplify_graph(graph), Target.of(target), winograd)
+    target = Target.of(target)
+    return layout_weights(fuse_attention(simplify_graph(graph), target), target, winograd)
 
 
 def fused_kernels(

@@ -25,7 +25,16 @@ from collections.abc import Mapping, Sequence
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, PLACEMENT_RE, Check, Reject, fail
-from hexir.ops import contraction, elementwise, indexing, movement, nn, reduction, winograd
+from hexir.ops import (
+    attention,
+    contraction,
+    elementwise,
+    indexing,
+    movement,
+    nn,
+    reduction,
+    winograd,
+)
 from hexir.ops.base import Exporter, OpDef, Pattern
 from hexir.ops.movement import slice_indices
 
@@ -42,7 +51,7 @@ __all__ = [
 ]
 
 # The op families, each a module whose `OPS` tuple defines its ops.
-FAMILIES = (contraction, nn, winograd, elementwise, reduction, movement, indexing)
+FAMILIES = (contraction, nn, winograd, elementwise, reduction, attention, movement, indexing)
 
 OPS: dict[str, OpDef] = {d.name: d for family in FAMILIES for d in family.OPS}
 
@@ -104,11 +113,12 @@ def _check_signature(
         if not operands:
             fail("needs at least one operand")
         names = tuple(f"{spec.operands[0]}{i}" for i in range(len(operands)))
-    elif len(operands) != len(spec.operands):
-        wanted = f"{len(spec.operands)} operand(s) ({', '.join(spec.operands)})"
+    elif not len(spec.operands) - spec.optional <= len(operands) <= len(spec.operands):
+        counts = range(len(spec.operands) - spec.optional, len(spec.operands) + 1)
+        wanted = f"{' or '.join(map(str, counts))} operand(s) ({', '.join(spec.operands)})"
         fail(f"takes {wanted}, got {len(operands)}")
     else:
-        names = spec.operands
+        names = spec.operands[: len(operands)]
     unknown = sorted(set(attrs) - set(spec.attrs))
     if unknown:
         takes = ", ".join(spec.attrs) or "no attributes"

@@ -110,6 +110,7 @@ class OpDef:
     cheap: Callable[[Op], bool] | None = None
     flops: Flops | None = None
     view: bool = False
+    optional: int = 0  # how many of the last operands a use may leave out
 
     def flop_count(self, op: Op) -> int:
         """The floating-point operations of `op`, an op of this definition."""

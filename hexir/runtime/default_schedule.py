@@ -5,6 +5,8 @@
 They are simple and never fail: a primitive that raises `ScheduleError` leaves the schedule as
 it was, and the default does less.
 
+- CPU, an `attention` kernel: its stages per job of query rows, the two contractions in
+  register tiles (hexir/schedule/handwritten_attention.py).
 - CPU, a kernel with a contraction to tile (matmul, dense, conv2d and their fused
   epilogues): the search's CPU sketch (hexir/search/sketch_cpu.py) with its fixed choices
   instead of draws: panels of the vector loop in parallel with the operand it reads strided
@@ -58,9 +60,16 @@ GPU_THREADS = 128
 
 def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
     """A simple schedule of `func` for `target` (see the module docstring)."""
+    from hexir.schedule.handwritten_attention import attention_schedule
+
     target = Target.of(target)
     if target.kind == "cpu":
-        return _cpu_tiled(func, target) or _cpu_rows(func, target) or _cpu_simple(func, target)
+        return (
+            attention_schedule(func, target)
+            or _cpu_tiled(func, target)
+            or _cpu_rows(func, target)
+            or _cpu_simple(func, target)
+        )
     return _gpu_schedule(func, target)
 
 
@@ -139,7 +148,7 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
     for name in names:
         _, kinds, _ = _loops(sch, name)
         if kinds[-1] == "reduce":
-            _attempt(functools.partial(_reduce_in_lanes, sch, name, target.vector_width))
+            _attempt(functools.partial(reduce_in_lanes, sch, name, target.vector_width))
         else:
             _attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
     return sch
@@ -150,7 +159,7 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
 CHAINS = 4
 
 
-def _reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
+def reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
     """The block's innermost reduction loop split by the vector lanes, the inner part
     rfactored into vectors of partial results, which a vectorized reduction loop then
     combines in a tree (vector by vector, then the lanes by halves). A row of at least 4 x
@@ -264,11 +273,11 @@ def _reduce_whole(
     sch: Schedule, name: str, loops: list[LoopRV], fused: bool, target: Target
 ) -> None:
     """A reduction of a whole tensor to one element (DynamicQuantizeLinear's range) with its
-    partial results in lanes (`_reduce_in_lanes`) over its loops fused into one row, or (where
+    partial results in lanes (`reduce_in_lanes`) over its loops fused into one row, or (where
     the lanes do not divide that row) over its innermost loop."""
     if fused:
         sch.fuse(*loops)
-    _reduce_in_lanes(sch, name, target.vector_width)
+    reduce_in_lanes(sch, name, target.vector_width)
 
 
 def case_vars(block: Block) -> set[Var]:

@@ -160,6 +160,14 @@ CASES: dict[str, Graph] = {
     "gelu_tanh": one_op("gelu_tanh", [((3, 4), F)], lambda b, x: b.gelu(x, approximate="tanh")),
     "cast": one_op("cast", [((3, 4), F)], lambda b, x: [b.cast(x, "int32"), b.cast(x, "float64")]),
     "softmax": one_op("softmax", [((3, 4, 5), F)], lambda b, x: [b.softmax(x), b.softmax(x, 0)]),
+    "attention": one_op(
+        "attention",
+        [((2, 3, 4), F), ((2, 4, 5), F), ((2, 5, 6), F), ((3, 5), F)],
+        lambda b, q, kt, v, bias: [
+            b.op("attention", q, kt, v),
+            b.op("attention", q, kt, v, bias, scale=0.7, causal=True),
+        ],
+    ),
     "log_softmax": one_op(
         "log_softmax", [((3, 4, 5), F)], lambda b, x: [b.log_softmax(x), b.log_softmax(x, 1)]
     ),

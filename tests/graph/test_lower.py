@@ -279,6 +279,8 @@ CASES = [
     ("cast", "float32", [(5,)], {"attrs": {"dtype": "float64"}}, "normal"),
     ("cast", "float32", [(2, 3)], {"attrs": {"dtype": "bool"}}, "grid"),
     ("softmax", "float32", [(3, 5)], {}, "normal"),
+    ("attention", "float32", [(2, 3, 4), (2, 4, 5), (2, 5, 6)], {}, "normal"),
+    ("attention", "float32", [(2, 3, 4), (2, 4, 5), (2, 5, 6), (1, 5)], {"causal": True}, "normal"),
     ("softmax", "float32", [(2, 3, 4)], {"axis": 1}, "normal"),
     ("softmax", "float32", [(2, 3, 4)], {"axis": 0}, "normal"),
     ("log_softmax", "float32", [(3, 5)], {}, "normal"),

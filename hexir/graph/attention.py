@@ -1,0 +1,122 @@
+"""Attention written as its parts, made one `attention` op on the CPU: `fuse_attention`.
+
+    %s = hexir.batch_matmul %q, %kt                     %o = hexir.attention %q, %kt, %v
+    %z = hexir.mul %s, %scale      (optional)       ->       {causal = true, scale = 0.125}
+    %m = hexir.add %z, %mask       (optional)
+    %p = hexir.softmax %m {axis = 2}
+    %o = hexir.batch_matmul %p, %v
+
+The scale is a one-element constant (a division by one too); the added operand is a bias that
+broadcasts to the scores, and a constant one that is 0 where bottom-right-aligned causal
+attention lets query i see key j (j <= i + T - S) and -1e9 or below elsewhere (GPT-2's mask;
+its exp is 0 either way) becomes `causal = true` instead. Every intermediate has that one use.
+The op's kernel (hexir/schedule/handwritten_attention.py) computes the scores per tile of
+query rows and never writes all of them. Against the parts' kernels with GPT-2's mask
+(`python benchmarks/attention_cpu.py`, 12 heads, causal): 1.36x at 1024 keys, 1.28x at 2048
+(403 MB of scores and probabilities not written), 0.94-0.97x at 256 and 512; so attention of
+fewer than MIN_KEYS keys keeps its parts. The `fuse_attention` knob (HEXIR_FUSE_ATTENTION=0)
+turns the rewrite off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hexir import knobs
+from hexir.graph.rewrite import RewritePass, remove_dead_ops
+from hexir.ir.graph import Graph, Op, Value
+from hexir.ops import make_op
+from hexir.ops.attention import causal_mask
+from hexir.runtime.target import Target
+
+__all__ = ["MIN_KEYS", "fuse_attention"]
+
+MIN_KEYS = 1024
+HIDDEN = -1e9  # a mask entry at or below this hides its key (exp(HIDDEN - max) is 0)
+
+
+def fuse_attention(graph: Graph, target: Target, min_keys: int = MIN_KEYS) -> Graph:
+    """`graph` with each attention of at least `min_keys` keys (module docstring) as one
+    `attention` op, on a CPU target with the knob on; else `graph` itself."""
+    if target.kind != "cpu" or not knobs.get().fuse_attention:
+        return graph
+    p = RewritePass(graph)
+    fused: dict[str, Op] = {}  # the second batch_matmul's result -> its attention op
+    for op in graph.ops:
+        if op.kind == "batch_matmul" and not op.attrs:
+            found = _attention(op, p, min_keys)
+            if found is not None:
+                fused[op.result.name] = found
+    if not fused:
+        return graph
+    ops = [fused.get(op.result.name, op) for op in graph.ops]
+    return remove_dead_ops(p.finish(ops))
+
+
+def _attention(out: Op, p: RewritePass, min_keys: int) -> Op | None:
+    """The attention op computing `out` (a batch_matmul of probabilities by values), or None
+    where its operand is not the chain of the module docstring."""
+    probs, v = out.operands
+    softmax = _sole_producer(probs, p)
+    if softmax is None or softmax.kind != "softmax" or softmax.attr("axis") != 2:
+        return None
+    logits, bias, causal = softmax.operands[0], None, False
+    op = _sole_producer(logits, p)
+    if op is not None and op.kind == "add":
+        logits, bias = _scores_and_other(op, p)
+        causal = bias is not None and _is_causal_mask(bias, p, op.result.type.shape)
+        op = _sole_producer(logits, p) if bias is not None else None
+    scale = 1.0
+    if op is not None and op.kind in ("mul", "div"):
+        logits, factor = _scores_and_other(op, p)
+        value = _scalar(factor, p)
+        if value is None or (op.kind == "div" and value == 0):
+            return None
+        scale = value if op.kind == "mul" else 1.0 / value
+        op = _sole_producer(logits, p)
+    if op is None or op.kind != "batch_matmul" or op.attrs:
+        return None
+    q, kt = op.operands
+    if kt.type.shape[2] < min_keys or (bias is not None and not _broadcasts(bias, op)):
+        return None
+    operands = [q, kt, v] if bias is None or causal else [q, kt, v, bias]
+    attrs = {"scale": scale, "causal": causal}
+    return make_op("attention", operands, attrs, out.result.name, out.placement)
+
+
+def _sole_producer(value: Value, p: RewritePass) -> Op | None:
+    """The op making `value`, where that value has no other use (and is no graph output)."""
+    op = p.producer.get(value.name)
+    return op if op is not None and p.uses.get(value.name) == 1 else None
+
+
+def _scores_and_other(op: Op, p: RewritePass) -> tuple[Value, Value | None]:
+    """A binary op's operand that continues the chain (the one with the op's own shape and a
+    producer of its own) and the other; (first, None) where neither or both qualify."""
+    a, b = op.operands
+    chain = [v for v in (a, b) if v.type.shape == op.result.type.shape and v.name in p.producer]
+    if len(chain) != 1 or (op.kind == "div" and chain[0] is not a):
+        return a, None
+    return chain[0], (b if chain[0] is a else a)
+
+
+def _scalar(value: Value | None, p: RewritePass) -> float | None:
+    if value is None or value.name not in p.data or value.type.size != 1:
+        return None
+    return float(p.data[value.name].reshape(()))
+
+
+def _broadcasts(bias: Value, scores: Op) -> bool:
+    shape, to = bias.type.shape, scores.result.type.shape
+    return len(shape) <= 3 and all(x in (1, y) for x, y in zip(shape[::-1], to[::-1], strict=False))
+
+
+def _is_causal_mask(mask: Value, p: RewritePass, scores: tuple[int, ...]) -> bool:
+    """Whether `mask` is a constant 0 where causal attention sees a key and at most HIDDEN
+    where it does not, for every batch."""
+    data = p.data.get(mask.name)
+    if data is None or len(mask.type.shape) > 3:
+        return False
+    full = np.broadcast_to(data, scores)
+    visible = causal_mask(*scores[1:])
+    return bool(np.all(full[:, visible] == 0) and np.all(full[:, ~visible] <= HIDDEN))

@@ -1,0 +1,99 @@
+"""The CPU rewrite of attention's parts into one `attention` op (hexir/graph/attention.py):
+what it matches (the zoo's GPT-2 and BERT, a scale by mul or div, a causal -1e9 mask as
+`causal`, another mask as the bias operand), what it leaves (a shared intermediate, another
+softmax axis, fewer keys than MIN_KEYS, the knob off, a GPU target), results equal to the
+parts' on fresh inputs, and a compiled long GPT-2 block whose memory plan holds no
+sequence x sequence buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hexir
+from hexir import knobs
+from hexir.frontend.zoo import bert, gpt2
+from hexir.graph.attention import MIN_KEYS, fuse_attention
+from hexir.graph.evaluate import evaluate
+from hexir.graph.fusion import compiled_graph
+from hexir.graph.rewrite import simplify_graph
+from hexir.ops.builder import GraphBuilder
+from hexir.runtime.target import Target
+
+CPU = Target("cpu")
+
+
+def inputs(graph, rng):
+    return [rng.standard_normal(v.type.shape).astype(np.float32) for v in graph.inputs]
+
+
+def attention_ops(graph):
+    return [op for op in graph.ops if op.kind == "attention"]
+
+
+def same_values(graph, rewritten, rng):
+    xs = inputs(graph, rng)
+    for got, want in zip(evaluate(rewritten, xs), evaluate(graph, xs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("make, causal", [(gpt2, True), (bert, False)])
+def test_the_zoo_transformers_attention_becomes_one_op(rng, make, causal):
+    graph = simplify_graph(make(seq=24, hidden=64, heads=4))
+    rewritten = fuse_attention(graph, CPU, min_keys=1)
+    (op,) = attention_ops(rewritten)
+    assert op.attr("causal") is causal and op.attr("scale") == pytest.approx(0.25)
+    assert len(op.operands) == 3  # GPT-2's -1e9 mask is `causal`, not a bias
+    assert not [o for o in rewritten.ops if o.kind in ("softmax", "batch_matmul")]
+    same_values(graph, rewritten, rng)
+
+
+def _parts(scale_op="mul", mask=None, axis=2, keep_scores=False, keys=16):
+    b = GraphBuilder("parts")
+    q, kt, v = b.input("q", (2, 8, 4)), b.input("kt", (2, 4, keys)), b.input("v", (2, keys, 4))
+    scores = b.batch_matmul(q, kt)
+    factor = b.constant(np.array(2.0 if scale_op == "div" else 0.5, np.float32))
+    logits = getattr(b, scale_op)(scores, factor)
+    if mask is not None:
+        logits = b.add(logits, mask(b))
+    out = b.batch_matmul(b.softmax(logits, axis=axis), v)
+    return b.build([out, scores] if keep_scores else [out])
+
+
+def test_a_division_scales_and_another_mask_is_the_bias(rng):
+    padding = np.zeros((1, 1, 16), np.float32)
+    padding[..., 11:] = -1e9
+    graph = _parts("div", mask=lambda b: b.constant(padding))
+    (op,) = attention_ops(fuse_attention(graph, CPU, min_keys=1))
+    assert op.attr("scale") == 0.5 and op.attr("causal") is False and len(op.operands) == 4
+    same_values(graph, fuse_attention(graph, CPU, min_keys=1), rng)
+    runtime = _parts(mask=lambda b: b.input("bias", (8, 16)))
+    (op,) = attention_ops(fuse_attention(runtime, CPU, min_keys=1))
+    assert op.operands[3].name == "bias"
+    same_values(runtime, fuse_attention(runtime, CPU, min_keys=1), rng)
+
+
+def test_what_is_not_attention_stays_as_it_is():
+    for graph in (_parts(keep_scores=True), _parts(axis=1)):
+        assert fuse_attention(graph, CPU, min_keys=1) is graph
+    assert not attention_ops(fuse_attention(_parts(keys=MIN_KEYS - 1), CPU))
+    long = _parts(keys=MIN_KEYS)
+    assert attention_ops(fuse_attention(long, CPU))
+    assert fuse_attention(long, Target("cuda")) is long
+    with knobs.scope(fuse_attention=False):
+        assert fuse_attention(long, CPU) is long
+
+
+def test_a_long_gpt2_block_plans_no_sequence_by_sequence_buffer(rng):
+    seq, heads = MIN_KEYS, 2
+    graph = gpt2(seq=seq, hidden=32, heads=heads)
+    square = heads * seq * seq * 4
+    assert len(attention_ops(compiled_graph(graph, "cpu"))) == 1
+    module = hexir.compile(graph, "cpu")
+    assert max(p.nbytes for _, p in module.plan.placements) < square
+    with knobs.scope(fuse_attention=False):
+        parts = hexir.compile(graph, "cpu")
+    assert max(p.nbytes for _, p in parts.plan.placements) >= square
+    xs = inputs(graph, rng)
+    for got, want in zip(module.run(xs), parts.run(xs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
