@@ -31,6 +31,9 @@ def _attention(ctx: Context) -> Sequence[Value]:
     k = _heads(ctx, ctx.input(1), "kv_num_heads", "K")
     v = _heads(ctx, ctx.input(2), "kv_num_heads", "V")
     k, v, past = _with_past(ctx, k, v)
+    nonpad = ctx.optional(6)
+    if nonpad is not None and past:
+        raise Unsupported("nonpad_kv_seqlen with past_key and past_value (the spec forbids it)")
     (b, heads, s, d), (kv_heads, total) = q.type.shape, k.type.shape[1:3]
     if k.type.shape[0] != b or k.type.shape[3] != d or v.type.shape[:3] != k.type.shape[:3]:
         raise Unsupported(f"Attention of Q {q.type!r}, K {k.type!r} and V {v.type!r}")
@@ -45,7 +48,7 @@ def _attention(ctx: Context) -> Sequence[Value]:
         (b, heads, s, total),
     )
     capped = _softcap(ctx, qk)
-    bias = _bias(ctx, q, total, past)
+    bias = _bias(ctx, q, total, past, nonpad)
     logits = capped if bias is None else ctx.op("add", capped, bias)
     if logits.type.shape != qk.type.shape:
         raise Unsupported(f"attn_mask {ctx.input(3).type!r} against scores {qk.type!r}")
@@ -110,19 +113,54 @@ def _softcap(ctx: Context, qk: Value) -> Value:
     return ctx.op("mul", ctx.op("tanh", ctx.op("div", qk, c)), c)
 
 
-def _bias(ctx: Context, q: Value, total: int, past: int) -> Value | None:
-    """What is added to the scores: the mask's bias (a bool mask's False is -inf), plus, where
-    is_causal, -inf past the diagonal shifted by the past's length (bottom-right aligned)."""
+def _bias(ctx: Context, q: Value, total: int, past: int, nonpad: Value | None) -> Value | None:
+    """What is added to the scores: the mask's bias (a bool mask's False is -inf), plus -inf
+    at the keys `_hidden` hides."""
     parts = []
     mask = ctx.optional(3)
     if mask is not None:
         parts.append(_mask_bias(ctx, mask, q, total))
-    if ctx.attr("is_causal", 0):
-        s = q.type.shape[2]
-        allowed = np.arange(total)[None, :] <= np.arange(s)[:, None] + past
-        dtype = numpy_dtype(q.type.dtype)
-        parts.append(ctx.constant(np.where(allowed, 0, -np.inf).astype(dtype)))
+    s, dtype = q.type.shape[2], numpy_dtype(q.type.dtype)
+    for hidden in _hidden(ctx, s, total, past, nonpad):
+        if isinstance(hidden, np.ndarray):
+            parts.append(ctx.constant(np.where(hidden, -np.inf, 0).astype(dtype)))
+        else:
+            parts.append(ctx.op("where", hidden, ctx.scalar(-np.inf, q), ctx.scalar(0, q)))
     return functools.reduce(lambda a, b: ctx.op("add", a, b), parts) if parts else None
+
+
+def _hidden(
+    ctx: Context, s: int, total: int, past: int, nonpad: Value | None
+) -> list[np.ndarray | Value]:
+    """The keys hidden from each query, as [S, T] arrays (known at import) or bool values of
+    [B, 1, S|1, T] (from nonpad_kv_seqlen, at run time). Query i sits at position p = i +
+    offset, the offset being the past's length, or nonpad_kv_seqlen - S per batch for an
+    external cache (0 without either); key j is hidden where j > p (is_causal), j < p -
+    left_window_size or j > p + right_window_size (each >= 0; opset 25), or j >=
+    nonpad_kv_seqlen (its padding)."""
+    causal = bool(ctx.attr("is_causal", 0))
+    left, right = (int(ctx.attr(f"{side}_window_size", -1)) for side in ("left", "right"))
+    # j - p where the offset is the past's: the conditions below are on it
+    rel = np.arange(total)[None, :] - np.arange(s)[:, None] - past
+    conds = [(rel, ">", 0)] if causal else []
+    conds += [(rel, "<", -left)] if left >= 0 else []
+    conds += [(rel, ">", right)] if right >= 0 else []
+    if nonpad is None:
+        return [np.logical_or.reduce([_compare(r, op, c) for r, op, c in conds])] if conds else []
+    lengths = reshape(ctx, cast(ctx, nonpad, "int64"), (nonpad.type.shape[0], 1, 1, 1))
+    keys = ctx.constant(np.arange(total, dtype=np.int64).reshape(1, 1, 1, total))
+    hidden: list[np.ndarray | Value] = [ctx.op("greater_equal", keys, lengths)]
+    if conds:  # j - p with p = i + nonpad - S: rel + S - nonpad, per batch
+        shifted = ctx.constant((rel + s).astype(np.int64).reshape(1, 1, s, total))
+        relative = ctx.op("sub", shifted, lengths)
+        ops = {">": "greater", "<": "less"}
+        for _, op, c in conds:
+            hidden.append(ctx.op(ops[op], relative, ctx.constant(np.array(c, np.int64))))
+    return hidden
+
+
+def _compare(a: np.ndarray, op: str, c: int) -> np.ndarray:
+    return a > c if op == ">" else a < c
 
 
 def _mask_bias(ctx: Context, mask: Value, q: Value, total: int) -> Value:
@@ -258,6 +296,8 @@ ATTENTION_SPECS: dict[str, Spec] = {
             "softcap": None,
             "softmax_precision": None,
             "qk_matmul_output_mode": (0, 1, 2, 3),
+            "left_window_size": None,
+            "right_window_size": None,
         },
         outputs=4,
     ),

@@ -22,8 +22,8 @@ from hexir.ir.dtype import ML_FLOATS, numpy_dtype
 BFLOAT16 = numpy_dtype("bfloat16")
 
 # Cases that pass on 2026-12-05 (onnx 1.23): a floor, so that a regression shows.
-PASSING_AT_LEAST = 1153
-COMPILED_AT_LEAST = 1153  # every passing case, float16 and bfloat16 included
+PASSING_AT_LEAST = 1174
+COMPILED_AT_LEAST = 1174  # every passing case, float16 and bfloat16 included
 
 
 @functools.cache
@@ -165,7 +165,7 @@ def constant_inputs_outcome(case) -> str | None:
 
 # Cases refused only for an axes / shape / bounds input fed at run time that pass once it is
 # a constant, 2026-12-04 (onnx 1.23): a floor.
-CONSTANT_INPUTS_PASSING_AT_LEAST = 249
+CONSTANT_INPUTS_PASSING_AT_LEAST = 265
 
 
 def test_cases_refused_for_a_runtime_shape_input_compute_the_same_with_it_constant():
