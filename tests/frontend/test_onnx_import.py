@@ -657,12 +657,16 @@ def test_an_old_opset_is_converted_and_a_new_one_read_where_its_ops_did_not_chan
     flatten = [helper.make_node("Flatten", ["x"], ["y"], axis=1)]  # Flatten-24: types only
     agrees(model(flatten, [("x", [2, 3, 4])], ["y"], opset=25))
     qkv = [("q", [1, 2, 4, 8]), ("k", [1, 2, 4, 8]), ("v", [1, 2, 4, 8])]
-    # Attention changed at 24 and 25 by an optional input and two attributes: read where the
-    # node uses neither, refused where it does
+    # Attention as of 25 (its windows and nonpad_kv_seqlen: onnx_import.NEWER) is read whole
     agrees(model([helper.make_node("Attention", ["q", "k", "v"], ["y"])], qkv, ["y"], opset=25))
     windowed = [helper.make_node("Attention", ["q", "k", "v"], ["y"], left_window_size=2)]
-    with pytest.raises(ModelError, match=r"changed since: Attention \(version 2[4-9]"):
-        import_onnx(model(windowed, qkv, ["y"], opset=25))
+    agrees(model(windowed, qkv, ["y"], opset=25))
+    # SpaceToDepth-28 added `mode`: read where the node leaves it out, refused where it sets it
+    blocks = [helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2)]
+    agrees(model(blocks, [("x", [1, 2, 4, 4])], ["y"], opset=28))
+    moded = [helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode="CRD")]
+    with pytest.raises(ModelError, match=r"changed since: SpaceToDepth \(version 28"):
+        import_onnx(model(moded, [("x", [1, 2, 4, 4])], ["y"], opset=28))
 
 
 @pytest.mark.parametrize(
