@@ -32,7 +32,7 @@ from hexir.codegen.c_lower import (
 )
 from hexir.codegen.c_math import MATH_NEEDS, math_helper
 from hexir.codegen.c_names import BIT_OPERATORS, C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
-from hexir.codegen.c_narrow import float8_helpers
+from hexir.codegen.c_narrow import float4_helpers, float8_helpers, sub_byte_helpers
 from hexir.codegen.c_vector import (
     HELPER_NEEDS,
     HORIZONTAL,
@@ -49,6 +49,7 @@ from hexir.codegen.c_vector import (
 from hexir.errors import BuildError
 from hexir.ir.arith import bound, flat_index, simplify
 from hexir.ir.dtype import (
+    SUB_BYTE_INTS,
     c_type,
     is_float,
     is_int,
@@ -228,7 +229,7 @@ class CPrinter:
     restrict = "restrict"
     helper_qualifier = "static inline"
     # float32 <-> the narrow floats without a C cast of their own
-    conversions = {**BF16_HELPERS, **float8_helpers()}
+    conversions = {**BF16_HELPERS, **float8_helpers(), **float4_helpers(), **sub_byte_helpers()}
     indent_unit = "  "
     stack_limit_bytes = 64 * 1024  # larger shared/local buffers go to the heap
     # A global-scope intermediate this small (an rfactor's partial sums, a row of exp values)
@@ -712,13 +713,22 @@ class CPrinter:
         x = self.expr(value)
         if dtype == value.dtype:
             return x
+        if value.dtype in SUB_BYTE_INTS:  # its value from the low bits (ml_dtypes' storage)
+            bits = SUB_BYTE_INTS[value.dtype]
+            mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+            low = f"((unsigned){x} & {mask}u)"
+            x = (
+                f"((int){low})"
+                if is_unsigned(value.dtype)
+                else f"((int)({low} ^ {sign}u) - {sign})"
+            )
         kind = f"{short_name(value.dtype)}_{short_name(dtype)}"
-        if kind in self.conversions:  # float32 <-> a narrow float (c_narrow.py)
+        if kind in self.conversions:  # a narrow float or into a sub-byte int (c_narrow.py)
             if kind not in self._helpers:
-                u8, u16, u32 = (self.ctype(t) for t in ("uint8", "uint16", "uint32"))
+                i8, u8, u16, u32 = (self.ctype(t) for t in ("int8", "uint8", "uint16", "uint32"))
                 template = self.conversions[kind]
                 self._helpers[kind] = template.format(
-                    q=self.helper_qualifier, u8=u8, u16=u16, u32=u32
+                    q=self.helper_qualifier, i8=i8, u8=u8, u16=u16, u32=u32
                 )
             return f"hx_{kind}({x})"
         if dtype == "bool":

@@ -16,11 +16,19 @@ Afterwards the only narrow expressions are loads and `cast<bf16>` / `cast<f16>` 
 The C printer converts bfloat16's bits with `hx_f32_bf16` / `hx_bf16_f32` (and their vector
 forms), float16 with C casts (F16C's vcvtps2ph / vcvtph2ps); CUDA C with PTX's cvt. The 8-bit
 floats (float8_e4m3fn, ...) follow the same rule, converted one element at a time by the C
-functions `float8_helpers` writes (exact: ml_dtypes' codes, ties to even, no saturation).
+functions `float8_helpers` writes (exact: ml_dtypes' codes, ties to even, no saturation), and
+so does float4_e2m1fn (`float4_helpers`: a table of its 8 magnitudes, and a ladder of
+midpoints; it saturates, as ml_dtypes does).
+
+The sub-byte ints (int4, uint4, int2, uint2) are held one per byte, their value in an int8_t
+or uint8_t; a conversion into one is a C function of `sub_byte_helpers`, as ml_dtypes
+converts: an integer wraps to the low bits (two's complement), a float goes toward zero and
+is 0 where that is out of range (NaN and infinities too).
 """
 
 from __future__ import annotations
 
+from hexir.ir.dtype import DTYPES, SUB_BYTE_INTS, int_range, is_float, short_name
 from hexir.ir.narrow import F32, NARROW_FLOATS, in_float32
 from hexir.ir.tir import BufferLoad, BufferStore, Cast, Expr, FloatImm, IfThenElse, Stmt
 from hexir.ir.visit import map_stmt, walk
@@ -111,4 +119,58 @@ def float8_helpers() -> dict[str, str]:
             f"  return sign | ({{u8}})((e + {bias}) << {m_bits})"
             f" | ({{u8}})(ldexpf(r, {m_bits} - e) - {1 << m_bits});\n}}}}"
         )
+    return out
+
+
+# float4_e2m1fn's eight magnitudes by code; a float rounds to the nearest (ties to the even
+# code: the midpoints below go down at even codes, up at odd ones) and saturates at 6; NaN
+# gives ml_dtypes' code: 8 (-0) for a positive NaN, 0 for a negative one.
+FLOAT4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def float4_helpers() -> dict[str, str]:
+    """`f4e2m1fn_f32` and `f32_f4e2m1fn`, in the conversions' template form."""
+    table = ", ".join(f"{v}f" for v in FLOAT4)
+    steps = []
+    for code, (low, high) in enumerate(zip(FLOAT4, FLOAT4[1:], strict=False)):
+        mid, tie = (low + high) / 2, "<=" if code % 2 == 0 else "<"
+        steps.append(f"a {tie} {mid}f ? {code} : ")
+    ladder = "".join(steps) + "7"
+    return {
+        "f4e2m1fn_f32": (
+            f"{{q}} float hx_f4e2m1fn_f32({{u8}} b) {{{{\n"
+            f"  const float v[8] = {{{{{table}}}}};\n"
+            f"  return b > 7 ? -v[b & 7] : v[b & 7];  /* as ml_dtypes reads any byte */\n}}}}"
+        ),
+        "f32_f4e2m1fn": (
+            f"{{q}} {{u8}} hx_f32_f4e2m1fn(float x) {{{{\n"
+            f"  float a = fabsf(x);\n"
+            f"  if (x != x) return signbit(x) ? 0 : 8;\n"
+            f"  return (signbit(x) ? 8 : 0) | ({ladder});\n}}}}"
+        ),
+    }
+
+
+def sub_byte_helpers() -> dict[str, str]:
+    """`<src>_<int4 ...>` for every dtype a cast converts from (the narrow floats arrive as
+    float32), in the conversions' template form ({q}: the qualifier, {i8}/{u8}: the types)."""
+    out = {}
+    for dtype, bits in SUB_BYTE_INTS.items():
+        low, high = int_range(dtype)
+        ctype = "{u8}" if low == 0 else "{i8}"
+        mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+        for source in DTYPES:
+            if source in NARROW_FLOATS:
+                continue
+            kind = f"{short_name(source)}_{short_name(dtype)}"
+            if is_float(source):  # toward zero; 0 outside the range, NaN and inf too
+                body = f"return x > {low - 1}.0 && x < {high + 1}.0 ? ({ctype})(int)x : 0;"
+                arg = "double x"
+            elif low == 0:  # the low bits
+                body = f"return ({ctype})((unsigned)x & {mask}u);"
+                arg = "long long x"
+            else:  # the low bits, sign-extended
+                body = f"return ({ctype})((int)(((unsigned)x & {mask}u) ^ {sign}u) - {sign});"
+                arg = "long long x"
+            out[kind] = f"{{q}} {ctype} hx_{kind}({arg}) {{{{ {body} }}}}"
     return out

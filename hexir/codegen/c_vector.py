@@ -35,8 +35,8 @@ from hexir.codegen.c_lower import MAX_STRAIGHT_CHUNKS
 from hexir.codegen.c_math import has_vector_form
 from hexir.codegen.c_names import BIT_OPERATORS
 from hexir.ir.arith import affine_coefficients, simplify
-from hexir.ir.dtype import is_float, itemsize
-from hexir.ir.narrow import FLOAT8S
+from hexir.ir.dtype import SUB_BYTE_INTS, is_float, itemsize
+from hexir.ir.narrow import BYTE_FLOATS
 from hexir.ir.tir import (
     COMPARE_OPS,
     LOGIC_OPS,
@@ -425,8 +425,10 @@ class _Chunk:
             raise Unvectorizable("a cast from or to bool")
         if dtype == a.dtype:
             return x
-        if {dtype, a.dtype} & set(FLOAT8S):
+        if {dtype, a.dtype} & set(BYTE_FLOATS):
             raise Unvectorizable("an 8-bit float's conversion (one element at a time)")
+        if {dtype, a.dtype} & set(SUB_BYTE_INTS):
+            raise Unvectorizable("a sub-byte int's conversion (one element at a time)")
         if "bfloat16" in (dtype, a.dtype):  # bits <-> float32 (c_narrow.py)
             kind = "narrow" if dtype == "bfloat16" else "widen"
             return VValue(f"{self.helper(kind, a.dtype)}({self.vector(x, a.dtype)})", True, dtype)

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hexir.errors import HexirError
-from hexir.ir.dtype import numpy_dtype
+from hexir.ir.dtype import SUB_BYTE_INTS, numpy_dtype
 from hexir.ir.graph import Graph, Op, Value
-from hexir.ir.narrow import FLOAT8S
+from hexir.ir.narrow import BYTE_FLOATS
 from hexir.ops import op_def
 
 if TYPE_CHECKING:
@@ -85,8 +85,10 @@ def to_onnx(graph: Graph) -> onnx.ModelProto:
 def _elem_type(dtype: str) -> int:
     from onnx import helper
 
-    if dtype in FLOAT8S:
-        raise HexirError(f"{dtype} has no ONNX type at opset {OPSET} (8-bit floats: opset 19)")
+    if dtype in BYTE_FLOATS:
+        raise HexirError(f"{dtype} has no ONNX type at opset {OPSET} (8-bit floats: opset 19, float4: 23)")
+    if dtype in SUB_BYTE_INTS:
+        raise HexirError(f"{dtype} has no ONNX type at opset {OPSET} (int4: opset 21, int2: 25)")
     return int(helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype)))
 
 

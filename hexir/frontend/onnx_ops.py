@@ -21,7 +21,7 @@ import numpy as np
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype, int_list
 from hexir.ir.dtype import is_float, is_unsigned, numpy_dtype
 from hexir.ir.graph import Value
-from hexir.ir.narrow import FLOAT8S
+from hexir.ir.narrow import BYTE_FLOATS
 
 Convert = Callable[[Context], Sequence[Value]]
 
@@ -247,7 +247,7 @@ def saturated_cast(ctx: Context, x: Value, dtype: str) -> Value:
     """A cast; into an 8-bit float with `saturate` (ONNX's default) a value beyond its range,
     infinities included, becomes its largest (a NaN stays NaN); without, it overflows to
     infinity or NaN as the conversion does."""
-    if dtype not in FLOAT8S or not ctx.attr("saturate", 1) or not is_float(x.type.dtype):
+    if dtype not in BYTE_FLOATS or not ctx.attr("saturate", 1) or not is_float(x.type.dtype):
         return cast(ctx, x, dtype)
     top = float(ml_finfo(dtype).max)
     clipped = ctx.op("minimum", ctx.op("maximum", x, ctx.scalar(-top, x)), ctx.scalar(top, x))

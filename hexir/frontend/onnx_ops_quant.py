@@ -30,11 +30,11 @@ from hexir.frontend.onnx_ops import (
     saturated_cast,
 )
 from hexir.frontend.onnx_ops_window import CONV_ATTRS, conv_of
-from hexir.ir.dtype import BYTE_INTS, numpy_dtype
+from hexir.ir.dtype import BYTE_INTS, SUB_BYTE_INTS, int_range
 from hexir.ir.graph import Value
-from hexir.ir.narrow import FLOAT8S
+from hexir.ir.narrow import BYTE_FLOATS
 
-_QUANTIZED = ("int8", "uint8", "int16", "uint16")
+_QUANTIZED = ("int8", "uint8", "int16", "uint16", *SUB_BYTE_INTS)
 
 
 def _along(ctx: Context, p: Value, x: Value, axis: int, block: int) -> Value:
@@ -58,9 +58,9 @@ def _along(ctx: Context, p: Value, x: Value, axis: int, block: int) -> Value:
 
 def _clip_cast(ctx: Context, x: Value, dtype: str) -> Value:
     """`x` (integer-valued floats) clipped to the range of the integer `dtype`, cast to it."""
-    info = np.iinfo(numpy_dtype(dtype))
-    x = ctx.op("maximum", x, ctx.scalar(info.min, x))
-    return cast(ctx, ctx.op("minimum", x, ctx.scalar(info.max, x)), dtype)
+    low, high = int_range(dtype)
+    x = ctx.op("maximum", x, ctx.scalar(low, x))
+    return cast(ctx, ctx.op("minimum", x, ctx.scalar(high, x)), dtype)
 
 
 def _attrs(ctx: Context) -> tuple[int, int]:
@@ -87,7 +87,7 @@ def _quantize(ctx: Context) -> Sequence[Value]:
     out = ctx.attr("output_dtype")
     dtype = hexir_dtype(out, "output_dtype") if out else "uint8"
     dtype = zero.type.dtype if zero is not None else dtype
-    if dtype in FLOAT8S:  # x / scale + zero, no rounding to an integer, then the cast
+    if dtype in BYTE_FLOATS:  # x / scale + zero, no rounding to an integer, then the cast
         q = ctx.op("div", x, _along(ctx, scale, x, axis, block))
         if zero is not None:
             q = ctx.op("add", q, cast(ctx, _along(ctx, zero, x, axis, block), x.type.dtype))

@@ -18,6 +18,14 @@ _TABLE: dict[str, tuple[str, type | None, str]] = {
     "float8_e4m3fnuz": ("f8e4m3fnuz", None, "uint8_t"),
     "float8_e5m2": ("f8e5m2", None, "uint8_t"),
     "float8_e5m2fnuz": ("f8e5m2fnuz", None, "uint8_t"),
+    # 4-bit float (E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), one per byte.
+    "float4_e2m1fn": ("f4e2m1fn", None, "uint8_t"),
+    # Sub-byte integers (ml_dtypes' names), one per byte as numpy holds them: they only move
+    # and convert (hexir.ops.make_op refuses arithmetic on them); the C type holds the value.
+    "int4": ("i4", None, "int8_t"),
+    "uint4": ("u4", None, "uint8_t"),
+    "int2": ("i2", None, "int8_t"),
+    "uint2": ("u2", None, "uint8_t"),
     "int8": ("i8", np.int8, "int8_t"),
     "int16": ("i16", np.int16, "int16_t"),
     "int32": ("i32", np.int32, "int32_t"),
@@ -30,6 +38,7 @@ _TABLE: dict[str, tuple[str, type | None, str]] = {
 }
 DTYPES: tuple[str, ...] = tuple(_TABLE)
 BYTE_INTS = ("int8", "uint8")  # 8-bit operands contract into int32 (VNNI's, MatMulInteger's)
+SUB_BYTE_INTS = {"int4": 4, "uint4": 4, "int2": 2, "uint2": 2}  # name -> bits
 _BY_SHORT = {short: name for name, (short, _, _) in _TABLE.items()}
 
 
@@ -63,7 +72,7 @@ def from_short(short: str) -> str:
 
 def numpy_dtype(dtype: str) -> np.dtype:
     scalar = _TABLE[dtype][1]
-    if scalar is None:  # bfloat16, the 8-bit floats
+    if scalar is None:  # bfloat16, the 8-bit floats, the sub-byte ints
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, dtype))
@@ -71,7 +80,14 @@ def numpy_dtype(dtype: str) -> np.dtype:
 
 
 # The float dtypes numpy keeps as ml_dtypes' (kind "V" there, not "f").
-ML_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+ML_FLOATS = (
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float4_e2m1fn",
+)
 
 
 def numpy_is_float(dtype: np.dtype) -> bool:
@@ -102,9 +118,23 @@ def is_index_int(dtype: str) -> bool:
     return dtype in ("int32", "int64")
 
 
+def int_bits(dtype: str) -> int:
+    """The bits of the integer `dtype`: 8 per byte, or a sub-byte int's 4 or 2."""
+    return SUB_BYTE_INTS.get(dtype) or 8 * itemsize(dtype)
+
+
+def int_range(dtype: str) -> tuple[int, int]:
+    """The smallest and largest value of the integer `dtype` (np.iinfo's, for sub-byte ints
+    too)."""
+    bits = int_bits(dtype)
+    return (
+        (0, (1 << bits) - 1) if is_unsigned(dtype) else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+    )
+
+
 def wrap_int(value: int, dtype: str) -> int:
     """`value` wrapped into the integer `dtype` (two's complement), as a C cast does."""
-    bits = 8 * itemsize(dtype)
+    bits = int_bits(dtype)
     value %= 1 << bits
     return value - (1 << bits) if not is_unsigned(dtype) and value >> (bits - 1) else value
 

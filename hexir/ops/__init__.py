@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hexir.errors import TypeInferenceError
+from hexir.ir.dtype import SUB_BYTE_INTS
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, PLACEMENT_RE, Check, Reject, fail
 from hexir.ops import (
@@ -93,6 +94,7 @@ def make_op(
         names = _check_signature(spec, operands, attrs, result_name, placement)
         check = Check(names, [v.type for v in operands], attrs, result_type)
         inferred = spec.infer(check)
+        _check_sub_byte(spec, [v.type for v in operands], inferred)
         if result_type is not None and inferred != result_type:
             fail(f"the result type {result_type!r} disagrees with the inferred {inferred!r}")
     except Reject as e:
@@ -100,6 +102,19 @@ def make_op(
         raise TypeInferenceError(f"hexir.{kind}: {e}\n{written}") from None
     attrs_out = tuple(sorted(check.out.items()))
     return Op(f"hexir.{kind}", operands, Value(result_name, inferred), attrs_out, placement)
+
+
+def _check_sub_byte(spec: OpDef, operands: list[TensorType], result: TensorType) -> None:
+    """Sub-byte ints (int4, uint4, int2, uint2) only move and convert, as ONNX uses them:
+    arithmetic on them would need a wrap after every op, which the kernels do not do."""
+    if spec.name in ("cast", "constant") or spec.fusion == Pattern.INJECTIVE:
+        return
+    found = sorted({t.dtype for t in (*operands, result)} & set(SUB_BYTE_INTS))
+    if found:
+        fail(
+            f"{', '.join(found)} values only move and convert (cast, reshape, transpose, "
+            "slice, concat, gather, ...): cast them to a wider int first"
+        )
 
 
 def _check_signature(

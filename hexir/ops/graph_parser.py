@@ -272,8 +272,10 @@ class GraphParser:
         array = blob.array if isinstance(blob, ConstantData) else np.array(blob)  # a copy
         if array.shape == (1,) and declared.shape == ():  # how ConstantData keeps rank 0
             array = array.reshape(())
-        if declared.dtype == "bfloat16" and array.dtype in (np.dtype("V2"), np.dtype(np.uint16)):
-            array = array.view(numpy_dtype("bfloat16"))  # an .npz keeps bfloat16 as raw bits
+        want = numpy_dtype(declared.dtype)
+        raw = (np.dtype(f"V{want.itemsize}"), np.dtype(f"u{want.itemsize}"))
+        if want.kind == "V" and array.dtype in raw:
+            array = array.view(want)  # an .npz keeps ml_dtypes' types (bfloat16, int4) as bits
         if array.shape != declared.shape or array.dtype != numpy_dtype(declared.dtype):
             given = f"{array.dtype} of shape {array.shape}"
             self.error(f"the data of @{name} is {given}, the text declares {declared!r}", symbol)

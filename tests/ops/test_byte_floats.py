@@ -1,5 +1,6 @@
-"""The 8-bit floats (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2, float8_e5m2fnuz): stored as
-their bits, computed in float32 and rounded after every op as ml_dtypes does. Every code
+"""The 8-bit floats (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2, float8_e5m2fnuz) and the 4-bit
+float4_e2m1fn (a byte each, as ml_dtypes holds them): stored as their bits, computed in float32
+and rounded after every op as ml_dtypes does. Every code
 decodes exactly; floats encode to ml_dtypes' code (ties to even, overflow to infinity or
 NaN, NaN and signed zeros) over every code, every midpoint and its neighbours, and random
 floats of every magnitude; arithmetic rounds after each op; the text forms round-trip; CUDA C
@@ -22,7 +23,7 @@ from hexir.ir.tir_parse import parse_func
 from hexir.ir.tir_text import print_func
 from hexir.schedule.handwritten import gpu_schedule
 
-FLOAT8 = ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"]
+FLOAT8 = ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float4_e2m1fn"]
 
 
 def cast_graph(src: str, dst: str, n: int) -> hexir.Graph:
