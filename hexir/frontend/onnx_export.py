@@ -86,7 +86,9 @@ def _elem_type(dtype: str) -> int:
     from onnx import helper
 
     if dtype in BYTE_FLOATS:
-        raise HexirError(f"{dtype} has no ONNX type at opset {OPSET} (8-bit floats: opset 19, float4: 23)")
+        raise HexirError(
+            f"{dtype} has no ONNX type at opset {OPSET} (8-bit floats: opset 19, float4: 23)"
+        )
     if dtype in SUB_BYTE_INTS:
         raise HexirError(f"{dtype} has no ONNX type at opset {OPSET} (int4: opset 21, int2: 25)")
     return int(helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype)))
