@@ -17,8 +17,9 @@ scripts/fit_math.py, minimax fits; GCC contracts a*b + c into an FMA where the t
   halves, so that the last multiply overflows to inf and underflows to denormals and 0 as IEEE
   rounding does; on AVX-512 one VSCALEFPS, the same single rounding (c_vector.py). Below
   −104, where exp rounds to 0, a lane computes exp(0) and is then zeroed: an underflowing
-  scale costs a microcode assist on Zen 4, and a masked softmax (−1e9 or −inf logits) made
-  one per masked element (GPT-2's 12 x 128 x 128 causal softmax 0.33 -> 0.047 ms).
+  scale costs a microcode assist on the Intel Xeon measured, and a masked softmax (−1e9 or
+  −inf logits) made one per masked element (GPT-2's 12 x 128 x 128 causal softmax 0.33 ->
+  0.047 ms).
 - log: x = 2^e·m with m in [√½, √2) from the bits (denormals scaled by 2^23 first),
   log1p(f) = f − f²/2 + f³·P8(f) for f = m − 1, plus e·ln2 in two parts; 0 → −inf,
   x < 0 → NaN, inf → inf.
@@ -160,7 +161,7 @@ _EXP = (
     "$q $v hx_exp_$sv($v x) {\n"
     "  /* exp(x) = 2^n exp(r), n = round(x log2(e)), r = x - n ln2 (hexir/codegen/c_math.py) */\n"
     "  /* exp rounds to 0 below -104: those lanes compute exp(0) and give 0, for an underflow\n"
-    "     in the scaling is slow (a microcode assist on Zen 4); clamped above so that n fits */\n"
+    "     in the scaling is slow (a microcode assist on Intel Xeons); clamped above for n */\n"
     "  $m zero = x < -104.0f;\n"
     "  x = hx_min_$sv(hx_splat_$sv(89.0f), hx_select_$sv(zero, hx_splat_$sv(0.0f), x));\n"
     "  $v k = x * 1.44269504f + 12582912.0f;  /* + 1.5*2^23: rounds x*log2(e) to an integer */\n"

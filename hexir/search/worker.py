@@ -314,8 +314,21 @@ MIN_SLOW_REPEATS = 3
 # 0.53 warm, 0.93 cold. Timed warm, the tune picked the tuned one and the Winograd form, and the
 # tuned model ran slower than the default one.
 COLD_BYTES = 8 << 20
-EVICT_BYTES = 64 << 20
 _evict: np.ndarray | None = None
+
+
+def evict_bytes() -> int:
+    """What `evict_caches` writes: twice the last-level cache the kernel reports, within 64
+    and 256 MiB (an Intel Xeon VM here reports 480 MiB of L3: a 4 MB copy came back from
+    cache after 64 MiB were written, from memory after 128 MiB, 7 ms, and 256 MiB, 16 ms)."""
+    path = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    try:
+        text = path.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        last = int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        last = 32 << 20
+    return min(max(2 * last, 64 << 20), 256 << 20)
 
 
 def is_cold(arrays: list[np.ndarray]) -> bool:
@@ -324,11 +337,11 @@ def is_cold(arrays: list[np.ndarray]) -> bool:
 
 
 def evict_caches() -> None:
-    """Write EVICT_BYTES (twice a large L3), so that what a kernel reads next comes from
+    """Write `evict_bytes()` (twice the L3), so that what a kernel reads next comes from
     memory."""
     global _evict
     if _evict is None:
-        _evict = np.zeros(EVICT_BYTES // 4, dtype=np.float32)
+        _evict = np.zeros(evict_bytes() // 4, dtype=np.float32)
     _evict += 1.0
 
 

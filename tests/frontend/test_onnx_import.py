@@ -732,13 +732,18 @@ def test_a_reflect_pad_wider_than_the_tensor_is_refused():
 
 
 def test_a_newer_opset_reads_an_op_whose_new_inputs_the_node_does_not_give():
-    # Attention gained an optional input after opset 23 (nonpad_kv_seqlen): a node that does
-    # not give it means what it meant at 23; one that does is refused, naming the op.
-    from hexir.frontend.onnx_import import _changed
+    # A newer definition that only adds optional inputs means the old one where the node does
+    # not give them (_same_inputs); Attention's (nonpad_kv_seqlen) and its windows Hexir reads
+    # as of opset 25 (NEWER), given or not.
+    from onnx import defs
 
+    from hexir.frontend.onnx_import import _changed, _same_inputs
+
+    old, new = (defs.get_schema("Attention", max_inclusive_version=v).inputs for v in (23, 25))
     plain = helper.make_node("Attention", ["q", "k", "v"], ["y"])
     padded = helper.make_node("Attention", ["q", "k", "v", "", "", "", "lens"], ["y"])
-    assert _changed(plain, 23, 25) == ""
-    assert _changed(padded, 23, 25).startswith("Attention (version")
+    assert _same_inputs(old, new, plain) and not _same_inputs(old, new, padded)
     windowed = helper.make_node("Attention", ["q", "k", "v"], ["y"], left_window_size=4)
-    assert _changed(windowed, 23, 25).startswith("Attention (version")
+    assert _changed(plain, 23, 25) == _changed(padded, 23, 25) == _changed(windowed, 23, 25) == ""
+
+
