@@ -745,5 +745,3 @@ def test_a_newer_opset_reads_an_op_whose_new_inputs_the_node_does_not_give():
     assert _same_inputs(old, new, plain) and not _same_inputs(old, new, padded)
     windowed = helper.make_node("Attention", ["q", "k", "v"], ["y"], left_window_size=4)
     assert _changed(plain, 23, 25) == _changed(padded, 23, 25) == _changed(windowed, 23, 25) == ""
-
-
