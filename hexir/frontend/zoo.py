@@ -11,13 +11,20 @@
   [12, 128, 64]; one block over a 128-token prompt.
 - `gpt2-decode`: `hidden` [1, 768], `past_key`, `past_value` [12, 127, 64] -> `out` [1, 768],
   `present_key`, `present_value` [12, 128, 64]; the same block for one new token.
+- `gpt2-small`: `input_ids` [128] int64 -> `logits` [128, 50257], `present.<l>.key`,
+  `present.<l>.value` [12, 128, 64] for l = 0..11; the whole GPT-2 small (124M parameters:
+  token and position embeddings, 12 blocks, the final norm, logits by the token embedding).
+- `gpt2-small-decode`: `input_ids` [1], `past.<l>.key`, `past.<l>.value` [12, 127, 64] ->
+  `logits` [1, 50257] and the presents [12, 128, 64]; the same model for one new token.
 
 The builders take keyword arguments for smaller variants with the same structure, for tests:
 `mlp(batch=4, sizes=(32, 16, 8))`, `resnet(18, image=32, width=8, classes=10)`,
 `mobilenet_v2(image=32, width=0.25, classes=10)`,
 `bert(seq=8, hidden=32, heads=2, ffn=64)`, `vit(seq=9, hidden=32, heads=2, ffn=64)`,
 `gpt2(seq=8, hidden=32, heads=2)`,
-`gpt2_decode(past=7, hidden=32, heads=2)`.
+`gpt2_decode(past=7, hidden=32, heads=2)`,
+`gpt2_small(seq=8, layers=2, hidden=32, heads=2, vocab=100)`,
+`gpt2_small_decode(past=7, layers=2, hidden=32, heads=2, vocab=100)`.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ from collections.abc import Callable, Sequence
 
 from hexir.frontend.weights import Weights
 from hexir.frontend.zoo_cnn import mobilenet_v2, resnet
-from hexir.frontend.zoo_transformer import bert, gpt2, gpt2_decode, vit
+from hexir.frontend.zoo_transformer import (
+    bert,
+    gpt2,
+    gpt2_decode,
+    gpt2_small,
+    gpt2_small_decode,
+    vit,
+)
 from hexir.ir.graph import Graph
 from hexir.ops.builder import GraphBuilder
 
@@ -42,6 +56,8 @@ __all__ = [
     "vit",
     "gpt2",
     "gpt2_decode",
+    "gpt2_small",
+    "gpt2_small_decode",
 ]
 
 
@@ -70,6 +86,8 @@ ZOO: dict[str, Callable[[], Graph]] = {
     "vit": vit,
     "gpt2": gpt2,
     "gpt2-decode": gpt2_decode,
+    "gpt2-small": gpt2_small,
+    "gpt2-small-decode": gpt2_small_decode,
 }
 
 

@@ -1,5 +1,5 @@
 """Transformer blocks: a BERT-base encoder layer, a ViT-B/16 encoder layer and a GPT-2 block
-(prefill and decode).
+(prefill and decode), and the whole GPT-2 small (token ids to logits, prefill and decode).
 
 Batch 1 throughout, kept implicit: activations are [tokens, hidden]; attention splits heads
 with reshape and transpose into [heads, tokens, head_dim] and runs on batch_matmul. Weights
@@ -100,7 +100,7 @@ class _GPT2Params:
     """GPT-2's weights in its own layout (Conv1D: weight [in, out], used with `matmul`), all
     drawn up front in one order, so prefill and decode share them."""
 
-    def __init__(self, b: GraphBuilder, hidden: int, seed: int):
+    def __init__(self, b: GraphBuilder, hidden: int, seed: int, prefix: str = ""):
         rng = np.random.default_rng(seed)
         std_in, std_ffn = 1.0 / math.sqrt(hidden), 1.0 / math.sqrt(4 * hidden)
         shapes = {
@@ -109,7 +109,7 @@ class _GPT2Params:
             "mlp.c_fc": ((hidden, 4 * hidden), std_in),
             "mlp.c_proj": ((4 * hidden, hidden), std_ffn),
         }
-        self.b, self.hidden = b, hidden
+        self.b, self.hidden, self.prefix = b, hidden, prefix
         self.arrays: dict[str, np.ndarray] = {}
         for name in ("ln_1", "ln_2"):
             self.arrays[f"{name}.gamma"] = uniform(rng, (hidden,), 0.9, 1.1)
@@ -119,7 +119,7 @@ class _GPT2Params:
             self.arrays[f"{name}.bias"] = normal(rng, shape[1:], 0.02)
 
     def const(self, name: str) -> Value:
-        return self.b.constant(self.arrays[name], name=name)
+        return self.b.constant(self.arrays[name], name=self.prefix + name)
 
     def linear(self, name: str, x: Value) -> Value:
         y = self.b.matmul(x, self.const(f"{name}.weight"))
@@ -136,12 +136,96 @@ class _GPT2Params:
         q, k, v = (b.slice(qkv, (0, i * h), (rows, (i + 1) * h)) for i in range(3))
         return q, k, v
 
-    def rest(self, x: Value, context: Value) -> Value:
+    def rest(self, x: Value, context: Value, name: str | None = "out") -> Value:
         """The block after attention: projection, residual, MLP (tanh GELU), residual."""
         b = self.b
         h = b.add(x, self.linear("attn.c_proj", context))
         m = b.gelu(self.linear("mlp.c_fc", self.norm("ln_2", h)), approximate="tanh")
-        return b.add(h, self.linear("mlp.c_proj", m), name="out")
+        return b.add(h, self.linear("mlp.c_proj", m), name=name)
+
+
+# GPT-2 small's positions (its defaults: 12 layers, 768 wide, 12 heads, 50257 tokens: 124M
+# parameters).
+POSITIONS = 1024
+
+
+def gpt2_small(
+    *, seq: int = 128, layers: int = 12, hidden: int = 768, heads: int = 12,
+    vocab: int = 50257, seed: int = 0,
+) -> Graph:  # fmt: skip
+    """GPT-2 small over a prompt of `seq` tokens (seeded random weights, GPT-2's shapes:
+    token and position embeddings, `layers` blocks, a final layer norm, logits by the token
+    embedding): `input_ids` [seq] int64 in; `logits` [seq, vocab] and each layer's
+    `present.<l>.key` and `present.<l>.value` [heads, seq, head_dim] out."""
+    b = GraphBuilder("gpt2-small")
+    model = _GPT2Stack(b, layers, hidden, vocab, seed)
+    ids = b.input("input_ids", (seq,), "int64")
+    mask = b.constant(np.triu(np.full((seq, seq), MASKED, np.float32), k=1), name="causal_mask")
+    x, presents = model.embed(ids, 0), []
+    for layer, p in enumerate(model.layers):
+        q, k, v = p.qkv(x)
+        key = _heads(b, k, heads, name=f"present.{layer}.key")
+        value = _heads(b, v, heads, name=f"present.{layer}.value")
+        context = _attention(b, _heads(b, q, heads), _keys_t(b, key), value, mask=mask)
+        x = p.rest(x, context, name=None)
+        presents += [key, value]
+    return b.build([model.head(x), *presents])
+
+
+def gpt2_small_decode(
+    *, past: int = 127, layers: int = 12, hidden: int = 768, heads: int = 12,
+    vocab: int = 50257, seed: int = 0,
+) -> Graph:  # fmt: skip
+    """`gpt2_small` for one new token after `past` cached ones (the same weights): `input_ids`
+    [1] int64 and each layer's `past.<l>.key` and `past.<l>.value` [heads, past, head_dim]
+    in; `logits` [1, vocab] and each layer's presents [heads, past + 1, head_dim] out."""
+    b = GraphBuilder("gpt2-small-decode")
+    model = _GPT2Stack(b, layers, hidden, vocab, seed)
+    ids = b.input("input_ids", (1,), "int64")
+    cached = [
+        tuple(b.input(f"past.{layer}.{kind}", (heads, past, hidden // heads)) for kind in "kv")
+        for layer in range(layers)
+    ]
+    x, presents = model.embed(ids, past), []
+    for layer, (p, (past_key, past_value)) in enumerate(zip(model.layers, cached, strict=True)):
+        q, k, v = p.qkv(x)
+        key = b.concat([past_key, _heads(b, k, heads)], axis=1, name=f"present.{layer}.key")
+        value = b.concat([past_value, _heads(b, v, heads)], axis=1, name=f"present.{layer}.value")
+        context = _attention(b, _heads(b, q, heads), _keys_t(b, key), value)
+        x = p.rest(x, context, name=None)
+        presents += [key, value]
+    return b.build([model.head(x), *presents])
+
+
+class _GPT2Stack:
+    """GPT-2's whole-model weights, drawn in one order (so prefill and decode share them): the
+    token embedding wte [vocab, hidden] (also the logits' weight), the position embedding
+    [POSITIONS, hidden], each layer's `_GPT2Params`, the final layer norm."""
+
+    def __init__(self, b: GraphBuilder, layers: int, hidden: int, vocab: int, seed: int):
+        rng = np.random.default_rng(seed)
+        self.b = b
+        # Scaled so the logits of a layer-normed state have a standard deviation near one.
+        self.wte = b.constant(normal(rng, (vocab, hidden), 1.0 / math.sqrt(hidden)), name="wte")
+        self.wpe = normal(rng, (POSITIONS, hidden), 0.02)
+        self.ln_f = (uniform(rng, (hidden,), 0.9, 1.1), normal(rng, (hidden,), 0.02))
+        self.layers = [
+            _GPT2Params(b, hidden, seed + 1 + layer, prefix=f"h.{layer}.")
+            for layer in range(layers)
+        ]
+
+    def embed(self, ids: Value, start: int) -> Value:
+        """The tokens' embeddings plus those of positions start, start + 1, ..."""
+        tokens = self.b.op("gather", self.wte, ids, axis=0)
+        n = ids.type.shape[0]
+        return self.b.add(tokens, self.b.constant(self.wpe[start : start + n], name="wpe"))
+
+    def head(self, x: Value) -> Value:
+        gamma, beta = (
+            self.b.constant(a, name=n)
+            for a, n in zip(self.ln_f, ("ln_f.gamma", "ln_f.beta"), strict=True)
+        )
+        return self.b.dense(self.b.layer_norm(x, gamma, beta), self.wte, name="logits")
 
 
 def _dense(b: GraphBuilder, w: Weights, name: str, x: Value, n_in: int, n_out: int) -> Value:
