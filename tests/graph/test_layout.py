@@ -9,7 +9,7 @@ import hexir
 from hexir import knobs
 from hexir.graph.evaluate import evaluate
 from hexir.graph.fusion import fused_kernels
-from hexir.graph.layout import layout_weights, transposed_elements
+from hexir.graph.layout import PADDED_PANELS, layout_weights, transposed_elements
 from hexir.ops.builder import GraphBuilder
 from hexir.runtime.default_schedule import default_schedule
 from hexir.runtime.target import Target
@@ -117,6 +117,35 @@ def test_a_matmul_of_a_constant_takes_it_in_panels_that_its_kernel_reads_in_plac
     assert "_global" not in str(default_schedule(func).func)  # nothing packed per call
     a = rng.standard_normal((12, 32), dtype=np.float32)
     np.testing.assert_allclose(module.run([a])[0], a @ w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("columns", [300, 2600])
+def test_columns_that_fill_no_whole_panels_are_padded_and_sliced(rng, columns):
+    """A dense whose columns are no multiple of its panel (GPT-2's 50257 logits; here 300 and
+    2600, past PADDED_MIN_COLUMNS) takes its weight padded with zero columns to whole panels,
+    a multiple of PADDED_PANELS of them where there are 64 or more, then the result's first
+    columns; its bias and relu still apply, and the values are numpy's."""
+    b = GraphBuilder("odd")
+    x = b.input("x", (24, 40))
+    w = rng.standard_normal((columns, 40), dtype=np.float32)
+    bias = rng.standard_normal(columns, dtype=np.float32)
+    graph = b.build(b.relu(b.bias_add(b.dense(x, b.constant(w, name="w")), b.constant(bias))))
+    after = layout_weights(graph)
+    (matmul,) = (op for op in after.ops if op.kind == "matmul")
+    panel = matmul.attr("weight_block")
+    panels = after.constant(matmul.operands[1].name)
+    multiple = PADDED_PANELS if columns >= 64 * panel else 1
+    assert (
+        panels.shape[0] % multiple == 0
+        and panels.shape[0] * panel >= columns > (panels.shape[0] - multiple) * panel
+    )
+    padded = panels.transpose(1, 0, 2).reshape(40, -1)
+    np.testing.assert_array_equal(padded[:, :columns], w.T)
+    assert not padded[:, columns:].any()
+    assert "slice" in [op.kind for op in after.ops]
+    a = rng.standard_normal((24, 40), dtype=np.float32)
+    (got,) = hexir.compile(graph).run([a])
+    np.testing.assert_allclose(got, np.maximum(a @ w.T + bias, 0), rtol=1e-4, atol=1e-4)
 
 
 def test_the_module_holds_the_laid_out_constants_and_no_kernel_transposes_them(rng):
