@@ -242,7 +242,8 @@ def _matmul_of_constant(op: Op, p: RewritePass, target: Target) -> list[Op] | No
     name = f"{w.name}_t{suffix}" if dense else f"{w.name}{suffix}"
     new_w = p.constant(name, weight, op.placement)
     columns = op.result.type.shape[1]
-    if matmul_weight_shape(weight.shape, int(attrs.get("weight_block", 0)))[1] == columns:
+    block, group = (int(attrs.get(key, 0)) for key in ("weight_block", "weight_kgroup"))
+    if matmul_weight_shape(weight.shape, block, group)[1] == columns:
         return [new_w, make_op("matmul", [x, new_w.result], attrs, op.result.name, op.placement)]
     # padded: the product of the padded weight, then its first `columns` columns
     wide = make_op("matmul", [x, new_w.result], attrs, p.fresh(f"{op.result.name}_padded"),
