@@ -14,6 +14,7 @@ FIXTURES = Path(__file__).parents[1] / "frontend" / "fixtures"
 VOCAB = 100  # scripts/export_hf_fixtures.py
 
 
+@pytest.mark.slow  # two compiles of a model in subprocesses: 2.6 s
 def test_hexir_run_sizes_a_dynamic_model_by_dim_or_by_its_inputs(tmp_path, rng):
     path = FIXTURES / "bert_tiny_dynamic.onnx"
     done = run_hexir(tmp_path, "run", str(path), "--dim", "batch=2", "--dim", "sequence=5")

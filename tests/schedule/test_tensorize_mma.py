@@ -42,7 +42,8 @@ def run_on_cpu(func, sch, rng):
     return inputs, got
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+# bfloat16 in the slow suite: the same nests as float16's, converted otherwise
+@pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "name, shape",
     [("matmul", dict(M=256, N=128, K=128)), ("batch_matmul", dict(B=2, M=128, N=128, K=64))],
@@ -68,7 +69,9 @@ def test_a_float16_dense_keeps_its_bias_in_the_write_back(rng):
     assert "hx_ldsm_b(" in source  # W[n][k]: ldmatrix without .trans
 
 
-@pytest.mark.parametrize("dtype, ptx", [("float16", "f16"), ("bfloat16", "bf16")])
+@pytest.mark.parametrize(
+    "dtype, ptx", [("float16", "f16"), pytest.param("bfloat16", "bf16", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_4096_cube_builds_for_tensor_cores_without_spills(dtype, ptx, arch):
     func = hexir.workload("matmul", M=4096, N=4096, K=4096, dtype=dtype)
