@@ -80,6 +80,12 @@ def test_arithmetic_rounds_after_every_op(rng, dtype):
 
 @pytest.mark.parametrize("dtype", FLOAT8)
 def test_text_forms_round_trip_and_cuda_compiles(dtype):
+    text_forms_round_trip_and_cuda_compiles(dtype)
+
+
+def text_forms_round_trip_and_cuda_compiles(dtype: str) -> None:
+    """A cast from float32 into `dtype`: its hextir prints the dtype's short name and parses
+    back; its CUDA C converts with the dtype's helper, and NVRTC compiles it."""
     graph = cast_graph("float32", dtype, 64)
     func = lower_op(graph.ops[-1])
     text = print_func(func)

@@ -12,25 +12,16 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
+from test_byte_floats import cast_graph, text_forms_round_trip_and_cuda_compiles
 
 import hexir
-from hexir.codegen.cuda import generate_cuda
 from hexir.errors import HexirError, TypeInferenceError
 from hexir.frontend.load import load_model, save_model
 from hexir.graph.evaluate import evaluate
-from hexir.graph.lower import lower_op
-from hexir.ir.dtype import SUB_BYTE_INTS, int_range, numpy_dtype, short_name
-from hexir.ir.tir_parse import parse_func
-from hexir.ir.tir_text import print_func
-from hexir.schedule.handwritten import gpu_schedule
+from hexir.ir.dtype import SUB_BYTE_INTS, int_range, numpy_dtype
 
 SUB = list(SUB_BYTE_INTS)
 SOURCES = ["float32", "float64", "float16", "int8", "int32", "int64", "uint8", "uint64"]
-
-
-def cast_graph(src: str, dst: str, n: int) -> hexir.Graph:
-    b = hexir.GraphBuilder("t")
-    return b.build(b.op("cast", b.input("x", (n,), src), dtype=dst))
 
 
 def values(src: str, rng) -> np.ndarray:
@@ -90,13 +81,7 @@ def test_they_move_and_refuse_arithmetic(rng):
 
 @pytest.mark.parametrize("dtype", SUB)
 def test_text_forms_constants_and_cuda(tmp_path, rng, dtype):
-    graph = cast_graph("float32", dtype, 64)
-    func = lower_op(graph.ops[-1])
-    text = print_func(func)
-    assert f"x{short_name(dtype)}>" in text and parse_func(text) == func
-    source = generate_cuda(gpu_schedule(func).func, "cuda -arch=sm_90").source
-    assert f"hx_f32_{short_name(dtype)}(" in source
-    hexir.build(gpu_schedule(func).func, "cuda -arch=sm_90")  # NVRTC compiles it
+    text_forms_round_trip_and_cuda_compiles(dtype)
     low, high = int_range(dtype)
     data = rng.integers(low, high, (5, 7), endpoint=True).astype(numpy_dtype(dtype))
     b = hexir.GraphBuilder("consts")
