@@ -274,8 +274,11 @@ def _inputs(
     real = [v for v in onnx_graph.input if v.name not in ctx.initializers]
     names = _clean_names(real)
     by_name = {n: v for v, name in zip(real, names, strict=True) for n in (v.name, name)}
-    problems = [f"input_shapes names {n!r}, which is no input of the model" for n in shapes]
-    problems = [p for n, p in zip(shapes, problems, strict=True) if n not in by_name]
+    problems = [
+        f"input_shapes names {n!r}, which is no input of the model"
+        for n in shapes
+        if n not in by_name
+    ]
     given = {by_name[n].name: tuple(s) for n, s in shapes.items() if n in by_name}
     bound, more = _bind(real, given, dims)
     problems += more
@@ -314,11 +317,13 @@ def _bind(
     """Each dim_param's size: from `dims`, then from the whole shapes `given` where they hold
     it; and the problems: a size that is no positive int, a given shape that disagrees with
     the declared dims, a dim_param two sources size differently, a name no input uses."""
-    problems = [f"dims[{n!r}] = {s!r} is not a positive size" for n, s in dims.items()]
-    problems = [p for (n, s), p in zip(dims.items(), problems, strict=True) if not _size(s)]
+    problems = [
+        f"dims[{n!r}] = {s!r} is not a positive size" for n, s in dims.items() if not _size(s)
+    ]
     bound = {n: int(s) for n, s in dims.items() if _size(s)}
     named = {d for v in real for d in (_declared(v) or ()) if isinstance(d, str)}
-    problems += [f"dims names {n!r}, which no input of the model has" for n in set(dims) - named]
+    unknown = sorted(set(dims) - named)
+    problems += [f"dims names {n!r}, which no input of the model has" for n in unknown]
     for v in real:
         shape, declared = given.get(v.name), _declared(v)
         if shape is None or declared is None:
