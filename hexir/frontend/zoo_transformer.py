@@ -183,7 +183,10 @@ def gpt2_small_decode(
     model = _GPT2Stack(b, layers, hidden, vocab, seed)
     ids = b.input("input_ids", (1,), "int64")
     cached = [
-        tuple(b.input(f"past.{layer}.{kind}", (heads, past, hidden // heads)) for kind in "kv")
+        tuple(
+            b.input(f"past.{layer}.{kind}", (heads, past, hidden // heads))
+            for kind in ("key", "value")
+        )
         for layer in range(layers)
     ]
     x, presents = model.embed(ids, past), []

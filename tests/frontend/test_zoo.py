@@ -45,11 +45,12 @@ SIGNATURES = {
         [("out", (1, 768)), ("present_key", (12, 128, 64)), ("present_value", (12, 128, 64))],
     ),
 }
-PRESENTS = [(f"present.{layer}.{kind}", (12, 128, 64)) for layer in range(12) for kind in "kv"]
+KINDS = ("key", "value")
+PRESENTS = [(f"present.{layer}.{kind}", (12, 128, 64)) for layer in range(12) for kind in KINDS]
 SIGNATURES["gpt2-small"] = ([("input_ids", (128,))], [("logits", (128, 50257)), *PRESENTS])
 SIGNATURES["gpt2-small-decode"] = (
     [("input_ids", (1,))]
-    + [(f"past.{layer}.{kind}", (12, 127, 64)) for layer in range(12) for kind in "kv"],
+    + [(f"past.{layer}.{kind}", (12, 127, 64)) for layer in range(12) for kind in KINDS],
     [("logits", (1, 50257)), *PRESENTS],
 )
 SLOW = {"resnet18", "resnet50", "mobilenet-v2", "gpt2-small", "gpt2-small-decode"}
