@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from hexir.errors import ModelError
 from hexir.frontend.weights import Weights, normal, uniform
 from hexir.ir.graph import Graph, Value
 from hexir.ops.builder import GraphBuilder
@@ -221,6 +222,11 @@ class _GPT2Stack:
         """The tokens' embeddings plus those of positions start, start + 1, ..."""
         tokens = self.b.op("gather", self.wte, ids, axis=0)
         n = ids.type.shape[0]
+        if start + n > POSITIONS:
+            raise ModelError(
+                f"GPT-2 has {POSITIONS} positions: tokens {start}..{start + n - 1} do not fit "
+                f"(a prompt and its cache hold at most {POSITIONS} tokens)"
+            )
         return self.b.add(tokens, self.b.constant(self.wpe[start : start + n], name="wpe"))
 
     def head(self, x: Value) -> Value:

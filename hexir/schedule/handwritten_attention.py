@@ -4,7 +4,8 @@ kernel writes the scores of all queries.
 
     sch = attention_schedule(lower_op(attention_op), Target("cpu"))    # None: not attention
 
-A job is JOB_ROWS query rows of one batch (all jobs in parallel). Within it:
+A job is JOB_ROWS query rows of one batch (fewer where there are fewer; all jobs in
+parallel). Within it:
 - the scores q·kt as register tiles of TILE_ROWS rows by PANEL columns (vectors) over the whole
   head dimension, each column panel of kt copied once per job into a contiguous buffer (kt's
   rows are a whole sequence apart);
@@ -68,7 +69,7 @@ def _schedule(sch: Schedule, target: Target) -> None:
     for name in ("attention_scores", "attention_values"):
         sch.cache_write(sch.get_block(name), 0, "local")  # the register tiles
     batch, rows, _ = sch.get_loops(sch.get_block("attention_out"))
-    outer, _ = sch.split(rows, [None, JOB_ROWS])
+    outer, _ = sch.split(rows, [None, min(JOB_ROWS, _extent(sch, rows))])
     job = sch.fuse(batch, outer)
     sch.parallel(job)
     for stage in STAGES:
@@ -100,7 +101,7 @@ def _register_tiles(sch: Schedule, name: str, panel_first: bool) -> None:
     rows, cols, red = sch.get_loops(block)[-3:]
     if _extent(sch, cols) % PANEL:
         raise ScheduleError(f"{_extent(sch, cols)} columns are not panels of {PANEL}", name)
-    row_tile, row = sch.split(rows, [None, TILE_ROWS])
+    row_tile, row = sch.split(rows, [None, min(TILE_ROWS, _extent(sch, rows))])
     panel, col = sch.split(cols, [None, PANEL])
     if panel_first:
         sch.reorder(panel, row_tile, red, row, col)

@@ -162,6 +162,15 @@ def test_the_whole_gpt2_decode_continues_its_prefill_and_compiles(rng):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_gpt2_small_refuses_positions_past_its_1024():
+    from hexir.errors import ModelError
+
+    small = dict(layers=1, hidden=32, heads=2, vocab=100)
+    gpt2_small_decode(past=1023, **small)  # the last position
+    with pytest.raises(ModelError, match="GPT-2 has 1024 positions: tokens 1024..1024"):
+        gpt2_small_decode(past=1024, **small)
+
+
 def round_trips(graph: Graph) -> None:
     back = import_onnx(export_onnx(graph))
     assert [v.name for v in back.inputs] == [v.name for v in graph.inputs]
