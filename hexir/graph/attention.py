@@ -39,16 +39,19 @@ MIN_QUERIES = 64
 HIDDEN = -1e9  # a mask entry at or below this hides its key (exp(HIDDEN - max) is 0)
 
 
-def fuse_attention(graph: Graph, target: Target, min_keys: int = MIN_KEYS) -> Graph:
-    """`graph` with each attention of at least `min_keys` keys and MIN_QUERIES queries (module
-    docstring) as one `attention` op, on a CPU target with the knob on; else `graph` itself."""
+def fuse_attention(
+    graph: Graph, target: Target, min_keys: int = MIN_KEYS, min_queries: int = MIN_QUERIES
+) -> Graph:
+    """`graph` with each attention of at least `min_keys` keys and `min_queries` queries
+    (module docstring) as one `attention` op, on a CPU target with the knob on; else `graph`
+    itself."""
     if target.kind != "cpu" or not knobs.get().fuse_attention:
         return graph
     p = RewritePass(graph)
     fused: dict[str, Op] = {}  # the second batch_matmul's result -> its attention op
     for op in graph.ops:
         if op.kind == "batch_matmul" and not op.attrs:
-            found = _attention(op, p, min_keys)
+            found = _attention(op, p, min_keys, min_queries)
             if found is not None:
                 fused[op.result.name] = found
     if not fused:
@@ -57,7 +60,7 @@ def fuse_attention(graph: Graph, target: Target, min_keys: int = MIN_KEYS) -> Gr
     return remove_dead_ops(p.finish(ops))
 
 
-def _attention(out: Op, p: RewritePass, min_keys: int) -> Op | None:
+def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> Op | None:
     """The attention op computing `out` (a batch_matmul of probabilities by values), or None
     where its operand is not the chain of the module docstring."""
     probs, v = out.operands
@@ -82,7 +85,7 @@ def _attention(out: Op, p: RewritePass, min_keys: int) -> Op | None:
         return None
     q, kt = op.operands
     queries, keys = q.type.shape[1], kt.type.shape[2]
-    if keys < min_keys or queries < MIN_QUERIES:
+    if keys < min_keys or queries < min_queries:
         return None
     if bias is not None and not _broadcasts(bias, op):
         return None

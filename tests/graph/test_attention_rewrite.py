@@ -1,7 +1,8 @@
 """The CPU rewrite of attention's parts into one `attention` op (hexir/graph/attention.py):
 what it matches (the zoo's GPT-2 and BERT, a scale by mul or div, a causal -1e9 mask as
 `causal`, another mask as the bias operand), what it leaves (a shared intermediate, another
-softmax axis, fewer keys than MIN_KEYS, the knob off, a GPU target), results equal to the
+softmax axis, fewer keys than MIN_KEYS or queries than MIN_QUERIES, the knob off, a GPU
+target), results equal to the
 parts' on fresh inputs, and a compiled long GPT-2 block whose memory plan holds no
 sequence x sequence buffer."""
 
@@ -13,7 +14,7 @@ import pytest
 import hexir
 from hexir import knobs
 from hexir.frontend.zoo import bert, gpt2
-from hexir.graph.attention import MIN_KEYS, fuse_attention
+from hexir.graph.attention import MIN_KEYS, MIN_QUERIES, fuse_attention
 from hexir.graph.evaluate import evaluate
 from hexir.graph.fusion import compiled_graph
 from hexir.graph.rewrite import simplify_graph
@@ -40,7 +41,7 @@ def same_values(graph, rewritten, rng):
 @pytest.mark.parametrize("make, causal", [(gpt2, True), (bert, False)])
 def test_the_zoo_transformers_attention_becomes_one_op(rng, make, causal):
     graph = simplify_graph(make(seq=24, hidden=64, heads=4))
-    rewritten = fuse_attention(graph, CPU, min_keys=1)
+    rewritten = fuse_attention(graph, CPU, min_keys=1, min_queries=1)
     (op,) = attention_ops(rewritten)
     assert op.attr("causal") is causal and op.attr("scale") == pytest.approx(0.25)
     assert len(op.operands) == 3  # GPT-2's -1e9 mask is `causal`, not a bias
@@ -64,21 +65,22 @@ def test_a_division_scales_and_another_mask_is_the_bias(rng):
     padding = np.zeros((1, 1, 16), np.float32)
     padding[..., 11:] = -1e9
     graph = _parts("div", mask=lambda b: b.constant(padding))
-    (op,) = attention_ops(fuse_attention(graph, CPU, min_keys=1))
+    (op,) = attention_ops(fuse_attention(graph, CPU, min_keys=1, min_queries=1))
     assert op.attr("scale") == 0.5 and op.attr("causal") is False and len(op.operands) == 4
-    same_values(graph, fuse_attention(graph, CPU, min_keys=1), rng)
+    same_values(graph, fuse_attention(graph, CPU, min_keys=1, min_queries=1), rng)
     runtime = _parts(mask=lambda b: b.input("bias", (8, 16)))
-    (op,) = attention_ops(fuse_attention(runtime, CPU, min_keys=1))
+    (op,) = attention_ops(fuse_attention(runtime, CPU, min_keys=1, min_queries=1))
     assert op.operands[3].name == "bias"
-    same_values(runtime, fuse_attention(runtime, CPU, min_keys=1), rng)
+    same_values(runtime, fuse_attention(runtime, CPU, min_keys=1, min_queries=1), rng)
 
 
 def test_what_is_not_attention_stays_as_it_is():
     for graph in (_parts(keep_scores=True), _parts(axis=1)):
-        assert fuse_attention(graph, CPU, min_keys=1) is graph
-    assert not attention_ops(fuse_attention(_parts(keys=MIN_KEYS - 1), CPU))
+        assert fuse_attention(graph, CPU, min_keys=1, min_queries=1) is graph
+    assert not attention_ops(fuse_attention(_parts(keys=MIN_KEYS - 1), CPU, min_queries=1))
     long = _parts(keys=MIN_KEYS)
-    assert attention_ops(fuse_attention(long, CPU))
+    assert attention_ops(fuse_attention(long, CPU, min_queries=1))
+    assert 8 < MIN_QUERIES and not attention_ops(fuse_attention(long, CPU))  # a decode's few
     assert fuse_attention(long, Target("cuda")) is long
     with knobs.scope(fuse_attention=False):
         assert fuse_attention(long, CPU) is long
