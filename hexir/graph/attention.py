@@ -14,7 +14,8 @@ The op's kernel (hexir/schedule/handwritten_attention.py) computes the scores pe
 query rows and never writes all of them. Against the parts' kernels with GPT-2's mask
 (`python benchmarks/attention_cpu.py`, 12 heads, causal): 1.36x at 1024 keys, 1.28x at 2048
 (403 MB of scores and probabilities not written), 0.94-0.97x at 256 and 512; so attention of
-fewer than MIN_KEYS keys keeps its parts. The `fuse_attention` knob (HEXIR_FUSE_ATTENTION=0)
+fewer than MIN_KEYS keys keeps its parts, and so does a decode step's (fewer than MIN_QUERIES
+queries: their scores are a row a head). The `fuse_attention` knob (HEXIR_FUSE_ATTENTION=0)
 turns the rewrite off.
 """
 
