@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 
 from hexir.errors import HexirError, ScheduleError
-from hexir.ir.tir import Block, BufferStore, Expr, For, PrimFunc, Select, Var
+from hexir.ir.tir import Block, BufferStore, Expr, PrimFunc, Select, Var
 from hexir.ir.visit import children, free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import LoopRV, Schedule
-from hexir.schedule.common import all_blocks, index_vars
+from hexir.schedule.common import all_blocks, attempt, index_vars, loop_extent
 
 __all__ = ["GPU_THREADS", "default_schedule"]
 
@@ -91,15 +90,6 @@ def _leading_spatial(loops: list[LoopRV], kinds: list[str]) -> list[LoopRV]:
             break
         outer.append(loop)
     return outer
-
-
-def _attempt(action: Callable[[], object]) -> bool:
-    # A primitive that raises leaves the schedule as it was; the default then does less.
-    try:
-        action()
-    except ScheduleError:
-        return False
-    return True
 
 
 # -- CPU --------------------------------------------------------------------------------------
@@ -148,9 +138,9 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
     for name in names:
         _, kinds, _ = _loops(sch, name)
         if kinds[-1] == "reduce":
-            _attempt(functools.partial(reduce_in_lanes, sch, name, target.vector_width))
+            attempt(functools.partial(reduce_in_lanes, sch, name, target.vector_width))
         else:
-            _attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
+            attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
     return sch
 
 
@@ -168,7 +158,7 @@ def reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
     divide (ViT's rows of 197) leaves a guarded last step, which the C backend's loop
     partitioning runs after the vectorized ones."""
     inner = sch.get_loops(sch.get_block(name))[-1]
-    extent = _extent(sch, inner)
+    extent = loop_extent(sch, inner)
     if extent < 2 * lanes:
         raise ScheduleError(f"a reduction of {extent} does not fill the lanes", "reduce_in_lanes")
     chains = CHAINS if extent >= 4 * CHAINS * lanes else 1
@@ -178,7 +168,7 @@ def reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
     sch.vectorize(loops[-1])
     # zeroed once before the reduction's loops (not where a ragged row's guard refuses it)
     first = kinds.index("reduce") if "reduce" in kinds else len(loops) - 2
-    _attempt(lambda: sch.decompose_reduction(partial, loops[first]))
+    attempt(lambda: sch.decompose_reduction(partial, loops[first]))
     sch.vectorize(sch.get_loops(sch.get_block(name))[-1])  # the partials, in a tree
 
 
@@ -204,7 +194,7 @@ def _inline_into_spatial(sch: Schedule) -> None:
         # A reduction to one element reads each element once: min(x) as -max(-x) in one pass.
         whole = len(readers) == 1 and all(iv.kind == "reduce" for iv in readers[0].iter_vars)
         if readers and (spatial or whole):
-            _attempt(functools.partial(_inline, sch, block.name))
+            attempt(functools.partial(_inline, sch, block.name))
 
 
 # Below this many iterations of its blocks in all, a kernel runs on one core: starting and
@@ -217,7 +207,8 @@ MIN_PARALLEL_ITERATIONS = 32768
 def _worth_sharing(sch: Schedule, names: list[str]) -> bool:
     """Whether the blocks `names` make enough iterations together to run in parallel."""
     total = sum(
-        math.prod(_extent(sch, lp) for lp in sch.get_loops(sch.get_block(name))) for name in names
+        math.prod(loop_extent(sch, lp) for lp in sch.get_loops(sch.get_block(name)))
+        for name in names
     )
     return total >= MIN_PARALLEL_ITERATIONS
 
@@ -227,7 +218,7 @@ def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedul
     if loops and set(kinds) == {"reduce"}:  # to one element: its loops as one row
         for fused in (True, False) if len(loops) > 1 else (False,):
             whole = sch.copy()
-            if _attempt(lambda: _reduce_whole(whole, name, loops, fused, target)):  # noqa: B023
+            if attempt(lambda: _reduce_whole(whole, name, loops, fused, target)):  # noqa: B023
                 return whole
         return sch
     if not loops or "" in kinds or "spatial" not in kinds:
@@ -244,28 +235,28 @@ def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedul
         trial.vectorize(spatial[-1])
 
     window = sch.copy()  # a window reduction along a vector of its innermost spatial loop
-    if not reduce and _attempt(lambda: cases.extend(_case_loops(cased, name, spatial, target))):
+    if not reduce and attempt(lambda: cases.extend(_case_loops(cased, name, spatial, target))):
         sch, outer = cased, _enough_jobs(cased, cases, target)
-    elif len(reduce) > 1 and _attempt(
+    elif len(reduce) > 1 and attempt(
         lambda: _vector_window(window, name, spatial, reduce, target, share)
     ):
         return window
-    elif _attempt(vectorize_innermost):
+    elif attempt(vectorize_innermost):
         sch, outer = trial, spatial[:-1]
     else:
         if len(reduce) > 1 and kinds[-len(reduce) :] == ["reduce"] * len(reduce):
             rows = sch.copy()  # a window reduction, on a copy: a refusal leaves sch as it was
-            if _attempt(lambda: _window_rows(rows, name, spatial, reduce, target, share)):
+            if attempt(lambda: _window_rows(rows, name, spatial, reduce, target, share)):
                 return rows
         leading = _leading_spatial(loops, kinds)
         if not reduce:
             tiled = sch.copy()  # a transposing copy, on a copy likewise
             tiles: list[LoopRV] = []
-            if _attempt(lambda: tiles.extend(_transpose_tiles(tiled, name, spatial))):
+            if attempt(lambda: tiles.extend(_transpose_tiles(tiled, name, spatial))):
                 sch, leading = tiled, tiles  # the loops outside the tiles, all spatial
         outer = _enough_jobs(sch, leading, target)
     if outer and share:
-        _attempt(lambda: sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0]))
+        attempt(lambda: sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0]))
     return sch
 
 
@@ -317,7 +308,7 @@ def _case_loops(sch: Schedule, name: str, spatial: list[LoopRV], target: Target)
         raise ScheduleError("no case split outside the innermost loop", "case_loops")
     others = [lp for lp in spatial[:-1] if lp not in case_loops]
     lanes = target.vector_width
-    if _extent(sch, inner) % lanes == 0 and _extent(sch, inner) > lanes:
+    if loop_extent(sch, inner) % lanes == 0 and loop_extent(sch, inner) > lanes:
         chunks, inner = sch.split(inner, [None, lanes])
         others.append(chunks)
     sch.reorder(*others, *case_loops, inner)
@@ -356,7 +347,7 @@ def _transpose_tiles(sch: Schedule, name: str, spatial: list[LoopRV]) -> list[Lo
     read_along = across[0][0] if len(across) == 1 and len(across[0]) == 1 else None
     if read_along is None:
         raise ScheduleError("not a copy of one transposed buffer", "transpose_tiles")
-    a, b = (_tile_side(_extent(sch, lp)) for lp in (read_along, inner))
+    a, b = (_tile_side(loop_extent(sch, lp)) for lp in (read_along, inner))
     if min(a, b) < TRANSPOSE_TILE // 2:
         raise ScheduleError("extents without a divisor to tile by", "transpose_tiles")
     a0, a1 = sch.split(read_along, [None, a])
@@ -385,7 +376,7 @@ def _enough_jobs(sch: Schedule, loops: list[LoopRV], target: Target) -> list[Loo
 
     want, jobs = DEFAULT_JOBS_PER_CORE * target.num_cores, 1
     for n, loop in enumerate(loops):
-        jobs *= _extent(sch, loop)
+        jobs *= loop_extent(sch, loop)
         if jobs >= want:
             return loops[: n + 1]
     return loops
@@ -427,7 +418,7 @@ def _vector_window(
 
 def _unroll_small_window(sch: Schedule, reduce: list[LoopRV]) -> None:
     """A window's loops unrolled where it has at most MAX_UNROLLED_WINDOW elements."""
-    if math.prod(_extent(sch, lp) for lp in reduce) <= MAX_UNROLLED_WINDOW:
+    if math.prod(loop_extent(sch, lp) for lp in reduce) <= MAX_UNROLLED_WINDOW:
         for loop in reduce:
             sch.unroll(loop)
 
@@ -447,7 +438,7 @@ def _window_rows(
     from hexir.search.sketch_cpu import DEFAULT_JOBS_PER_CORE
 
     outer = spatial[:-1]
-    jobs = math.prod(_extent(sch, lp) for lp in outer)
+    jobs = math.prod(loop_extent(sch, lp) for lp in outer)
     if share and jobs < DEFAULT_JOBS_PER_CORE * target.num_cores:
         raise ScheduleError("too few rows to share among the cores", "window_rows")
     block = sch.get_block(name)
@@ -482,13 +473,13 @@ def _gpu_schedule(func: PrimFunc, target: Target) -> Schedule:
     outputs = {b.name for b in func.outputs}
     for block in list(all_blocks(func.body)):
         if not any(w.buffer.name in outputs for w in block.writes):
-            _attempt(functools.partial(_inline, sch, block.name))
+            attempt(functools.partial(_inline, sch, block.name))
     stages = [b.name for b in all_blocks(sch.func.body)]
     shared = _shared_prefix(sch, stages)
     if shared == 0:
         return sch
     bound = sch.copy()
-    if not _attempt(lambda: _bind_under_last(bound, stages, shared)):
+    if not attempt(lambda: _bind_under_last(bound, stages, shared)):
         return sch
     try:
         verify_gpu(compact_buffers(bound.func), target)
@@ -529,14 +520,8 @@ def _shared_prefix(sch: Schedule, stages: list[str]) -> int:
     extents = []
     for name in stages:
         loops, kinds, _ = _loops(sch, name)
-        extents.append([_extent(sch, lp) for lp in _leading_spatial(loops, kinds)])
+        extents.append([loop_extent(sch, lp) for lp in _leading_spatial(loops, kinds)])
     n = min((len(e) for e in extents), default=0)
     while n and any(e[:n] != extents[0][:n] for e in extents):
         n -= 1
     return n
-
-
-def _extent(sch: Schedule, loop: LoopRV) -> int:
-    node = sch.get(loop)
-    assert isinstance(node, For)
-    return node.extent

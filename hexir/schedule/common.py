@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from hexir.errors import ScheduleError
 from hexir.ir import arith
@@ -32,6 +32,10 @@ from hexir.ir.tir import (
     seq,
 )
 from hexir.ir.visit import free_vars, substitute, walk
+
+if TYPE_CHECKING:
+    from hexir.schedule.state import ScheduleBase
+    from hexir.schedule.trace import LoopRV
 
 # ---------------------------------------------------------------------------------------------
 # Finding loops and blocks
@@ -319,3 +323,24 @@ def marked_ir(func: PrimFunc, loop: Var | None = None, block: str | None = None)
             lines[n] = f"{line}  <-- here"
             break
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-written schedules
+
+
+def attempt(action: Callable[[], object]) -> bool:
+    """Run a schedule step that may refuse: False where it raises ScheduleError (a primitive
+    that raises leaves the schedule as it was, so the schedule then does less)."""
+    try:
+        action()
+    except ScheduleError:
+        return False
+    return True
+
+
+def loop_extent(sch: ScheduleBase, loop: LoopRV) -> int:
+    """The extent of the loop `loop` names in `sch`."""
+    node = sch.get(loop)
+    assert isinstance(node, For)
+    return node.extent

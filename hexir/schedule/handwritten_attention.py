@@ -25,12 +25,10 @@ numbers, so a job cannot stop at its diagonal), where a flash kernel skips the h
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from hexir.errors import ScheduleError
-from hexir.ir.tir import For, PrimFunc
+from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
-from hexir.schedule.common import all_blocks
+from hexir.schedule.common import all_blocks, attempt, loop_extent
 from hexir.schedule.schedule import Schedule
 
 __all__ = ["attention_schedule"]
@@ -69,7 +67,7 @@ def _schedule(sch: Schedule, target: Target) -> None:
     for name in ("attention_scores", "attention_values"):
         sch.cache_write(sch.get_block(name), 0, "local")  # the register tiles
     batch, rows, _ = sch.get_loops(sch.get_block("attention_out"))
-    outer, _ = sch.split(rows, [None, min(JOB_ROWS, _extent(sch, rows))])
+    outer, _ = sch.split(rows, [None, min(JOB_ROWS, loop_extent(sch, rows))])
     job = sch.fuse(batch, outer)
     sch.parallel(job)
     for stage in STAGES:
@@ -78,19 +76,12 @@ def _schedule(sch: Schedule, target: Target) -> None:
         sch.compute_at(sch.get_block(f"attention_{stage}"), job)
     # Each stage's speed-ups on their own: one a ragged tail refuses leaves the stage plainer
     # (a primitive that raises changes nothing), the others still apply.
-    _attempt(lambda: _register_tiles(sch, "attention_scores", panel_first=True))
-    _attempt(lambda: _register_tiles(sch, "attention_values", panel_first=False))
+    attempt(lambda: _register_tiles(sch, "attention_scores", panel_first=True))
+    attempt(lambda: _register_tiles(sch, "attention_values", panel_first=False))
     for name in ("attention_max", "attention_sum"):
-        _attempt(lambda name=name: reduce_in_lanes(sch, name, target.vector_width))
+        attempt(lambda name=name: reduce_in_lanes(sch, name, target.vector_width))
     for name in ("attention_exp", "attention_out"):
-        _attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
-
-
-def _attempt(action: Callable[[], object]) -> None:
-    try:
-        action()
-    except ScheduleError:
-        pass
+        attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
 
 
 def _register_tiles(sch: Schedule, name: str, panel_first: bool) -> None:
@@ -99,9 +90,9 @@ def _register_tiles(sch: Schedule, name: str, panel_first: bool) -> None:
     outside the row tiles, each panel of the second operand copied once for all of them."""
     block = sch.get_block(name)
     rows, cols, red = sch.get_loops(block)[-3:]
-    if _extent(sch, cols) % PANEL:
-        raise ScheduleError(f"{_extent(sch, cols)} columns are not panels of {PANEL}", name)
-    row_tile, row = sch.split(rows, [None, min(TILE_ROWS, _extent(sch, rows))])
+    if loop_extent(sch, cols) % PANEL:
+        raise ScheduleError(f"{loop_extent(sch, cols)} columns are not panels of {PANEL}", name)
+    row_tile, row = sch.split(rows, [None, min(TILE_ROWS, loop_extent(sch, rows))])
     panel, col = sch.split(cols, [None, PANEL])
     if panel_first:
         sch.reorder(panel, row_tile, red, row, col)
@@ -119,9 +110,3 @@ def _register_tiles(sch: Schedule, name: str, panel_first: bool) -> None:
         tile_rows, tile_cols = sch.get_loops(stage)[-2:]
         sch.unroll(tile_rows)
         sch.vectorize(tile_cols)
-
-
-def _extent(sch: Schedule, loop) -> int:
-    node = sch.get(loop)
-    assert isinstance(node, For)
-    return node.extent
