@@ -140,27 +140,25 @@ def _hidden(
     nonpad_kv_seqlen (its padding)."""
     causal = bool(ctx.attr("is_causal", 0))
     left, right = (int(ctx.attr(f"{side}_window_size", -1)) for side in ("left", "right"))
-    # j - p where the offset is the past's: the conditions below are on it
-    rel = np.arange(total)[None, :] - np.arange(s)[:, None] - past
-    conds = [(rel, ">", 0)] if causal else []
-    conds += [(rel, "<", -left)] if left >= 0 else []
-    conds += [(rel, ">", right)] if right >= 0 else []
+    # each a comparison of j - p with a bound, where the key is hidden
+    conds = [("greater", 0)] if causal else []
+    conds += [("less", -left)] if left >= 0 else []
+    conds += [("greater", right)] if right >= 0 else []
+    rel = np.arange(total)[None, :] - np.arange(s)[:, None] - past  # j - p, the past's offset
     if nonpad is None:
-        return [np.logical_or.reduce([_compare(r, op, c) for r, op, c in conds])] if conds else []
+        return [np.logical_or.reduce([_NUMPY[op](rel, c) for op, c in conds])] if conds else []
     lengths = reshape(ctx, cast(ctx, nonpad, "int64"), (nonpad.type.shape[0], 1, 1, 1))
     keys = ctx.constant(np.arange(total, dtype=np.int64).reshape(1, 1, 1, total))
     hidden: list[np.ndarray | Value] = [ctx.op("greater_equal", keys, lengths)]
     if conds:  # j - p with p = i + nonpad - S: rel + S - nonpad, per batch
         shifted = ctx.constant((rel + s).astype(np.int64).reshape(1, 1, s, total))
         relative = ctx.op("sub", shifted, lengths)
-        ops = {">": "greater", "<": "less"}
-        for _, op, c in conds:
-            hidden.append(ctx.op(ops[op], relative, ctx.constant(np.array(c, np.int64))))
+        for op, c in conds:
+            hidden.append(ctx.op(op, relative, ctx.constant(np.array(c, np.int64))))
     return hidden
 
 
-def _compare(a: np.ndarray, op: str, c: int) -> np.ndarray:
-    return a > c if op == ">" else a < c
+_NUMPY = {"greater": np.greater, "less": np.less}  # the Hexir comparisons _hidden uses
 
 
 def _mask_bias(ctx: Context, mask: Value, q: Value, total: int) -> Value:

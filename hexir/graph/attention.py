@@ -27,7 +27,7 @@ from hexir import knobs
 from hexir.graph.rewrite import RewritePass, remove_dead_ops
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ops import make_op
-from hexir.ops.attention import causal_mask
+from hexir.ops.attention import broadcasts_to, causal_mask
 from hexir.runtime.target import Target
 
 __all__ = ["MIN_KEYS", "MIN_QUERIES", "fuse_attention"]
@@ -88,7 +88,7 @@ def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> Op |
     queries, keys = q.type.shape[1], kt.type.shape[2]
     if keys < min_keys or queries < min_queries:
         return None
-    if bias is not None and not _broadcasts(bias, op):
+    if bias is not None and not broadcasts_to(bias.type.shape, op.result.type.shape):
         return None
     operands = [q, kt, v] if bias is None or causal else [q, kt, v, bias]
     attrs = {"scale": scale, "causal": causal}
@@ -115,11 +115,6 @@ def _scalar(value: Value | None, p: RewritePass) -> float | None:
     if value is None or value.name not in p.data or value.type.size != 1:
         return None
     return float(p.data[value.name].reshape(()))
-
-
-def _broadcasts(bias: Value, scores: Op) -> bool:
-    shape, to = bias.type.shape, scores.result.type.shape
-    return len(shape) <= 3 and all(x in (1, y) for x, y in zip(shape[::-1], to[::-1], strict=False))
 
 
 def _is_causal_mask(mask: Value, p: RewritePass, scores: tuple[int, ...]) -> bool:

@@ -26,7 +26,7 @@ from hexir.ops.base import Exporter, OpDef, Pattern, operand_names
 from hexir.ops.compute import Kernel, add, attr_float, broadcast, lowest
 from hexir.ops.numeric import Attrs, f64, get_float
 
-__all__ = ["ATTENTION", "OPS", "causal_mask"]
+__all__ = ["ATTENTION", "OPS", "broadcasts_to", "causal_mask"]
 
 
 def causal_mask(s: int, t: int) -> np.ndarray:
@@ -41,7 +41,7 @@ def _infer(c: Check) -> TensorType:
     (b, s, d), t = q.shape, kt.shape[2]
     if kt.shape[:2] != (b, d) or v.shape[:2] != (b, t):
         fail(f"q {dims(q)}, kt {dims(kt)} and v {dims(v)} are not [B,S,D], [B,D,T], [B,T,Dv]")
-    if bias and not _broadcasts(bias[0].shape, (b, s, t)):
+    if bias and not broadcasts_to(bias[0].shape, (b, s, t)):
         fail(f"bias {dims(bias[0])} does not broadcast to the scores [{b}, {s}, {t}]")
     if c.flag("causal", False) and t < s:
         fail(f"causal attention needs at least as many keys as queries: {t} keys, {s} queries")
@@ -49,7 +49,8 @@ def _infer(c: Check) -> TensorType:
     return TensorType((b, s, v.shape[2]), q.dtype)
 
 
-def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+def broadcasts_to(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    """Whether numpy broadcasts an array of `shape` to `to` (a bias to the scores)."""
     return len(shape) <= len(to) and all(
         x in (1, y) for x, y in zip(reversed(shape), reversed(to), strict=False)
     )
