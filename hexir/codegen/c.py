@@ -32,7 +32,12 @@ from hexir.codegen.c_lower import (
 )
 from hexir.codegen.c_math import MATH_NEEDS, math_helper
 from hexir.codegen.c_names import BIT_OPERATORS, C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
-from hexir.codegen.c_narrow import float4_helpers, float8_helpers, sub_byte_helpers
+from hexir.codegen.c_narrow import (
+    float4_helpers,
+    float8_helpers,
+    sub_byte_helpers,
+    sub_byte_value,
+)
 from hexir.codegen.c_vector import (
     HELPER_NEEDS,
     HORIZONTAL,
@@ -714,14 +719,7 @@ class CPrinter:
         if dtype == value.dtype:
             return x
         if value.dtype in SUB_BYTE_INTS:  # its value from the low bits (ml_dtypes' storage)
-            bits = SUB_BYTE_INTS[value.dtype]
-            mask, sign = (1 << bits) - 1, 1 << (bits - 1)
-            low = f"((unsigned){x} & {mask}u)"
-            x = (
-                f"((int){low})"
-                if is_unsigned(value.dtype)
-                else f"((int)({low} ^ {sign}u) - {sign})"
-            )
+            x = sub_byte_value(x, value.dtype)
         kind = f"{short_name(value.dtype)}_{short_name(dtype)}"
         if kind in self.conversions:  # a narrow float or into a sub-byte int (c_narrow.py)
             if kind not in self._helpers:

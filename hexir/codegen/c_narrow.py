@@ -28,7 +28,7 @@ is 0 where that is out of range (NaN and infinities too).
 
 from __future__ import annotations
 
-from hexir.ir.dtype import DTYPES, SUB_BYTE_INTS, int_range, is_float, short_name
+from hexir.ir.dtype import DTYPES, SUB_BYTE_INTS, int_range, is_float, is_unsigned, short_name
 from hexir.ir.narrow import F32, NARROW_FLOATS, in_float32
 from hexir.ir.tir import BufferLoad, BufferStore, Cast, Expr, FloatImm, IfThenElse, Stmt
 from hexir.ir.visit import map_stmt, walk
@@ -151,14 +151,22 @@ def float4_helpers() -> dict[str, str]:
     }
 
 
+def sub_byte_value(x: str, dtype: str) -> str:
+    """The C int a sub-byte int `dtype` holds in the low bits of the integer expression `x`
+    (sign-extended where signed): how a value reads as one, or wraps into one."""
+    bits = SUB_BYTE_INTS[dtype]
+    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+    low = f"((unsigned){x} & {mask}u)"
+    return f"((int){low})" if is_unsigned(dtype) else f"((int)({low} ^ {sign}u) - {sign})"
+
+
 def sub_byte_helpers() -> dict[str, str]:
     """`<src>_<int4 ...>` for every dtype a cast converts from (the narrow floats arrive as
     float32), in the conversions' template form ({q}: the qualifier, {i8}/{u8}: the types)."""
     out = {}
-    for dtype, bits in SUB_BYTE_INTS.items():
+    for dtype in SUB_BYTE_INTS:
         low, high = int_range(dtype)
         ctype = "{u8}" if low == 0 else "{i8}"
-        mask, sign = (1 << bits) - 1, 1 << (bits - 1)
         for source in DTYPES:
             if source in NARROW_FLOATS:
                 continue
@@ -166,11 +174,8 @@ def sub_byte_helpers() -> dict[str, str]:
             if is_float(source):  # toward zero; 0 outside the range, NaN and inf too
                 body = f"return x > {low - 1}.0 && x < {high + 1}.0 ? ({ctype})(int)x : 0;"
                 arg = "double x"
-            elif low == 0:  # the low bits
-                body = f"return ({ctype})((unsigned)x & {mask}u);"
-                arg = "long long x"
-            else:  # the low bits, sign-extended
-                body = f"return ({ctype})((int)(((unsigned)x & {mask}u) ^ {sign}u) - {sign});"
+            else:  # the low bits (sign-extended where signed)
+                body = f"return ({ctype}){sub_byte_value('x', dtype)};"
                 arg = "long long x"
             out[kind] = f"{{q}} {ctype} hx_{kind}({arg}) {{{{ {body} }}}}"
     return out

@@ -21,16 +21,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hexir.codegen.c import BF16_HELPERS, CPrinter
+from hexir.codegen.c import CPrinter
 from hexir.codegen.c_names import C_KEYWORDS, LIBRARY_NAMES, Names, kernel_symbol
-from hexir.codegen.c_narrow import float4_helpers, float8_helpers, sub_byte_helpers
 from hexir.codegen.cuda_lower import lower_for_cuda
 from hexir.codegen.cuda_mma import emit_mma, mma_lane
 from hexir.codegen.cuda_reduce import AllReduce
 from hexir.codegen.gpu_verify import BLOCK_AXES, THREAD_AXES, Launch, verify_gpu
 from hexir.errors import ResourceError, ScheduleError, TargetError
 from hexir.ir.arith import affine_coefficients, simplify
-from hexir.ir.dtype import is_float, itemsize, short_name
+from hexir.ir.dtype import SUB_BYTE_INTS, is_float, is_unsigned, itemsize, short_name
 from hexir.ir.narrow import BYTE_FLOATS, HALF_FLOATS
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,
@@ -82,10 +81,7 @@ CUDA_INTS = {
     "bfloat16": "unsigned short",  # its bits (c_narrow.py)
     "float16": "unsigned short",  # its bits, converted by PTX's cvt
     **dict.fromkeys(BYTE_FLOATS, "unsigned char"),  # their bits (c.py's float8_helpers)
-    "int4": "signed char",  # the sub-byte ints, one per byte
-    "int2": "signed char",
-    "uint4": "unsigned char",
-    "uint2": "unsigned char",
+    **{d: "unsigned char" if is_unsigned(d) else "signed char" for d in SUB_BYTE_INTS},
     "uint32": "unsigned int",
     "uint64": "unsigned long long",
 }
@@ -147,13 +143,7 @@ class CudaPrinter(CPrinter):
     export = 'extern "C" __global__'
     restrict = "__restrict__"
     helper_qualifier = "static __device__ __forceinline__"
-    conversions = {
-        **BF16_HELPERS,
-        **float8_helpers(),
-        **float4_helpers(),
-        **sub_byte_helpers(),
-        **F16_HELPERS,
-    }
+    conversions = {**CPrinter.conversions, **F16_HELPERS}
 
     def __init__(self, target: Target | None, launch: Launch, *, fast_math: bool = False):
         super().__init__(target)

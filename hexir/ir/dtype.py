@@ -79,15 +79,17 @@ def numpy_dtype(dtype: str) -> np.dtype:
     return np.dtype(scalar)
 
 
-# The float dtypes numpy keeps as ml_dtypes' (kind "V" there, not "f").
-ML_FLOATS = (
-    "bfloat16",
+# The floats kept in a byte each: the 8-bit ones and float4_e2m1fn (its code in the low four
+# bits, as ml_dtypes holds it), converted one element at a time (hexir/codegen/c_narrow.py).
+BYTE_FLOATS = (
     "float8_e4m3fn",
     "float8_e4m3fnuz",
     "float8_e5m2",
     "float8_e5m2fnuz",
     "float4_e2m1fn",
 )
+# The float dtypes numpy keeps as ml_dtypes' (kind "V" there, not "f").
+ML_FLOATS = ("bfloat16", *BYTE_FLOATS)
 
 
 def numpy_is_float(dtype: np.dtype) -> bool:

@@ -11,6 +11,7 @@ reference sums them wide. The C printers lower every kernel with the first befor
 
 from __future__ import annotations
 
+from hexir.ir.dtype import BYTE_FLOATS
 from hexir.ir.tir import (
     ARITH_OPS,
     Binary,
@@ -24,15 +25,6 @@ from hexir.ir.tir import (
 )
 
 HALF_FLOATS = ("float16", "bfloat16")
-# The floats kept in a byte each: the 8-bit ones and float4_e2m1fn (its code in the low four
-# bits, as ml_dtypes holds it), converted one element at a time (hexir/codegen/c_narrow.py).
-BYTE_FLOATS = (
-    "float8_e4m3fn",
-    "float8_e4m3fnuz",
-    "float8_e5m2",
-    "float8_e5m2fnuz",
-    "float4_e2m1fn",
-)
 NARROW_FLOATS = HALF_FLOATS + BYTE_FLOATS  # stored narrow, computed in float32
 F32 = "float32"
 
