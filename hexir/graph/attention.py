@@ -49,7 +49,7 @@ def fuse_attention(
     if target.kind != "cpu" or not knobs.get().fuse_attention:
         return graph
     p = RewritePass(graph)
-    fused: dict[str, Op] = {}  # the second batch_matmul's result -> its attention op
+    fused: dict[str, list[Op]] = {}  # the second batch_matmul's result -> its attention op
     for op in graph.ops:
         if op.kind == "batch_matmul" and not op.attrs:
             found = _attention(op, p, min_keys, min_queries)
@@ -57,12 +57,13 @@ def fuse_attention(
                 fused[op.result.name] = found
     if not fused:
         return graph
-    ops = [fused.get(op.result.name, op) for op in graph.ops]
+    ops = [new for op in graph.ops for new in fused.get(op.result.name, [op])]
     return remove_dead_ops(p.finish(ops))
 
 
-def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> Op | None:
-    """The attention op computing `out` (a batch_matmul of probabilities by values), or None
+def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> list[Op] | None:
+    """The attention op computing `out` (a batch_matmul of probabilities by values), after
+    the transpose of its keys where the scores' batch_matmul read them in place, or None
     where its operand is not the chain of the module docstring."""
     probs, v = out.operands
     softmax = _sole_producer(probs, p)
@@ -82,17 +83,22 @@ def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> Op |
             return None
         scale = value if op.kind == "mul" else 1.0 / value
         op = _sole_producer(logits, p)
-    if op is None or op.kind != "batch_matmul" or op.attrs:
+    if op is None or op.kind != "batch_matmul" or dict(op.attrs).keys() - {"transpose_b"}:
         return None
     q, kt = op.operands
-    queries, keys = q.type.shape[1], kt.type.shape[2]
+    queries, keys = q.type.shape[1], op.result.type.shape[2]
     if keys < min_keys or queries < min_queries:
         return None
     if bias is not None and not broadcasts_to(bias.type.shape, op.result.type.shape):
         return None
+    ops = []
+    if op.attr("transpose_b"):  # the attention op reads its keys as [B, D, T]
+        name = p.fresh(f"{kt.name}_t")
+        turn = make_op("transpose", [kt], {"perm": (0, 2, 1)}, name, op.placement)
+        ops, kt = [turn], turn.result
     operands = [q, kt, v] if bias is None or causal else [q, kt, v, bias]
     attrs = {"scale": scale, "causal": causal}
-    return make_op("attention", operands, attrs, out.result.name, out.placement)
+    return [*ops, make_op("attention", operands, attrs, out.result.name, out.placement)]
 
 
 def _sole_producer(value: Value, p: RewritePass) -> Op | None:

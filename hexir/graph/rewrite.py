@@ -531,6 +531,60 @@ def _same_axis(shape: tuple[int, ...], source: tuple[int, ...], axis: int) -> in
     return None
 
 
+def _transposed_operand(op: Op, p: RewritePass) -> list[Op] | None:
+    """batch_matmul(a, transpose(x, (0, 2, 1))) -> batch_matmul(a, x, transpose_b), the
+    transpose read in place (its kernel was a strided copy of x; a decode step's keys are
+    its whole cache). Also through the view an imported N-D matmul takes (x of [.., N, K],
+    transposed by its last two axes and viewed as [B, K, N], becomes x viewed as [B, N, K])
+    and through elementwise ops of x by scalars on the way (an exported attention scales
+    its keys after transposing them), which then compute on x as it is laid out. Only where
+    each of those values has no other use."""
+    if op.kind != "batch_matmul" or op.attrs:
+        return None
+    a, b = op.operands
+    chain, made = [], _sole(b, p)
+    while made is not None and _by_scalars(made):
+        chain.append(made)
+        made = _sole(made.operands[0], p)
+    moved = made if made is None or made.kind != "reshape" else _sole(made.operands[0], p)
+    perm = None if moved is None else layout_permutation(moved)
+    rank = 0 if perm is None else len(perm)
+    if moved is None or perm != (*range(rank - 2), rank - 1, rank - 2):
+        return None
+    x, ops = moved.operands[0], []
+    batch, k, n = b.type.shape
+    if moved is not made:  # [.., K, N] viewed as [B, K, N]: its leading axes merged
+        if moved.result.type.shape[-2:] != (k, n):
+            return None
+        name = p.fresh(f"{x.name}_rows")
+        ops.append(make_op("reshape", [x], {"shape": (batch, n, k)}, name, op.placement))
+        x = ops[-1].result
+    for step in reversed(chain):  # the scalings, on x as it is laid out
+        operands, name = [x, *step.operands[1:]], p.fresh(step.result.name)
+        ops.append(make_op(step.kind, operands, dict(step.attrs), name, step.placement))
+        x = ops[-1].result
+    attrs = {"transpose_b": True}
+    return [*ops, make_op("batch_matmul", [a, x], attrs, op.result.name, op.placement)]
+
+
+def _by_scalars(op: Op) -> bool:
+    """An elementwise op of its first operand and scalars (one element each)."""
+    d = op_def(op.kind)
+    return (
+        d is not None
+        and d.fusion is Pattern.ELEMENTWISE
+        and bool(op.operands)
+        and op.operands[0].type.shape == op.result.type.shape
+        and all(v.type.size == 1 for v in op.operands[1:])
+    )
+
+
+def _sole(v: Value, p: RewritePass) -> Op | None:
+    """The op making `v`, where `v` has one use and is no graph output."""
+    op = p.producer.get(v.name)
+    return op if op is not None and p.uses.get(v.name) == 1 and not p.is_output(v) else None
+
+
 _REWRITES: tuple[Rewrite, ...] = (
     _identity,
     _reshape,
@@ -539,4 +593,5 @@ _REWRITES: tuple[Rewrite, ...] = (
     _broadcasts,
     _sink_reshape,
     _sink_transpose,
+    _transposed_operand,
 )

@@ -101,7 +101,9 @@ def unblock_matmul_weight(b: np.ndarray) -> np.ndarray:
 def _matmul_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
     """matmul's and batch_matmul's: a blocked b (weight_block) unblocked first."""
     b = xs[1]
-    if attrs.get("weight_kgroup"):
+    if attrs.get("transpose_b"):
+        b = np.swapaxes(b, -1, -2)
+    elif attrs.get("weight_kgroup"):
         b = ungroup_matmul_weight(b)
     elif attrs.get("weight_block"):
         b = unblock_matmul_weight(b)
@@ -139,7 +141,9 @@ def _matmul_export(ex: Exporter, op: Op) -> None:
     """matmul's and batch_matmul's: a blocked b back to [.., K, N] first (ONNX Runtime folds
     that at load time)."""
     names = operand_names(op)
-    if op.attr("weight_kgroup"):
+    if op.attr("transpose_b"):
+        names[1] = ex.node("Transpose", [names[1]], perm=(0, 2, 1))
+    elif op.attr("weight_kgroup"):
         k, n = matmul_weight_shape(op.operands[1].type.shape, 1, 1)
         moved = ex.node("Transpose", [names[1]], perm=(1, 3, 0, 2))
         names[1] = ex.node("Reshape", [moved, ex.ints((k, n), f"{op.result.name}.b")])
@@ -183,11 +187,16 @@ MATMUL = OpDef(
 
 def _batch_matmul_infer(c: Check) -> TensorType:
     block = c.integer("weight_block", minimum=1) if c.raw.get("weight_block") else 0
+    flipped = c.flag("transpose_b", False) if c.raw.get("transpose_b") else False
+    if flipped and block:
+        fail("transpose_b and weight_block do not go together (a blocked b is laid out already)")
     a, b = c.ranks(3, 4 if block else 3)
     dtype = result_dtype(c)
     if block and b.shape[3] != block:
         fail(f"weight_block={block} needs b of shape [N/{block}, B, K, {block}], b is {dims(b)}")
     batch, k, n = matmul_weight_shape(b.shape, block)
+    if flipped:
+        n, k = k, n
     if a.shape[0] != batch:
         fail(f"batch dimensions differ: a is {dims(a)}, b is {dims(b)}")
     if a.shape[2] != k:
@@ -198,9 +207,13 @@ def _batch_matmul_infer(c: Check) -> TensorType:
 def _batch_matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
     a, b = args
     block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
+    flipped = bool(op.attr("transpose_b", 0))
 
     def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
-        weight = _weight_read(b, block, (s[0], r[0]), s[2])
+        if flipped:
+            weight = b[s[0], s[2], r[0]]
+        else:
+            weight = _weight_read(b, block, (s[0], r[0]), s[2])
         return fold_cast(out.dtype, a[s[0], s[1], r[0]]) * fold_cast(out.dtype, weight)
 
     k.reduce("batch_matmul", out, a.shape[-1:], product)
@@ -209,9 +222,9 @@ def _batch_matmul_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer
 BATCH_MATMUL = OpDef(
     "batch_matmul",
     "a[B,M,K] · b[B,K,N], one matmul per batch (weight_block=b: b's columns in blocks of b, "
-    "innermost, [N/b, B, K, b])",
+    "innermost, [N/b, B, K, b]; transpose_b: b given as [B,N,K], a transpose read in place)",
     ("a", "b"),
-    ("weight_block",),
+    ("weight_block", "transpose_b"),
     infer=_batch_matmul_infer,
     fusion=Pattern.OUT_FUSABLE,
     evaluate=_matmul_evaluate,

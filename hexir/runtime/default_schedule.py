@@ -65,6 +65,7 @@ def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
     if target.kind == "cpu":
         return (
             attention_schedule(func, target)
+            or _cpu_dots(func, target)
             or _cpu_tiled(func, target)
             or _cpu_rows(func, target)
             or _cpu_simple(func, target)
@@ -109,6 +110,59 @@ def _cpu_tiled(func: PrimFunc, target: Target) -> Schedule | None:
     except ScheduleError:
         return None
     return sch
+
+
+# A contraction whose rows are fewer than this streams its other operand once: tiles would
+# reuse nothing (a decode step's q·kᵀ against a key cache read in place).
+DOT_ROWS = 4
+
+
+def _cpu_dots(func: PrimFunc, target: Target) -> Schedule | None:
+    """Dot products: a contraction whose every operand runs along the reduction, contiguous
+    (a batch_matmul reading its b transposed, a dense of a computed weight), with fewer than
+    DOT_ROWS rows, so that each output is the dot product of two rows read in place: the
+    outputs in parallel, each accumulated in vector lanes along the reduction
+    (`reduce_in_lanes`), its epilogues computed where it is. The tile sketch would vectorize
+    along the outputs and read across the rows, one element a row. None where the kernel is
+    not of that shape."""
+    blocks = list(all_blocks(func.body))
+    main = [b for b in blocks if any(iv.kind == "reduce" for iv in b.iter_vars)]
+    if len(main) != 1 or main[0] is not blocks[0] or not _dot_reads(main[0]):
+        return None
+    sch = Schedule(func)
+    name, share = main[0].name, _worth_sharing(sch, [b.name for b in blocks])
+    try:
+        loops = sch.get_loops(sch.get_block(name))
+        outputs = sch.fuse(*loops[:-1])
+        for block in blocks[1:]:
+            sch.reverse_compute_at(sch.get_block(block.name), outputs)
+        reduce_in_lanes(sch, name, target.vector_width)
+    except ScheduleError:
+        return None
+    if share:
+        attempt(lambda: sch.parallel(outputs))
+    return sch
+
+
+def _dot_reads(block: Block) -> bool:
+    """Whether `block` (one reduction var, innermost in its loops) reads two or more buffers
+    (a contraction, not a row reduction), each along that var, its last index, and some
+    buffer it reads is used by fewer than DOT_ROWS of the outputs' other indices (so nothing
+    would be reused from a register tile)."""
+    reduce = [iv.var for iv in block.iter_vars if iv.kind == "reduce"]
+    if len(reduce) != 1 or block.iter_vars[-1].var != reduce[0] or len(block.reads) < 2:
+        return False
+    spatial = {iv.var: iv.dom for iv in block.iter_vars if iv.kind == "spatial"}
+    streamed = False
+    for region in block.reads:
+        last = region.region[-1]
+        if index_vars(last) != {reduce[0]}:
+            return False
+        if any(reduce[0] in index_vars(r) for r in region.region[:-1]):
+            return False
+        used = set().union(*(index_vars(r) for r in region.region))
+        streamed |= math.prod(dom for var, dom in spatial.items() if var not in used) < DOT_ROWS
+    return streamed
 
 
 def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:

@@ -73,6 +73,11 @@ CASES: dict[str, Graph] = {
     "batch_matmul": one_op(
         "batch_matmul", [((2, 4, 5), F), ((2, 5, 3), F)], lambda b, x, y: b.batch_matmul(x, y)
     ),
+    "batch_matmul_transpose_b": one_op(
+        "batch_matmul_transpose_b",
+        [((2, 4, 5), F), ((2, 3, 5), F)],
+        lambda b, x, y: b.batch_matmul(x, y, transpose_b=True),
+    ),
     "dense": one_op("dense", [((4, 5), F), ((3, 5), F)], lambda b, x, w: b.dense(x, w)),
     "dense_int32": one_op(
         "dense_int32", [((4, 5), "int32"), ((3, 5), "int32")], lambda b, x, w: b.dense(x, w)

@@ -49,6 +49,21 @@ def test_the_zoo_transformers_attention_becomes_one_op(rng, make, causal):
     same_values(graph, rewritten, rng)
 
 
+def test_keys_read_in_place_are_transposed_for_the_attention_op(rng):
+    # simplify_graph folds a transpose of the keys into the scores' batch_matmul
+    # (transpose_b); the attention op reads them as [B, D, T], so the transpose comes back.
+    b = GraphBuilder("parts")
+    q, k, v = b.input("q", (2, 8, 4)), b.input("k", (2, 16, 4)), b.input("v", (2, 16, 4))
+    scores = b.batch_matmul(q, b.transpose(k, (0, 2, 1)))
+    half = b.constant(np.array(0.5, np.float32))
+    graph = simplify_graph(b.build(b.batch_matmul(b.softmax(b.mul(scores, half), axis=2), v)))
+    assert [op.attr("transpose_b") for op in graph.ops if op.kind == "batch_matmul"][0]
+    rewritten = fuse_attention(graph, CPU, min_keys=1, min_queries=1)
+    assert [op.kind for op in rewritten.ops] == ["transpose", "attention"]
+    assert rewritten.ops[1].operands[1] == rewritten.ops[0].result
+    same_values(graph, rewritten, rng)
+
+
 def _parts(scale_op="mul", mask=None, axis=2, keep_scores=False, keys=16):
     b = GraphBuilder("parts")
     q, kt, v = b.input("q", (2, 8, 4)), b.input("kt", (2, 4, keys)), b.input("v", (2, keys, 4))

@@ -219,6 +219,7 @@ CASES = [
     ("matmul", "float32", [(1, 7), (7, 1)], {}, "normal"),
     ("batch_matmul", "float32", [(2, 3, 4), (2, 4, 5)], {}, "normal"),
     ("batch_matmul", "float32", [(1, 1, 3), (1, 3, 2)], {}, "normal"),
+    ("batch_matmul", "float32", [(2, 3, 4), (2, 5, 4)], {"transpose_b": True}, "normal"),
     ("dense", "float32", [(3, 5), (4, 5)], {}, "normal"),
     ("dense", "float32", [(6, 2), (1, 2)], {}, "normal"),
     ("winograd_input", "float32", [(1, 6, 10, 3)], {"tile": 4}, "normal"),

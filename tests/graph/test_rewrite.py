@@ -244,6 +244,50 @@ def test_the_same_transpose_twice_is_made_once():
     assert after.ops[1].operands == after.ops[2].operands
 
 
+def test_a_batch_matmul_reads_a_transposed_operand_in_place():
+    # q·kᵀ of a decode step: the key cache was transposed by a kernel of its own.
+    b = GraphBuilder("g")
+    q, k = b.input("q", (3, 2, 8)), b.input("k", (3, 5, 8))
+    after = simplified(b.build(b.batch_matmul(q, b.transpose(k, perm=(0, 2, 1)))))
+    assert kinds(after) == ["batch_matmul"]
+    assert after.ops[0].attr("transpose_b") is True and after.ops[0].operands == (q, k)
+
+
+def test_an_imported_matmul_of_transposed_keys_reads_them_in_place():
+    # ONNX's MatMul(q, Transpose(k, perm=[0, 1, 3, 2])) on [1, heads, tokens, head_dim]: the
+    # import views both as [heads, .., ..] for batch_matmul; the keys stay untransposed.
+    b = GraphBuilder("g")
+    q, k = b.input("q", (1, 3, 2, 8)), b.input("k", (1, 3, 5, 8))
+    kt = b.reshape(b.transpose(k, perm=(0, 1, 3, 2)), (3, 8, 5))
+    after = simplified(b.build(b.batch_matmul(b.reshape(q, (3, 2, 8)), kt)))
+    assert kinds(after) == ["reshape", "reshape", "batch_matmul"]  # views, no kernel
+    assert after.ops[2].attr("transpose_b") is True
+    assert after.ops[2].operands[1].type.shape == (3, 5, 8)
+
+
+def test_keys_scaled_after_their_transpose_are_scaled_in_place():
+    # torch's exported attention: keys [1, heads, tokens, d] viewed as [heads, tokens, d],
+    # transposed, scaled by sqrt(1/sqrt(d)), then the batch_matmul; the scaling now runs on
+    # the keys as they are laid out, and the batch_matmul reads them untransposed.
+    b = GraphBuilder("g")
+    q, k = b.input("q", (3, 2, 8)), b.input("k", (1, 3, 5, 8))
+    kt = b.transpose(b.reshape(k, (3, 5, 8)), (0, 2, 1))
+    half = b.constant(np.array([0.5], np.float32))
+    after = simplified(b.build(b.batch_matmul(q, b.tanh(b.mul(kt, half)))))
+    assert kinds(after) == ["reshape", "constant", "mul", "tanh", "batch_matmul"]
+    assert after.ops[2].result.type.shape == (3, 5, 8)
+    assert after.ops[4].attr("transpose_b") is True
+
+
+def test_a_transpose_with_another_use_is_not_folded_into_batch_matmul():
+    b = GraphBuilder("g")
+    q, k = b.input("q", (3, 2, 8)), b.input("k", (3, 5, 8))
+    kt = b.transpose(k, perm=(0, 2, 1))
+    after = simplified(b.build([b.batch_matmul(q, kt), b.relu(kt)]))
+    assert kinds(after) == ["transpose", "batch_matmul", "relu"]
+    assert not after.ops[1].attr("transpose_b")
+
+
 def test_a_slice_of_a_transpose_moves_above_it_and_meets_the_transpose_back():
     # A strided 1x1 conv's every other pixel, picked in NCHW from NHWC activations that a
     # transpose made NCHW, then transposed to NHWC for the conv's matmul: one slice in NHWC.

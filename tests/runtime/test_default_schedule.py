@@ -149,6 +149,35 @@ def test_cpu_matrix_vector_products_give_each_core_one_stretch_of_every_weight_r
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_decode_steps_scores_are_dot_products_of_rows_read_in_place(rows, rng):
+    # q·kᵀ against a key cache read untransposed ([heads, keys, head_dim]): each score is the
+    # dot product of two contiguous rows, in vector lanes along head_dim, the scores of
+    # every head in parallel, the scale computed where each is.
+    b = hexir.GraphBuilder("g")
+    q, k = b.input("q", (12, rows, 64)), b.input("k", (12, 1024, 64))
+    scale = b.constant(np.array(0.125, np.float32))
+    (group,) = partition(b.build(b.mul(b.batch_matmul(q, k, transpose_b=True), scale)))
+    func = hexir.lower(group.graph())
+    sch = default_schedule(func, "cpu")
+    roots = _root_loops(sch.func)
+    assert [lp.kind for lp in roots] == ["parallel"]
+    assert {b.name for b in all_blocks(func.body)} <= {b.name for b in all_blocks(roots[0].body)}
+    assert "rfactor" in str(sch.trace)  # the partial sums in lanes
+    assert "vectorized" in [lp.kind for lp in _loops(sch.func)]
+    check_on_cpu(func, sch.func, rng)
+
+
+def test_a_transposed_operand_with_many_rows_is_tiled_and_packed(rng):
+    # 128 queries reuse every key: the tile sketch, its panel of kᵀ packed per job.
+    b = hexir.GraphBuilder("g")
+    q, k = b.input("q", (2, 128, 64)), b.input("k", (2, 96, 64))
+    func = hexir.lower(b.build(b.batch_matmul(q, k, transpose_b=True)))
+    sch = default_schedule(func, "cpu")
+    assert "rfactor" not in str(sch.trace) and "cache_read" in str(sch.trace)
+    check_on_cpu(func, sch.func, rng)
+
+
 @pytest.mark.parametrize("N", [985, 197])
 def test_ragged_matrix_vector_products_run_one_stretch_per_core(N, rng):
     # No part of a vector divides 985 (or GPT-2's 50257) columns: each core takes the same
