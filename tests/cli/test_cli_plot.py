@@ -50,6 +50,7 @@ def _check_png(path: Path) -> None:
     assert np.ptp(pixels[..., :3]) > 0.5  # lines on a background, not one flat color
 
 
+@pytest.mark.slow
 def test_a_model_plot_writes_a_png_and_prints_each_task(tuned, tmp_path):
     folder, url = tuned
     out = tmp_path / "curve.png"

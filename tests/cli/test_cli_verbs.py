@@ -48,6 +48,7 @@ def test_build_without_a_database_uses_default_schedules_and_runs(tmp_path):
     assert "0 tuned, 3 default" in ran.stdout and "(median of 3)" in ran.stdout
 
 
+@pytest.mark.slow
 def test_export_writes_onnx_that_runs_back_with_the_same_outputs(tmp_path, rng):
     save_tiny_mlp(tmp_path)
     done = run_hexir(tmp_path, "export", "tiny.hexir", "-o", "tiny.onnx")

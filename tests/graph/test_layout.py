@@ -325,6 +325,7 @@ def _between_winograd_convs(rng: np.random.Generator) -> hexir.Graph:
     return b.build(conv(h, 16, 32, 3))
 
 
+@pytest.mark.slow
 def test_a_1x1_conv_between_winograd_convs_computes_in_nhwc_where_fewer_elements_move(rng):
     # The Winograd form reads and writes NHWC: the 1x1 conv as a matmul of the pixels [H*W, C]
     # by its weight [C, K] keeps the activations in NHWC between them, its transposes meeting
@@ -346,6 +347,7 @@ def test_a_1x1_conv_between_winograd_convs_computes_in_nhwc_where_fewer_elements
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_resnet50s_1x1_convs_and_mobilenets_depthwise_convs_compute_in_nhwc():
     # ResNet-50's stages are Winograd convs between 1x1 convs: in NHWC, 11 layout transforms
     # where 22 were (its global pool in NHWC too, its max pool after the NCHW stem not).

@@ -225,6 +225,7 @@ def test_a_deadline_stops_sampling_and_evolution_where_it_passes(matmul):
     assert late.profile.mutation == 0.0
 
 
+@pytest.mark.slow
 def test_sampling_stops_halfway_to_a_round_deadline_and_leaves_evolution_the_rest(
     matmul, monkeypatch
 ):

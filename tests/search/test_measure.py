@@ -151,6 +151,7 @@ def test_builds_run_in_parallel(quick, monkeypatch):
     assert {b.info["build_workers"] for b in builds} == {2}
 
 
+@pytest.mark.slow
 def test_planted_failures_cost_one_record_each(quick, runner):
     good = schedules()
     cands = [good[1], crashing(), good[2], hanging(), good[3], wrong_init(), half_written()]
