@@ -453,6 +453,80 @@ def print_dynamic(rows: list[DynamicRow], version: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Int4Row:
+    name: str
+    float32: float  # seconds: Hexir on the float32 graph
+    float32_ort: float
+    int4: float  # Hexir on hexir.quantize(weights="int4")'s graph
+    int4_ort: float  # ONNX Runtime on its MatMulNBits file
+    error: float  # Hexir's int4 outputs against its float32 ones (relative, largest)
+    error_ort: float
+
+
+def bench_int4(name: str, rounds: int, folder: Path) -> Int4Row:
+    """Weight-only int4, a scale per 32 rows of a column (symmetric) both ways: Hexir's
+    matmul_int4 and ONNX Runtime's MatMulNBits (its quantizer's round-to-nearest, block 32,
+    its default accuracy level)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from hexir.frontend.quantize import INT4_GROUP
+
+    graph = hexir.load_model(name)
+    hexir.export_onnx(graph, folder / "f32.onnx")
+    with _quiet_root_logger():
+        quantizer = MatMulNBitsQuantizer(
+            onnx.load(folder / "f32.onnx"), block_size=INT4_GROUP, is_symmetric=True
+        )
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(folder / "int4.onnx"))
+    inputs, feed = inputs_of(graph), folder / "inputs.npz"
+    save_feed(graph, inputs, feed)
+    quantized, _ = hexir.quantize(graph, weights="int4")
+    modules = {"f32": hexir.compile(graph), "int4": hexir.compile(quantized)}
+    hexir_s: dict[str, list[float]] = {kind: [] for kind in modules}
+    ort_s: dict[str, list[float]] = {"f32": [], "int4": []}
+    theirs: dict[str, list[np.ndarray]] = {}
+    for _ in range(rounds):  # alternating, as bench_model
+        for kind in ort_s:
+            seconds, theirs[kind], _ = onnxruntime_file(folder / f"{kind}.onnx", feed, folder)
+            ort_s[kind].append(seconds)
+        for kind, module in modules.items():
+            hexir_s[kind].append(time_module(module, inputs))
+    f32 = modules["f32"].run(inputs)
+    med = {kind: statistics.median(t) for kind, t in hexir_s.items()}
+    return Int4Row(
+        name,
+        med["f32"],
+        statistics.median(ort_s["f32"]),
+        med["int4"],
+        statistics.median(ort_s["int4"]),
+        relative_diff(modules["int4"].run(inputs), f32, f32),
+        relative_diff(theirs["int4"], f32, f32),
+    )
+
+
+def print_int4(rows: list[Int4Row], version: str) -> None:
+    print(
+        f"\nint4 weights (weight-only, symmetric, a scale per 32 rows of a column): "
+        f"hexir.quantize(weights='int4') beside ONNX Runtime's MatMulNBits quantizer (block 32, "
+        f"symmetric) on the CPU ({os.cpu_count()} cores; ms, medians; ORT {THREADS} threads); "
+        f"int4 x ORT = ONNX Runtime's int4 time / Hexir's; f32 / int4 = Hexir's float32 time / "
+        f"its int4 time; err = largest |int4 - float32| / largest |float32| over the outputs; "
+        f"ONNX Runtime {version}"
+    )
+    print(
+        f"{'model':<12} {'hexir f32':>10} {'ORT f32':>10} {'hexir int4':>10} {'ORT int4':>10} "
+        f"{'int4 x ORT':>10} {'f32 / int4':>10} {'err':>8} {'ORT err':>8}"
+    )
+    for r in rows:
+        print(
+            f"{r.name:<12} {ms(r.float32):>10} {ms(r.float32_ort):>10} {ms(r.int4):>10} "
+            f"{ms(r.int4_ort):>10} {ratio(r.int4_ort, r.int4):>10} "
+            f"{r.float32 / r.int4:>10.2f} {r.error:>8.1e} {r.error_ort:>8.1e}"
+        )
+
+
 def print_models(rows: list[ModelRow], version: str) -> None:
     print(
         f"\nwhole models quantized by ONNX Runtime's quantize_static (QDQ, uint8 activations, int8 "
@@ -495,7 +569,11 @@ def run_shapes(shapes: tuple[Shape, ...], rounds: int, version: str | None) -> l
 
 
 def run_models(names: tuple[str, ...], rounds: int, version: str, schemes: list[str]) -> None:
-    parts = {"qdq": (bench_model, print_models), "dynamic": (bench_dynamic, print_dynamic)}
+    parts = {
+        "qdq": (bench_model, print_models),
+        "dynamic": (bench_dynamic, print_dynamic),
+        "int4": (bench_int4, print_int4),
+    }
     for scheme in schemes:
         bench, show = parts[scheme]
         rows = []
@@ -518,12 +596,13 @@ def main() -> None:
     parser.add_argument(
         "--schemes", default="qdq,dynamic",
         help="the whole models' quantizations: qdq (static, ONNX Runtime's), dynamic (int8 "
-        "weights: hexir.quantize and ONNX Runtime's quantize_dynamic), or both",
+        "weights: hexir.quantize and ONNX Runtime's quantize_dynamic), int4 (weight-only: "
+        "hexir.quantize and ONNX Runtime's MatMulNBits; needs onnx-ir), comma-separated",
     )  # fmt: skip
     args = parser.parse_args()
     schemes = [s for s in args.schemes.split(",") if s]
-    if not set(schemes) <= {"qdq", "dynamic"}:
-        parser.error(f"--schemes {args.schemes!r}: qdq, dynamic or both")
+    if not set(schemes) <= {"qdq", "dynamic", "int4"}:
+        parser.error(f"--schemes {args.schemes!r}: qdq, dynamic, int4, comma-separated")
 
     print(numpy_matmul_line(), flush=True)
     version = onnxruntime_version()

@@ -20,25 +20,28 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         "quantize",
         parents=[parent],
         help="a model's linear layers in int8 (weights per column; activations per run or "
-        "calibrated) or bfloat16, as a .hexir file",
+        "calibrated), int4 (weights only) or bfloat16, as a .hexir file",
         description="Quantize every matmul and dense of a float32 activation by a constant "
         "weight: the weight to int8 (symmetric, one scale per output column, computed now: "
         "no data needed), the activation to uint8 at every run from its own range, or, with "
         "--activations int8 --calibrate FILE, from the range it takes on calibration inputs. "
         "Writes OUT (.hexir) and its constants (.npz) and prints the error against the "
         "float32 model on held-out random inputs. --weights bfloat16 casts both operands to "
-        "bfloat16 instead (no scales; AVX512_BF16 where the CPU has it).",
+        "bfloat16 instead (no scales; AVX512_BF16 where the CPU has it); --weights int4 "
+        "quantizes the weights only, to int4 packed two a byte with a scale per 32 rows of a "
+        "column (the activations stay float32).",
     )
     p.add_argument("model", metavar="MODEL", help=MODEL_HELP)
     p.add_argument(
         "-o",
         "--output",
         metavar="OUT.hexir",
-        help="default: MODEL-int8.hexir (MODEL-bfloat16.hexir)",
+        help="default: MODEL-int8.hexir (MODEL-int4.hexir, MODEL-bfloat16.hexir)",
     )
     p.add_argument(
         "--weights", default="int8", metavar="TYPE",
-        help="int8 (the default) or bfloat16 (bf16: activations cast at every run)",
+        help="int8 (the default), int4 (weight-only, a scale per 32 rows) or bfloat16 (bf16: "
+        "activations cast at every run)",
     )  # fmt: skip
     p.add_argument(
         "--activations", default="dynamic", choices=("dynamic", "int8"),
@@ -63,6 +66,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
     subject = load_graph(args.model, "quantize", args.dim)
     graph = subject.model
+    if args.weights == "int4" and args.activations != "dynamic":
+        raise HexirError(
+            "--weights int4 quantizes the weights only: the activations stay float32 (leave "
+            "out --activations and --calibrate)"
+        )
     if args.calibrate and args.activations != "int8":
         raise HexirError(
             "--calibrate fixes the activations' scales: give it with --activations int8 "
@@ -83,8 +91,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     held_out = [random_array(v.type.shape, v.type.dtype, rng) for v in graph.inputs]
     errors = quantization_error(graph, quantized, held_out)
     before = sum(4 * n * k for n, k in (layer.shape for layer in layers))
-    after = before / (2 if kind == "bfloat16" else 4)
+    after = before * {"bfloat16": 1 / 2, "int4": 1 / 8 + 1 / 32}.get(kind, 1 / 4)
     source = f"from calibration ({len(calibration)} sets)" if calibration else "at every run"
+    source = "float32 (weight-only)" if kind == "int4" else source
     print(
         f"wrote {output} (and {output.with_suffix('.npz').name}): {len(layers)} linear layers "
         f"in {kind}, weights {before / 2**20:.2f} -> {after / 2**20:.2f} MiB; activations "

@@ -49,6 +49,7 @@ from hexir.codegen.c_vector import (
     emit_vector_loop,
     horizontal_helper,
     reduces_across,
+    widen_bytes_helper,
     x86_intrinsic,
 )
 from hexir.errors import BuildError
@@ -372,6 +373,13 @@ class CPrinter:
             return name
         for need in HELPER_NEEDS.get(kind, ()):
             self.vector_helper(need, dtype, lanes)
+        if kind == "widen_bytes":  # int8 / uint8 lanes to int32 lanes
+            src, i32 = self.vector_type(dtype, lanes), self.vector_type("int32", lanes)
+            helper = widen_bytes_helper(self.helper_qualifier, dtype, lanes, src, i32, features)
+            if "_mm" in helper:
+                self.extra_includes.add("immintrin.h")
+            self._helpers[name] = helper
+            return name
         if kind in ("widen", "narrow"):  # bfloat16 <-> float32
             f32, bf16 = self.vector_type("float32", lanes), self.vector_type("bfloat16", lanes)
             u32 = self.vector_type("uint32", lanes)

@@ -188,10 +188,12 @@ def _check_keywords(name: str, builder: Callable[..., PrimFunc], given: Mapping)
 
 
 def _operand_dtype(kind: str, n: int, dtype: str) -> str:
-    """`dtype`, but where's condition is bool and the indices of the runtime-index ops
-    (`hexir.ops.indexing`, operand 1) int64."""
+    """`dtype`, but where's condition is bool, the indices of the runtime-index ops
+    (`hexir.ops.indexing`, operand 1) int64 and matmul_int4's packed weight uint8."""
     if kind == "where" and n == 0:
         return "bool"
+    if kind == "matmul_int4" and n == 1:
+        return "uint8"
     return "int64" if n == 1 and op_def(kind) in indexing.OPS else dtype
 
 

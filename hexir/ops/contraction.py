@@ -14,7 +14,7 @@ from hexir.ir.arith_eval import fold_cast
 from hexir.ir.dtype import BYTE_INTS, is_float
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
-from hexir.ir.tir import Binary, Buffer, Expr, IntImm
+from hexir.ir.tir import Binary, Buffer, Cast, Expr, IntImm
 from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, operand_names
 from hexir.ops.compute import Kernel, floordiv
 from hexir.ops.numeric import Attrs, block_axis, unblock_axis, unblock_perm, wide
@@ -277,4 +277,130 @@ DENSE = OpDef(
     flops=_contraction_flops,
 )
 
-OPS: tuple[OpDef, ...] = (MATMUL, BATCH_MATMUL, DENSE)
+# --- 4-bit weights ---------------------------------------------------------------------------
+# matmul_int4's w holds a [K, N] matrix of int4 values (-8..7), two per byte along K: byte
+# [k // 2, n] has row k = 2i in its low nibble and row 2i + 1 in its high one, so that a
+# vector of consecutive columns reads consecutive bytes and one shift (the same for every lane)
+# picks either row. Each group of `group` rows of a column shares a float32 scale.
+
+
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """A [K, N] array of ints in -8..7 (K even) as matmul_int4's w: uint8 [K/2, N]."""
+    nibbles = q.astype(np.int16).astype(np.uint8) & 0xF
+    return nibbles[0::2] | (nibbles[1::2] << 4)
+
+
+def unpack_int4(w: np.ndarray) -> np.ndarray:
+    """The int8 [K, N] matrix matmul_int4's w holds."""
+    rows = np.empty((2 * w.shape[0], w.shape[1]), np.int8)
+    rows[0::2] = ((w & 0xF) ^ 8).astype(np.int8) - 8
+    rows[1::2] = ((w >> 4) ^ 8).astype(np.int8) - 8
+    return rows
+
+
+def int4_weight(w: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
+    """The float32 [K, N] weight matmul_int4 multiplies by: each int4 times its group's
+    scale, rounded to float32."""
+    return unpack_int4(w).astype(np.float32) * np.repeat(scale, group, axis=0)
+
+
+def _matmul_int4_infer(c: Check) -> TensorType:
+    group = c.integer("group", minimum=2)
+    block = c.integer("weight_block", minimum=1) if c.raw.get("weight_block") else 0
+    rank = 3 if block else 2
+    a, w, scale = c.ranks(2, rank, rank)
+    if (a.dtype, w.dtype, scale.dtype) != ("float32", "uint8", "float32"):
+        fail(f"needs a float32, w uint8 and scale float32, got {a.dtype}, {w.dtype}, {scale.dtype}")
+    if block and (w.shape[2] != block or scale.shape[2] != block):
+        fail(f"weight_block={block} needs w and scale of shape [N/{block}, .., {block}]")
+    k, n = a.shape[1], matmul_weight_shape(w.shape, block)[1]
+    if group % 2 or k % group:
+        fail(f"group={group} must be even and divide K={k}")
+    if matmul_weight_shape(w.shape, block) != (k // 2, n) or matmul_weight_shape(
+        scale.shape, block
+    ) != (k // group, n):
+        fail(
+            f"a is {dims(a)}: w must hold [{k // 2}, N] (two rows a byte) and scale "
+            f"[{k // group}, N]; w is {dims(w)}, scale {dims(scale)}"
+            + (f" (in panels of {block})" if block else "")
+        )
+    return TensorType((a.shape[0], n), "float32")
+
+
+def _matmul_int4_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    a, w, scale = xs
+    if attrs.get("weight_block"):
+        w, scale = unblock_matmul_weight(w), unblock_matmul_weight(scale)
+    weight = int4_weight(w, scale, int(attrs["group"]))  # type: ignore[arg-type]
+    return np.matmul(wide(a), wide(weight))
+
+
+def _matmul_int4_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """The reduction over K as (group, byte row in the group, nibble), each index affine: a
+    byte's int4 is its value shifted left to the top of an int32 and back, arithmetically
+    (sign-extended), times its group's scale, times a."""
+    a, w, scale = args
+    group = int(op.attr("group"))  # type: ignore[arg-type]
+    block = int(op.attr("weight_block", 0))  # type: ignore[arg-type]
+    rows = a.shape[1] // group
+
+    def product(s: tuple[Expr, ...], r: tuple[Expr, ...]) -> Expr:
+        g, i, nibble = r
+        byte = Cast("int32", _weight_read(w, block, (g * (group // 2) + i,), s[1]))
+        value = Binary("shr", Binary("shl", byte, IntImm(28) - nibble * 4), IntImm(28))
+        weight = Cast("float32", value) * _weight_read(scale, block, (g,), s[1])
+        return a[s[0], g * group + i * 2 + nibble] * weight
+
+    k.reduce("matmul_int4", out, (rows, group // 2, 2), product)
+
+
+def _matmul_int4_export(ex: Exporter, op: Op) -> None:
+    """ONNX (opset 17) has no int4: the weight unpacked by integer ops (a nibble is the byte
+    mod 16 or divided by 16, made signed by ((x + 8) mod 16) - 8), interleaved back to [K, N],
+    scaled by its groups' scales and multiplied; ONNX Runtime folds that into a float32
+    weight when w and scale are constants."""
+    a, w, scale = operand_names(op)
+    group = int(op.attr("group"))  # type: ignore[arg-type]
+    k = op.operands[0].type.shape[1]
+    n = op.result.type.shape[1]
+    base = op.result.name
+    if op.attr("weight_block"):  # panels [N/b, R, b] back to [R, N]
+        w = _unpanel(ex, w, (k // 2, n), base)
+        scale = _unpanel(ex, scale, (k // group, n), base)
+    wide_w = ex.node("Cast", [w], to=ex.elem_type("int32"))
+    sixteen, eight = ex.const(np.int32(16), f"{base}.16"), ex.const(np.int32(8), f"{base}.8")
+    halves = []
+    for nibble in (ex.node("Mod", [wide_w, sixteen]), ex.node("Div", [wide_w, sixteen])):
+        signed = ex.node("Sub", [ex.node("Mod", [ex.node("Add", [nibble, eight]), sixteen]), eight])
+        halves.append(ex.node("Unsqueeze", [signed, ex.ints((1,), f"{base}.axis")]))
+    rows = ex.node("Reshape", [ex.node("Concat", halves, axis=1), ex.ints((k, n), f"{base}.kn")])
+    grouped = ex.node("Unsqueeze", [scale, ex.ints((1,), f"{base}.axis")])
+    spread = ex.node("Expand", [grouped, ex.ints((k // group, group, n), f"{base}.expand")])
+    scales = ex.node("Reshape", [spread, ex.ints((k, n), f"{base}.kn")])
+    weight = ex.node("Mul", [ex.node("Cast", [rows], to=ex.elem_type("float32")), scales])
+    ex.node("MatMul", [a, weight], op.result.name)
+
+
+def _unpanel(ex: Exporter, name: str, shape: tuple[int, int], base: str) -> str:
+    moved = ex.node("Transpose", [name], perm=(1, 0, 2))
+    return ex.node("Reshape", [moved, ex.ints(shape, f"{base}.rows")])
+
+
+MATMUL_INT4 = OpDef(
+    "matmul_int4",
+    "a[M,K] · (int4 w[K,N] × scale[K/group,N]): w packed two rows a byte, [K/2,N] uint8 (row "
+    "2i in byte i's low nibble, 2i+1 in its high one), each `group` rows of a column sharing "
+    "a float32 scale (weight_block=b: w and scale in column panels, [N/b, K/2, b] and "
+    "[N/b, K/group, b])",
+    ("a", "w", "scale"),
+    ("group", "weight_block"),
+    infer=_matmul_int4_infer,
+    fusion=Pattern.OUT_FUSABLE,
+    evaluate=_matmul_int4_evaluate,
+    lower=_matmul_int4_lower,
+    export=_matmul_int4_export,
+    flops=_contraction_flops,
+)
+
+
+OPS: tuple[OpDef, ...] = (MATMUL, BATCH_MATMUL, DENSE, MATMUL_INT4)

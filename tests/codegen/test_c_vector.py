@@ -135,6 +135,31 @@ def test_int32_arithmetic_and_casts(rng):
     np.testing.assert_array_equal(f, (expect // 4).astype(np.float32) * 0.5)
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_bytes_widen_to_int32_and_float_lanes_in_one_instruction(dtype, rng):
+    # An int4 weight's GEMV reads bytes into int32 lanes: one vpmovzxbd / vpmovsxbd on x86
+    # (GCC 12 converts a byte vector one lane at a time through the scalar registers).
+    from hexir.runtime.target import Target
+
+    n = 70
+    X, Q, F = Buffer("X", (n,), dtype), Buffer("Q", (n,), "int32"), Buffer("F", (n,))
+    body = seq(
+        BufferStore(Q, (i,), Binary("shr", Binary("shl", Cast("int32", X[i]), IntImm(28)),
+                                    IntImm(28))),  # fmt: skip
+        BufferStore(F, (i,), Cast("float32", X[i]) * 0.5),
+    )
+    func = PrimFunc("widen", (X, Q, F), For(i, n, "vectorized", body), num_outputs=2)
+    host = Target("cpu")
+    source = generate_c(func, host)
+    intrinsic = {"avx512f": "_mm512_cvtep", "avx2": "_mm256_cvtep"}
+    found = next((name for feature, name in intrinsic.items() if feature in host.features), None)
+    assert "omp simd" not in source and (found is None or found in source)
+    x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1, n).astype(dtype)
+    q, f = run(func, x)
+    np.testing.assert_array_equal(q, ((x.astype(np.int32) & 15) ^ 8) - 8)  # the low nibble
+    np.testing.assert_array_equal(f, x.astype(np.float32) * np.float32(0.5))
+
+
 def test_nonnegative_int_division_vectorizes(rng):
     n = 32
     X, Q = Buffer("X", (n,), "int32"), Buffer("Q", (n,), "int32")

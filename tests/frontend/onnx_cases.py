@@ -78,6 +78,22 @@ CASES: dict[str, Graph] = {
         [((2, 4, 5), F), ((2, 3, 5), F)],
         lambda b, x, y: b.batch_matmul(x, y, transpose_b=True),
     ),
+    "matmul_int4": one_op(
+        "matmul_int4",
+        [((3, 8), F), ((4, 5), "uint8")],
+        lambda b, x, w: b.matmul_int4(x, w, b.constant(_w(2, 5)), group=4),
+    ),
+    "matmul_int4_blocked": one_op(
+        "matmul_int4_blocked",
+        [((1, 64), F)],
+        lambda b, x: b.matmul_int4(
+            x,
+            b.constant(block_matmul_weight(WEIGHTS.integers(0, 256, (32, 6)).astype(np.uint8), 3)),
+            b.constant(block_matmul_weight(_w(2, 6), 3)),
+            group=32,
+            weight_block=3,
+        ),
+    ),
     "dense": one_op("dense", [((4, 5), F), ((3, 5), F)], lambda b, x, w: b.dense(x, w)),
     "dense_int32": one_op(
         "dense_int32", [((4, 5), "int32"), ((3, 5), "int32")], lambda b, x, w: b.dense(x, w)

@@ -101,8 +101,10 @@ def test_static_activations_take_their_scales_from_calibration(rng):
 
 def test_refusals_name_what_is_missing(rng):
     graph = _two_layers(rng)
-    with pytest.raises(HexirError, match="int4 dtype"):
-        hexir.quantize(graph, weights="int4")
+    with pytest.raises(HexirError, match="int8, int4, bfloat16"):
+        hexir.quantize(graph, weights="int2")
+    with pytest.raises(HexirError, match="weight-only"):
+        hexir.quantize(graph, weights="int4", activations="static", calibration=[[]])
     with pytest.raises(HexirError, match="one of dynamic, static"):
         hexir.quantize(graph, activations="float8")
 
@@ -139,8 +141,8 @@ def test_cli_quantize_writes_a_model_that_runs_and_reports_its_error(tmp_path, c
     assert "or a stack of such sets" in capsys.readouterr().err
     assert main(["quantize", "mlp", "--calibrate", str(calib)]) == 1
     assert "--activations int8" in capsys.readouterr().err
-    assert main(["quantize", "mlp", "--weights", "int4"]) == 1
-    assert "int4" in capsys.readouterr().err
+    assert main(["quantize", "mlp", "--weights", "int4", "--activations", "int8"]) == 1
+    assert "weights only" in capsys.readouterr().err
 
 
 def test_bfloat16_weights_halve_the_bytes_and_stay_within_bfloat16_rounding(tmp_path, rng):
@@ -159,4 +161,47 @@ def test_bfloat16_weights_halve_the_bytes_and_stay_within_bfloat16_rounding(tmp_
     assert main(["quantize", "mlp", "-o", str(out), "--weights", "bf16"]) == 0
     loaded = hexir.load_model(str(out))  # its bfloat16 constants read back from the .npz
     assert any(op.result.type.dtype == "bfloat16" for op in loaded.ops)
+    assert main(["run", str(out), "--check"]) == 0
+
+
+def _numpy_int4(w: np.ndarray) -> np.ndarray:
+    """The int4 scheme in numpy, dequantized: each 32 rows of a column [K, N] share a scale,
+    max|w| / 7, the values rounded into -7..7."""
+    k, n = w.shape
+    top = np.abs(w).reshape(k // 32, 32, n).max(axis=1)
+    scale = np.repeat(np.where(top > 0, top / 7, 1).astype(np.float32), 32, axis=0)
+    return np.clip(np.rint(w / scale), -7, 7).astype(np.float32) * scale
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_int4_weights_compute_the_numpy_dequantized_product(rows, rng):
+    # One row: the int4 kernel, weight and scales in column panels (8 bytes a weight of
+    # float32's 32 read); eight rows: the weight dequantized at compile time, a matmul.
+    w = rng.standard_normal((96, 160)).astype(np.float32)
+    graph = _dense_graph(w, rows)
+    quantized, layers = hexir.quantize(graph, weights="int4")
+    assert [layer.shape for layer in layers] == [(160, 96)]
+    (op,) = [op for op in quantized.ops if op.kind == "matmul_int4"]
+    assert op.operands[1].type.shape == (80, 96) and op.operands[1].type.dtype == "uint8"
+    assert op.operands[2].type.shape == (5, 96) and op.attr("group") == 32
+    x = rng.standard_normal((rows, 160)).astype(np.float32)
+    want = np.maximum(x.astype(np.float64) @ _numpy_int4(w.T), 0)
+    module = hexir.compile(quantized)
+    kernels = {op.kind for op in module.graph.ops}
+    assert ("matmul_int4" in kernels) == (rows == 1) and ("matmul" in kernels) == (rows > 1)
+    for got in (evaluate(quantized, [x])[0], module.run([x])[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    exact = np.maximum(x @ w.T, 0)  # a few steps of 1/14 of a group's range away
+    assert 0 < np.abs(want - exact).max() < 0.25 * np.abs(exact).max()
+    assert layers[0].weight_error <= 1 / 14 + 1e-6
+
+
+def test_cli_quantize_int4_writes_a_model_an_eighth_the_size_that_runs(tmp_path, capsys):
+    out = tmp_path / "decode-int4.hexir"
+    assert main(["quantize", "gpt2-decode", "-o", str(out), "--weights", "int4"]) == 0
+    report = capsys.readouterr().out
+    assert "4 linear layers in int4, weights 27.00 -> 4.22 MiB" in report
+    assert "float32 (weight-only)" in report
+    loaded = hexir.load_model(str(out))
+    assert sum(op.kind == "matmul_int4" for op in loaded.ops) == 4
     assert main(["run", str(out), "--check"]) == 0

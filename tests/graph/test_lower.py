@@ -220,6 +220,9 @@ CASES = [
     ("batch_matmul", "float32", [(2, 3, 4), (2, 4, 5)], {}, "normal"),
     ("batch_matmul", "float32", [(1, 1, 3), (1, 3, 2)], {}, "normal"),
     ("batch_matmul", "float32", [(2, 3, 4), (2, 5, 4)], {"transpose_b": True}, "normal"),
+    ("matmul_int4", "float32", [(3, 8), (4, 5), (2, 5)], {"group": 4}, "normal"),
+    ("matmul_int4", "float32", [(1, 64), (2, 32, 3), (2, 2, 3)], {"group": 32, "weight_block": 3},
+     "normal"),
     ("dense", "float32", [(3, 5), (4, 5)], {}, "normal"),
     ("dense", "float32", [(6, 2), (1, 2)], {}, "normal"),
     ("winograd_input", "float32", [(1, 6, 10, 3)], {"tile": 4}, "normal"),
@@ -393,6 +396,8 @@ def random_inputs(func: PrimFunc, how: str, rng: np.random.Generator) -> list[np
         a: np.ndarray
         if p.dtype == "bool":
             a = rng.random(p.shape) < 0.5
+        elif p.dtype == "uint8" and how != "grid":  # every byte: matmul_int4's two int4s
+            a = rng.integers(0, 256, p.shape)
         elif p.dtype.startswith("int"):
             a = rng.integers(1, 10, p.shape) * rng.choice([-1, 1], p.shape)  # never 0: divisors
         elif how == "positive":
