@@ -94,15 +94,23 @@ class AnnotatePrimitives(ScheduleBase):
         self._set_annotations("annotate", block_or_loop, inputs, lambda ann: {**ann, key: plain})
 
     @primitive
-    def tensorize(self, loop: LoopRV, intrinsic: str) -> None:
+    def tensorize(self, loop: LoopRV | BlockRV, intrinsic: str) -> None:
         """Compute `loop`'s nest with one instruction (`hexir/schedule/tensorize.py`): the nest
-        must compute what the intrinsic does; a mismatch names why, beside both.
+        must compute what the intrinsic does; a mismatch names why, beside both. A block made
+        by `blockize` stands for the nest it holds.
 
         for %j_2 in 0..16 serial {      ->   for %j_2 in 0..16 serial attributes
           for %k_1 in 0..4 serial {            {tensorize = "x86_vnni_dot_u8s8"} {
             block @matmul ... c += int32(a) * int32(b)
         """
-        node = self._loop(loop, "tensorize")
+        if isinstance(loop, BlockRV):
+            block = self._block(loop, "tensorize")
+            if not isinstance(block.body, For):
+                reason = f"block @{block.name} holds no loop nest (blockize one first)"
+                raise schedule_error("tensorize", reason, self.func, block=block.name)
+            node = block.body
+        else:
+            node = self._loop(loop, "tensorize")
         known = INTRINSICS.get(intrinsic)
         if known is None:
             reason = f"unknown intrinsic {intrinsic!r}; one of {', '.join(INTRINSICS)}"
@@ -115,7 +123,9 @@ class AnnotatePrimitives(ScheduleBase):
             reason = f"the nest does not compute {intrinsic} ({known.description}): {found}"
             raise schedule_error("tensorize", reason, self.func, loop=node.var)
         inputs = (("loop", loop), ("intrinsic", intrinsic))
-        self._set_annotations("tensorize", loop, inputs, lambda ann: {**ann, TENSORIZE: intrinsic})
+        ann = tuple(sorted({**dict(node.annotations), TENSORIZE: intrinsic}.items()))
+        func = replace_body(self.func, is_loop(node.var), lambda s: replace(s, annotations=ann))
+        self._commit("tensorize", inputs, (), func)
 
     @primitive
     def unannotate(self, block_or_loop: BlockRV | LoopRV, key: str) -> None:

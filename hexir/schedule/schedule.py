@@ -11,6 +11,7 @@ sch.trace    # the schedule, as data (prints as Python)
 from __future__ import annotations
 
 from hexir.schedule.annotate import AnnotatePrimitives
+from hexir.schedule.blockize import BlockizePrimitives
 from hexir.schedule.cache import CachePrimitives
 from hexir.schedule.compute_location import ComputeLocationPrimitives
 from hexir.schedule.loops import LoopPrimitives
@@ -24,6 +25,7 @@ class Schedule(
     ComputeLocationPrimitives,
     CachePrimitives,
     ReductionPrimitives,
+    BlockizePrimitives,
     SamplingPrimitives,
 ):
     """A PrimFunc, its Trace, and the handles (BlockRV, LoopRV, ExprRV) primitives return.

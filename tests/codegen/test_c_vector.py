@@ -144,8 +144,9 @@ def test_bytes_widen_to_int32_and_float_lanes_in_one_instruction(dtype, rng):
     n = 70
     X, Q, F = Buffer("X", (n,), dtype), Buffer("Q", (n,), "int32"), Buffer("F", (n,))
     body = seq(
-        BufferStore(Q, (i,), Binary("shr", Binary("shl", Cast("int32", X[i]), IntImm(28)),
-                                    IntImm(28))),  # fmt: skip
+        BufferStore(
+            Q, (i,), Binary("shr", Binary("shl", Cast("int32", X[i]), IntImm(28)), IntImm(28))
+        ),  # fmt: skip
         BufferStore(F, (i,), Cast("float32", X[i]) * 0.5),
     )
     func = PrimFunc("widen", (X, Q, F), For(i, n, "vectorized", body), num_outputs=2)

@@ -128,3 +128,23 @@ def test_a_ragged_row_tile_runs_the_instruction_under_its_guard(rng):
     out = np.full((13, 64), 7, np.int32)
     hexir.build(sch.func, target="cpu")(a, group_matmul_weight(w, 16, 4), out)
     np.testing.assert_array_equal(out, want)
+
+
+def test_a_blockized_nest_is_tensorized_as_a_block_and_replays(rng):
+    # blockize makes the 16 x 4 nest a block of its own (its iter vars the tile's place, the
+    # inner block bound through them); tensorize takes that block for the nest it holds.
+    func = grouped_matmul(6, 64, 64)
+    sch, lanes = tiled(func)
+    nest = sch.blockize(lanes)
+    assert sch.get(nest).name == "matmul_o"
+    sch.tensorize(nest, VNNI)
+    hexir.verify(sch.func)
+    assert hexir.parse(str(sch.func)) == sch.func
+    again = Trace.from_json(sch.trace.to_json()).apply(func)
+    assert again.func == sch.func and "sch.blockize(loop=" in str(sch.trace)
+    kernel = hexir.build(sch.func, target="cpu")
+    assert "hx_dpbusd_u(" in kernel.source
+    a, w, want = operands(rng, 6, 64, 64)
+    out = np.empty((6, 64), np.int32)
+    kernel(a, group_matmul_weight(w, 16, 4), out)
+    np.testing.assert_array_equal(out, want)
