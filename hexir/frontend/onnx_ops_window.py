@@ -136,9 +136,11 @@ class _Window:
     pads: list[int]
 
 
-def _window(ctx: Context) -> _Window:
-    x = ctx.input(0)
-    attrs = window_attrs(ctx, x, "pools")
+def _window(ctx: Context, x: Value | None = None, given: dict[str, Any] | None = None) -> _Window:
+    """The current node's window over its input, or over `x` with attributes `given` (a 3-D
+    pool's steps, `_pool_3d`)."""
+    x = ctx.input(0) if x is None else x
+    attrs = window_attrs(ctx, x, "pools") if given is None else given
     one_d = len(x.type.shape) == 3
     x = _as_rows(ctx, x)
     kernel = tuple(int_list(attrs["kernel_shape"]))
@@ -153,14 +155,44 @@ def _window(ctx: Context) -> _Window:
 
 
 def _pool(ctx: Context) -> Sequence[Value]:
-    w = _window(ctx)
+    if len(ctx.input(0).type.shape) == 5:
+        return [_pool_3d(ctx, ctx.input(0))]
+    return [_pool_of(ctx, _window(ctx))]
+
+
+def _pool_3d(ctx: Context, x: Value) -> Value:
+    """A 3-D pool as two 2-D ones: over each depth slice's rows and columns ([N, C*D, H, W]),
+    then over the depths ([N, C, D, H'*W'], a window one column wide). A box window's max is
+    the max over depths of each slice's max; its average the average over depths of each
+    slice's average, each over the elements that count along its own axes (the pads with
+    count_include_pad, never ceil_mode's extension): both come apart axis by axis."""
+    attrs = dict(ctx.current.attrs)
+    n, c, depth, height, width = x.type.shape
+    kernel = int_list(attrs["kernel_shape"])
+    if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1, 1]))):
+        raise Unsupported("dilated pools are not supported")
+    pads = spatial_pads(attrs, (depth, height, width), kernel, [1, 1, 1])
+    strides = int_list(attrs.get("strides", [1, 1, 1]))
+    common = {k: attrs[k] for k in ("ceil_mode", "count_include_pad") if k in attrs}
+    rows = {**common, "kernel_shape": kernel[1:], "strides": strides[1:],
+            "pads": [pads[1], pads[2], pads[4], pads[5]]}  # fmt: skip
+    slices = _pool_of(ctx, _window(ctx, reshape(ctx, x, (n, c * depth, height, width)), rows))
+    h, w = slices.type.shape[2:]
+    depths = {**common, "kernel_shape": [kernel[0], 1], "strides": [strides[0], 1],
+              "pads": [pads[0], 0, pads[3], 0]}  # fmt: skip
+    y = _pool_of(ctx, _window(ctx, reshape(ctx, slices, (n, c, depth, h * w)), depths))
+    return reshape(ctx, y, (n, c, y.type.shape[2], h, w))
+
+
+def _pool_of(ctx: Context, w: _Window) -> Value:
+    """The current node's pool (MaxPool or AveragePool) over the window `w`."""
     x, one_d, attrs, kernel, stride, given, pads = (
         w.x, w.one_d, w.attrs, w.kernel, w.stride, w.given, w.pads
     )  # fmt: skip
     is_max = ctx.current.op_type == "MaxPool"
     if not is_max and (pads != given or pads[:2] != pads[2:]):
-        return [_from_rows(ctx, _clipped_average(ctx, x, kernel, stride, given, pads, attrs),
-                           one_d)]  # fmt: skip
+        return _from_rows(ctx, _clipped_average(ctx, x, kernel, stride, given, pads, attrs),
+                          one_d)  # fmt: skip
     if not is_max and attrs.get("count_include_pad", 0) and any(pads):
         # the padding zeros count: pad explicitly, then average whole windows
         x, padding = _padded(ctx, x, pads, 0.0), (0, 0)
@@ -170,7 +202,7 @@ def _pool(ctx: Context) -> Sequence[Value]:
         raise Unsupported(f"{ctx.current.op_type} with uneven pads {pads} on {x.type!r}")
     kind = "max_pool2d" if is_max else "avg_pool2d"
     y = ctx.op(kind, x, kernel=kernel, stride=stride, padding=padding)
-    return [_from_rows(ctx, y, one_d)]
+    return _from_rows(ctx, y, one_d)
 
 
 def _lp_pool(ctx: Context) -> Sequence[Value]:

@@ -253,7 +253,7 @@ if __name__ == "__main__":
         print(f"wrote {GOLDEN / name}.cu", file=sys.stderr)
 
 
-@pytest.mark.parametrize("model", ["resnet18", "resnet50"])
+@pytest.mark.parametrize("model", ["resnet18", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_every_resnet_conv_takes_the_tiled_schedule_within_shared_memory(model):
     """Each conv kernel of the model (bias, residual and relu fused) gets the hand-written
     tiled schedule, a few channels of a few padded rows per shared tile, within sm_90's 48 KB

@@ -196,6 +196,7 @@ def test_int4_weights_compute_the_numpy_dequantized_product(rows, rng):
     assert layers[0].weight_error <= 1 / 14 + 1e-6
 
 
+@pytest.mark.slow
 def test_cli_quantize_int4_writes_a_model_an_eighth_the_size_that_runs(tmp_path, capsys):
     out = tmp_path / "decode-int4.hexir"
     assert main(["quantize", "gpt2-decode", "-o", str(out), "--weights", "int4"]) == 0

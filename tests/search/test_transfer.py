@@ -105,6 +105,7 @@ def test_the_knob_turns_transfer_off(tmp_path):
         assert search.best_candidates() == [] and search.transferred == []
 
 
+@pytest.mark.slow
 def test_a_tune_of_a_new_shape_measures_transferred_candidates(tmp_path):
     db = Database(f"sqlite:///{tmp_path / 'transfer.db'}")
     tune(_matmul(64, 64, 64), "cpu", trials=10, database=db, seed=0, model=RandomModel(seed=0))
