@@ -409,27 +409,41 @@ def bench_dynamic(name: str, rounds: int, folder: Path) -> DynamicRow:
         "int8": hexir.compile(quantized),
         "imported": hexir.compile(hexir.import_onnx(onnx.load(folder / "dyn.onnx"))),
     }
-    hexir_s: dict[str, list[float]] = {kind: [] for kind in modules}
-    ort_s: dict[str, list[float]] = {"f32": [], "dyn": []}
-    theirs: dict[str, list[np.ndarray]] = {}
-    for _ in range(rounds):  # alternating, as bench_model
-        for kind in ort_s:
-            seconds, theirs[kind], _ = onnxruntime_file(folder / f"{kind}.onnx", feed, folder)
-            ort_s[kind].append(seconds)
-        for kind, module in modules.items():
-            hexir_s[kind].append(time_module(module, inputs))
+    med, ort, theirs = _alternate(modules, ("f32", "dyn"), inputs, feed, folder, rounds)
     f32 = modules["f32"].run(inputs)
-    med = {kind: statistics.median(t) for kind, t in hexir_s.items()}
     return DynamicRow(
         name,
         med["f32"],
-        statistics.median(ort_s["f32"]),
+        ort["f32"],
         med["int8"],
-        statistics.median(ort_s["dyn"]),
+        ort["dyn"],
         med["imported"],
         relative_diff(modules["int8"].run(inputs), f32, f32),
         relative_diff(theirs["dyn"], f32, f32),
     )
+
+
+def _alternate(
+    modules: dict[str, hexir.Module],
+    files: tuple[str, ...],
+    inputs: list[np.ndarray],
+    feed: Path,
+    folder: Path,
+    rounds: int,
+) -> tuple[dict[str, float], dict[str, float], dict[str, list[np.ndarray]]]:
+    """Hexir's modules and ONNX Runtime on `folder`/<file>.onnx, rounds alternating them (as
+    bench_model): each side's median seconds by name, and ONNX Runtime's outputs."""
+    hexir_s: dict[str, list[float]] = {kind: [] for kind in modules}
+    ort_s: dict[str, list[float]] = {kind: [] for kind in files}
+    theirs: dict[str, list[np.ndarray]] = {}
+    for _ in range(rounds):
+        for kind in files:
+            seconds, theirs[kind], _ = onnxruntime_file(folder / f"{kind}.onnx", feed, folder)
+            ort_s[kind].append(seconds)
+        for kind, module in modules.items():
+            hexir_s[kind].append(time_module(module, inputs))
+    med = {kind: statistics.median(t) for kind, t in hexir_s.items()}
+    return med, {kind: statistics.median(t) for kind, t in ort_s.items()}, theirs
 
 
 def print_dynamic(rows: list[DynamicRow], version: str) -> None:
@@ -484,23 +498,14 @@ def bench_int4(name: str, rounds: int, folder: Path) -> Int4Row:
     save_feed(graph, inputs, feed)
     quantized, _ = hexir.quantize(graph, weights="int4")
     modules = {"f32": hexir.compile(graph), "int4": hexir.compile(quantized)}
-    hexir_s: dict[str, list[float]] = {kind: [] for kind in modules}
-    ort_s: dict[str, list[float]] = {"f32": [], "int4": []}
-    theirs: dict[str, list[np.ndarray]] = {}
-    for _ in range(rounds):  # alternating, as bench_model
-        for kind in ort_s:
-            seconds, theirs[kind], _ = onnxruntime_file(folder / f"{kind}.onnx", feed, folder)
-            ort_s[kind].append(seconds)
-        for kind, module in modules.items():
-            hexir_s[kind].append(time_module(module, inputs))
+    med, ort, theirs = _alternate(modules, ("f32", "int4"), inputs, feed, folder, rounds)
     f32 = modules["f32"].run(inputs)
-    med = {kind: statistics.median(t) for kind, t in hexir_s.items()}
     return Int4Row(
         name,
         med["f32"],
-        statistics.median(ort_s["f32"]),
+        ort["f32"],
         med["int4"],
-        statistics.median(ort_s["int4"]),
+        ort["int4"],
         relative_diff(modules["int4"].run(inputs), f32, f32),
         relative_diff(theirs["int4"], f32, f32),
     )

@@ -15,6 +15,7 @@ import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, int_list
 from hexir.frontend.onnx_ops import Spec, cast, reshape
+from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
 
 
@@ -155,9 +156,72 @@ def _window(ctx: Context, x: Value | None = None, given: dict[str, Any] | None =
 
 
 def _pool(ctx: Context) -> Sequence[Value]:
-    if len(ctx.input(0).type.shape) == 5:
-        return [_pool_3d(ctx, ctx.input(0))]
+    x = ctx.input(0)
+    rank = len(x.type.shape)
+    if any(d != 1 for d in int_list(ctx.current.attrs.get("dilations", [1] * (rank - 2)))):
+        return [_dilated_pool(ctx, x)]
+    if rank == 5:
+        return [_pool_3d(ctx, x)]
     return [_pool_of(ctx, _window(ctx))]
+
+
+def _dilated_pool(ctx: Context, x: Value) -> Value:
+    """A pool whose window skips elements (`dilations`), of any rank: the input padded once
+    (-inf, or the dtype's least, for a max; zeros for an average), then each window element
+    j is a strided slice (from j * dilation, every stride-th element, one per output) and the
+    slices are combined elementwise: their max, or their sum over how many of the window's
+    elements count at each output (the given pads with count_include_pad, never ceil_mode's
+    extension), a constant computed here."""
+    attrs = dict(ctx.current.attrs)
+    spatial = x.type.shape[2:]
+    n = len(spatial)
+    kernel = int_list(attrs["kernel_shape"])
+    dilations = int_list(attrs.get("dilations", [1] * n))
+    strides = int_list(attrs.get("strides", [1] * n))
+    given = spatial_pads(attrs, spatial, kernel, dilations)
+    reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    ceil = bool(attrs.get("ceil_mode", 0))
+    outs, ends = [], list(given[n:])
+    for i, (size, r, step) in enumerate(zip(spatial, reach, strides, strict=True)):
+        total = size + given[i] + given[n + i] - r
+        out = (-(-total // step) if ceil else total // step) + 1
+        if ceil and (out - 1) * step >= size + given[i]:
+            out -= 1  # a last window may not start in the end padding alone
+        ends[i] += max(0, (out - 1) * step + r - (size + given[i] + given[n + i]))
+        outs.append(out)
+    is_max = ctx.current.op_type == "MaxPool"
+    dtype = x.type.dtype
+    fill = (-np.inf if dtype.startswith("float") else np.iinfo(dtype).min) if is_max else 0.0
+    begins = given[:n]
+    padded = ctx.op("pad", x, before=(0, 0, *begins), after=(0, 0, *ends), value=fill)
+    lead = x.type.shape[:2]
+    taps = list(np.ndindex(*kernel))
+
+    def tap(j: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        start = tuple(a * d for a, d in zip(j, dilations, strict=True))
+        stop = tuple(b + (o - 1) * s + 1 for b, o, s in zip(start, outs, strides, strict=True))
+        return start, stop
+
+    combined = None
+    for j in taps:
+        start, stop = tap(j)
+        piece = ctx.op("slice", padded, start=(0, 0, *start), stop=(*lead, *stop),
+                       step=(1, 1, *strides))  # fmt: skip
+        if combined is None:
+            combined = piece
+        else:
+            combined = ctx.op("maximum" if is_max else "add", combined, piece)
+    if is_max:
+        return combined  # type: ignore[return-value]
+    inside = np.zeros([b + size + e for b, size, e in zip(begins, spatial, ends, strict=True)])
+    include = bool(attrs.get("count_include_pad", 0))
+    low = [0] * n if include else begins
+    high = [begins[i] + spatial[i] + (given[n + i] if include else 0) for i in range(n)]
+    inside[tuple(slice(lo, hi) for lo, hi in zip(low, high, strict=True))] = 1.0
+    counts = sum(inside[tuple(slice(a, b, s) for a, b, s in zip(*tap(j), strides, strict=True))]
+                 for j in taps)  # fmt: skip
+    divisor = ctx.constant(np.asarray(counts, numpy_dtype(dtype))[None, None])
+    return ctx.op("div", combined, divisor)
 
 
 def _pool_3d(ctx: Context, x: Value) -> Value:

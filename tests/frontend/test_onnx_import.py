@@ -149,6 +149,25 @@ def test_names_are_cleaned():
     assert "block_relu_Relu_output_0" in names
 
 
+@pytest.mark.parametrize("op, dtype", [("MaxPool", np.int8), ("MaxPool", np.float32),
+                                       ("AveragePool", np.float32)])  # fmt: skip
+def test_a_dilated_pool_is_strided_slices_combined(op, dtype):
+    # 3x3 windows with dilation 2, stride 2, uneven pads and ceil_mode: the int8 max pads
+    # with -128 (no -inf), the average divides each output by the elements it covers.
+    attrs = {"kernel_shape": [3, 3], "dilations": [2, 2], "strides": [2, 2],
+             "pads": [1, 0, 2, 1], "ceil_mode": 1}  # fmt: skip
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    proto = model([node], [("x", [1, 2, 9, 10], elem)], ["y"], opset=19)
+    graph = import_onnx(proto)
+    x = current_rng().integers(-100, 100, (1, 2, 9, 10)).astype(dtype)
+    want = ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    got = evaluate(graph, [x])[0]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(hexir.compile(graph).run([x])[0], want, rtol=1e-6)
+
+
 def test_pytorch_style_gelu_is_one_op():
     c = {
         n: numpy_helper.from_array(np.array(v, np.float32), n)
