@@ -51,7 +51,8 @@ def window_attrs(ctx: Context, x: Value, what: str) -> dict[str, Any]:
     if len(x.type.shape) == 4:
         return attrs
     if len(x.type.shape) != 3:
-        raise Unsupported(f"only 1-D and 2-D {what} are supported, the input is {x.type!r}")
+        ranks = "1-D, 2-D and 3-D" if what == "pools" else "1-D and 2-D"
+        raise Unsupported(f"only {ranks} {what} are supported, the input is {x.type!r}")
     for key in ("kernel_shape", "strides", "dilations"):
         if key in attrs:
             attrs[key] = [1, *int_list(attrs[key])]
@@ -158,20 +159,24 @@ def _window(ctx: Context, x: Value | None = None, given: dict[str, Any] | None =
 def _pool(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
     rank = len(x.type.shape)
-    if any(d != 1 for d in int_list(ctx.current.attrs.get("dilations", [1] * (rank - 2)))):
-        return [_dilated_pool(ctx, x)]
+    if _dilated(ctx, rank):
+        return [_dilated_pool(ctx, x, "max" if ctx.current.op_type == "MaxPool" else "average")]
     if rank == 5:
         return [_pool_3d(ctx, x)]
     return [_pool_of(ctx, _window(ctx))]
 
 
-def _dilated_pool(ctx: Context, x: Value) -> Value:
+def _dilated(ctx: Context, rank: int) -> bool:
+    return any(d != 1 for d in int_list(ctx.current.attrs.get("dilations", [1] * (rank - 2))))
+
+
+def _dilated_pool(ctx: Context, x: Value, mode: str) -> Value:
     """A pool whose window skips elements (`dilations`), of any rank: the input padded once
-    (-inf, or the dtype's least, for a max; zeros for an average), then each window element
-    j is a strided slice (from j * dilation, every stride-th element, one per output) and the
-    slices are combined elementwise: their max, or their sum over how many of the window's
-    elements count at each output (the given pads with count_include_pad, never ceil_mode's
-    extension), a constant computed here."""
+    (-inf, or the dtype's least, for a max; zeros otherwise), then each window element j is a
+    strided slice (from j * dilation, every stride-th element, one per output) and the
+    slices are combined elementwise: their max (`mode` "max"), their sum ("sum"), or their
+    sum over how many of the window's elements count at each output ("average": the given
+    pads with count_include_pad, never ceil_mode's extension), a constant computed here."""
     attrs = dict(ctx.current.attrs)
     spatial = x.type.shape[2:]
     n = len(spatial)
@@ -189,7 +194,7 @@ def _dilated_pool(ctx: Context, x: Value) -> Value:
             out -= 1  # a last window may not start in the end padding alone
         ends[i] += max(0, (out - 1) * step + r - (size + given[i] + given[n + i]))
         outs.append(out)
-    is_max = ctx.current.op_type == "MaxPool"
+    is_max = mode == "max"
     dtype = x.type.dtype
     fill = (-np.inf if dtype.startswith("float") else np.iinfo(dtype).min) if is_max else 0.0
     begins = given[:n]
@@ -211,7 +216,7 @@ def _dilated_pool(ctx: Context, x: Value) -> Value:
             combined = piece
         else:
             combined = ctx.op("maximum" if is_max else "add", combined, piece)
-    if is_max:
+    if mode != "average":
         return combined  # type: ignore[return-value]
     inside = np.zeros([b + size + e for b, size, e in zip(begins, spatial, ends, strict=True)])
     include = bool(attrs.get("count_include_pad", 0))
@@ -271,25 +276,31 @@ def _pool_of(ctx: Context, w: _Window) -> Value:
 
 def _lp_pool(ctx: Context) -> Sequence[Value]:
     """(the sum of |x|^p over each window)^(1/p), the padding zeros: an average pool of |x|^p
-    over the explicitly padded image, times the window's size."""
-    w = _window(ctx)
-    x, kernel, stride, pads = w.x, w.kernel, w.stride, w.pads
+    over the explicitly padded image, times the window's size; a dilated or 3-D one, the sum
+    of strided slices of |x|^p (`_dilated_pool`)."""
     p = float(ctx.attr("p", 2))
+    x = ctx.input(0)
+    strided = _dilated(ctx, len(x.type.shape)) or len(x.type.shape) == 5
+    w = None if strided else _window(ctx)
+    x = x if w is None else w.x
     if p == 2.0:
         powered = ctx.op("mul", x, x)
     else:
         size = ctx.op("maximum", x, ctx.op("sub", ctx.scalar(0, x), x))  # |x|
         powered = size if p == 1.0 else ctx.op("power", size, ctx.scalar(p, x))
-    mean = ctx.op("avg_pool2d", _padded(ctx, powered, pads, 0.0), kernel=kernel, stride=stride,
-                  padding=(0, 0))  # fmt: skip
-    total = ctx.op("mul", mean, ctx.scalar(float(np.prod(kernel)), mean))
+    if w is None:
+        total = _dilated_pool(ctx, powered, "sum")
+    else:
+        mean = ctx.op("avg_pool2d", _padded(ctx, powered, w.pads, 0.0), kernel=w.kernel,
+                      stride=w.stride, padding=(0, 0))  # fmt: skip
+        total = ctx.op("mul", mean, ctx.scalar(float(np.prod(w.kernel)), mean))
     if p == 1.0:
         root = total
     elif p == 2.0:
         root = ctx.op("sqrt", total)
     else:
         root = ctx.op("power", total, ctx.scalar(1.0 / p, total))
-    return [_from_rows(ctx, root, w.one_d)]
+    return [root if w is None else _from_rows(ctx, root, w.one_d)]
 
 
 def _clipped_average(

@@ -65,9 +65,7 @@ def test_unsupported_nodes_are_all_listed():
         helper.make_node("Relu", ["x"], ["a"], name="relu"),
         helper.make_node("NonMaxSuppression", ["a"], ["b"], name="nms"),
         helper.make_node("Conv", ["a", "w"], ["c"], name="conv", foo=3),
-        helper.make_node(
-            "AveragePool", ["a"], ["d"], name="pool", kernel_shape=[2, 2], dilations=[2, 2]
-        ),
+        helper.make_node("AveragePool", ["y"], ["d"], name="pool", kernel_shape=[1, 1, 1, 1]),
         helper.make_node("Attention", ["a"], ["e"], name="fused", domain="com.microsoft"),
         helper.make_node("Reshape", ["a", "s"], ["f"], name="reshape"),
         helper.make_node("Add", ["b", "c"], ["g"], name="add"),  # fine, after broken inputs
@@ -76,7 +74,7 @@ def test_unsupported_nodes_are_all_listed():
     ]
     proto = model(
         nodes,
-        [("x", [1, 2, 4, 4]), ("s", [2], TensorProto.INT64)],
+        [("x", [1, 2, 4, 4]), ("s", [2], TensorProto.INT64), ("y", [1, 1, 2, 2, 2, 2])],
         ["d", "e", "f", "i", "mask"],
         [("w", w(2, 2, 1, 1))],
     )
@@ -96,7 +94,7 @@ def test_unsupported_nodes_are_all_listed():
     for what in (
         "op type not supported",
         "'foo'",
-        "dilated pools",
+        "only 1-D, 2-D and 3-D pools",
         "'com.microsoft'",
         "must be a constant",
         "output 1 ('mask')",
