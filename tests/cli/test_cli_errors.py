@@ -132,6 +132,7 @@ def test_debug_shows_the_traceback(folder):
     assert not (folder / "tuning_logs").exists()
 
 
+@pytest.mark.slow
 def test_without_a_gpu_cuda_tunes_and_artifacts_are_refused(folder, tmp_path):
     from hexir.runtime.cuda_kernel import gpu_unavailable_reason
 
