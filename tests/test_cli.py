@@ -74,6 +74,7 @@ def test_show_lists_a_models_kernels_and_memory_plan(capsys):
     assert f"{ops} kernels for {ops} ops (fusion off)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_show_forms_lists_each_convs_two_forms_and_the_one_built(capsys, tmp_path):
     from hexir.database import Database
 

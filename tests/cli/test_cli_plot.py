@@ -27,6 +27,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = SMALL_SEARCH
 
 
+# Tuned databases and matplotlib renders, 2-3 s a test: in the slow suite (CI runs it).
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> tuple[Path, str]:
     """A folder with tiny.hexir (three tasks) and the database a tune of it and of MATMUL
@@ -50,7 +54,6 @@ def _check_png(path: Path) -> None:
     assert np.ptp(pixels[..., :3]) > 0.5  # lines on a background, not one flat color
 
 
-@pytest.mark.slow
 def test_a_model_plot_writes_a_png_and_prints_each_task(tuned, tmp_path):
     folder, url = tuned
     out = tmp_path / "curve.png"

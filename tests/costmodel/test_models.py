@@ -111,6 +111,7 @@ def scaled(cands: list[Candidate]) -> list[MeasureResult]:
     return [MeasureResult((1e-3 / parallel_iterations(c),)) for c in cands]
 
 
+@pytest.mark.slow
 def test_xgb_learns_an_order_the_schedules_determine():
     # How well the model ranks real, noisy timings is benchmarks/costmodel_quality.py's.
     cands = sample(hexir.workload("matmul", M=48, N=64, K=64), 40, seed=1)

@@ -378,8 +378,9 @@ def test_resnet50s_1x1_convs_and_mobilenets_depthwise_convs_compute_in_nhwc():
 
 
 @pytest.mark.parametrize(
-    "name", ["resnet18", pytest.param("resnet50", marks=pytest.mark.slow), "mobilenet-v2"]
-)
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) for n in ("resnet18", "resnet50", "mobilenet-v2")],
+)  # whole models, 1-2.5 s each: the slow suite (CI runs it)
 def test_the_planned_layouts_compute_what_nchw_everywhere_does(name, rng):
     # The zoo's CNNs at full size, evaluated by the reference: the layouts planned for the
     # whole graph (`layout` knob "auto"), NCHW between every two ops ("nchw") and the NHWC

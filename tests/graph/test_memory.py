@@ -172,7 +172,9 @@ ZOO = ["mlp", "resnet18", "resnet50", "mobilenet-v2", "bert-base", "vit", "gpt2"
 
 
 @pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])
-@pytest.mark.parametrize("name", ZOO)
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n == "resnet50" else n for n in ZOO]
+)
 def test_the_planned_peak_is_within_a_quarter_of_the_bound_on_every_zoo_model(name, fusion):
     from hexir.frontend.zoo import zoo_model
     from hexir.runtime.executor import plan_graph

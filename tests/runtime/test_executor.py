@@ -159,6 +159,7 @@ def test_small_zoo_models_match_numpy_planned_and_unplanned(name, fusion, rng):
     assert not any("reshape" in task.ops for task in module.report)  # views, not kernels
 
 
+@pytest.mark.slow
 def test_fusion_more_than_halves_the_kernels_of_a_resnet():
     graph = SMALL_ZOO["resnet18"]()
     fused = hexir.compile(graph)

@@ -196,7 +196,7 @@ class Informed:
         pass
 
 
-@pytest.mark.parametrize("ratio, later", [(0.0, 3), (1e-9, 1)])
+@pytest.mark.parametrize("ratio, later", [pytest.param(0.0, 3, marks=pytest.mark.slow), (1e-9, 1)])
 def test_a_round_searches_for_a_share_of_the_time_its_measurements_take(db, ratio, later):
     # A round scores its population once per generation (SMALL: 2) and once more. From the
     # second round on the task's pace is known: a ratio that leaves no time stops the search
