@@ -66,15 +66,15 @@ def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> list
     the transpose of its keys where the scores' batch_matmul read them in place, or None
     where its operand is not the chain of the module docstring."""
     probs, v = out.operands
-    softmax = _sole_producer(probs, p)
+    softmax = p.sole_producer(probs)
     if softmax is None or softmax.kind != "softmax" or softmax.attr("axis") != 2:
         return None
     logits, bias, causal = softmax.operands[0], None, False
-    op = _sole_producer(logits, p)
+    op = p.sole_producer(logits)
     if op is not None and op.kind == "add":
         logits, bias = _scores_and_other(op, p)
         causal = bias is not None and _is_causal_mask(bias, p, op.result.type.shape)
-        op = _sole_producer(logits, p) if bias is not None else None
+        op = p.sole_producer(logits) if bias is not None else None
     scale = 1.0
     if op is not None and op.kind in ("mul", "div"):
         logits, factor = _scores_and_other(op, p)
@@ -82,7 +82,7 @@ def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> list
         if value is None or (op.kind == "div" and value == 0):
             return None
         scale = value if op.kind == "mul" else 1.0 / value
-        op = _sole_producer(logits, p)
+        op = p.sole_producer(logits)
     if op is None or op.kind != "batch_matmul" or dict(op.attrs).keys() - {"transpose_b"}:
         return None
     q, kt = op.operands
@@ -99,12 +99,6 @@ def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> list
     operands = [q, kt, v] if bias is None or causal else [q, kt, v, bias]
     attrs = {"scale": scale, "causal": causal}
     return [*ops, make_op("attention", operands, attrs, out.result.name, out.placement)]
-
-
-def _sole_producer(value: Value, p: RewritePass) -> Op | None:
-    """The op making `value`, where that value has no other use (and is no graph output)."""
-    op = p.producer.get(value.name)
-    return op if op is not None and p.uses.get(value.name) == 1 else None
 
 
 def _scores_and_other(op: Op, p: RewritePass) -> tuple[Value, Value | None]:

@@ -129,6 +129,11 @@ class RewritePass:
     def is_output(self, v: Value) -> bool:
         return any(o.name == v.name for o in self.graph.outputs)
 
+    def sole_producer(self, v: Value) -> Op | None:
+        """The op making `v`, where `v` has no other use (being a graph output is one)."""
+        op = self.producer.get(v.name)
+        return op if op is not None and self.uses.get(v.name) == 1 else None
+
     def fresh(self, base: str) -> str:
         name, n = base, 1
         while name in self.taken:
@@ -542,11 +547,11 @@ def _transposed_operand(op: Op, p: RewritePass) -> list[Op] | None:
     if op.kind != "batch_matmul" or op.attrs:
         return None
     a, b = op.operands
-    chain, made = [], _sole(b, p)
+    chain, made = [], p.sole_producer(b)
     while made is not None and _by_scalars(made):
         chain.append(made)
-        made = _sole(made.operands[0], p)
-    moved = made if made is None or made.kind != "reshape" else _sole(made.operands[0], p)
+        made = p.sole_producer(made.operands[0])
+    moved = made if made is None or made.kind != "reshape" else p.sole_producer(made.operands[0])
     perm = None if moved is None else layout_permutation(moved)
     rank = 0 if perm is None else len(perm)
     if moved is None or perm != (*range(rank - 2), rank - 1, rank - 2):
@@ -577,12 +582,6 @@ def _by_scalars(op: Op) -> bool:
         and op.operands[0].type.shape == op.result.type.shape
         and all(v.type.size == 1 for v in op.operands[1:])
     )
-
-
-def _sole(v: Value, p: RewritePass) -> Op | None:
-    """The op making `v`, where `v` has one use and is no graph output."""
-    op = p.producer.get(v.name)
-    return op if op is not None and p.uses.get(v.name) == 1 and not p.is_output(v) else None
 
 
 _REWRITES: tuple[Rewrite, ...] = (
