@@ -2,7 +2,8 @@
 conv2d, max_pool2d, avg_pool2d, global_avg_pool2d and batch_norm). A 1-D node computes as
 the 2-D op one row high (`window_attrs`); pads Hexir's symmetric windows cannot take become
 an explicit pad op (a max pool's ceil_mode: -inf padding at the ends; an average pool's: window
-sums times a constant divisor per position).
+sums times a constant divisor per position). A 3-D pool computes as two 2-D ones
+(`_pool_3d`); a dilated pool, and a 3-D LpPool, as strided slices combined (`_sliced_pool`).
 """
 
 from __future__ import annotations
@@ -138,16 +139,16 @@ class _Window:
     pads: list[int]
 
 
-def _window(ctx: Context, x: Value | None = None, given: dict[str, Any] | None = None) -> _Window:
-    """The current node's window over its input, or over `x` with attributes `given` (a 3-D
+def _window(
+    ctx: Context, x: Value | None = None, attributes: dict[str, Any] | None = None
+) -> _Window:
+    """The current node's window over its input, or over `x` with `attributes` (a 3-D
     pool's steps, `_pool_3d`)."""
     x = ctx.input(0) if x is None else x
-    attrs = window_attrs(ctx, x, "pools") if given is None else given
+    attrs = window_attrs(ctx, x, "pools") if attributes is None else attributes
     one_d = len(x.type.shape) == 3
     x = _as_rows(ctx, x)
     kernel = tuple(int_list(attrs["kernel_shape"]))
-    if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1]))):
-        raise Unsupported("dilated pools are not supported")
     given = spatial_pads(attrs, x.type.shape[2:], kernel, [1, 1])
     stride = tuple(int_list(attrs.get("strides", [1, 1])))
     pads = (
@@ -160,7 +161,7 @@ def _pool(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
     rank = len(x.type.shape)
     if _dilated(ctx, rank):
-        return [_dilated_pool(ctx, x, "max" if ctx.current.op_type == "MaxPool" else "average")]
+        return [_sliced_pool(ctx, x, "max" if ctx.current.op_type == "MaxPool" else "average")]
     if rank == 5:
         return [_pool_3d(ctx, x)]
     return [_pool_of(ctx, _window(ctx))]
@@ -170,13 +171,14 @@ def _dilated(ctx: Context, rank: int) -> bool:
     return any(d != 1 for d in int_list(ctx.current.attrs.get("dilations", [1] * (rank - 2))))
 
 
-def _dilated_pool(ctx: Context, x: Value, mode: str) -> Value:
-    """A pool whose window skips elements (`dilations`), of any rank: the input padded once
-    (-inf, or the dtype's least, for a max; zeros otherwise), then each window element j is a
-    strided slice (from j * dilation, every stride-th element, one per output) and the
-    slices are combined elementwise: their max (`mode` "max"), their sum ("sum"), or their
-    sum over how many of the window's elements count at each output ("average": the given
-    pads with count_include_pad, never ceil_mode's extension), a constant computed here."""
+def _sliced_pool(ctx: Context, x: Value, mode: str) -> Value:
+    """A pool of any rank and dilation (a dilated one's window skips elements) as strided
+    slices: the input padded once (-inf, or the dtype's least, for a max; zeros otherwise),
+    then each window element j is a strided slice (from j * dilation, every stride-th
+    element, one per output) and the slices are combined elementwise: their max (`mode`
+    "max"), their sum ("sum"), or their sum over how many of the window's elements count at
+    each output ("average": the given pads with count_include_pad, never ceil_mode's
+    extension), a constant computed here."""
     attrs = dict(ctx.current.attrs)
     spatial = x.type.shape[2:]
     n = len(spatial)
@@ -238,8 +240,6 @@ def _pool_3d(ctx: Context, x: Value) -> Value:
     attrs = dict(ctx.current.attrs)
     n, c, depth, height, width = x.type.shape
     kernel = int_list(attrs["kernel_shape"])
-    if any(d != 1 for d in int_list(attrs.get("dilations", [1, 1, 1]))):
-        raise Unsupported("dilated pools are not supported")
     pads = spatial_pads(attrs, (depth, height, width), kernel, [1, 1, 1])
     strides = int_list(attrs.get("strides", [1, 1, 1]))
     common = {k: attrs[k] for k in ("ceil_mode", "count_include_pad") if k in attrs}
@@ -277,7 +277,7 @@ def _pool_of(ctx: Context, w: _Window) -> Value:
 def _lp_pool(ctx: Context) -> Sequence[Value]:
     """(the sum of |x|^p over each window)^(1/p), the padding zeros: an average pool of |x|^p
     over the explicitly padded image, times the window's size; a dilated or 3-D one, the sum
-    of strided slices of |x|^p (`_dilated_pool`)."""
+    of strided slices of |x|^p (`_sliced_pool`)."""
     p = float(ctx.attr("p", 2))
     x = ctx.input(0)
     strided = _dilated(ctx, len(x.type.shape)) or len(x.type.shape) == 5
@@ -289,7 +289,7 @@ def _lp_pool(ctx: Context) -> Sequence[Value]:
         size = ctx.op("maximum", x, ctx.op("sub", ctx.scalar(0, x), x))  # |x|
         powered = size if p == 1.0 else ctx.op("power", size, ctx.scalar(p, x))
     if w is None:
-        total = _dilated_pool(ctx, powered, "sum")
+        total = _sliced_pool(ctx, powered, "sum")
     else:
         mean = ctx.op("avg_pool2d", _padded(ctx, powered, w.pads, 0.0), kernel=w.kernel,
                       stride=w.stride, padding=(0, 0))  # fmt: skip
