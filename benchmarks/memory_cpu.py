@@ -57,8 +57,6 @@ MIB = 1 << 20
 LOOPS = ("copy", "triad", "sum")
 # Floats read + written per element, STREAM's count.
 LOOP_FLOATS = {"copy": 2, "triad": 3, "sum": 1}
-# The arrays each loop's bytes are in (copy: one read, one written).
-LOOP_ARRAYS = {"copy": 2, "triad": 3, "sum": 1}
 # The stream loop that moves data as each op does: reads one array and writes one, or reads.
 BOUND = {
     "softmax": "copy",
@@ -211,28 +209,22 @@ class Stream:
         self.lib.stream_triad.argtypes = [p, p, p, n, i, i]
         self.lib.stream_sum.argtypes = [p, n, i, i]
         self.lib.stream_sum.restype = ctypes.c_float
-        self.arrays = {
-            size: [np.full(nbytes // 4, 1.0, np.float32) for _ in range(3)]
-            for size, nbytes in classes.array_bytes.items()
-        }
+        self.arrays = {size: _arrays(nbytes) for size, nbytes in classes.array_bytes.items()}
 
     def rate_over(self, loop: str, nbytes: int) -> float:
         """GB/s of `loop` over arrays holding `nbytes` in all (copy: two arrays, in and out;
-        sum: one): the measured bandwidth at exactly a kernel's size."""
-        arrays = LOOP_ARRAYS[loop]
-        key = f"{nbytes}"
-        self.arrays[key] = [np.full(nbytes // 4 // arrays, 1.0, np.float32) for _ in range(3)]
-        try:
-            return self.gbps(loop, key, median_seconds(self.call(loop, key)))
-        finally:
-            del self.arrays[key]
+        sum: one; each is an element's float read or written): the measured bandwidth at
+        exactly a kernel's size."""
+        arrays = _arrays(nbytes // LOOP_FLOATS[loop])
+        return self.gbps(loop, arrays, median_seconds(self.call(loop, arrays)))
 
-    def reps(self, size: str) -> int:
-        return max(1, 64 * MIB // self.arrays[size][0].nbytes)
+    @staticmethod
+    def reps(arrays: list[np.ndarray]) -> int:
+        return max(1, 64 * MIB // arrays[0].nbytes)
 
-    def call(self, loop: str, size: str) -> Callable[[], object]:
-        a, b, c = (x.ctypes.data for x in self.arrays[size])
-        n, reps, threads = self.arrays[size][0].size, self.reps(size), self.threads
+    def call(self, loop: str, arrays: list[np.ndarray]) -> Callable[[], object]:
+        a, b, c = (x.ctypes.data for x in arrays)
+        n, reps, threads = arrays[0].size, self.reps(arrays), self.threads
         calls = {
             "copy": lambda: self.lib.stream_copy(a, b, n, reps, threads),
             "triad": lambda: self.lib.stream_triad(a, b, c, n, reps, threads),
@@ -240,9 +232,14 @@ class Stream:
         }
         return calls[loop]
 
-    def gbps(self, loop: str, size: str, seconds: float) -> float:
-        moved = LOOP_FLOATS[loop] * self.arrays[size][0].nbytes * self.reps(size)
+    def gbps(self, loop: str, arrays: list[np.ndarray], seconds: float) -> float:
+        moved = LOOP_FLOATS[loop] * arrays[0].nbytes * self.reps(arrays)
         return moved / seconds / 1e9
+
+
+def _arrays(nbytes: int) -> list[np.ndarray]:
+    """A stream loop's three arrays, `nbytes` each."""
+    return [np.full(nbytes // 4, 1.0, np.float32) for _ in range(3)]
 
 
 def bandwidth_table(
@@ -253,8 +250,12 @@ def bandwidth_table(
     times: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
     for _ in range(rounds):
         for key in keys:
-            times[key].append(median_seconds(stream.call(*key)))
-    rates = {key: stream.gbps(*key, statistics.median(ts)) for key, ts in times.items()}
+            loop, size = key
+            times[key].append(median_seconds(stream.call(loop, stream.arrays[size])))
+    rates = {
+        (loop, size): stream.gbps(loop, stream.arrays[size], statistics.median(ts))
+        for (loop, size), ts in times.items()
+    }
     print(f"\nmemory bandwidth, STREAM-like loops, {threads} threads; GB/s read + written, medians")
     print(f"{'class':6} {'array MiB':>10} " + " ".join(f"{loop:>8}" for loop in LOOPS))
     for size, nbytes in classes.array_bytes.items():
