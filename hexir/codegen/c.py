@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexir.codegen.c_amx import tile_arguments, tile_helpers
 from hexir.codegen.c_lower import (
     AUTO_UNROLL_MAX_NODES,
     loop_lanes,
@@ -91,7 +92,15 @@ from hexir.ir.tir import (
 )
 from hexir.ir.visit import children
 from hexir.schedule.common import all_loops
-from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, DotMatch, Intrinsic, match_dot
+from hexir.schedule.tensorize import (
+    INTRINSICS,
+    TENSORIZE,
+    DotMatch,
+    Intrinsic,
+    TileIntrinsic,
+    match_dot,
+)
+from hexir.schedule.tensorize_tile import TileMatch, match_tile
 
 if TYPE_CHECKING:  # codegen sits below runtime (STYLE.md): the type only
     from hexir.runtime.target import Target
@@ -479,6 +488,8 @@ class CPrinter:
         nest itself elsewhere (`hexir/schedule/tensorize.py`); False where the nest as lowered
         no longer matches (then it prints as loops)."""
         known = INTRINSICS.get(intrinsic)
+        if isinstance(known, TileIntrinsic):
+            return self.tile_call(loop, known)
         found = match_dot(loop, known, self.ranges) if isinstance(known, Intrinsic) else None
         if not isinstance(found, DotMatch) or self._in_simd:
             return False
@@ -501,6 +512,33 @@ class CPrinter:
         self.emit("#else")
         self.scalar_loop(loop)
         self.emit("#endif")
+        return True
+
+    def tile_call(self, loop: For, intrinsic: TileIntrinsic) -> bool:
+        """A tile nest as its AMX helper's call (hexir/codegen/c_amx.py) where the compiler
+        targets AMX and the process may use it, as the loops elsewhere; False where the nest
+        as lowered no longer matches."""
+        found = match_tile(loop, intrinsic, self.ranges)
+        if not isinstance(found, TileMatch) or self._in_simd:
+            return False
+        self.extra_includes.add("immintrin.h")
+        name, condition, sources = tile_helpers(intrinsic, found)
+        for helper, source in sources.items():
+            self._helpers.setdefault(helper, source)
+        tiles = {"acc": found.acc, "a": found.a, "b": found.b}
+        access = {k: self.access(x.buffer, x.indices) for k, x in tiles.items()}
+        call = f"{name}({tile_arguments(found, access, self.bare(found.rows))});"
+        self.emit(f"#if {condition}")
+        with self.scope("if (hx_amx_ready()) {"):
+            if found.guard is None:
+                self.emit(call)
+            else:
+                with self.scope(f"if ({self.bare(found.guard)}) {{"):
+                    self.emit(call)
+        self._lines[-1] = self._lines[-1] + " else"
+        self.emit("#endif")
+        with self.scope("{"):
+            self.scalar_loop(loop)
         return True
 
     def scalar_loop(self, loop: For, start: int = 0) -> None:

@@ -53,6 +53,7 @@ from hexir.ir.tir import (
 from hexir.ir.visit import children, free_vars, map_stmt, substitute, walk
 from hexir.schedule.cache import replace_buffer
 from hexir.schedule.common import conjoin, conjuncts
+from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, TileIntrinsic
 
 UNROLL_MAX_EXTENT = 64
 # Nodes in the unrolled result: beyond this the source (and GCC's compile time) balloons.
@@ -144,6 +145,8 @@ def _partition(stmt: Stmt) -> Stmt:
         return _peel_jobs(stmt)
     if not isinstance(stmt, For) or stmt.kind not in ("serial", "vectorized") or stmt.extent < 2:
         return stmt
+    if isinstance(INTRINSICS.get(dict(stmt.annotations).get(TENSORIZE)), TileIntrinsic):
+        return stmt  # its rows guard is the tile's rows count (hexir/codegen/c_amx.py)
     surveyed = _survey(stmt.body)
     if surveyed is None:
         return stmt

@@ -75,6 +75,12 @@ class Target:
     # so the workload, not a kernel's C.
     int8_dot: bool = field(init=False)
     bf16_dot: bool = field(init=False)
+    # CPU: AMX's tile multiplies of bfloat16s (tdpbf16ps) and of 8-bit integers (tdpbusd),
+    # where the CPU has them and the kernel lets this process use the tile registers
+    # (`amx_permitted`); probed, False where described. Not in the key: they decide a
+    # schedule, and where the compiler does not target AMX the tiled nest runs as loops.
+    amx_bf16: bool = field(init=False)
+    amx_int8: bool = field(init=False)
     num_cores: int = field(init=False)  # CPU cores (CUDA: 0)
     # GPU limits; None on the CPU, where GPU-bound loops run serially and nothing limits them.
     max_threads_per_block: int | None = field(init=False)
@@ -139,11 +145,14 @@ def _cpu_fields(text: str, options: list[str]) -> dict[str, object]:
     if options:
         features, cores = _described_cpu(text, options)
         text = f"cpu -features={','.join(features) or 'none'} -cores={cores}"
-        int8_dot = bf16_dot = False
+        int8_dot = bf16_dot = amx_bf16 = amx_int8 = False
     else:
         features, cores, text = cpu_features(), _num_cores(), "cpu"
-        int8_dot = "avx512f" in features and "avx512_vnni" in _host_flags()
-        bf16_dot = "avx512f" in features and "avx512_bf16" in _host_flags()
+        flags = _host_flags()
+        int8_dot = "avx512f" in features and "avx512_vnni" in flags
+        bf16_dot = "avx512f" in features and "avx512_bf16" in flags
+        tiles = "amx_tile" in flags and amx_permitted()
+        amx_bf16, amx_int8 = tiles and "amx_bf16" in flags, tiles and "amx_int8" in flags
     width = 16 if "avx512f" in features else 8 if "avx2" in features else 4
     return dict(
         text=text,
@@ -154,6 +163,8 @@ def _cpu_fields(text: str, options: list[str]) -> dict[str, object]:
         vector_registers=32 if "avx512f" in features else 16,  # x86-64: zmm0-31 or ymm/xmm0-15
         int8_dot=int8_dot,
         bf16_dot=bf16_dot,
+        amx_bf16=amx_bf16,
+        amx_int8=amx_int8,
         num_cores=cores,
         max_threads_per_block=None,
         max_shared_memory_per_block=None,
@@ -212,6 +223,8 @@ def _cuda_fields(text: str, options: list[str]) -> dict[str, object]:
         vector_registers=0,
         int8_dot=False,
         bf16_dot=False,
+        amx_bf16=False,
+        amx_int8=False,
         num_cores=0,
         max_threads_per_block=1024,
         max_shared_memory_per_block=STATIC_SHARED_BYTES,
@@ -225,6 +238,26 @@ def _cuda_fields(text: str, options: list[str]) -> dict[str, object]:
 def cpu_features() -> tuple[str, ...]:
     """This machine's codegen-relevant CPU features, sorted (from /proc/cpuinfo or the compiler)."""
     return tuple(sorted(f for f in CPU_FEATURES if f in _host_flags()))
+
+
+# Linux's arch_prctl request for an extended state component (ARCH_REQ_XCOMP_PERM) and AMX's
+# tile data component (XFEATURE_XTILEDATA): a process must ask before its first tile
+# instruction, which otherwise faults.
+SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+@functools.cache
+def amx_permitted() -> bool:
+    """Whether the kernel lets this process use AMX's tile registers, asking it (once: the
+    permission is the whole process's). A kernel with tile instructions asks again itself
+    (hexir/codegen/c_amx.py), for a process that never probed."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
 
 
 @functools.cache

@@ -33,7 +33,15 @@ from hexir.schedule.common import (
 )
 from hexir.schedule.reduction import LANE_COMBINERS, match_reduction
 from hexir.schedule.state import ScheduleBase, primitive
-from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, WarpMma, match_dot, match_mma
+from hexir.schedule.tensorize import (
+    INTRINSICS,
+    TENSORIZE,
+    TileIntrinsic,
+    WarpMma,
+    match_dot,
+    match_mma,
+)
+from hexir.schedule.tensorize_tile import match_tile
 from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
 
 THREAD_AXES = GPU_KINDS
@@ -117,6 +125,8 @@ class AnnotatePrimitives(ScheduleBase):
             raise schedule_error("tensorize", reason, self.func, loop=node.var)
         if isinstance(known, WarpMma):
             found = match_mma(node, known, loop_ranges(self.func), self._lane(node))
+        elif isinstance(known, TileIntrinsic):
+            found = match_tile(node, known, loop_ranges(self.func))
         else:
             found = match_dot(node, known, loop_ranges(self.func))
         if isinstance(found, str):

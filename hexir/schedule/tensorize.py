@@ -18,6 +18,11 @@ lanes x group consecutive ones (j*group + k):
   inputs as zeros and rounds each addition to the nearest float32: within float32 rounding of
   the nest's order).
 
+A tile intrinsic (`TileIntrinsic`: x86's AMX, `tdpbf16ps` and `tdpbusd`/`tdpbsud`) describes
+a larger nest, up to 32 rows x 2 panels of 16 accumulators over a whole reduction, which its
+C helper holds in tile registers throughout (matched in `hexir/schedule/tensorize_tile.py`,
+printed by `hexir/codegen/c_amx.py`).
+
 The match reads the flattened indices of the accumulator and both operands as affine
 functions of j and k (their strides), so any loop order outside the two loops, any buffer
 shapes and any offsets match. The C printer (`hexir/codegen/c.py`) emits the instruction where
@@ -121,12 +126,60 @@ def _mma(operand: str, ptx: str) -> WarpMma:
     )
 
 
+@dataclass(frozen=True)
+class TileIntrinsic:
+    """A tile multiply-accumulate (x86's AMX), described as the nest it computes:
+
+        for i in 0..R:              # rows, R <= 32: one or two tiles of 16 (a condition
+          for p in 0..P:            #   i < bound may leave the last ones out)
+            for j in 0..16:         # panels, P <= 2, of 16 accumulators each
+              for kk in 0..D:       # D a multiple of 16: steps of one tile's depth
+                for k in 0..group:
+                  c[i, p, j] += acc(a[i, kk*group + k]) * acc(b[p, kk, j, k])
+
+    at any strides of c's rows and panels, a's rows and b's steps and panels (the panel loop
+    may be left out: P = 1). b is a weight in the dot intrinsic's groups (16 columns of
+    `group` products a 64-byte row, hexir/graph/layout.py), which is a tile's row layout."""
+
+    name: str
+    group: int  # products summed into each accumulator per row of b
+    acc: str
+    operands: frozenset[str]
+    description: str
+
+
+def _amx(
+    name: str, group: int, acc: str, operands: frozenset[str], instruction: str
+) -> TileIntrinsic:
+    return TileIntrinsic(
+        name,
+        group,
+        acc,
+        operands,
+        f"for i in 0..R (R <= 32): for p in 0..P (P <= 2): for j in 0..16: for kk in 0..D (D a "
+        f"multiple of 16): for k in 0..{group}: c[i, p, j] += {acc}(a[i, kk*{group} + k]) * "
+        f"{acc}(b[p, kk, j, k]) (c {acc}; a and b {' and '.join(sorted(operands))}): "
+        f"{instruction}",
+    )
+
+
+AMX_BF16 = _amx("x86_amx_bf16_f32", 2, "float32", frozenset({"bfloat16"}), "AMX tdpbf16ps")
+AMX_INT8 = _amx("x86_amx_u8s8", 4, "int32", frozenset(BYTE_INTS), "AMX tdpbusd/tdpbsud")
+TILE_LANES, TILE_ROWS, TILE_DEPTH = 16, 16, 16  # a tile: 16 rows of 64 bytes
+MAX_TILE_ROWS, MAX_TILE_PANELS = 2 * TILE_ROWS, 2  # 4 accumulator tiles, 2 of a, 2 of b: 8
+
+
+def tile_intrinsic(a: str, b: str) -> TileIntrinsic | None:
+    """The tile intrinsic of operands of dtypes `a` and `b` (None: none)."""
+    return next((i for i in (AMX_INT8, AMX_BF16) if {a, b} == i.operands), None)
+
+
 MMA_F16 = _mma("float16", "f16")
 MMA_BF16 = _mma("bfloat16", "bf16")
 MMA_ROWS, MMA_COLS, MMA_DEPTH = 16, 8, 16
 WARP = 32
-INTRINSICS: dict[str, Intrinsic | WarpMma] = {
-    i.name: i for i in (VNNI_DOT, BF16_DOT, MMA_F16, MMA_BF16)
+INTRINSICS: dict[str, Intrinsic | TileIntrinsic | WarpMma] = {
+    i.name: i for i in (VNNI_DOT, BF16_DOT, AMX_BF16, AMX_INT8, MMA_F16, MMA_BF16)
 }
 # The intrinsic whose products a contraction of these operand dtypes makes, by dtype pair.
 DOT_INTRINSICS = (VNNI_DOT, BF16_DOT)
@@ -159,17 +212,17 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
     if loop.extent != intrinsic.lanes:
         return f"the loop has {loop.extent} iterations, the intrinsic {intrinsic.lanes}"
     guards: list[Expr] = []
-    inner = _only(loop.body, guards)
+    inner = single_statement(loop.body, guards)
     if not isinstance(inner, For) or inner.extent != intrinsic.group:
         return f"the loop's body is not one loop of {intrinsic.group} iterations"
-    store = _only(inner.body, guards)
+    store = single_statement(inner.body, guards)
     if not isinstance(store, BufferStore):
         return "the inner loop's body is not one store"
     j, k = loop.var, inner.var
     if any(free_vars(g) & {j, k} for g in guards):
         return "a condition inside the nest depends on its loops"
     scope = {**ranges, j: loop.extent, k: inner.extent}
-    operands = _accumulated_product(store, scope, intrinsic.acc)
+    operands = accumulated_product(store, scope, intrinsic.acc)
     if isinstance(operands, str):
         return operands
     a, b = operands
@@ -195,14 +248,14 @@ def match_dot(loop: For, intrinsic: Intrinsic, ranges: dict[Var, int]) -> DotMat
     broadcast, wide = (a, b) if a_strides == (0, 1) else (b, a)
     return DotMatch(
         store.buffer,
-        _at(store.indices, at_zero, scope),
-        BufferLoad(broadcast.buffer, _at(broadcast.indices, at_zero, scope)),
-        BufferLoad(wide.buffer, _at(wide.indices, at_zero, scope)),
+        indices_at(store.indices, at_zero, scope),
+        BufferLoad(broadcast.buffer, indices_at(broadcast.indices, at_zero, scope)),
+        BufferLoad(wide.buffer, indices_at(wide.indices, at_zero, scope)),
         conjoin(guards) if guards else None,
     )
 
 
-def _only(stmt: Stmt, guards: list[Expr]) -> Stmt | None:
+def single_statement(stmt: Stmt, guards: list[Expr]) -> Stmt | None:
     """The one statement a loop body holds, through one-element Seqs, blocks (their iter vars
     replaced by their bindings) and conditions without an else, which go to `guards`; a
     block with an init is not one statement."""
@@ -224,7 +277,7 @@ def _only(stmt: Stmt, guards: list[Expr]) -> Stmt | None:
                 return stmt
 
 
-def _accumulated_product(
+def accumulated_product(
     store: BufferStore, scope: dict[Var, int], dtype: str
 ) -> tuple[BufferLoad, BufferLoad] | str:
     """The two loads of `c = c + dtype(x) * dtype(y)` (`dtype` the accumulator's), or why the
@@ -256,7 +309,7 @@ def _same(load: BufferLoad, store: BufferStore, scope: dict[Var, int]) -> bool:
     return simplify(apart, scope) == IntImm(0)
 
 
-def _at(indices: tuple[Expr, ...], values: dict[Var, Expr], scope: dict[Var, int]) -> tuple:
+def indices_at(indices: tuple[Expr, ...], values: dict[Var, Expr], scope: dict[Var, int]) -> tuple:
     return tuple(simplify(substitute(i, values), scope) for i in indices)
 
 
@@ -291,7 +344,7 @@ def match_mma(loop: For, intrinsic: WarpMma, ranges: dict[Var, int], lane: Var) 
     split = {lane: q * IntImm(4, lane.dtype) + r}
     scope = {v: e for v, e in ranges.items() if v != lane} | {q: 8, r: 4, ri: 2, cj: 2, k: 16}
     lanes = substitute(store, split)
-    operands = _accumulated_product(lanes, scope, "float32")  # type: ignore[arg-type]
+    operands = accumulated_product(lanes, scope, "float32")  # type: ignore[arg-type]
     if isinstance(operands, str):
         return operands
     if any(x.dtype != intrinsic.operand for x in operands):
@@ -308,9 +361,9 @@ def match_mma(loop: For, intrinsic: WarpMma, ranges: dict[Var, int], lane: Var) 
     at_zero = {v: IntImm(0, v.dtype) for v in order}
     for a, b, ca, cb in ((*operands, *coeffs[1:]), (*operands[::-1], *coeffs[:0:-1])):
         if _mma_a(ca) and _mma_b(cb):
-            here = [BufferLoad(x.buffer, _at(x.indices, at_zero, scope)) for x in (a, b)]
+            here = [BufferLoad(x.buffer, indices_at(x.indices, at_zero, scope)) for x in (a, b)]
             corners = [{ri: IntImm(i // 2), cj: IntImm(i % 2)} for i in range(4)]
-            acc = [BufferLoad(store.buffer, _at(store.indices, c, ranges)) for c in corners]
+            acc = [BufferLoad(store.buffer, indices_at(store.indices, c, ranges)) for c in corners]
             guard = conjoin(guards) if guards else None
             return MmaMatch(tuple(acc), here[0], (ca[0], ca[4]), here[1], (cb[4], cb[3]), guard)  # type: ignore[arg-type]
     return (
@@ -327,7 +380,7 @@ def _mma_nest(loop: For, guards: list[Expr]) -> tuple[BufferStore, tuple[Var, ..
         node = nest[-1]
         if not isinstance(node, For) or node.extent != extent:
             return "the nest is not three loops of 2, 2 and 16 iterations"
-        nest.append(_only(node.body, guards))
+        nest.append(single_statement(node.body, guards))
     store = nest[-1]
     if not isinstance(store, BufferStore):
         return "the innermost loop's body is not one store"

@@ -8,8 +8,10 @@ the sketch cannot do without lets the ScheduleError through, and the space drops
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 
+from hexir.codegen.c_lower import MAX_REGISTER_VECTORS
 from hexir.errors import ScheduleError
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,
@@ -21,7 +23,11 @@ from hexir.ir.tir import (
     PrimFunc,
     Select,
 )
+from hexir.ir.visit import free_vars
+from hexir.runtime.target import Target
+from hexir.runtime.tiling import MAX_UNROLLED_ROWS
 from hexir.schedule import INLINE, ROOT, BlockRV, LoopRV, Schedule
+from hexir.schedule.common import index_vars
 from hexir.search.analysis import (
     block_named,
     consumers,
@@ -201,3 +207,35 @@ def loop_of(sch: Schedule, rv: LoopRV) -> For:
     node = sch.get(rv)
     assert isinstance(node, For)
     return node
+
+
+def writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV], target: Target) -> None:
+    """The write-back of the accumulator: as a register tile when it stores along its last
+    loop; otherwise (the accumulator is transposed, so the store is strided) unrolled whole
+    when small, so that every read of the accumulator is at constant indices and it stays in
+    registers."""
+    if not loops:
+        return
+    node = sch.get(writeback)
+    assert isinstance(node, Block)
+    bindings = {iv.var: free_vars(iv.binding) for iv in node.iter_vars}
+    last = set().union(*(bindings.get(v, {v}) for v in index_vars(node.writes[0].region[-1])))
+    if loop_of(sch, loops[-1]).var in last:
+        register_tile_loops(sch, loops, limit=16)
+        return
+    extents = [loop_of(sch, lp).extent for lp in loops]
+    # Larger than the register file, the accumulator stays in memory: unrolling buys nothing.
+    if math.prod(extents) <= MAX_REGISTER_VECTORS * target.vector_width:
+        for loop, extent in zip(loops, extents, strict=True):
+            if extent > 1:
+                attempt(sch.unroll, loop)
+
+
+def register_tile_loops(sch: Schedule, loops: list[LoopRV], limit: int = MAX_UNROLLED_ROWS) -> None:
+    """Columns vectorized, rows unrolled: the tile then lives in vector registers."""
+    if not loops:
+        return
+    attempt(sch.vectorize, loops[-1])
+    for loop in loops[:-1]:
+        if 1 < loop_of(sch, loop).extent <= limit:
+            attempt(sch.unroll, loop)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 
-from hexir.codegen.c_lower import MAX_REGISTER_VECTORS
 from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients
 from hexir.ir.tir import Binary, Block, BufferRegion, Expr, IntImm, Range, Var
@@ -46,7 +45,6 @@ from hexir.runtime.tiling import MAX_UNROLLED_ROWS, largest_divisor, register_ti
 from hexir.schedule import BlockRV, LoopRV, Schedule
 from hexir.schedule.common import index_vars, reduce_fed_by
 from hexir.schedule.compute_region import stored
-from hexir.schedule.tensorize import Intrinsic, dot_intrinsic
 from hexir.search.analysis import (
     block_named,
     consumers,
@@ -67,10 +65,13 @@ from hexir.search.rules import (
     fuse_or_one,
     inline_epilogue,
     loop_of,
+    register_tile_loops,
     sample_location,
     split_all,
     split_inner,
+    writeback_tile,
 )
+from hexir.search.sketch_dot import amx_tile, dot_tile
 
 MAX_UNROLLED_WINDOW = 7
 # A windowed conv's reduction runs over blocks of this many input channels (`_channel_blocks`).
@@ -102,7 +103,7 @@ def cpu_sketch(sch: Schedule, target: Target, fixed: bool = False) -> None:
     for name in tiled:
         before = _names(sch)
         rv = sch.get_block(name)
-        if not dot_tile(sch, rv, target):
+        if not (amx_tile(sch, rv, target) or dot_tile(sch, rv, target)):
             tile_cpu(sch, rv, target, fixed)
         done |= _names(sch) - before  # the init, write-back and packs it made
     if not fixed:
@@ -112,66 +113,6 @@ def cpu_sketch(sch: Schedule, target: Target, fixed: bool = False) -> None:
     for nest in list(root_nests(sch.func)):
         if nest.kind == "serial":
             parallelize_nest(sch, nest.var.name, target, fixed)
-
-
-# The register tile of an 8-bit matmul on VNNI: this many rows times up to this many panels of
-# 16 int32 accumulators, 24 of the 32 vector registers; per step of 4 products, each panel's
-# 64 bytes are loaded once and each row's 4 bytes broadcast (the rows innermost). On the
-# 2-core AVX-512 host, 128x768x768: 6 rows 0.170 ms (890 GOP/s), 4 rows 0.210, 5 and 7 rows
-# as fast at 128 rows but 0.7-0.8x at 1024^3, 8 rows 0.495 (32 accumulators spill); with the
-# rows outside the panels each panel was reloaded per row: 0.21 ms at 4 rows, 0.33 at 6.
-DOT_ROWS = 6
-DOT_MAX_PANELS = 4
-
-
-def dot_tile(sch: Schedule, block: BlockRV, target: Target) -> bool:
-    """A matmul whose weight is in a dot intrinsic's groups (`weight_kgroup`,
-    hexir/graph/layout.py: VNNI's for 8-bit operands, AVX512_BF16's for bfloat16 ones) tiled
-    for it: rows x panels of 16 columns in registers, K in steps of the group outside them,
-    each (row, panel, group of products) one instruction, panels outer and rows inner; the
-    (rows, panels) tiles are the parallel jobs. False, scheduling nothing, for any other
-    block or target."""
-    node = sch.get(block)
-    assert isinstance(node, Block)
-    dot = _dot_reads(node)
-    if target.kind != "cpu" or dot is None or target.vector_width != dot.lanes:
-        return False
-    loops = sch.get_loops(block)
-    if len(loops) != 3:
-        return False
-    i, j, k = loops
-    m, n = loop_of(sch, i).extent, loop_of(sch, j).extent
-    rows = min(m, DOT_ROWS)  # a ragged last row tile runs under a guard
-    panels = largest_divisor(n // dot.lanes, DOT_MAX_PANELS)
-    writeback = sch.cache_write(block, 0, "local")
-    inline_epilogue(sch, writeback)
-    i0, i1 = sch.split(i, [None, rows])
-    j0, j1, j2 = sch.split(j, [None, panels, dot.lanes])
-    k0, k1 = sch.split(k, [None, dot.group])
-    sch.reorder(i0, j0, k0, j1, i1, j2, k1)
-    outer = sch.fuse(i0, j0)
-    sch.parallel(outer)
-    sch.reverse_compute_at(writeback, outer, True)
-    init = sch.decompose_reduction(block, k0)
-    _register_tile(sch, sch.get_loops(init)[1:])
-    for loop in (j1, i1):
-        if loop_of(sch, loop).extent > 1:
-            sch.unroll(loop)
-    sch.tensorize(j2, dot.name)
-    _writeback_tile(sch, writeback, sch.get_loops(writeback)[1:], target)
-    return True
-
-
-def _dot_reads(block: Block) -> Intrinsic | None:
-    """The dot intrinsic of a matmul's reads of an [M, K] and a weight in its groups, [N/16,
-    K/group, 16, group], into its accumulator's dtype; None for any other block."""
-    if len(block.reads) != 2:
-        return None
-    a, b = (r.buffer for r in block.reads)
-    dot = dot_intrinsic(a.dtype, b.dtype)
-    if dot is None or block.writes[0].buffer.dtype != dot.acc or len(a.shape) != 2:
-        return None
-    return dot if b.shape[2:] == (dot.lanes, dot.group) else None
 
 
 def _wants_tiling(sch: Schedule, block: Block) -> bool:
@@ -254,7 +195,7 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
     first = [cache[0]] if ragged_columns else [outer]
     within = first if fixed else [outer, *_level(s, 1), *_level(r, 0)]
     _pack_operands(sch, block, within, vector_var, fixed)
-    _register_tile(sch, _level(s, 3))
+    register_tile_loops(sch, _level(s, 3))
     if fixed:
         for loop in _level(r, 1):
             if 1 < loop_of(sch, loop).extent <= MAX_UNROLLED_WINDOW:
@@ -268,7 +209,7 @@ def tile_cpu(sch: Schedule, block: BlockRV, target: Target, fixed: bool = False)
                     sch.unroll(loop)
     sch.decompose_reduction(block, _level(r, 0)[0])
     if writeback is not None:
-        _writeback_tile(sch, writeback, sch.get_loops(writeback)[-len(spatial) :], target)
+        writeback_tile(sch, writeback, sch.get_loops(writeback)[-len(spatial) :], target)
     if not fixed:
         annotate_unroll(sch, outer)
 
@@ -502,38 +443,6 @@ def _try_cache_write(sch: Schedule, block: BlockRV, axes: tuple[int, ...] | None
         return sch.cache_write(block, 0, "local", axes)
     except ScheduleError:
         return None
-
-
-def _writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV], target: Target) -> None:
-    """The write-back of the accumulator: as a register tile when it stores along its last
-    loop; otherwise (the accumulator is transposed, so the store is strided) unrolled whole
-    when small, so that every read of the accumulator is at constant indices and it stays in
-    registers."""
-    if not loops:
-        return
-    node = sch.get(writeback)
-    assert isinstance(node, Block)
-    bindings = {iv.var: free_vars(iv.binding) for iv in node.iter_vars}
-    last = set().union(*(bindings.get(v, {v}) for v in index_vars(node.writes[0].region[-1])))
-    if loop_of(sch, loops[-1]).var in last:
-        _register_tile(sch, loops, limit=16)
-        return
-    extents = [loop_of(sch, lp).extent for lp in loops]
-    # Larger than the register file, the accumulator stays in memory: unrolling buys nothing.
-    if math.prod(extents) <= MAX_REGISTER_VECTORS * target.vector_width:
-        for loop, extent in zip(loops, extents, strict=True):
-            if extent > 1:
-                attempt(sch.unroll, loop)
-
-
-def _register_tile(sch: Schedule, loops: list[LoopRV], limit: int = MAX_UNROLLED_ROWS) -> None:
-    """Columns vectorized, rows unrolled: the tile then lives in vector registers."""
-    if not loops:
-        return
-    attempt(sch.vectorize, loops[-1])
-    for loop in loops[:-1]:
-        if 1 < loop_of(sch, loop).extent <= limit:
-            attempt(sch.unroll, loop)
 
 
 def vector_iter_var(block: Block) -> Var | None:

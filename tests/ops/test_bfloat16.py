@@ -14,6 +14,7 @@ from hexir.ir.dtype import numpy_dtype
 from hexir.ops.parse import parse_graph
 from hexir.runtime.target import Target
 from hexir.schedule import Schedule
+from hexir.search.sketch_dot import AMX_MIN_ROWS
 
 BF16 = ml_dtypes.bfloat16
 
@@ -85,7 +86,7 @@ def test_bfloat16_arithmetic_rounds_after_every_op_as_numpy_does(op, rng):
 
 
 @pytest.mark.parametrize("shape", [(128, 96, 64), (7, 64, 48), (1, 768, 96)])
-def test_a_bfloat16_matmul_computes_in_float32_on_vdpbf16ps_where_the_cpu_has_it(shape, rng):
+def test_a_bfloat16_matmul_computes_in_float32_on_amx_or_vdpbf16ps_where_the_cpu_has_it(shape, rng):
     m, k, n = shape
     a = rng.standard_normal((m, k)).astype(BF16)
     w = rng.standard_normal((k, n)).astype(BF16)
@@ -98,14 +99,17 @@ def test_a_bfloat16_matmul_computes_in_float32_on_vdpbf16ps_where_the_cpu_has_it
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     if Target("cpu").bf16_dot and k % 2 == 0 and n % 16 == 0:
         sources = [open(str(k.path).replace(".so", ".c")).read() for k in module.kernels]
-        assert any("_mm512_dpbf16_ps" in s for s in sources)
+        # AMX's tile multiply where the CPU has it and the rows fill a tile's worth, else
+        # AVX512_BF16's dot products (hexir/search/sketch_dot.py)
+        tiles = Target("cpu").amx_bf16 and m >= AMX_MIN_ROWS and k % 32 == 0
+        assert any(("hx_amx_bf16(" if tiles else "_mm512_dpbf16_ps") in s for s in sources)
         assert "weight_kgroup = 2" in str(module.graph)
 
 
 def test_tensorize_refuses_a_bfloat16_nest_for_the_int8_intrinsic_and_keeps_the_schedule():
     from hexir.errors import ScheduleError
     from hexir.ops.builder import GraphBuilder
-    from hexir.search.sketch_cpu import dot_tile
+    from hexir.search.sketch_dot import dot_tile
 
     b = GraphBuilder("g")
     x, w = b.input("x", (12, 64), "bfloat16"), b.input("w", (2, 32, 16, 2), "bfloat16")

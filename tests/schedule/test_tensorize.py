@@ -14,6 +14,7 @@ from hexir.graph.lower import lower_op
 from hexir.ops.contraction import group_matmul_weight
 from hexir.runtime.target import Target
 from hexir.schedule import Schedule, Trace
+from hexir.search.sketch_dot import AMX_MIN_ROWS
 
 VNNI = "x86_vnni_dot_u8s8"
 
@@ -112,7 +113,10 @@ def test_an_8bit_matmul_of_a_constant_runs_tensorized_by_default(rng, m, k, n):
     module = hexir.compile(graph, target="cpu")
     assert len(module.commands) == 1
     source = module.kernels[module.commands[0].kernel].source
-    if Target("cpu").int8_dot:
+    target = Target("cpu")
+    if target.amx_int8 and m >= AMX_MIN_ROWS and k % 64 == 0:  # AMX's tiles: one of 13 x 128
+        assert "hx_amx_u8s8(" in source
+    elif target.int8_dot:
         assert "hx_dpbusd_u(" in source
     np.testing.assert_array_equal(module.run({"x": a})[0], want - correction)
 
