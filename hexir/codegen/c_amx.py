@@ -68,7 +68,20 @@ _MULTIPLY = """static inline void {name}(void* c, int64_t c_row, int64_t c_panel
   if (both_panels) _tile_loadd(1, c0 + c_panel, c_row);
   if (both_rows) _tile_loadd(2, c1, c_row);
   if (both_rows && both_panels) _tile_loadd(3, c1 + c_panel, c_row);
-  for (int64_t s = 0; s < steps; ++s) {{
+  if (both_rows && both_panels) {{  /* the full tile: every load first, then the products */
+    for (int64_t s = 0; s < steps; ++s) {{
+      const char* as = a0 + 64 * s;
+      const char* bs = b0 + 16 * b_step * s;
+      _tile_loadd(4, as, a_row);
+      _tile_loadd(5, as + 16 * a_row, a_row);
+      _tile_loadd(6, bs, b_step);
+      _tile_loadd(7, bs + b_panel, b_step);
+      {op}(0, 4, 6);
+      {op}(1, 4, 7);
+      {op}(2, 5, 6);
+      {op}(3, 5, 7);
+    }}
+  }} else for (int64_t s = 0; s < steps; ++s) {{
     const char* as = a0 + 64 * s;
     const char* bs = b0 + 16 * b_step * s;
     _tile_loadd(4, as, a_row);

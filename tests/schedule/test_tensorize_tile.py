@@ -152,3 +152,19 @@ def test_the_default_schedule_tiles_a_matmul_of_a_constant_for_amx(rng, dtype):
 def test_a_described_cpu_has_no_amx():
     described = Target("cpu -features=avx2,avx512f,fma -cores=2")
     assert not described.amx_bf16 and not described.amx_int8
+
+
+def test_the_jobs_run_the_weight_in_blocks_every_row_tile_passes_over(rng, monkeypatch):
+    # A 4 KB block: 2 of the 4 panel pairs of a 128 x 128 int8 weight; the rows inside.
+    import hexir.search.sketch_dot as sketch_dot
+
+    monkeypatch.setattr(sketch_dot, "AMX_WEIGHT_BLOCK_BYTES", 2 * 128 * 32)
+    m, k, n = 70, 128, 128
+    a, w = integers(rng, (m, k), "uint8"), integers(rng, (k, n), "int8")
+    b = hexir.GraphBuilder("t")
+    module = hexir.compile(b.build(b.matmul(b.input("x", (m, k), "uint8"), b.constant(w))))
+    source = module.kernels[module.commands[0].kernel].source
+    jobs = 2 * 3 * 2  # weight blocks x row tiles (32, 32, 6) x panel pairs in a block
+    if Target("cpu").amx_int8:
+        assert f"_fused < {jobs}; " in source
+    np.testing.assert_array_equal(module.run({"x": a})[0], a.astype(np.int64) @ w)
