@@ -76,6 +76,10 @@ UNBOUNDED = sys.maxsize
 # Times a candidate whose measurement is suspect (hexir/search/calibration.py) is measured
 # again, at most, in one tune.
 REMEASURE_TRIES = 2
+# Under a time budget, a slice of a round's batch (built whole, then timed) takes at most this
+# share of the time left at the pace so far: the slices shrink toward the end, so that one
+# slower than its pace (a loaded machine) runs past the budget by a fraction of a slice.
+SLICE_SHARE = 0.5
 # A confirmed candidate whose two middle runs differ by more than this factor is measured once
 # more (`_Tuner.confirm`): timing the same kernel twice on a quiet machine differs by percents.
 DISAGREE = 1.5
@@ -323,7 +327,7 @@ class _Tuner:
         while start < len(batch):
             # No pace known yet: a budget's first slice is one build per worker.
             first = self.deadline is not None and sum(self.trials) == 0
-            size = self.room(workers if first else step)
+            size = self.room(workers if first else step, SLICE_SHARE)
             if size == 0:
                 self.out_of_time = True
                 break
@@ -450,16 +454,20 @@ class _Tuner:
     def _threshold() -> float:
         return knobs.get().measure_calibration_threshold
 
-    def room(self, n: int) -> int:
-        """How many of `n` more trials the time budget has room for, at this tune's pace so
-        far (all `n` without a budget, or before the first trial)."""
+    def room(self, n: int, share: float = 1.0) -> int:
+        """How many of `n` more trials the time budget has room for in `share` of the time
+        left, at this tune's pace so far (all `n` without a budget, or before the first
+        trial)."""
         if self.deadline is None:
             return n
         left = self.deadline - time.perf_counter()
         if left <= 0:
             return 0
         pace = self._pace()
-        return n if pace is None else min(n, int(left / pace))
+        if pace is None:
+            return n
+        fits = int(left / pace)
+        return min(n, fits, max(int(share * left / pace), min(fits, 1)))
 
     def _pace(self) -> float | None:
         """Wall seconds per trial so far, everything included (None before the first)."""
