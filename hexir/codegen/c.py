@@ -39,6 +39,8 @@ from hexir.codegen.c_narrow import (
     sub_byte_helpers,
     sub_byte_value,
 )
+from hexir.codegen.c_prefetch import LINE, PREFETCH, Prefetch
+from hexir.codegen.c_prefetch import plan as prefetch_plan
 from hexir.codegen.c_vector import (
     HELPER_NEEDS,
     HORIZONTAL,
@@ -266,6 +268,7 @@ class CPrinter:
         self._unroll_step = 0  # the enclosing loop's AUTO_UNROLL_KEY (0: none)
         self.ranges: dict[Var, int] = {}  # extents of the vars in scope, for the simplifier
         self.registers: dict[Buffer, int] = {}  # local buffers held as vectors -> lanes
+        self.prefetches: dict[Var, list[Prefetch]] = {}  # by the loop that issues them
         self.allocated: set[Buffer] = set()  # buffers we allocate (so aligned to `alignment`)
         self.names = Names(C_KEYWORDS | LIBRARY_NAMES)
 
@@ -470,6 +473,9 @@ class CPrinter:
                 body(stmt.else_)
 
     def loop(self, loop: For) -> None:
+        distance = dict(loop.annotations).get(PREFETCH)
+        if isinstance(distance, int) and distance > 0:
+            self.prefetches.update(prefetch_plan(loop, distance, self.ranges))
         intrinsic = dict(loop.annotations).get(TENSORIZE)
         if isinstance(intrinsic, str) and self.tensorized(loop, intrinsic):
             return
@@ -552,6 +558,11 @@ class CPrinter:
         v, t = self.var(loop.var), self.ctype(loop.var.dtype)
         header = f"for ({t} {v} = {start}; {v} < {loop.extent}; ++{v}) {{"
         with self.scope(header), self.bind_ranges({loop.var: loop.extent}):
+            for p in self.prefetches.get(loop.var, ()):
+                with self.scope(f"if ({self.bare(p.guard)}) {{"):
+                    first = self.access(p.buffer, p.indices)
+                    for line in range(p.lines):
+                        self.emit(f"__builtin_prefetch((const char*)&{first} + {line * LINE});")
             self.stmt_list(loop.body)
         self._in_parallel, self._in_simd, self._unroll_step = saved
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import cast
 
+from hexir.codegen.c_inplace import intermediates_in_outputs
 from hexir.codegen.c_narrow import lower_narrow_floats
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import itemsize
@@ -76,8 +77,10 @@ FALSE = IntImm(0, "bool")
 
 def lower_for_c(body: Stmt) -> Stmt:
     """`body` with blocks flattened into named wrappers, small unrolled loops expanded,
-    loops under bound guards partitioned and bfloat16/float16 computed in float (c_narrow.py)."""
+    loops under bound guards partitioned, a job's intermediate kept in the output it ends in
+    (c_inplace.py) and bfloat16/float16 computed in float (c_narrow.py)."""
     flat = map_stmt(map_stmt(body, stmt_fn=_flatten_block), stmt_fn=_unroll)
+    flat = intermediates_in_outputs(flat)
     return lower_narrow_floats(map_stmt(flat, stmt_fn=_partition))
 
 

@@ -45,7 +45,9 @@ from __future__ import annotations
 import functools
 import math
 
+from hexir.codegen.c_prefetch import PREFETCH
 from hexir.errors import HexirError, ScheduleError
+from hexir.ir.dtype import itemsize
 from hexir.ir.tir import Block, BufferStore, Expr, PrimFunc, Select, Var
 from hexir.ir.visit import children, free_vars
 from hexir.runtime.target import Target
@@ -185,6 +187,8 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
         outer = sch.fuse(*rows) if len(rows) > 1 else rows[0]
         if share:
             sch.parallel(outer)
+        if _row_bytes(sch, names) >= PREFETCH_MIN_ROW_BYTES:
+            sch.annotate(outer, PREFETCH, 1)
         for name in reversed(names[:-1]):
             sch.compute_at(sch.get_block(name), outer)
     except ScheduleError:
@@ -196,6 +200,23 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
         else:
             attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
     return sch
+
+
+# Rows of at least this many bytes (of the widest input read along them) have the next row
+# prefetched while one runs (hexir/codegen/c_prefetch.py): a row of a page or more starts
+# where the hardware prefetcher stopped.
+PREFETCH_MIN_ROW_BYTES = 2048
+
+
+def _row_bytes(sch: Schedule, names: list[str]) -> int:
+    """The bytes of the widest row a stage of the chain reads along its last loop."""
+    widest = 0
+    for name in names:
+        loops, _, block = _loops(sch, name)
+        extent = loop_extent(sch, loops[-1])
+        for read in block.reads:
+            widest = max(widest, extent * itemsize(read.buffer.dtype))
+    return widest
 
 
 # Vectors of partial sums a row reduction keeps in flight (an addition's latency over its
