@@ -188,7 +188,7 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
         if share:
             sch.parallel(outer)
         if _row_bytes(sch, names) >= PREFETCH_MIN_ROW_BYTES:
-            sch.annotate(outer, PREFETCH, 1)
+            sch.annotate(outer, PREFETCH, PREFETCH_ROWS)
         for name in reversed(names[:-1]):
             sch.compute_at(sch.get_block(name), outer)
     except ScheduleError:
@@ -206,6 +206,7 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
 # prefetched while one runs (hexir/codegen/c_prefetch.py): a row of a page or more starts
 # where the hardware prefetcher stopped.
 PREFETCH_MIN_ROW_BYTES = 2048
+PREFETCH_ROWS = 1  # how far ahead
 
 
 def _row_bytes(sch: Schedule, names: list[str]) -> int:

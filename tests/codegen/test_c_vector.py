@@ -62,28 +62,33 @@ def axpb(n: int, dtype: str = "float32", kind: str = "vectorized") -> PrimFunc:
     return PrimFunc("axpb", (A, B, S, Y), For(i, n, kind, BufferStore(Y, (i,), value)))
 
 
-@pytest.mark.parametrize(
-    "n,chunk_loop,half,tail",
-    [
-        (64, False, False, False),
-        (37, False, False, True),
-        (1000, True, True, False),
-        (5, False, False, True),
-        (45, False, True, True),
-    ],  # fmt: skip
-)
-def test_vector_shapes(rng, n, chunk_loop, half, tail):
-    # 16 lanes a chunk, up to MAX_STRAIGHT_CHUNKS straight, more as a loop; a tail of at
-    # least 8 runs as one 8-lane vector, what is left as a scalar loop.
+@pytest.mark.parametrize("n,chunk_loop", [(64, False), (37, False), (1000, True), (45, False)])
+def test_vector_shapes(rng, n, chunk_loop):
+    # 16 lanes a chunk, up to MAX_STRAIGHT_CHUNKS straight, more as a loop; a tail runs as
+    # one more vector ending at the loop's end (the body stores nothing it reads).
     func = axpb(n)
     body = body_of(generate_c(func))
     assert "hx_load_f32x" in body and "#pragma omp simd" not in body
     assert ("i += 16" in body) == chunk_loop
-    assert ("hx_load_f32x8(" in body) == half
-    assert ("for (int32_t i = " in body and "++i" in body) == tail
+    assert f"&Y[{n - 16}]" in body and "++i" not in body and "hx_load_f32x8(" not in body
     a, b = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     s = rng.standard_normal(1, dtype=np.float32)
     np.testing.assert_allclose(run(func, a, b, s), a * s[0] + b + 0.5, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,half,tail", [(5, False, True), (45, True, True), (40, True, False)])
+def test_a_tail_that_rewrites_what_it_reads_runs_narrower_then_scalar(rng, n, half, tail):
+    # y = y * s[0] in place: computed twice, an element would be scaled twice; a tail of at
+    # least 8 runs as one 8-lane vector, what is left as a scalar loop.
+    Y, S = Buffer("Y", (n,)), Buffer("S", (1,))
+    func = PrimFunc("scale", (S, Y), For(i, n, "vectorized", BufferStore(Y, (i,), Y[i] * S[0])))
+    body = body_of(generate_c(func))
+    assert ("hx_load_f32x8(" in body) == half
+    assert ("for (int32_t i = " in body and "++i" in body) == tail
+    y, s = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(1, dtype=np.float32)
+    want = y * s[0]
+    build(func)(s, y)  # in place
+    np.testing.assert_array_equal(y, want)
 
 
 def test_float64_uses_eight_lanes(rng):
