@@ -57,6 +57,7 @@ def test_show_reads_a_hexir_file_with_its_constants(tmp_path, capsys, rng):
     assert "1 kernels for 2 ops (fusion on)" in out and "matmul+relu" in out  # w laid out
 
 
+@pytest.mark.slow  # 1.9 s
 def test_show_lists_a_models_kernels_and_memory_plan(capsys):
     # Direct convs: the Winograd form makes each 3x3 conv six kernels by design.
     with hexir.knobs.scope(winograd="0"):

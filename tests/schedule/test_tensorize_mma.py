@@ -43,6 +43,7 @@ def run_on_cpu(func, sch, rng):
 
 
 # bfloat16 in the slow suite: the same nests as float16's, converted otherwise
+@pytest.mark.slow  # 1.6-2.7 s each: the float16 loops on the CPU
 @pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "name, shape",

@@ -252,6 +252,7 @@ def test_sampling_stops_halfway_to_a_round_deadline_and_leaves_evolution_the_res
     assert search.profile.mutation > 0.0  # evolution had the other half
 
 
+@pytest.mark.slow  # 1.6 s
 def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(matmul):
     from hexir import knobs
     from hexir.costmodel import RandomModel
