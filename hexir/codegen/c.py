@@ -51,6 +51,7 @@ from hexir.codegen.c_vector import (
     emit_lane_reduction,
     emit_vector_loop,
     horizontal_helper,
+    in_place_candidates,
     reduces_across,
     widen_bytes_helper,
     x86_intrinsic,
@@ -269,6 +270,8 @@ class CPrinter:
         self.ranges: dict[Var, int] = {}  # extents of the vars in scope, for the simplifier
         self.registers: dict[Buffer, int] = {}  # local buffers held as vectors -> lanes
         self.prefetches: dict[Var, list[Prefetch]] = {}  # by the loop that issues them
+        # (output, input) params the memory plan may run over one another (c_vector.py)
+        self.in_place_pairs: set[tuple[Buffer, Buffer]] = set()
         self.allocated: set[Buffer] = set()  # buffers we allocate (so aligned to `alignment`)
         self.names = Names(C_KEYWORDS | LIBRARY_NAMES)
 
@@ -300,6 +303,7 @@ class CPrinter:
         self.names = Names(C_KEYWORDS | LIBRARY_NAMES | {symbol})
         body = lower_for_c(func.body)
         self.registers = register_buffers(body, self.vector_bytes)
+        self.in_place_pairs = in_place_candidates(func)
         with self.scope(self.func_signature(func, symbol) + " {"):
             self.stmt_list(body)
         body_lines = self._lines

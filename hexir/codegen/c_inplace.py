@@ -103,6 +103,8 @@ def _pointwise_last_use(nest: Stmt, t: Buffer) -> tuple[Buffer, tuple[Expr, ...]
         return None
     (store,) = stores
     out = store.buffer
+    if out.dtype != t.dtype:  # a float32 intermediate of a float16 output: kept in float32
+        return None
     reads = [e for e in walk(store.value) if isinstance(e, BufferLoad) and e.buffer in (t, out)]
     places = {simplify(flat_index(t, e.indices), loops) for e in reads if e.buffer == t}
     if any(e.buffer == out for e in reads) or len(places) != 1:

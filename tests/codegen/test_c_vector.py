@@ -62,18 +62,47 @@ def axpb(n: int, dtype: str = "float32", kind: str = "vectorized") -> PrimFunc:
     return PrimFunc("axpb", (A, B, S, Y), For(i, n, kind, BufferStore(Y, (i,), value)))
 
 
-@pytest.mark.parametrize("n,chunk_loop", [(64, False), (37, False), (1000, True), (45, False)])
-def test_vector_shapes(rng, n, chunk_loop):
-    # 16 lanes a chunk, up to MAX_STRAIGHT_CHUNKS straight, more as a loop; a tail runs as
-    # one more vector ending at the loop's end (the body stores nothing it reads).
+@pytest.mark.parametrize(
+    "n,chunk_loop,half,tail",
+    [
+        (64, False, False, False),
+        (37, False, False, True),
+        (1000, True, True, False),
+        (5, False, False, True),
+        (45, False, True, True),
+    ],  # fmt: skip
+)
+def test_vector_shapes(rng, n, chunk_loop, half, tail):
+    # 16 lanes a chunk, up to MAX_STRAIGHT_CHUNKS straight, more as a loop; a tail of at
+    # least 8 runs as one 8-lane vector, what is left as a scalar loop (the memory plan may
+    # run Y over A, so no recomputed last vector: the test after this one).
     func = axpb(n)
     body = body_of(generate_c(func))
     assert "hx_load_f32x" in body and "#pragma omp simd" not in body
     assert ("i += 16" in body) == chunk_loop
-    assert f"&Y[{n - 16}]" in body and "++i" not in body and "hx_load_f32x8(" not in body
+    assert ("hx_load_f32x8(" in body) == half
+    assert ("for (int32_t i = " in body and "++i" in body) == tail
     a, b = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     s = rng.standard_normal(1, dtype=np.float32)
     np.testing.assert_allclose(run(func, a, b, s), a * s[0] + b + 0.5, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n,chunk_loop", [(37, False), (1000, True), (45, False)])
+def test_a_tail_runs_as_one_more_vector_ending_at_the_loops_end(rng, n, chunk_loop):
+    # Y[i] = A[i + 1] * S[0] + B[i + 1]: no input of Y's shape, nothing the memory plan could
+    # run it over; the tail is one more full vector, computed before the others.
+    shapes = {"A": (n + 1,), "B": (n + 1,), "S": (1,), "Y": (n,)}
+    A, B, S, Y = (Buffer(name, shapes[name]) for name in "ABSY")
+    value = A[i + 1] * S[0] + B[i + 1] + FloatImm(0.5, "float32")
+    func = PrimFunc("shifted", (A, B, S, Y), For(i, n, "vectorized", BufferStore(Y, (i,), value)))
+    body = body_of(generate_c(func))
+    assert ("i += 16" in body) == chunk_loop
+    assert f"&Y[{n - 16}]" in body and "++i" not in body and "hx_load_f32x8(" not in body
+    a = rng.standard_normal(n + 1, dtype=np.float32)
+    b = rng.standard_normal(n + 1, dtype=np.float32)
+    s = rng.standard_normal(1, dtype=np.float32)
+    want = a[1:] * s[0] + b[1:] + 0.5
+    np.testing.assert_allclose(run(func, a, b, s), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("n,half,tail", [(5, False, True), (45, True, True), (40, True, False)])

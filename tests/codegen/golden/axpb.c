@@ -10,9 +10,12 @@ static inline hx_f32x16 hx_load_f32x16(const float* p) {
 static inline void hx_store_f32x16(float* p, hx_f32x16 x) { __builtin_memcpy(p, &x, 64); }
 
 HX_EXPORT void axpb(float* restrict A, float* restrict B, float* restrict S, float* restrict Y) {
-  hx_f32x16 vhx_last = ((hx_load_f32x16(&A[4]) * S[0]) + hx_load_f32x16(&B[4])) + 0.5f;
   {  // block axpb
     hx_store_f32x16(&Y[0], ((hx_load_f32x16(&A[0]) * S[0]) + hx_load_f32x16(&B[0])) + 0.5f);
   }
-  hx_store_f32x16(&Y[4], vhx_last);
+  for (int32_t i = 16; i < 20; ++i) {
+    {  // block axpb
+      Y[i] = ((A[i] * S[0]) + B[i]) + 0.5f;
+    }
+  }
 }
