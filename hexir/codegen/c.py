@@ -301,9 +301,9 @@ class CPrinter:
     def print_func(self, func: PrimFunc) -> str:
         symbol = kernel_symbol(func)
         self.names = Names(C_KEYWORDS | LIBRARY_NAMES | {symbol})
-        body = lower_for_c(func.body)
-        self.registers = register_buffers(body, self.vector_bytes)
         self.in_place_pairs = in_place_candidates(func)
+        body = lower_for_c(func.body, self.in_place_pairs)
+        self.registers = register_buffers(body, self.vector_bytes)
         with self.scope(self.func_signature(func, symbol) + " {"):
             self.stmt_list(body)
         body_lines = self._lines

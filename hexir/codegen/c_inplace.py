@@ -26,6 +26,8 @@ kernel would race), so nothing else reads the values kept there before.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from hexir.ir.arith import affine_coefficients, flat_index, simplify
 from hexir.ir.tir import (
     Allocate,
@@ -43,10 +45,12 @@ from hexir.ir.tir import (
 from hexir.ir.visit import map_stmt, substitute, walk
 
 
-def intermediates_in_outputs(body: Stmt) -> Stmt:
-    """`body` with each intermediate that can be (see the module) kept in its output."""
-    allocated = {s.buffer for s in walk(body) if isinstance(s, Allocate)}
-    return map_stmt(body, stmt_fn=lambda s: _in_place(s, allocated))
+def intermediates_in_outputs(body: Stmt, aliased: Collection[Buffer] = ()) -> Stmt:
+    """`body` with each intermediate that can be (see the module) kept in its output; not in
+    an output of `aliased`, which the memory plan may run over an input (a store of an
+    intermediate there could destroy an input a later stage reads)."""
+    skip = {s.buffer for s in walk(body) if isinstance(s, Allocate)} | set(aliased)
+    return map_stmt(body, stmt_fn=lambda s: _in_place(s, skip))
 
 
 def _in_place(stmt: Stmt, allocated: set[Buffer]) -> Stmt:

@@ -75,12 +75,14 @@ TRUE = IntImm(1, "bool")
 FALSE = IntImm(0, "bool")
 
 
-def lower_for_c(body: Stmt) -> Stmt:
+def lower_for_c(body: Stmt, may_alias: set[tuple[Buffer, Buffer]] | None = None) -> Stmt:
     """`body` with blocks flattened into named wrappers, small unrolled loops expanded,
     loops under bound guards partitioned, a job's intermediate kept in the output it ends in
-    (c_inplace.py) and bfloat16/float16 computed in float (c_narrow.py)."""
+    where `may_alias` (the CPU printer's in-place candidates) is given (c_inplace.py) and
+    bfloat16/float16 computed in float (c_narrow.py)."""
     flat = map_stmt(map_stmt(body, stmt_fn=_flatten_block), stmt_fn=_unroll)
-    flat = intermediates_in_outputs(flat)
+    if may_alias is not None:  # the CPU's: outputs the plan may run over an input excepted
+        flat = intermediates_in_outputs(flat, {out for out, _ in may_alias})
     return lower_narrow_floats(map_stmt(flat, stmt_fn=_partition))
 
 

@@ -35,6 +35,11 @@ def test_an_intermediate_read_element_by_element_at_the_end_is_kept_in_the_outpu
     assert [s.buffer for s in stores] == [out, out]
 
 
+def test_an_output_the_plan_may_run_over_an_input_keeps_no_intermediate():
+    body, _, out = _job(lambda j: j)
+    assert intermediates_in_outputs(body, {out}) == body
+
+
 @pytest.mark.parametrize("index", [lambda j: IntImm(7) - j, lambda j: j * 0])
 def test_an_intermediate_read_otherwise_stays_where_it_is(index):
     body, t, _ = _job(index)  # reversed, or one element for all: in place would clobber
