@@ -77,10 +77,10 @@ def matmul_nd(ctx: Context, a: Value, b: Value) -> Value:
         b3 = reshape(ctx, broadcast_to(ctx, b2, batch + (k, n)), (size, k, n))
         y = ctx.op("batch_matmul", a3, b3)
     final = batch + ((m,) if len(sa) > 1 else ()) + ((n,) if len(sb) > 1 else ())
-    return reshape(ctx, _as_operands(ctx, y, a), final)
+    return reshape(ctx, as_operands(ctx, y, a), final)
 
 
-def _as_operands(ctx: Context, y: Value, a: Value) -> Value:
+def as_operands(ctx: Context, y: Value, a: Value) -> Value:
     """A contraction's result in its operands' dtype where they are bfloat16 (ONNX's MatMul
     and Gemm keep it; Hexir's contraction gives float32, rounded here once)."""
     return cast(ctx, y, "bfloat16") if a.type.dtype == "bfloat16" else y
@@ -367,7 +367,7 @@ def gemm(ctx: Context) -> Sequence[Value]:
         raise Unsupported("Gemm needs 2-D A and B")
     if ctx.attr("transA", 0):
         a = ctx.op("transpose", a, perm=(1, 0))
-    y = _as_operands(ctx, ctx.op("dense" if ctx.attr("transB", 0) else "matmul", a, b), a)
+    y = as_operands(ctx, ctx.op("dense" if ctx.attr("transB", 0) else "matmul", a, b), a)
     alpha = ctx.float_attr("alpha", 1.0)
     if alpha != 1.0:
         y = ctx.op("mul", y, ctx.scalar(alpha, y))

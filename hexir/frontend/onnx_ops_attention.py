@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hexir.frontend.onnx_context import Context, Unsupported, hexir_dtype
-from hexir.frontend.onnx_ops import Spec, cast, reshape
+from hexir.frontend.onnx_ops import Spec, as_operands, cast, reshape
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
 
@@ -102,7 +102,7 @@ def _grouped_matmul(ctx: Context, a: Value, b: Value, shape: tuple[int, ...]) ->
     rows = a.type.size // (batch * groups * a.type.shape[3])
     left = reshape(ctx, a, (batch * groups, rows, a.type.shape[3]))
     right = reshape(ctx, b, (batch * groups, *b.type.shape[2:]))
-    return reshape(ctx, ctx.op("batch_matmul", left, right), shape)
+    return reshape(ctx, as_operands(ctx, ctx.op("batch_matmul", left, right), a), shape)
 
 
 def _softcap(ctx: Context, qk: Value) -> Value:
