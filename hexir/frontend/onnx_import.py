@@ -193,8 +193,8 @@ def _opset(proto: Any, source: str) -> tuple[Any, int]:
 
 # Ops whose converters implement a definition newer than OPSETS' last: the newest version each
 # reads (Attention's nonpad_kv_seqlen and windows; ReduceLogSum's and ReduceLogSumExp's -inf
-# for an empty set, which their compositions give).
-NEWER = {"Attention": 25, "ReduceLogSum": 28, "ReduceLogSumExp": 28}
+# for an empty set, which their compositions give; SpaceToDepth's mode).
+NEWER = {"Attention": 25, "ReduceLogSum": 28, "ReduceLogSumExp": 28, "SpaceToDepth": 28}
 
 
 def _changed(node: Any, last: int, version: int) -> str:

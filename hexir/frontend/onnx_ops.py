@@ -172,10 +172,14 @@ def _vector(ctx: Context, v: Value) -> Value:
 
 
 def _pow(ctx: Context) -> Sequence[Value]:
+    """base ** exponent in the base's dtype (ONNX lets the exponent's differ); an integer base
+    computes in float64, exact for the integers it holds, and converts back toward zero, as
+    ONNX's reference does."""
     base, exponent = ctx.input(0), ctx.input(1)
-    if exponent.type.dtype != base.type.dtype:  # ONNX lets the exponent's type differ
-        exponent = ctx.op("cast", exponent, dtype=base.type.dtype)
-    return [ctx.op("power", base, exponent)]
+    if is_float(base.type.dtype):
+        return [ctx.op("power", base, cast(ctx, exponent, base.type.dtype))]
+    wide = ctx.op("power", cast(ctx, base, "float64"), cast(ctx, exponent, "float64"))
+    return [cast(ctx, wide, base.type.dtype)]
 
 
 def _neg(ctx: Context, x: Value) -> Value:

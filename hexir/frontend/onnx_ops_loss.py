@@ -142,15 +142,17 @@ def _lp_normalization(ctx: Context) -> Sequence[Value]:
 
 
 def _space_to_depth(ctx: Context) -> Sequence[Value]:
-    """[N, C, H, W] -> [N, C·b·b, H/b, W/b]: each b x b block's pixels become channels,
-    the block's row and column outermost (ONNX's reshape, transpose, reshape)."""
+    """[N, C, H, W] -> [N, C·b·b, H/b, W/b]: each b x b block's pixels become channels, the
+    block's row and column outermost (mode DCR, the default) or innermost (CRD, as of opset
+    28): ONNX's reshape, transpose, reshape."""
     x = ctx.input(0)
     b = int(ctx.attr("blocksize"))
     if len(x.type.shape) != 4 or b < 1 or x.type.shape[2] % b or x.type.shape[3] % b:
         raise Unsupported(f"SpaceToDepth of {x.type!r} in blocks of {b}")
     n, c, h, w = x.type.shape
     blocks = reshape(ctx, x, (n, c, h // b, b, w // b, b))
-    moved = ctx.op("transpose", blocks, perm=(0, 3, 5, 1, 2, 4))
+    perm = (0, 1, 3, 5, 2, 4) if str(ctx.attr("mode", "DCR")) == "CRD" else (0, 3, 5, 1, 2, 4)
+    moved = ctx.op("transpose", blocks, perm=perm)
     return [reshape(ctx, moved, (n, c * b * b, h // b, w // b))]
 
 
@@ -159,7 +161,7 @@ LOSS_SPECS: dict[str, Spec] = {
     "NegativeLogLikelihoodLoss": Spec(_nll, _LOSS),
     "SoftmaxCrossEntropyLoss": Spec(_softmax_cross_entropy, _LOSS, outputs=None),
     "Hardmax": Spec(_hardmax, {"axis": None}),
-    "SpaceToDepth": Spec(_space_to_depth, {"blocksize": None}),
+    "SpaceToDepth": Spec(_space_to_depth, {"blocksize": None, "mode": ("DCR", "CRD")}),
     "OneHot": Spec(_one_hot, {"axis": None}),
     "LpNormalization": Spec(_lp_normalization, {"axis": None, "p": None}),
 }

@@ -692,12 +692,14 @@ def test_an_old_opset_is_converted_and_a_new_one_read_where_its_ops_did_not_chan
     agrees(model([helper.make_node("Attention", ["q", "k", "v"], ["y"])], qkv, ["y"], opset=25))
     windowed = [helper.make_node("Attention", ["q", "k", "v"], ["y"], left_window_size=2)]
     agrees(model(windowed, qkv, ["y"], opset=25))
-    # SpaceToDepth-28 added `mode`: read where the node leaves it out, refused where it sets it
-    blocks = [helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2)]
-    agrees(model(blocks, [("x", [1, 2, 4, 4])], ["y"], opset=28))
-    moded = [helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode="CRD")]
-    with pytest.raises(ModelError, match=r"changed since: SpaceToDepth \(version 28"):
-        import_onnx(model(moded, [("x", [1, 2, 4, 4])], ["y"], opset=28))
+    # SpaceToDepth-28 added `mode` (onnx_import.NEWER): DCR, the default, and CRD
+    for mode in ("DCR", "CRD"):
+        blocks = [helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode=mode)]
+        agrees(model(blocks, [("x", [1, 3, 4, 6])], ["y"], opset=28))
+    # an op that changed since and is not read newer is refused by name (Cast-28's round_mode)
+    cast = [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16, round_mode="up")]
+    with pytest.raises(ModelError, match=r"changed since: Cast \(version 28"):
+        import_onnx(model(cast, [("x", [2, 3])], ["y"], opset=28))
 
 
 @pytest.mark.parametrize(

@@ -168,6 +168,24 @@ def test_lrn_is_a_channel_window_of_squares(shape, attrs):
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("base, exponent", [("int64", "int64"), ("int32", "float32")])
+def test_an_integer_power_computes_in_float64_and_converts_toward_zero(base, exponent):
+    rng = current_rng()
+    x = rng.integers(-6, 7, (3, 5)).astype(base)
+    y = (rng.integers(0, 6, (3, 5)) + (0.5 if exponent == "float32" else 0)).astype(exponent)
+    elem = {"int64": TensorProto.INT64, "int32": TensorProto.INT32, "float32": TensorProto.FLOAT}
+    inputs = [("x", [3, 5], elem[base]), ("y", [3, 5], elem[exponent])]
+    proto = model([helper.make_node("Pow", ["x", "y"], ["z"])], inputs, ["z"], opset=18)
+    graph = import_onnx(proto)
+    # x ** 2.5 of a negative x is NaN, which converts as C converts (ONNX leaves it undefined)
+    defined = (x >= 0) | (np.floor(y) == y)
+    with np.errstate(invalid="ignore"):
+        want = np.trunc(np.power(x.astype(np.float64), y.astype(np.float64)))
+    for got in (evaluate(graph, [x, y])[0], hexir.compile(graph, target="cpu").run([x, y])[0]):
+        assert got.dtype == np.dtype(base)
+        np.testing.assert_array_equal(got[defined], want[defined].astype(base))
+
+
 def test_lrn_of_ints_is_refused():
     node = helper.make_node("LRN", ["x"], ["y"], size=3)
     proto = model([node], [("x", [1, 3, 2, 2], TensorProto.INT32)], ["y"])
