@@ -117,12 +117,36 @@ def _padded(ctx: Context, x: Value, pads: Sequence[int], value: float) -> Value:
 
 
 def _batch_norm(ctx: Context) -> Sequence[Value]:
+    """Y from the given mean and variance; in training mode (`training_mode=1`) from the
+    batch's own (the population variance, over every axis but the channels', in float32
+    for narrower floats), with the running mean and variance updated by `momentum` as the
+    second and third outputs."""
     x = ctx.input(0)
     params = [ctx.input(i) for i in range(1, 5)]
     # opset 15 lets scale/bias and mean/var have their own float types
     params = [cast(ctx, p, x.type.dtype) for p in params]
     eps = ctx.float_attr("epsilon", 1e-5)
-    return [ctx.op("batch_norm", x, *params, axis=1, epsilon=eps)]
+    if not ctx.attr("training_mode", 0):
+        return [ctx.op("batch_norm", x, *params, axis=1, epsilon=eps)]
+    scale, bias, running_mean, running_var = params
+    wide = x.type.dtype if x.type.dtype in ("float32", "float64") else "float32"
+    xs = cast(ctx, x, wide)
+    axes = tuple(a for a in range(len(x.type.shape)) if a != 1)
+    mean = ctx.op("reduce_mean", xs, axes=axes, keepdims=True)
+    centered = ctx.op("sub", xs, mean)
+    var = ctx.op("reduce_mean", ctx.op("mul", centered, centered), axes=axes, keepdims=True)
+    stats = [cast(ctx, reshape(ctx, v, (x.type.shape[1],)), x.type.dtype) for v in (mean, var)]
+    y = ctx.op("batch_norm", x, scale, bias, *stats, axis=1, epsilon=eps)
+    momentum = ctx.float_attr("momentum", 0.9)
+    updated = [
+        ctx.op(
+            "add",
+            ctx.op("mul", running, ctx.scalar(momentum, running)),
+            ctx.op("mul", current, ctx.scalar(1 - momentum, current)),
+        )
+        for running, current in ((running_mean, stats[0]), (running_var, stats[1]))
+    ]
+    return [y, *updated]
 
 
 @dataclass(frozen=True)
@@ -379,7 +403,7 @@ CONV_ATTRS = {
 WINDOW_SPECS: dict[str, Spec] = {
     "Conv": Spec(_conv, CONV_ATTRS),
     "BatchNormalization": Spec(
-        _batch_norm, {"epsilon": None, "momentum": None, "training_mode": (0,)}
+        _batch_norm, {"epsilon": None, "momentum": None, "training_mode": (0, 1)}, outputs=None
     ),
     "MaxPool": Spec(_pool, {**_POOL, "storage_order": None}),
     "AveragePool": Spec(_pool, {**_POOL, "count_include_pad": None}),

@@ -186,6 +186,21 @@ def test_an_integer_power_computes_in_float64_and_converts_toward_zero(base, exp
         np.testing.assert_array_equal(got[defined], want[defined].astype(base))
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (4, 6)])
+def test_training_mode_batch_norm_uses_the_batch_statistics_and_updates_the_running_ones(shape):
+    c = shape[1]
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
+                            training_mode=1, momentum=0.8, epsilon=1e-3)  # fmt: skip
+    inputs = [("x", list(shape)), *((n, [c]) for n in "sbmv")]
+    proto = model([node], inputs, ["y", "rm", "rv"], opset=15)
+    graph = import_onnx(proto)
+    args = [uniform(*shape), *(uniform(c) for _ in range(3)), np.abs(uniform(c)) + 0.5]
+    want = ReferenceEvaluator(proto).run(None, dict(zip("xsbmv", args, strict=True)))
+    for got in (evaluate(graph, args), hexir.compile(graph, target="cpu").run(args)):
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_lrn_of_ints_is_refused():
     node = helper.make_node("LRN", ["x"], ["y"], size=3)
     proto = model([node], [("x", [1, 3, 2, 2], TensorProto.INT32)], ["y"])
