@@ -442,8 +442,9 @@ def _static_problems(node: Node, uses: Mapping[str, int]) -> list[str]:
         elif allowed is not None and value not in allowed:
             shown = ", ".join(map(repr, allowed))
             problems.append(f"attribute {key}={value!r} is not supported (only {shown})")
-    if spec.outputs is not None:
-        for k, out in enumerate(node.outputs[spec.outputs :], spec.outputs):
+    made = spec.outputs(node.attrs) if callable(spec.outputs) else spec.outputs
+    if made is not None:
+        for k, out in enumerate(node.outputs[made:], made):
             if out and uses.get(out):
                 problems.append(f"output {k} ({out!r}) is used, and Hexir does not make it")
     return problems

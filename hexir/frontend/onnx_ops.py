@@ -29,11 +29,12 @@ Convert = Callable[[Context], Sequence[Value]]
 @dataclass(frozen=True, slots=True)
 class Spec:
     """How to convert one ONNX op type. `attrs`: each understood attribute and its allowed
-    values (None: any value); `outputs`: how many outputs it makes (None: as many as asked)."""
+    values (None: any value); `outputs`: how many outputs it makes (None: as many as asked),
+    or that as a function of the node's attributes."""
 
     convert: Convert
     attrs: Mapping[str, tuple[Any, ...] | None] = field(default_factory=dict)
-    outputs: int | None = 1
+    outputs: int | None | Callable[[Mapping[str, Any]], int | None] = 1
 
 
 # --- helpers shared with onnx_ops_shape -----------------------------------------------------

@@ -182,29 +182,90 @@ def _window(
 
 
 def _pool(ctx: Context) -> Sequence[Value]:
+    """The pool, and for a MaxPool asked for its second output the indices (`_argmax`)."""
     x = ctx.input(0)
+    indices = [_argmax(ctx, x)] if len(ctx.current.outputs) > 1 and ctx.current.outputs[1] else []
     rank = len(x.type.shape)
     if _dilated(ctx, rank):
-        return [_sliced_pool(ctx, x, "max" if ctx.current.op_type == "MaxPool" else "average")]
+        mode = "max" if ctx.current.op_type == "MaxPool" else "average"
+        return [_sliced_pool(ctx, x, mode), *indices]
     if rank == 5:
-        return [_pool_3d(ctx, x)]
-    return [_pool_of(ctx, _window(ctx))]
+        return [_pool_3d(ctx, x), *indices]
+    return [_pool_of(ctx, _window(ctx)), *indices]
+
+
+def _argmax(ctx: Context, x: Value) -> Value:
+    """MaxPool's indices: where in x (flattened, row-major; with storage_order=1 the spatial
+    axes column-major) each window's first largest element lies, as ONNX's reference scans
+    a window: its elements in order, the pads skipped, a later one taken only where larger.
+    Which window elements lie inside x is known here, so the scan is where-chains over the
+    window's strided slices with those masks constant."""
+    attrs = dict(ctx.current.attrs)
+    spatial, lead = x.type.shape[2:], x.type.shape[:2]
+    t = _taps(attrs, spatial)
+    fill = -np.inf if x.type.dtype.startswith("float") else np.iinfo(x.type.dtype).min
+    padded = ctx.op("pad", x, before=(0, 0, *t.before), after=(0, 0, *t.after), value=fill)
+    axes = range(len(spatial))
+    flat = [int(np.prod(spatial[k + 1 :])) for k in axes]  # row-major strides
+    if int(attrs.get("storage_order", 0)):
+        flat = [int(np.prod(spatial[:k])) for k in axes]
+    yes, no = ctx.constant(np.array(True)), ctx.constant(np.array(False))
+    best = index = None
+    seen = np.zeros(t.outs, bool)
+    for j in t.taps:
+        start, stop = t.tap(j)
+        piece = ctx.op("slice", padded, start=(0, 0, *start), stop=(*lead, *stop),
+                       step=(1, 1, *t.strides))  # fmt: skip
+        firsts = zip(t.outs, t.strides, start, t.before, strict=True)  # where x's axes start
+        at = np.meshgrid(*(np.arange(o) * s + a - b for o, s, a, b in firsts), indexing="ij")
+        valid = np.logical_and.reduce(
+            [(p >= 0) & (p < n) for p, n in zip(at, spatial, strict=True)]
+        )
+        offset = ctx.constant(sum(p * f for p, f in zip(at, flat, strict=True)).astype(np.int64))
+        if best is None:
+            best, index = piece, offset
+        else:
+            larger = ctx.op("greater", piece, best)
+            first = ctx.constant(valid & ~seen)
+            better = ctx.op(
+                "where", first, yes, ctx.op("where", ctx.constant(valid & seen), larger, no)
+            )
+            best = ctx.op("where", better, piece, best)
+            index = ctx.op("where", better, offset, index)
+        seen |= valid
+    channels = np.arange(lead[0] * lead[1], dtype=np.int64).reshape(*lead, *([1] * len(spatial)))
+    base = ctx.constant(channels * int(np.prod(spatial)))
+    return ctx.op("add", index, base)  # type: ignore[arg-type]
 
 
 def _dilated(ctx: Context, rank: int) -> bool:
     return any(d != 1 for d in int_list(ctx.current.attrs.get("dilations", [1] * (rank - 2))))
 
 
-def _sliced_pool(ctx: Context, x: Value, mode: str) -> Value:
-    """A pool of any rank and dilation (a dilated one's window skips elements) as strided
-    slices: the input padded once (-inf, or the dtype's least, for a max; zeros otherwise),
-    then each window element j is a strided slice (from j * dilation, every stride-th
-    element, one per output) and the slices are combined elementwise: their max (`mode`
-    "max"), their sum ("sum"), or their sum over how many of the window's elements count at
-    each output ("average": the given pads with count_include_pad, never ceil_mode's
-    extension), a constant computed here."""
-    attrs = dict(ctx.current.attrs)
-    spatial = x.type.shape[2:]
+@dataclass(frozen=True)
+class _Taps:
+    """A pool's windows as strided slices of its padded input: the pads before and after
+    (`after` grown for ceil_mode), the outputs along each spatial axis, strides and
+    dilations, and the window's elements."""
+
+    before: list[int]
+    after: list[int]
+    outs: list[int]
+    strides: list[int]
+    dilations: list[int]
+    taps: list[tuple[int, ...]]
+    given: list[int]  # the pads as the attributes give them (before, then after)
+
+    def tap(self, j: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Window element j's slice of the padded input: its start and stop."""
+        start = tuple(a * d for a, d in zip(j, self.dilations, strict=True))
+        stop = tuple(
+            b + (o - 1) * s + 1 for b, o, s in zip(start, self.outs, self.strides, strict=True)
+        )
+        return start, stop
+
+
+def _taps(attrs: Mapping[str, Any], spatial: tuple[int, ...]) -> _Taps:
     n = len(spatial)
     kernel = int_list(attrs["kernel_shape"])
     dilations = int_list(attrs.get("dilations", [1] * n))
@@ -220,18 +281,27 @@ def _sliced_pool(ctx: Context, x: Value, mode: str) -> Value:
             out -= 1  # a last window may not start in the end padding alone
         ends[i] += max(0, (out - 1) * step + r - (size + given[i] + given[n + i]))
         outs.append(out)
+    return _Taps(given[:n], ends, outs, strides, dilations, list(np.ndindex(*kernel)), given)
+
+
+def _sliced_pool(ctx: Context, x: Value, mode: str) -> Value:
+    """A pool of any rank and dilation (a dilated one's window skips elements) as strided
+    slices: the input padded once (-inf, or the dtype's least, for a max; zeros otherwise),
+    then each window element j is a strided slice (from j * dilation, every stride-th
+    element, one per output) and the slices are combined elementwise: their max (`mode`
+    "max"), their sum ("sum"), or their sum over how many of the window's elements count at
+    each output ("average": the given pads with count_include_pad, never ceil_mode's
+    extension), a constant computed here."""
+    attrs = dict(ctx.current.attrs)
+    spatial = x.type.shape[2:]
+    n = len(spatial)
+    t = _taps(attrs, spatial)
+    given, begins, ends, strides, taps, tap = t.given, t.before, t.after, t.strides, t.taps, t.tap
     is_max = mode == "max"
     dtype = x.type.dtype
     fill = (-np.inf if dtype.startswith("float") else np.iinfo(dtype).min) if is_max else 0.0
-    begins = given[:n]
     padded = ctx.op("pad", x, before=(0, 0, *begins), after=(0, 0, *ends), value=fill)
     lead = x.type.shape[:2]
-    taps = list(np.ndindex(*kernel))
-
-    def tap(j: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        start = tuple(a * d for a, d in zip(j, dilations, strict=True))
-        stop = tuple(b + (o - 1) * s + 1 for b, o, s in zip(start, outs, strides, strict=True))
-        return start, stop
 
     combined = None
     for j in taps:
@@ -403,9 +473,12 @@ CONV_ATTRS = {
 WINDOW_SPECS: dict[str, Spec] = {
     "Conv": Spec(_conv, CONV_ATTRS),
     "BatchNormalization": Spec(
-        _batch_norm, {"epsilon": None, "momentum": None, "training_mode": (0, 1)}, outputs=None
+        _batch_norm,
+        {"epsilon": None, "momentum": None, "training_mode": (0, 1)},
+        # the running statistics in training mode only (the spec: "invalid" otherwise)
+        outputs=lambda attrs: None if attrs.get("training_mode", 0) else 1,
     ),
-    "MaxPool": Spec(_pool, {**_POOL, "storage_order": None}),
+    "MaxPool": Spec(_pool, {**_POOL, "storage_order": None}, outputs=None),
     "AveragePool": Spec(_pool, {**_POOL, "count_include_pad": None}),
     "GlobalAveragePool": Spec(_global_pool),
     "LpPool": Spec(_lp_pool, {**_POOL, "p": None}),

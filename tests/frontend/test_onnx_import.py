@@ -69,14 +69,15 @@ def test_unsupported_nodes_are_all_listed():
         helper.make_node("Attention", ["a"], ["e"], name="fused", domain="com.microsoft"),
         helper.make_node("Reshape", ["a", "s"], ["f"], name="reshape"),
         helper.make_node("Add", ["b", "c"], ["g"], name="add"),  # fine, after broken inputs
-        helper.make_node("MaxPool", ["g"], ["h", "mask"], name="drop", kernel_shape=[1, 1]),
+        # inference mode: a running mean as output 1 is the spec's "invalid", never made
+        helper.make_node("BatchNormalization", ["g", *["bn"] * 4], ["h", "mask"], name="drop"),
         helper.make_node("Unique", ["h"], ["i", "j"], name="unique"),
     ]
     proto = model(
         nodes,
         [("x", [1, 2, 4, 4]), ("s", [2], TensorProto.INT64), ("y", [1, 1, 2, 2, 2, 2])],
         ["d", "e", "f", "i", "mask"],
-        [("w", w(2, 2, 1, 1))],
+        [("w", w(2, 2, 1, 1)), ("bn", np.ones(2, np.float32))],
     )
     with pytest.raises(ModelError) as info:
         import_onnx(proto)
@@ -87,7 +88,7 @@ def test_unsupported_nodes_are_all_listed():
         "node 'pool' (AveragePool)",
         "node 'fused' (Attention)",
         "node 'reshape' (Reshape)",
-        "node 'drop' (MaxPool)",
+        "node 'drop' (BatchNormalization)",
         "node 'unique' (Unique)",
     ]
     text = str(info.value)

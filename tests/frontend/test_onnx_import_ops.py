@@ -201,6 +201,24 @@ def test_training_mode_batch_norm_uses_the_batch_statistics_and_updates_the_runn
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape,attrs", [
+    ((2, 3, 7, 6), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 2, 5, 5), {"kernel_shape": [2, 2], "strides": [2, 2], "storage_order": 1}),
+    ((1, 2, 6, 7), {"kernel_shape": [3, 2], "ceil_mode": 1, "strides": [2, 2]}),
+    ((2, 2, 9), {"kernel_shape": [3], "pads": [1, 2], "dilations": [2]}),
+])  # fmt: skip
+def test_max_pool_gives_the_index_of_each_windows_first_largest_element(shape, attrs):
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], **attrs)
+    proto = model([node], [("x", list(shape))], ["y", "i"], opset=12)
+    graph = import_onnx(proto)
+    x = np.round(uniform(*shape) * 2) / 2  # ties: the first of them is the index
+    want = ReferenceEvaluator(proto).run(None, {"x": x})
+    for got in (evaluate(graph, [x]), hexir.compile(graph, target="cpu").run([x])):
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[1].dtype == np.int64
+        np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_lrn_of_ints_is_refused():
     node = helper.make_node("LRN", ["x"], ["y"], size=3)
     proto = model([node], [("x", [1, 3, 2, 2], TensorProto.INT32)], ["y"])
