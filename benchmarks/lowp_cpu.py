@@ -9,9 +9,11 @@ For each shape M x K x N, an activation [M, K] times a constant weight [K, N], e
 
 - float32: float32 operands;
 - bfloat16: bfloat16 operands into float32 (a CPU with AVX512_BF16 lays the weight out in pairs
-  and runs vdpbf16ps: `sch.tensorize`, hexir/schedule/tensorize.py);
-- int8: uint8 x int8 into int32 (MatMulInteger's import; VNNI's vpdpbusd where the CPU has it),
-  with ONNX Runtime running the same ONNX file beside it (benchmarks/int8_cpu.py's model).
+  and runs vdpbf16ps, one with AMX tdpbf16ps on tiles: `sch.tensorize`,
+  hexir/schedule/tensorize.py);
+- int8: uint8 x int8 into int32 (MatMulInteger's import; VNNI's vpdpbusd, or AMX's tdpbusd,
+  where the CPU has it), with ONNX Runtime running the same ONNX file beside it
+  (benchmarks/int8_cpu.py's model).
 
 numpy's float32 matmul of the shape runs in a fresh process (benchmarks/quiet.py). Times are
 medians over `--rounds` rounds that alternate the runtimes, each a median of repeats for about
@@ -109,7 +111,9 @@ def print_table(rows: list[Row], version: str) -> None:
     target = Target("cpu")
     print(
         f"\nfloat32, bfloat16 and int8 GEMMs, default schedules ({target.key}; bf16 dot "
-        f"{'on' if target.bf16_dot else 'off'}, int8 dot {'on' if target.int8_dot else 'off'}; "
+        f"{'on' if target.bf16_dot else 'off'}, int8 dot {'on' if target.int8_dot else 'off'}, "
+        f"AMX bf16 {'on' if target.amx_bf16 else 'off'}, "
+        f"int8 {'on' if target.amx_int8 else 'off'}; "
         f"ms, medians; ORT {THREADS} threads, ONNX Runtime {version}); G = GFLOP/s or GOP/s"
     )
     print(
