@@ -18,6 +18,7 @@ from hexir.frontend.onnx_context import Context, Unsupported, int_list
 from hexir.frontend.onnx_ops import Spec, cast, reshape
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Value
+from hexir.ops.numeric import lowest_value
 
 
 def spatial_pads(
@@ -203,8 +204,6 @@ def _argmax(ctx: Context, x: Value) -> Value:
     attrs = dict(ctx.current.attrs)
     spatial, lead = x.type.shape[2:], x.type.shape[:2]
     t = _taps(attrs, spatial)
-    fill = -np.inf if x.type.dtype.startswith("float") else np.iinfo(x.type.dtype).min
-    padded = ctx.op("pad", x, before=(0, 0, *t.before), after=(0, 0, *t.after), value=fill)
     axes = range(len(spatial))
     flat = [int(np.prod(spatial[k + 1 :])) for k in axes]  # row-major strides
     if int(attrs.get("storage_order", 0)):
@@ -212,10 +211,7 @@ def _argmax(ctx: Context, x: Value) -> Value:
     yes, no = ctx.constant(np.array(True)), ctx.constant(np.array(False))
     best = index = None
     seen = np.zeros(t.outs, bool)
-    for j in t.taps:
-        start, stop = t.tap(j)
-        piece = ctx.op("slice", padded, start=(0, 0, *start), stop=(*lead, *stop),
-                       step=(1, 1, *t.strides))  # fmt: skip
+    for start, piece in _tap_slices(ctx, x, t, lowest_value(numpy_dtype(x.type.dtype))):
         firsts = zip(t.outs, t.strides, start, t.before, strict=True)  # where x's axes start
         at = np.meshgrid(*(np.arange(o) * s + a - b for o, s, a, b in firsts), indexing="ij")
         valid = np.logical_and.reduce(
@@ -284,6 +280,22 @@ def _taps(attrs: Mapping[str, Any], spatial: tuple[int, ...]) -> _Taps:
     return _Taps(given[:n], ends, outs, strides, dilations, list(np.ndindex(*kernel)), given)
 
 
+def _tap_slices(
+    ctx: Context, x: Value, t: _Taps, fill: float | int | bool
+) -> list[tuple[tuple[int, ...], Value]]:
+    """Each window element's strided slice of x padded once with `fill`: (where the slice
+    starts in the padded input, the slice), in the window's order."""
+    padded = ctx.op("pad", x, before=(0, 0, *t.before), after=(0, 0, *t.after), value=fill)
+    lead = x.type.shape[:2]
+    slices = []
+    for j in t.taps:
+        start, stop = t.tap(j)
+        piece = ctx.op("slice", padded, start=(0, 0, *start), stop=(*lead, *stop),
+                       step=(1, 1, *t.strides))  # fmt: skip
+        slices.append((start, piece))
+    return slices
+
+
 def _sliced_pool(ctx: Context, x: Value, mode: str) -> Value:
     """A pool of any rank and dilation (a dilated one's window skips elements) as strided
     slices: the input padded once (-inf, or the dtype's least, for a max; zeros otherwise),
@@ -299,15 +311,9 @@ def _sliced_pool(ctx: Context, x: Value, mode: str) -> Value:
     given, begins, ends, strides, taps, tap = t.given, t.before, t.after, t.strides, t.taps, t.tap
     is_max = mode == "max"
     dtype = x.type.dtype
-    fill = (-np.inf if dtype.startswith("float") else np.iinfo(dtype).min) if is_max else 0.0
-    padded = ctx.op("pad", x, before=(0, 0, *begins), after=(0, 0, *ends), value=fill)
-    lead = x.type.shape[:2]
-
+    fill = lowest_value(numpy_dtype(dtype)) if is_max else 0.0
     combined = None
-    for j in taps:
-        start, stop = tap(j)
-        piece = ctx.op("slice", padded, start=(0, 0, *start), stop=(*lead, *stop),
-                       step=(1, 1, *strides))  # fmt: skip
+    for _, piece in _tap_slices(ctx, x, t, fill):
         if combined is None:
             combined = piece
         else:
