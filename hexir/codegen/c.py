@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hexir.codegen.c_amx import tile_arguments, tile_helpers
+from hexir.codegen.c_inplace import in_place_candidates
 from hexir.codegen.c_lower import (
     AUTO_UNROLL_MAX_NODES,
     loop_lanes,
@@ -51,7 +52,6 @@ from hexir.codegen.c_vector import (
     emit_lane_reduction,
     emit_vector_loop,
     horizontal_helper,
-    in_place_candidates,
     reduces_across,
     widen_bytes_helper,
     x86_intrinsic,
@@ -270,7 +270,7 @@ class CPrinter:
         self.ranges: dict[Var, int] = {}  # extents of the vars in scope, for the simplifier
         self.registers: dict[Buffer, int] = {}  # local buffers held as vectors -> lanes
         self.prefetches: dict[Var, list[Prefetch]] = {}  # by the loop that issues them
-        # (output, input) params the memory plan may run over one another (c_vector.py)
+        # (output, input) params the memory plan may run over one another (c_inplace.py)
         self.in_place_pairs: set[tuple[Buffer, Buffer]] = set()
         self.allocated: set[Buffer] = set()  # buffers we allocate (so aligned to `alignment`)
         self.names = Names(C_KEYWORDS | LIBRARY_NAMES)

@@ -22,6 +22,10 @@ around one unconditional store `%out[f(v)] = g(%t[v])`, v the loop's var, which 
 element once; and the output is a kernel parameter that nothing else in the job touches. The
 job writes that stretch of the output at the end in any case and no other job writes it (the
 kernel would race), so nothing else reads the values kept there before.
+
+`in_place_candidates(func)` names the (output, input) parameters the memory plan may run over
+one another; the C printer excepts those outputs here and from a vector loop's recomputed
+last vector (c_vector.py).
 """
 
 from __future__ import annotations
@@ -29,14 +33,17 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from hexir.ir.arith import affine_coefficients, flat_index, simplify
+from hexir.ir.dtype import itemsize
 from hexir.ir.tir import (
     Allocate,
+    Block,
     Buffer,
     BufferLoad,
     BufferStore,
     Expr,
     For,
     IfThenElse,
+    PrimFunc,
     Seq,
     Stmt,
     Var,
@@ -53,7 +60,7 @@ def intermediates_in_outputs(body: Stmt, aliased: Collection[Buffer] = ()) -> St
     return map_stmt(body, stmt_fn=lambda s: _in_place(s, skip))
 
 
-def _in_place(stmt: Stmt, allocated: set[Buffer]) -> Stmt:
+def _in_place(stmt: Stmt, excluded: set[Buffer]) -> Stmt:
     if not isinstance(stmt, Seq):
         return stmt
     stmts = list(stmt.stmts)
@@ -61,7 +68,7 @@ def _in_place(stmt: Stmt, allocated: set[Buffer]) -> Stmt:
     while k < len(stmts):
         alloc = stmts[k]
         if isinstance(alloc, Allocate) and alloc.buffer.scope == "global":
-            rest = _kept_in_output(alloc.buffer, stmts[k + 1 :], allocated)
+            rest = _kept_in_output(alloc.buffer, stmts[k + 1 :], excluded)
             if rest is not None:
                 stmts[k:] = rest
                 continue
@@ -69,8 +76,9 @@ def _in_place(stmt: Stmt, allocated: set[Buffer]) -> Stmt:
     return seq(*stmts)
 
 
-def _kept_in_output(t: Buffer, rest: list[Stmt], allocated: set[Buffer]) -> list[Stmt] | None:
-    """`rest` (what follows %t's allocation) with %t kept in its output, or None."""
+def _kept_in_output(t: Buffer, rest: list[Stmt], excluded: set[Buffer]) -> list[Stmt] | None:
+    """`rest` (what follows %t's allocation) with %t kept in its output, or None; never in a
+    buffer of `excluded` (one allocated here, or an output the plan may run in place)."""
     users = [i for i, s in enumerate(rest) if _touches(s, t)]
     if not users:
         return None
@@ -79,7 +87,7 @@ def _kept_in_output(t: Buffer, rest: list[Stmt], allocated: set[Buffer]) -> list
         return None
     out, indices, v = found
     others = (s for i, s in enumerate(rest) if i != users[-1])
-    if out in allocated or any(_touches(s, out) for s in others):
+    if out in excluded or any(_touches(s, out) for s in others):
         return None
 
     def moved(e: Expr) -> Expr:
@@ -130,3 +138,20 @@ def _touches(stmt: Stmt, buffer: Buffer) -> bool:
         isinstance(n, BufferLoad | BufferStore | Allocate) and n.buffer == buffer
         for n in walk(stmt)
     )
+
+
+def in_place_candidates(func: PrimFunc) -> set[tuple[Buffer, Buffer]]:
+    """The (output, input) parameter pairs the memory plan may run over one another: a
+    kernel without a reduction (the executor runs only pointwise kernels in place) may write
+    an output over an input of its shape and element size (hexir/runtime/executor.py)."""
+    blocks = (n for n in walk(func.body) if isinstance(n, Block))
+    if any(iv.kind == "reduce" for b in blocks for iv in b.iter_vars):
+        return set()
+    outputs = func.outputs
+    inputs = func.params[: len(func.params) - len(outputs)]
+    return {
+        (o, i)
+        for o in outputs
+        for i in inputs
+        if o.shape == i.shape and itemsize(o.dtype) == itemsize(i.dtype)
+    }

@@ -52,7 +52,6 @@ from hexir.ir.tir import (
     For,
     IfThenElse,
     IntImm,
-    PrimFunc,
     Select,
     Seq,
     Stmt,
@@ -267,10 +266,10 @@ def _last_vector(p: CPrinter, loop: For, lanes: int) -> list[str] | None:
     more full vector ending at the loop's end: its values computed before the other vectors
     run, into temporaries, and the lines that store them, for after them (None where the body
     is not such). It computes the last few elements again, the same values into the same
-    places. Not where the memory plan may run the kernel over its input (`_may_alias`): its
-    params are `restrict`, so the C compiler may read the input after the stores (ViT's rows
-    of 197: 12 vectors and 5 exps through libm a row; softmax 12x197x197 0.18 -> 0.13 ms)."""
-    if not _rewrites_nothing_it_reads(loop.body) or _may_alias(p, loop.body):
+    places; not where the memory plan may run the kernel over its input (`_recomputable`)
+    (ViT's rows of 197: 12 vectors and 5 exps through libm a row; softmax 12x197x197 0.18 ->
+    0.13 ms)."""
+    if not _recomputable(p, loop.body):
         return None
     mark = p.checkpoint()
     chunk = _LastChunk(p, loop.var, IntImm(loop.extent - lanes, loop.var.dtype), lanes, False)
@@ -283,41 +282,20 @@ def _last_vector(p: CPrinter, loop: For, lanes: int) -> list[str] | None:
     return chunk.stores
 
 
-def in_place_candidates(func: PrimFunc) -> set[tuple[Buffer, Buffer]]:
-    """The (output, input) parameter pairs the memory plan may run over one another: a
-    kernel without a reduction (the executor runs only pointwise kernels in place) may write
-    an output over an input of its shape and element size (hexir/runtime/executor.py)."""
-    blocks = (n for n in walk(func.body) if isinstance(n, Block))
-    if any(iv.kind == "reduce" for b in blocks for iv in b.iter_vars):
-        return set()
-    outputs = func.outputs
-    inputs = func.params[: len(func.params) - len(outputs)]
-    return {
-        (o, i)
-        for o in outputs
-        for i in inputs
-        if o.shape == i.shape and itemsize(o.dtype) == itemsize(i.dtype)
-    }
-
-
-def _may_alias(p: CPrinter, body: Stmt) -> bool:
-    """Whether `body` stores to an output the memory plan may run over an input it loads
-    (then its C, which declares them `restrict`, may read the input after the other vectors'
-    stores: no recomputed last vector)."""
-    nodes = list(walk(body))
-    stored = {n.buffer for n in nodes if isinstance(n, BufferStore)}
-    loaded = {n.buffer for n in nodes if isinstance(n, BufferLoad)}
-    return any(o in stored and i in loaded for o, i in p.in_place_pairs)
-
-
-def _rewrites_nothing_it_reads(body: Stmt) -> bool:
-    """Whether `body` is stores whose buffers it does not read (so that running an iteration
-    twice stores what it stored the first time), with no loop or allocation inside."""
+def _recomputable(p: CPrinter, body: Stmt) -> bool:
+    """Whether running an iteration of `body` twice stores what it stored the first time,
+    and reading its inputs first keeps that true: only stores, to buffers it does not read
+    (no loop or allocation inside), and none to an output the memory plan may run over an
+    input it loads (the C declares them `restrict`, so the compiler may read that input
+    after the other vectors' stores)."""
     nodes = list(walk(body))
     if any(isinstance(n, For | Allocate) for n in nodes):
         return False
     stored = {n.buffer for n in nodes if isinstance(n, BufferStore)}
-    return not stored & {n.buffer for n in nodes if isinstance(n, BufferLoad)}
+    loaded = {n.buffer for n in nodes if isinstance(n, BufferLoad)}
+    if stored & loaded:
+        return False
+    return not any(o in stored and i in loaded for o, i in p.in_place_pairs)
 
 
 # The narrowest vector a loop's tail takes (`_emit_chunks`): four float32s.
