@@ -13,7 +13,7 @@ refused, or the compiler does not target AMX, the nest runs as the loops it is.
 from __future__ import annotations
 
 from hexir.ir.dtype import itemsize
-from hexir.schedule.tensorize import AMX_BF16, TileIntrinsic
+from hexir.schedule.tensorize import AMX_BF16, AMX_INT8, TileIntrinsic
 from hexir.schedule.tensorize_tile import TileMatch
 
 # The process-wide permission (Linux's arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
@@ -106,8 +106,8 @@ _MULTIPLY = """static inline void {name}(void* c, int64_t c_row, int64_t c_panel
 # By intrinsic and a's dtype: the helper's name, the compiler's feature macro, the instruction.
 _TILE_CALLS = {
     (AMX_BF16.name, "bfloat16"): ("hx_amx_bf16", "__AMX_BF16__", "_tile_dpbf16ps"),
-    ("x86_amx_u8s8", "uint8"): ("hx_amx_u8s8", "__AMX_INT8__", "_tile_dpbusd"),
-    ("x86_amx_u8s8", "int8"): ("hx_amx_s8u8", "__AMX_INT8__", "_tile_dpbsud"),
+    (AMX_INT8.name, "uint8"): ("hx_amx_u8s8", "__AMX_INT8__", "_tile_dpbusd"),
+    (AMX_INT8.name, "int8"): ("hx_amx_s8u8", "__AMX_INT8__", "_tile_dpbsud"),
 }
 
 

@@ -466,8 +466,8 @@ class _Tuner:
         pace = self._pace()
         if pace is None:
             return n
-        fits = int(left / pace)
-        return min(n, fits, max(int(share * left / pace), min(fits, 1)))
+        # share of the time left, but at least one trial where one still fits
+        return min(n, max(int(share * left / pace), min(int(left / pace), 1)))
 
     def _pace(self) -> float | None:
         """Wall seconds per trial so far, everything included (None before the first)."""
