@@ -355,25 +355,10 @@ def bench_model(name: str, rounds: int, folder: Path) -> ModelRow:
     save_feed(graph, inputs, feed)
     q_graph = hexir.import_onnx(onnx.load(folder / "q.onnx"))
     modules = {"f32": hexir.compile(graph), "q": hexir.compile(q_graph)}
-    hexir_s: dict[str, list[float]] = {kind: [] for kind in modules}
-    ort_s: dict[str, list[float]] = {kind: [] for kind in modules}
-    theirs: dict[str, list[np.ndarray]] = {}
     # Rounds alternate the peer and Hexir, so that a noisy spell hits both; medians.
-    for _ in range(rounds):
-        for kind in modules:
-            seconds, theirs[kind], _ = onnxruntime_file(folder / f"{kind}.onnx", feed, folder)
-            ort_s[kind].append(seconds)
-        for kind, module in modules.items():
-            hexir_s[kind].append(time_module(module, inputs))
+    med, ort, theirs = _alternate(modules, ("f32", "q"), inputs, feed, folder, rounds)
     diff = relative_diff(modules["q"].run(inputs), theirs["q"], modules["f32"].run(inputs))
-    return ModelRow(
-        name,
-        statistics.median(hexir_s["f32"]),
-        statistics.median(ort_s["f32"]),
-        statistics.median(hexir_s["q"]),
-        statistics.median(ort_s["q"]),
-        diff,
-    )
+    return ModelRow(name, med["f32"], ort["f32"], med["q"], ort["q"], diff)
 
 
 @dataclass(frozen=True)
@@ -431,8 +416,9 @@ def _alternate(
     folder: Path,
     rounds: int,
 ) -> tuple[dict[str, float], dict[str, float], dict[str, list[np.ndarray]]]:
-    """Hexir's modules and ONNX Runtime on `folder`/<file>.onnx, rounds alternating them (as
-    bench_model): each side's median seconds by name, and ONNX Runtime's outputs."""
+    """Hexir's modules and ONNX Runtime on `folder`/<file>.onnx, rounds alternating them so
+    that a noisy spell hits both: each side's median seconds by name, and ONNX Runtime's
+    outputs."""
     hexir_s: dict[str, list[float]] = {kind: [] for kind in modules}
     ort_s: dict[str, list[float]] = {kind: [] for kind in files}
     theirs: dict[str, list[np.ndarray]] = {}
