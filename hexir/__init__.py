@@ -51,6 +51,7 @@ _LAZY: dict[str, str] = {
     "build": "hexir.runtime.build",
     "compile": "hexir.runtime.executor",
     "tune": "hexir.search.tune",
+    "specialize": "hexir.graph.specialize",
 }
 
 __all__ = [

@@ -30,8 +30,9 @@ import numpy as np
 
 from hexir.errors import HexirError
 from hexir.ir.dtype import SUB_BYTE_INTS, numpy_dtype
-from hexir.ir.graph import Graph, Op, Value
+from hexir.ir.graph import Graph, Op, TensorType, Value
 from hexir.ir.narrow import BYTE_FLOATS
+from hexir.ir.symbolic import Sym
 from hexir.ops import op_def
 
 if TYPE_CHECKING:
@@ -94,11 +95,17 @@ def _elem_type(dtype: str) -> int:
     return int(helper.np_dtype_to_tensor_dtype(numpy_dtype(dtype)))
 
 
+def _onnx_dims(t: TensorType) -> list[int | str]:
+    """A type's dims for ONNX: sizes, and each symbolic one as its dim_param (`seq`,
+    `past + 1`), which the importer reads back as the same dimension."""
+    return [str(d) if isinstance(d, Sym) else d for d in t.shape]
+
+
 def _value_info(value: Value):
     from onnx import helper
 
     return helper.make_tensor_value_info(
-        value.name, _elem_type(value.type.dtype), list(value.type.shape)
+        value.name, _elem_type(value.type.dtype), _onnx_dims(value.type)
     )
 
 
@@ -160,7 +167,7 @@ class _Exporter:
             seen.add(name)
             infos.append(
                 helper.make_tensor_value_info(
-                    name, _elem_type(value.type.dtype), list(value.type.shape)
+                    name, _elem_type(value.type.dtype), _onnx_dims(value.type)
                 )
             )
         return infos

@@ -26,6 +26,7 @@ The supported op types are the keys of `SUPPORTED`; gelu and rsqrt written as su
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -46,6 +47,7 @@ from hexir.frontend.onnx_ops_shape import SHAPE_SPECS
 from hexir.frontend.onnx_ops_window import WINDOW_SPECS
 from hexir.frontend.onnx_patterns import Match, find_matches, scalar_constants
 from hexir.ir.graph import Graph, Op, Value
+from hexir.ir.symbolic import SYMBOL_RE, Dim, Sym, SymbolicError, parse_dim
 from hexir.ops.builder import GraphBuilder
 
 if TYPE_CHECKING:
@@ -76,11 +78,12 @@ def import_onnx(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     dims: Mapping[str, int] | None = None,
     name: str | None = None,
+    symbolic: bool = False,
 ) -> Graph:
     """The Hexir graph of `model` (a path or an onnx.ModelProto). `dims` binds symbolic dims
     by their names, `input_shapes` gives inputs' whole shapes (by ONNX name or Hexir's clean
-    one): together they must fix every input's shape (module docstring); `name` names the
-    graph."""
+    one): together they must fix every input's shape (module docstring), unless `symbolic`,
+    which keeps each dim they leave free as a symbolic dimension; `name` names the graph."""
     proto, source = _load(model)
     proto, opset = _opset(proto, source)
     onnx_graph = proto.graph
@@ -88,7 +91,7 @@ def import_onnx(
     initializers = {t.name: t for t in onnx_graph.initializer}
     builder = GraphBuilder(clean_name(name or onnx_graph.name or "model", "model"))
     ctx = Context(builder, initializers, opset)
-    bound = _inputs(ctx, onnx_graph, input_shapes or {}, dims or {}, source)
+    bound = _inputs(ctx, onnx_graph, input_shapes or {}, dims or {}, source, symbolic)
     problems = _convert(ctx, nodes, onnx_graph)
     outputs = [_output(ctx, o.name) for o in onnx_graph.output]
     if not problems:
@@ -268,9 +271,11 @@ def _inputs(
     shapes: Mapping[str, Sequence[int]],
     dims: Mapping[str, int],
     source: str,
+    symbolic: bool = False,
 ) -> dict[str, int]:
     """Graph inputs (those without an initializer), each of the static shape its declared
-    dims, `dims` and `shapes` give (`_bind`); every problem at once. The dims bound, by name."""
+    dims, `dims` and `shapes` give (`_bind`), or with `symbolic` a symbol for each dim they
+    leave free; every problem at once. The dims bound, by name."""
     real = [v for v in onnx_graph.input if v.name not in ctx.initializers]
     names = _clean_names(real)
     by_name = {n: v for v, name in zip(real, names, strict=True) for n in (v.name, name)}
@@ -284,7 +289,7 @@ def _inputs(
     problems += more
     for v, name in zip(real, names, strict=True):
         try:
-            dtype, shape = _input_type(v, given.get(v.name), bound)
+            dtype, shape = _input_type(v, given.get(v.name), bound, symbolic and name)
         except Unsupported as e:
             problems.append(str(e))
             continue
@@ -351,19 +356,41 @@ def _dim_text(dim: int | str | None) -> str:
 
 
 def _input_type(
-    info: Any, shape: Sequence[int] | None, bound: Mapping[str, int]
-) -> tuple[str, Sequence[int]]:
+    info: Any, shape: Sequence[int] | None, bound: Mapping[str, int], symbolic: str | bool = False
+) -> tuple[str, Sequence[Dim]]:
+    """The input's dtype and shape; `symbolic` (the input's clean name) makes each free dim
+    a symbol: its dim_param (read as a dimension, `past + 1`, where it is one) or, unnamed,
+    `<input>_<axis>`."""
     dtype = hexir_dtype(info.type.tensor_type.elem_type, f"input {info.name!r}")
     if shape is not None:
         return dtype, shape
     declared = _declared(info)
     if declared is None:
         raise Unsupported(f"input {info.name!r} declares no shape: give it in input_shapes")
-    dims = [bound.get(d, d) if isinstance(d, str) else d for d in declared]
-    free = [_dim_text(d) for d in dims if not isinstance(d, int)]
+    dims: list = [bound.get(d, d) if isinstance(d, str) else d for d in declared]
+    if symbolic:
+        dims = [_symbol(d, f"{symbolic}_{axis}") for axis, d in enumerate(dims)]
+    free = [_dim_text(d) for d in dims if not isinstance(d, int | Sym)]
     if free:
         raise Unsupported(f"input {info.name!r} has symbolic dims {', '.join(free)} not bound")
     return dtype, dims
+
+
+def _symbol(dim: int | str | None, unnamed: str) -> Dim:
+    """A declared dim as a dimension: a size, or a dim_param as a symbol."""
+    if isinstance(dim, int):
+        return dim
+    if dim is None:
+        return Sym.named(_symbol_name(unnamed))
+    try:
+        return parse_dim(dim)
+    except SymbolicError:
+        return Sym.named(_symbol_name(dim))
+
+
+def _symbol_name(text: str) -> str:
+    name = re.sub(r"\W", "_", text)
+    return name if SYMBOL_RE.fullmatch(name) else f"d_{name}"
 
 
 def _uses(nodes: list[Node], onnx_graph: Any) -> Counter[str]:
@@ -406,7 +433,10 @@ def _convert(ctx: Context, nodes: list[Node], onnx_graph: Any) -> list[str]:
 # What converting a node may raise about that node: its own refusal (Unsupported), make_op's
 # checks and numpy's broadcasting (HexirError, ValueError), a damaged node (a required
 # attribute missing, an input too few, an axis past the rank), a shape of absurd extents.
-_REFUSALS = (Unsupported, HexirError, ValueError, TypeError, IndexError, KeyError, MemoryError)
+_REFUSALS = (
+    Unsupported, HexirError, SymbolicError, ValueError, TypeError, IndexError, KeyError,
+    MemoryError,
+)  # fmt: skip
 
 
 def _refusal(e: Exception) -> str:
@@ -464,6 +494,12 @@ def _check_outputs(
         declared = (
             None if dims is None else tuple(bound.get(d) if isinstance(d, str) else d for d in dims)
         )
+        if dims is not None and value.type.symbolic and len(dims) == len(value.type.shape):
+            # a dim_param the inputs did not bind is checked as the symbol it names
+            declared = tuple(
+                _symbol(d, "") if isinstance(d, str) and b is None else b
+                for d, b in zip(dims, declared, strict=True)
+            )
         if declared is not None and None not in declared and declared != value.type.shape:
             problems.append(
                 f"output {info.name!r} is declared {declared}, Hexir infers {value.type!r}"

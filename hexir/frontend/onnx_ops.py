@@ -12,6 +12,7 @@ Einsum, LRN, ConvTranspose and TopK, compositions of several Hexir ops, are in
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +71,7 @@ def matmul_nd(ctx: Context, a: Value, b: Value) -> Value:
     (m, k), n = a2.type.shape[-2:], b2.type.shape[-1]
     batch = tuple(np.broadcast_shapes(a2.type.shape[:-2], b2.type.shape[:-2]))
     if len(b2.type.shape) == 2:  # one weight for every row: a plain matmul
-        rows = int(np.prod(a2.type.shape[:-1], dtype=np.int64))
+        rows = math.prod(a2.type.shape[:-1])
         y = ctx.op("matmul", reshape(ctx, a2, (rows, k)), b2)
     else:
         size = int(np.prod(batch, dtype=np.int64))

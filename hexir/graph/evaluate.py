@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from hexir.errors import HexirError
+from hexir.graph.specialize import graph_symbols, specialize, symbol_sizes
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ops import op_def
 
-__all__ = ["evaluate", "evaluate_op", "constant_array", "bind_inputs"]
+__all__ = ["evaluate", "evaluate_op", "constant_array", "bind_inputs", "input_sizes"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -30,7 +31,10 @@ __all__ = ["evaluate", "evaluate_op", "constant_array", "bind_inputs"]
 def evaluate(
     graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
 ) -> list[np.ndarray]:
-    """Run `graph` op by op in numpy; one fresh array per graph output, in order."""
+    """Run `graph` op by op in numpy; one fresh array per graph output, in order. A graph
+    with symbolic dimensions runs at the sizes its inputs give them."""
+    if graph_symbols(graph):
+        graph = specialize(graph, input_sizes(graph, inputs))
     env = bind_inputs(graph, inputs)
     for op in graph.ops:
         if op.kind == "constant":
@@ -83,6 +87,17 @@ def bind_inputs(
 ) -> dict[str, np.ndarray]:
     """The graph's inputs by name, from a list in graph order or a dict by name, each checked
     for its shape and dtype (shared by the numpy evaluator and compiled modules)."""
+    env = inputs_by_name(graph, inputs)
+    for value in graph.inputs:
+        _check_array(env[value.name], value, f"input %{value.name} of graph @{graph.name}")
+    return env
+
+
+def inputs_by_name(
+    graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The graph's inputs by name, as numpy arrays, from a list in graph order or a dict by
+    name; their shapes and dtypes unchecked."""
     names = [v.name for v in graph.inputs]
     if isinstance(inputs, Mapping):
         missing = [n for n in names if n not in inputs]
@@ -100,12 +115,15 @@ def bind_inputs(
                 f"graph @{graph.name} takes {len(names)} inputs ({_names(names)}), "
                 f"got {len(arrays)}"
             )
-    env: dict[str, np.ndarray] = {}
-    for value, array in zip(graph.inputs, arrays, strict=True):
-        array = np.asarray(array)
-        _check_array(array, value, f"input %{value.name} of graph @{graph.name}")
-        env[value.name] = array
-    return env
+    return {name: np.asarray(array) for name, array in zip(names, arrays, strict=True)}
+
+
+def input_sizes(
+    graph: Graph, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]
+) -> dict[str, int]:
+    """Each symbol of a graph with symbolic dimensions, sized by the inputs' shapes."""
+    arrays = inputs_by_name(graph, inputs)
+    return symbol_sizes(graph, {name: a.shape for name, a in arrays.items()})
 
 
 def _check_array(array: np.ndarray, value: Value, what: str) -> None:

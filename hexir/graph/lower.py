@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hexir.errors import HexirError
+from hexir.graph.specialize import require_sizes
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.op_attrs import NAME_RE
 from hexir.ir.tir import Buffer, PrimFunc
@@ -34,6 +35,7 @@ def lower(
     graph: Graph, name: str | None = None, param_names: Sequence[str] | None = None
 ) -> PrimFunc:
     """One PrimFunc computing `graph`; `name` defaults to one made of its op kinds."""
+    require_sizes(graph, "lowering")
     canon, out_names = canonicalize(graph, name, param_names)
     k = Kernel(reserved=[v.name for v in canon.inputs] + list(out_names))
     buffers = {v.name: Buffer(v.name, v.type.shape, v.type.dtype) for v in canon.inputs}

@@ -16,21 +16,35 @@ import numpy as np
 
 from hexir.ir.arrays import aligned_copy
 from hexir.ir.dtype import check_dtype
+from hexir.ir.symbolic import Dim, Sym, as_dim
 from hexir.ir.tir import Annotations, AnnotationValue
 
 
 @dataclass(frozen=True, slots=True, repr=False)
 class TensorType:
-    shape: tuple[int, ...]
+    """A shape and an element type. A dimension is an int or a `Sym` (hexir/ir/symbolic.py):
+    `TensorType((1, "seq", 768))` reads "seq" as the symbol; `size` is then symbolic too."""
+
+    shape: tuple[Dim, ...]
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", check_dtype(self.dtype))
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "shape", tuple(as_dim(s) for s in self.shape))
 
     @property
-    def size(self) -> int:
+    def size(self) -> Dim:
+        if self.symbolic:
+            n: Dim = 1
+            for d in self.shape:
+                n = d * n
+            return n
         return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether a dimension is a symbol."""
+        return any(type(d) is Sym for d in self.shape)
 
     def __repr__(self) -> str:
         from hexir.ir.graph_text import print_tensor_type

@@ -39,13 +39,14 @@ import numpy as np
 
 from hexir.ir.dtype import is_float, short_name
 from hexir.ir.graph import Graph, Op, TensorType, Value
+from hexir.ir.symbolic import format_dim
 from hexir.ir.tir import Annotations
 
 INLINE_LIMIT = 16  # constants of at most this many elements print inline
 
 
 def print_tensor_type(t: TensorType) -> str:
-    return f"tensor<{''.join(f'{d}x' for d in t.shape)}{short_name(t.dtype)}>"
+    return f"tensor<{''.join(f'{format_dim(d)}x' for d in t.shape)}{short_name(t.dtype)}>"
 
 
 def format_attr_value(value: object) -> str:

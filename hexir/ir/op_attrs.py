@@ -16,6 +16,7 @@ import numpy as np
 
 from hexir.ir.dtype import check_dtype, is_float, is_int
 from hexir.ir.graph import TensorType
+from hexir.ir.symbolic import format_dim
 from hexir.ir.tir import AnnotationValue
 
 # Names of values, graphs and constants: what the text form can spell after `%` or `@`.
@@ -30,8 +31,8 @@ class Reject(Exception):
 
 
 def dims(t: TensorType) -> str:
-    """`64x784` for a shape, `a scalar` for rank 0."""
-    return "x".join(map(str, t.shape)) if t.shape else "a scalar"
+    """`64x784` (`1x{seq}x768`) for a shape, `a scalar` for rank 0."""
+    return "x".join(map(format_dim, t.shape)) if t.shape else "a scalar"
 
 
 def _int(value: object, what: str) -> int:

@@ -26,6 +26,7 @@ from hexir.errors import TypeInferenceError
 from hexir.ir.dtype import SUB_BYTE_INTS
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, PLACEMENT_RE, Check, Reject, fail
+from hexir.ir.symbolic import SymbolicError
 from hexir.ops import (
     attention,
     contraction,
@@ -97,7 +98,7 @@ def make_op(
         _check_sub_byte(spec, [v.type for v in operands], inferred)
         if result_type is not None and inferred != result_type:
             fail(f"the result type {result_type!r} disagrees with the inferred {inferred!r}")
-    except Reject as e:
+    except (Reject, SymbolicError) as e:
         written = _as_written(f"hexir.{kind}", operands, attrs, result_name, placement)
         raise TypeInferenceError(f"hexir.{kind}: {e}\n{written}") from None
     attrs_out = tuple(sorted(check.out.items()))

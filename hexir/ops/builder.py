@@ -33,6 +33,7 @@ from hexir.errors import TypeInferenceError
 from hexir.ir.dtype import check_dtype, numpy_dtype
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE
+from hexir.ir.symbolic import Dim, SymbolicError, as_dim
 from hexir.ops import OPS, OpDef, make_op
 
 
@@ -70,10 +71,15 @@ class GraphBuilder:
             n += 1
         return f"{prefix}{n}"
 
-    def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> Value:
-        if not NAME_RE.fullmatch(name) or any(int(d) < 0 for d in shape):
+    def input(self, name: str, shape: Sequence[Dim | str], dtype: str = "float32") -> Value:
+        """A graph input; a dimension may be symbolic: a Sym, or its text ("seq", "{seq}")."""
+        try:
+            dims = tuple(as_dim(d) for d in shape)
+        except (SymbolicError, TypeError, ValueError):
+            dims = (-1,)
+        if not NAME_RE.fullmatch(name) or any(isinstance(d, int) and d < 0 for d in dims):
             raise TypeInferenceError(f"bad graph input %{name} of shape {tuple(shape)}")
-        value = self._define(Value(name, TensorType(tuple(shape), dtype)), "graph input")
+        value = self._define(Value(name, TensorType(dims, dtype)), "graph input")
         self.inputs.append(value)
         return value
 

@@ -18,6 +18,7 @@ import numpy as np
 from hexir.errors import ParseError, TypeInferenceError
 from hexir.ir.dtype import DTYPES, from_short, is_float, is_int, numpy_dtype, short_name
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
+from hexir.ir.symbolic import SymbolicError, parse_dim
 from hexir.ir.tir import AnnotationValue
 from hexir.ops import make_op, op_def
 
@@ -35,6 +36,8 @@ _LEX = re.compile(
     re.VERBOSE,
 )
 _INT = re.compile(r"[-+]?\d+")
+# One extent of a tensor type and its `x`: a number or a symbolic dimension in braces.
+_EXTENT = re.compile(r"(\d+|\{[^{}]*\})x")
 _SHORT_DTYPES = {short_name(d) for d in DTYPES}
 T = TypeVar("T")
 
@@ -171,10 +174,20 @@ class GraphParser:
 
     def tensor_type(self) -> TensorType:
         token = self.expect("type")
-        *extents, short = token.text[len("tensor<") : -1].split("x")
-        if short not in _SHORT_DTYPES or not all(e.isdigit() for e in extents):
-            self.error(f"bad tensor type {token.text}; expected like tensor<2x3xf32>", token)
-        return TensorType(tuple(int(e) for e in extents), from_short(short))
+        body = token.text[len("tensor<") : -1]
+        extents = _EXTENT.findall(body)
+        short = _EXTENT.sub("", body)
+        try:
+            shape = tuple(parse_dim(e) for e in extents)
+            if short not in _SHORT_DTYPES or any(isinstance(d, int) and d < 0 for d in shape):
+                raise SymbolicError(short)
+            return TensorType(shape, from_short(short))
+        except SymbolicError:
+            self.error(
+                f"bad tensor type {token.text}; expected like tensor<2x3xf32> or "
+                "tensor<1x{seq}x768xf32>",
+                token,
+            )
 
     # --- ops ----------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ import numpy as np
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, Check, dims, fail, normalize_axis
+from hexir.ir.symbolic import Sym
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, const
 from hexir.ops.base import (
     Exporter,
@@ -296,6 +297,7 @@ def _reshape_infer(c: Check) -> TensorType:
     (x,) = c.types
     if not isinstance(c.raw.get("shape"), bool) and hasattr(c.raw.get("shape"), "__index__"):
         c.raw["shape"] = (c.raw["shape"],)
+    symbolic = _symbolic_extent(c)
     shape = c.ints("shape")
     if shape.count(-1) > 1 or any(s < -1 for s in shape):
         fail(f"attribute 'shape' {shape} may hold one -1 and otherwise extents >= 0")
@@ -304,10 +306,24 @@ def _reshape_infer(c: Check) -> TensorType:
         if known == 0 or x.size % known:
             fail(f"cannot resolve the -1 in {shape} for {dims(x)} ({x.size} elements)")
         shape = tuple(x.size // known if s == -1 else s for s in shape)
-    if math.prod(shape) != x.size:
+    if math.prod(shape) != x.size or (symbolic and shape[symbolic[0]] != symbolic[1]):
         fail(f"cannot reshape {dims(x)} ({x.size} elements) to {shape}")
-    c.out["shape"] = shape
+    # A symbolic extent stays the -1 it was given: attributes are numbers.
+    c.out["shape"] = tuple(-1 if isinstance(s, Sym) else s for s in shape)
     return TensorType(shape, x.dtype)
+
+
+def _symbolic_extent(c: Check) -> tuple[int, Sym] | None:
+    """A shape given with one symbolic extent reads it as the -1 it must resolve to: its
+    position and the extent."""
+    raw = c.raw.get("shape")
+    if not isinstance(raw, tuple | list) or not any(isinstance(s, Sym) for s in raw):
+        return None
+    at = [i for i, s in enumerate(raw) if isinstance(s, Sym)]
+    if len(at) > 1 or -1 in raw:
+        fail(f"attribute 'shape' {tuple(raw)} may hold one symbolic extent (or one -1)")
+    c.raw["shape"] = tuple(-1 if isinstance(s, Sym) else s for s in raw)
+    return at[0], raw[at[0]]
 
 
 def _reshape_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:

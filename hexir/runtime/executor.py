@@ -84,13 +84,19 @@ def compile(
     """Compile `graph` for `target` into a Module (see the module docstring for the steps).
 
     `database` is a URL or a database object; each kernel uses the fastest valid record of its
-    workload on this target, or a default schedule where there is none.
+    workload on this target, or a default schedule where there is none. A graph with symbolic
+    dimensions gives a SymbolicModule, which compiles this way per size of its symbols.
     """
     from hexir.graph.forms import measured_kernels
     from hexir.graph.fusion import fused_kernels
+    from hexir.graph.specialize import graph_symbols
     from hexir.runtime.build import build_all
 
     target = Target.of(target)
+    if graph_symbols(graph):  # compiled per size of its symbols, as it runs
+        from hexir.runtime.symbolic_module import SymbolicModule
+
+        return SymbolicModule(graph, target, database)  # type: ignore[return-value]
     db = _open_database(database)
     if db is None:
         graph, kernels_of_groups = fused_kernels(graph, target)

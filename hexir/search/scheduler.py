@@ -118,7 +118,9 @@ def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu")
         from hexir.graph.forms import form_variants
         from hexir.graph.fusion import fused_kernels
         from hexir.graph.rewrite import simplify_graph
+        from hexir.graph.specialize import require_sizes
 
+        require_sizes(func_or_graph, "tuning")
         graph = simplify_graph(func_or_graph)  # once: each lowering then finds it simplified
         variants = [
             [func for _, func in fused_kernels(graph, target, forms)[1]]

@@ -1,0 +1,113 @@
+"""A graph with symbolic dimensions made concrete: each symbol's size read from the shapes of
+the inputs it is run on, then every op's type inferred again at those sizes.
+
+    sizes = symbol_sizes(graph, {"x": (1, 17, 768)})      # {"seq": 17}
+    concrete = specialize(graph, sizes)                     # tensor<1x17x768xf32>, ...
+
+Every op is rebuilt with `make_op` from its operands and its (normalized) attributes, as the
+parser rebuilds a printed graph, so a size at which an op does not fit (a reshape that no
+longer divides) is that op's TypeInferenceError. Constants keep their data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hexir.errors import TypeInferenceError
+from hexir.ir.graph import Graph, Op, TensorType, Value
+from hexir.ir.symbolic import Dim, Sym, format_dim
+from hexir.ops import make_op
+
+__all__ = ["graph_symbols", "require_sizes", "specialize", "symbol_sizes"]
+
+
+def graph_symbols(graph: Graph) -> frozenset[str]:
+    """The symbols the graph's inputs name (every symbol elsewhere derives from them)."""
+    return frozenset(
+        name for v in graph.inputs for d in v.type.shape if isinstance(d, Sym) for name in d.symbols
+    )
+
+
+def require_sizes(graph: Graph, what: str) -> None:
+    """TypeInferenceError where `graph` has symbolic dimensions: `what` (lowering, tuning)
+    works at fixed sizes, which `specialize` gives."""
+    symbols = sorted(graph_symbols(graph))
+    if symbols:
+        sizes = ", ".join(f"'{s}': ..." for s in symbols)
+        raise TypeInferenceError(
+            f"graph @{graph.name} has symbolic dimensions ({', '.join(symbols)}) and {what} "
+            f"works at fixed sizes: specialize it first, hexir.specialize(graph, {{{sizes}}})"
+        )
+
+
+def symbol_sizes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Each symbol's size from the inputs' shapes (by input name): a dimension that is a
+    symbol alone binds it, then every dimension must equal what its symbols give. Raises
+    TypeInferenceError listing every input that does not fit."""
+    sizes: dict[str, int] = {}
+    problems: list[str] = []
+    for v in graph.inputs:
+        shape = tuple(shapes[v.name])
+        if len(shape) != len(v.type.shape):
+            problems.append(f"%{v.name} has rank {len(v.type.shape)}, given shape {shape}")
+            continue
+        for d, n in zip(v.type.shape, shape, strict=True):
+            if isinstance(d, Sym) and len(d.terms) == 1 and d.terms[0][1] == 1:
+                ((name, _),) = d.terms
+                sizes.setdefault(name, int(n) - d.offset)
+    for name, size in sizes.items():
+        if size < 1:
+            problems.append(f"{{{name}}} would be {size}: a symbol is a size of at least 1")
+    for v in graph.inputs:
+        shape = tuple(shapes[v.name])
+        if len(shape) != len(v.type.shape):
+            continue
+        want = tuple(_value(d, sizes) for d in v.type.shape)
+        if any(w is not None and w != n for w, n in zip(want, shape, strict=True)):
+            declared = "x".join(map(format_dim, v.type.shape))
+            problems.append(f"%{v.name} is {declared}, given shape {shape} ({_bound(sizes)})")
+        elif None in want:
+            free = [format_dim(d) for d, w in zip(v.type.shape, want, strict=True) if w is None]
+            problems.append(f"%{v.name}: no input fixes {', '.join(free)} on its own")
+    if problems:
+        raise TypeInferenceError(
+            f"the inputs do not fit graph @{graph.name}: " + "; ".join(dict.fromkeys(problems))
+        )
+    return sizes
+
+
+def _value(d: Dim, sizes: Mapping[str, int]) -> int | None:
+    if not isinstance(d, Sym):
+        return d
+    return d.evaluate(sizes) if d.symbols <= set(sizes) else None
+
+
+def _bound(sizes: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} = {s}" for n, s in sorted(sizes.items())) or "no symbol bound"
+
+
+def specialize(graph: Graph, sizes: Mapping[str, int]) -> Graph:
+    """`graph` at the given size of each of its symbols (all of them: a symbol left without a
+    size is a TypeInferenceError)."""
+    missing = sorted(graph_symbols(graph) - set(sizes))
+    if missing:
+        raise TypeInferenceError(f"graph @{graph.name}: no size given for {', '.join(missing)}")
+    values: dict[str, Value] = {}
+
+    def concrete(v: Value) -> Value:
+        shape = tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in v.type.shape)
+        return Value(v.name, TensorType(shape, v.type.dtype))
+
+    inputs = tuple(concrete(v) for v in graph.inputs)
+    values.update((v.name, v) for v in inputs)
+    ops: list[Op] = []
+    for op in graph.ops:
+        if op.kind == "constant":
+            new = op
+        else:
+            operands = [values[v.name] for v in op.operands]
+            new = make_op(op.name, operands, dict(op.attrs), op.result.name, op.placement)
+        values[new.result.name] = new.result
+        ops.append(new)
+    outputs = tuple(values[v.name] for v in graph.outputs)
+    return Graph(graph.name, inputs, tuple(ops), outputs, graph.constants)
