@@ -52,6 +52,7 @@ _LAZY: dict[str, str] = {
     "compile": "hexir.runtime.executor",
     "tune": "hexir.search.tune",
     "specialize": "hexir.graph.specialize",
+    "generate": "hexir.serve.generate",
 }
 
 __all__ = [

@@ -201,6 +201,44 @@ def gpt2_small_decode(
     return b.build([model.head(x), *presents])
 
 
+def gpt2_small_paged_decode(
+    *, batch: int = 1, pages: int = 64, page_size: int = 16, max_pages: int = 64,
+    layers: int = 12, hidden: int = 768, heads: int = 12, vocab: int = 50257, seed: int = 0,
+) -> Graph:  # fmt: skip
+    """`gpt2_small` (the same weights) for one new token of each of `batch` sequences whose
+    keys and values are cached in pages (hexir/runtime/kv_cache.py): `input_ids` and
+    `positions` [batch] int64, `block_table` [batch, max_pages] and `lengths` [batch] int32
+    (each sequence's cached tokens), each layer's `pages.<l>.key` and `pages.<l>.value`
+    [pages, heads, page_size, head_dim] in; `logits` [batch, vocab] and each layer's
+    `new.<l>.key` and `new.<l>.value` [batch, heads, head_dim] (the tokens' own, for the
+    cache) out. One module serves every cache length up to max_pages * page_size tokens."""
+    b = GraphBuilder("gpt2-small-paged-decode")
+    model = _GPT2Stack(b, layers, hidden, vocab, seed)
+    head_dim = hidden // heads
+    ids = b.input("input_ids", (batch,), "int64")
+    positions = b.input("positions", (batch,), "int64")
+    table = b.input("block_table", (batch, max_pages), "int32")
+    lengths = b.input("lengths", (batch,), "int32")
+    cached = [
+        tuple(
+            b.input(f"pages.{layer}.{kind}", (pages, heads, page_size, head_dim))
+            for kind in ("key", "value")
+        )
+        for layer in range(layers)
+    ]
+    wpe = b.constant(model.wpe, name="wpe")
+    x = b.add(b.op("gather", model.wte, ids, axis=0), b.op("gather", wpe, positions, axis=0))
+    news = []
+    for layer, (p, (k_pages, v_pages)) in enumerate(zip(model.layers, cached, strict=True)):
+        q, k, v = (b.reshape(t, (batch, heads, head_dim)) for t in p.qkv(x))
+        key = b.reshape(k, (batch, heads, head_dim), name=f"new.{layer}.key")
+        value = b.reshape(v, (batch, heads, head_dim), name=f"new.{layer}.value")
+        context = b.paged_attention(q, k_pages, v_pages, table, lengths, key, value)
+        x = p.rest(x, b.reshape(context, (batch, hidden)), name=None)
+        news += [key, value]
+    return b.build([model.head(x), *news])
+
+
 class _GPT2Stack:
     """GPT-2's whole-model weights, drawn in one order (so prefill and decode share them): the
     token embedding wte [vocab, hidden] (also the logits' weight), the position embedding

@@ -21,12 +21,12 @@ import numpy as np
 
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
-from hexir.ir.tir import Binary, Buffer, Call, Expr, Select, const
+from hexir.ir.tir import Binary, Buffer, Call, Cast, Expr, IntImm, Select, const
 from hexir.ops.base import Exporter, OpDef, Pattern, operand_names
-from hexir.ops.compute import Kernel, add, attr_float, broadcast, lowest
+from hexir.ops.compute import Kernel, add, attr_float, broadcast, clamp, lowest
 from hexir.ops.numeric import Attrs, f64, get_float
 
-__all__ = ["ATTENTION", "OPS", "broadcasts_to", "causal_mask"]
+__all__ = ["ATTENTION", "OPS", "PAGED_ATTENTION", "broadcasts_to", "causal_mask", "paged_keys"]
 
 
 def causal_mask(s: int, t: int) -> np.ndarray:
@@ -146,4 +146,197 @@ ATTENTION = OpDef(
     optional=1,
 )
 
-OPS = (ATTENTION,)
+# --- paged_attention: one query per sequence against its keys and values in cache pages -----
+
+
+def _paged_infer(c: Check) -> TensorType:
+    if len(c.types) == 6:
+        fail("k_new and v_new come together: the current token's key and value")
+    q, kp, vp, table, lengths, *new = c.ranks(3, 4, 4, 2, 1, *(3,) * (len(c.types) - 5))
+    floats = (0, 1, 2, *range(5, len(c.types)))
+    c.dtype_in("float", *floats)
+    c.same_dtype(*floats)
+    c.dtype_in("int", 3, 4)
+    (b, h, d), (_, _, s, _) = q.shape, kp.shape
+    if new and (new[0].shape != q.shape or new[1].shape != (b, h, vp.shape[3])):
+        fail(f"k_new {dims(new[0])} and v_new {dims(new[1])} are not [B, H, D] and [B, H, Dv]")
+    if kp.shape[1] != h or kp.shape[3] != d:
+        fail(f"k_pages {dims(kp)} is not [P, H, S, D] for q {dims(q)} ([B, H, D])")
+    if vp.shape[:3] != kp.shape[:3]:
+        fail(f"v_pages {dims(vp)} does not have k_pages' pages, heads and page size {dims(kp)}")
+    if table.shape[0] != b or lengths.shape[0] != b:
+        fail(f"block_table {dims(table)} and lengths {dims(lengths)} need a row per query ({b})")
+    if s < 1 or table.shape[1] < 1:
+        fail("pages of at least one token and at least one page per sequence")
+    c.real("scale", 1.0 / math.sqrt(d))
+    return TensorType((b, h, vp.shape[3]), q.dtype)
+
+
+def paged_keys(pages: np.ndarray, table: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    """Each sequence's first `lengths[b]` tokens read through its row of the block table:
+    [H, length, D] per sequence, from pages [P, H, S, D]."""
+    s = pages.shape[2]
+    out = []
+    for row, n in zip(table, lengths, strict=True):
+        used = -(-int(n) // s)
+        tokens = np.concatenate([pages[int(p)] for p in row[:used]], axis=1) if used else None
+        out.append(tokens[:, : int(n)] if tokens is not None else pages[0, :, :0])
+    return out
+
+
+def _paged_evaluate(xs: list[np.ndarray], attrs: Attrs) -> np.ndarray:
+    q, kp, vp, table, lengths, *new = xs
+    p, _, s, _ = kp.shape
+    least = 0 if new else 1
+    if np.any(lengths < least) or np.any(lengths > table.shape[1] * s):
+        raise ValueError(f"lengths {lengths.tolist()} outside [{least}, {table.shape[1] * s}]")
+    if np.any(table < 0) or np.any(table >= p):
+        raise ValueError(f"block_table names pages outside [0, {p}): {table.tolist()}")
+    scale = get_float(attrs, "scale")
+    out = np.empty((q.shape[0], q.shape[1], vp.shape[3]))
+    for b, (keys, values) in enumerate(
+        zip(paged_keys(kp, table, lengths), paged_keys(vp, table, lengths), strict=True)
+    ):
+        if new:  # the current token after the cached ones
+            keys = np.concatenate([keys, new[0][b][:, None]], axis=1)
+            values = np.concatenate([values, new[1][b][:, None]], axis=1)
+        scores = np.einsum("hd,htd->ht", f64(q[b]), f64(keys)) * scale
+        e = np.exp(scores - scores.max(axis=1, keepdims=True))
+        out[b] = np.einsum("ht,hte->he", e / e.sum(axis=1, keepdims=True), f64(values))
+    return out.astype(q.dtype)
+
+
+def _paged_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
+    """The attention stages over every slot of every page in the sequence's row of the block
+    table (M pages of S slots), a slot at or past the sequence's length hidden as the dtype's
+    lowest logit; a page id is clamped into the pool, so no read leaves it."""
+    q, kp, vp, table, lengths, *new = args
+    (b, h, d), (p, _, s, _), m, dt = q.shape, kp.shape, table.shape[1], out.dtype
+    scale = attr_float(op, "scale")
+
+    def page(bi: Expr, mi: Expr) -> Expr:
+        return clamp(k, Cast("int32", table[bi, mi]), p)
+
+    def visible(i: tuple[Expr, ...]) -> Expr:  # i = (b, h, m, s)
+        slot = add(Binary("*", i[2], IntImm(s)), i[3])
+        return Binary("<", slot, Cast("int32", lengths[i[0]]))
+
+    scores = k.alloc("paged_scores", (b, h, m, s), dt)
+    k.reduce(
+        "paged_scores",
+        scores,
+        (d,),
+        lambda x, r: q[x[0], x[1], r[0]] * kp[page(x[0], x[2]), x[1], x[3], r[0]],
+    )
+
+    def logit(i: tuple[Expr, ...]) -> Expr:
+        return Select(visible(i), scores[i] * const(scale, dt), lowest(dt))
+
+    mx = k.alloc("paged_max", (b, h), dt)
+    k.reduce("paged_max", mx, (m, s), lambda x, r: logit((*x, *r)), "max", lowest(dt))
+    if new:  # the current token's logit joins the max
+        now = k.alloc("paged_new_score", (b, h), dt)
+        k.reduce("paged_new_score", now, (d,), lambda x, r: q[(*x, r[0])] * new[0][(*x, r[0])])
+        cached = mx
+        mx = k.alloc("paged_max_new", (b, h), dt)
+        k.compute(
+            "paged_max_new", mx, lambda i: Binary("max", cached[i], now[i] * const(scale, dt))
+        )
+        e_new = k.alloc("paged_new_exp", (b, h), dt)
+        k.compute(
+            "paged_new_exp", e_new, lambda i: Call("exp", (now[i] * const(scale, dt) - mx[i],))
+        )
+    e = k.alloc("paged_exp", (b, h, m, s), dt)
+    k.compute("paged_exp", e, lambda i: Call("exp", (logit(i) - mx[i[0], i[1]],)))
+    total = k.alloc("paged_sum", (b, h), dt)
+    k.reduce("paged_sum", total, (m, s), lambda x, r: e[(*x, *r)])
+    acc = k.alloc("paged_values", out.shape, dt)
+    k.reduce(
+        "paged_values",
+        acc,
+        (m, s),
+        lambda x, r: e[x[0], x[1], r[0], r[1]] * vp[page(x[0], r[0]), x[1], r[1], x[2]],
+    )
+    if not new:
+        k.compute("paged_out", out, lambda i: acc[i] * (const(1, dt) / total[i[0], i[1]]))
+        return
+    k.compute(
+        "paged_out",
+        out,
+        lambda i: (
+            (acc[i] + e_new[i[0], i[1]] * new[1][i])
+            * (const(1, dt) / (total[i[0], i[1]] + e_new[i[0], i[1]]))
+        ),
+    )
+
+
+def _paged_export(ex: Exporter, op: Op) -> None:
+    """Gather each sequence's pages, lay them out [B, H, M*S, D], then attention with the
+    slots at or past each length hidden (Where of the scores against a Range)."""
+    q, kp, vp, table, lengths, *new = operand_names(op)
+    out = op.result.name
+    (b, h, d), (_, _, s, dv), m = (
+        op.operands[0].type.shape,
+        op.operands[1].type.shape,
+        op.operands[3].type.shape[1],
+    )
+    dtype = np.dtype(op.result.type.dtype)
+    ex.node("Cast", [table], f"{out}_table", to=7)  # int64
+    for name, src, width in (("keys", kp, d), ("values", vp, dv)):
+        ex.node("Gather", [src, f"{out}_table"], f"{out}_{name}_pages", axis=0)  # [B,M,H,S,w]
+        ex.node("Transpose", [f"{out}_{name}_pages"], f"{out}_{name}_t", perm=[0, 2, 1, 3, 4])
+        shape = ex.const(np.array([b, h, m * s, width], np.int64), f"{out}_{name}_shape")
+        ex.node("Reshape", [f"{out}_{name}_t", shape], f"{out}_{name}")
+    axis2 = ex.const(np.array([2], np.int64), f"{out}_axis2")
+    ex.node("Unsqueeze", [q, axis2], f"{out}_q")
+    slots = np.arange(m * s, dtype=np.int64)
+    if new:  # the current token, always visible: slot -1
+        for name, given in (("keys", new[0]), ("values", new[1])):
+            ex.node("Unsqueeze", [given, axis2], f"{out}_{name}_new")
+            ex.node("Concat", [f"{out}_{name}", f"{out}_{name}_new"], f"{out}_{name}_all", axis=2)
+        slots = np.append(slots, -1)
+    keys, values = (f"{out}_{n}_all" if new else f"{out}_{n}" for n in ("keys", "values"))
+    ex.node("Transpose", [keys], f"{out}_kt", perm=[0, 1, 3, 2])
+    ex.node("MatMul", [f"{out}_q", f"{out}_kt"], f"{out}_scores")  # [B, H, 1, M*S]
+    scale = ex.const(np.array(attr_float(op, "scale"), dtype), f"{out}_scale")
+    ex.node("Mul", [f"{out}_scores", scale], f"{out}_logits")
+    slots = ex.const(slots, f"{out}_slots")
+    ex.node("Cast", [lengths], f"{out}_lengths64", to=7)
+    shape4 = ex.const(np.array([b, 1, 1, 1], np.int64), f"{out}_lengths_shape")
+    ex.node("Reshape", [f"{out}_lengths64", shape4], f"{out}_lengths4")
+    ex.node("Less", [slots, f"{out}_lengths4"], f"{out}_visible")  # [B, 1, 1, M*S]
+    hidden = ex.const(np.array(-np.inf, dtype), f"{out}_hidden")
+    ex.node("Where", [f"{out}_visible", f"{out}_logits", hidden], f"{out}_masked")
+    ex.node("Softmax", [f"{out}_masked"], f"{out}_probs", axis=-1)
+    ex.node("MatMul", [f"{out}_probs", values], f"{out}_out4")  # [B, H, 1, Dv]
+    ex.node("Squeeze", [f"{out}_out4", axis2], out)
+
+
+def _paged_flops(op: Op) -> int:
+    (b, h, d), (_, _, s, dv), m = (
+        op.operands[0].type.shape,
+        op.operands[2].type.shape,
+        op.operands[3].type.shape[1],
+    )
+    return 2 * b * h * m * s * (d + dv) + 5 * b * h * m * s
+
+
+PAGED_ATTENTION = OpDef(
+    "paged_attention",
+    "one query per sequence against its cached keys and values in pages: q[B,H,D], "
+    "k_pages[P,H,S,D], v_pages[P,H,S,Dv], block_table[B,M] (int: the pages of each sequence "
+    "in order), lengths[B] (int: its cached tokens, 1..M*S), and optionally the current "
+    "token's k_new[B,H,D] and v_new[B,H,Dv], attended after the cached ones (lengths may then "
+    "be 0) -> [B,H,Dv]",
+    ("q", "k_pages", "v_pages", "block_table", "lengths", "k_new", "v_new"),
+    ("scale",),
+    infer=_paged_infer,
+    fusion=Pattern.OPAQUE,
+    evaluate=_paged_evaluate,
+    lower=_paged_lower,
+    export=_paged_export,
+    flops=_paged_flops,
+    optional=2,
+)
+
+OPS = (ATTENTION, PAGED_ATTENTION)

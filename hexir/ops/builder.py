@@ -166,7 +166,13 @@ def _arguments(d: OpDef) -> inspect.Signature:
     if d.variadic:
         params = [inspect.Parameter(f"{d.operands[0]}s", _POSITIONAL, annotation="Sequence[Value]")]
     else:
-        params = [inspect.Parameter(n, _POSITIONAL, annotation="Value") for n in d.operands]
+        required = len(d.operands) - d.optional  # the optional ones last, None when left out
+        params = [
+            inspect.Parameter(n, _POSITIONAL, annotation="Value")
+            if i < required
+            else inspect.Parameter(n, _POSITIONAL, default=None, annotation="Value | None")
+            for i, n in enumerate(d.operands)
+        ]
     params += [
         inspect.Parameter(k, _POSITIONAL, default=None, annotation="object") for k in d.attrs
     ]
@@ -182,7 +188,9 @@ def _operands_and_attrs(
     if d.variadic:
         operands = tuple(given[f"{d.operands[0]}s"])
     else:
-        operands = tuple(given[n] for n in d.operands)
+        operands = tuple(given.get(n) for n in d.operands)
+        while operands and operands[-1] is None:  # optional operands left out
+            operands = operands[:-1]
     return operands, {k: given.get(k) for k in d.attrs}
 
 

@@ -47,6 +47,7 @@ def _w(*shape: int) -> np.ndarray:
 
 
 F = "float32"
+_TABLE = np.array([[3, 1], [0, 4]], np.int32)  # two sequences' pages in a pool of 5
 POSITIVE = {"log", "sqrt", "rsqrt", "power"}  # cases whose inputs must be positive
 
 # case id -> (graph, inputs positive?)
@@ -187,6 +188,16 @@ CASES: dict[str, Graph] = {
         lambda b, q, kt, v, bias: [
             b.op("attention", q, kt, v),
             b.op("attention", q, kt, v, bias, scale=0.7, causal=True),
+        ],
+    ),
+    "paged_attention": one_op(
+        "paged_attention",
+        [((2, 2, 4), F), ((5, 2, 3, 4), F), ((5, 2, 3, 4), F), ((2, 2, 4), F), ((2, 2, 4), F)],
+        lambda b, q, kp, vp, kn, vn: [
+            b.paged_attention(q, kp, vp, b.constant(_TABLE), b.constant(np.array([4, 2], "i4"))),
+            b.paged_attention(
+                q, kp, vp, b.constant(_TABLE), b.constant(np.array([0, 5], "i4")), kn, vn, 0.3
+            ),
         ],
     ),
     "log_softmax": one_op(

@@ -1,0 +1,1 @@
+"""LLM serving on compiled modules: greedy generation over a paged KV cache (generate.py)."""

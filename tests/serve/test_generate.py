@@ -1,0 +1,87 @@
+"""Greedy generation over the paged KV cache gives exactly the token ids of a plain numpy
+GPT-2 that recomputes the whole sequence at every step (no cache), for one prompt and for a
+batch of prompts of different lengths decoded together."""
+
+import math
+
+import numpy as np
+import pytest
+
+from hexir.errors import HexirError
+from hexir.frontend.zoo_transformer import gpt2_small
+from hexir.serve.generate import Generator
+
+SIZE = dict(layers=2, hidden=32, heads=2, vocab=100, seed=3)
+
+
+def _weights(length: int) -> dict[str, np.ndarray]:
+    """The zoo's GPT-2 weights at SIZE, as float64 numpy arrays by name."""
+    graph = gpt2_small(seq=length, **SIZE)
+    return {name: data.array.astype(np.float64) for name, data in graph.constants}
+
+
+def _norm(x, gamma, beta):
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-5) * gamma + beta
+
+
+def _numpy_logits(ids: list[int], w: dict[str, np.ndarray]) -> np.ndarray:
+    """GPT-2's last logits over the whole sequence, in float64 numpy."""
+    n, hidden, heads = len(ids), SIZE["hidden"], SIZE["heads"]
+    d = hidden // heads
+    x = w["wte"][ids] + w["wpe"][:n]
+    hidden_mask = np.triu(np.full((n, n), -np.inf), k=1)
+    for layer in range(SIZE["layers"]):
+        p = f"h.{layer}."
+        h = _norm(x, w[p + "ln_1.gamma"], w[p + "ln_1.beta"])
+        qkv = h @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]
+        q, k, v = (qkv[:, i * hidden : (i + 1) * hidden].reshape(n, heads, d) for i in range(3))
+        scores = np.einsum("shd,thd->hst", q, k) / math.sqrt(d) + hidden_mask
+        e = np.exp(scores - scores.max(-1, keepdims=True))
+        context = np.einsum("hst,thd->shd", e / e.sum(-1, keepdims=True), v).reshape(n, hidden)
+        x = x + context @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+        h = _norm(x, w[p + "ln_2.gamma"], w[p + "ln_2.beta"])
+        f = h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"]
+        f = 0.5 * f * (1 + np.tanh(math.sqrt(2 / math.pi) * (f + 0.044715 * f**3)))
+        x = x + f @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
+    return _norm(x[-1], w["ln_f.gamma"], w["ln_f.beta"]) @ w["wte"].T
+
+
+def _numpy_greedy(prompt: list[int], new: int, w: dict[str, np.ndarray]) -> list[int]:
+    ids = list(prompt)
+    for _ in range(new):
+        ids.append(int(np.argmax(_numpy_logits(ids, w))))
+    return ids[len(prompt) :]
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(**SIZE, page_size=4, max_tokens=96)
+
+
+def test_greedy_tokens_of_one_prompt_match_numpy(generator):
+    prompt = [int(t) for t in np.random.default_rng().integers(0, 100, 9)]
+    result = generator.generate([prompt], 64)
+    assert result.tokens == [_numpy_greedy(prompt, 64, _weights(73))]
+
+
+def test_a_batch_of_prompts_of_different_lengths_decodes_together(generator):
+    rng = np.random.default_rng()
+    prompts = [[int(t) for t in rng.integers(0, 100, n)] for n in (1, 6, 13, 4)]
+    result = generator.generate(prompts, 64)
+    w = _weights(13 + 64)
+    assert result.tokens == [_numpy_greedy(p, 64, w) for p in prompts]
+    # the pages in use grow with the tokens: ceil(tokens / 4) per sequence, after each step
+    lengths = np.array([len(p) for p in prompts])
+    want = [int(np.sum(-(-(lengths + step) // 4))) for step in range(1, 64)]
+    assert result.pages_in_use == want
+    assert result.decode_tokens_per_second > 0
+
+
+def test_bad_prompts_are_refused_with_the_reason(generator):
+    with pytest.raises(HexirError, match="outside the vocabulary"):
+        generator.generate([[5, 100]], 4)
+    with pytest.raises(HexirError, match="at least one prompt"):
+        generator.generate([[]], 4)
+    with pytest.raises(HexirError, match="past the 96 positions"):
+        generator.generate([[1] * 90], 8)
