@@ -7,6 +7,7 @@
     hexir show matmul:M=1024,N=1024,K=1024 --schedule best
     hexir export resnet18 -o resnet18.onnx
     hexir quantize gpt2-decode -o gpt2-int8.hexir  # int8 linear layers
+    hexir generate gpt2-small --prompt-ids 464,2068 --max-new-tokens 32
 
 Errors print as one paragraph and exit with status 1 (bad arguments: 2; Ctrl-C: 130);
 `--debug` shows the traceback.
@@ -19,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from hexir.cli import build, db, quantize, run, show, tune
+from hexir.cli import build, db, generate, quantize, run, show, tune
 from hexir.cli.common import parse_workload_spec
 from hexir.errors import HexirError, KnobError
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_parser(verbs, parent)
     show.add_parser(verbs, parent)
     quantize.add_parser(verbs, parent)
+    generate.add_parser(verbs, parent)
     return parser
 
 

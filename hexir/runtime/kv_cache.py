@@ -133,11 +133,17 @@ class PagedKVCache:
 
     # --- what a decode step reads -------------------------------------------------------------
 
-    def block_table(self, seqs: Sequence[int]) -> np.ndarray:
-        """int32 [len(seqs), max_pages]: each sequence's pages in order, then page 0."""
-        table = np.zeros((len(seqs), self.max_pages), np.int32)
+    def block_table(self, seqs: Sequence[int], width: int | None = None) -> np.ndarray:
+        """int32 [len(seqs), width (default max_pages)]: each sequence's pages in order, then
+        page 0; a sequence with more pages than `width` is a ResourceError."""
+        width = self.max_pages if width is None else width
+        table = np.zeros((len(seqs), width), np.int32)
         for row, seq in enumerate(seqs):
             pages = self._pages[self._check(seq)]
+            if len(pages) > width:
+                raise ResourceError(
+                    f"sequence {seq} holds {len(pages)} pages, more than a table of {width}"
+                )
             table[row, : len(pages)] = pages
         return table
 

@@ -10,8 +10,9 @@ logits give its first new token. Then every sequence decodes together, one token
 step, through one `gpt2_small_paged_decode` module for the batch: each layer's
 `paged_attention` reads each sequence's cached keys and values through its row of the block
 table, plus the token's own, and the step's new keys and values are appended to the cache
-after it. That module serves every cache length up to the cache's capacity; one Python call
-runs each step (the generation loop inside the module's program is issue 16's next step).
+after it. That module serves every cache length of its bucket (a block table of a multiple
+of PAGE_BUCKET pages, sized by the longest sequence at the end); one Python call runs each
+step (the generation loop inside the module's program is issue 16's next step).
 Ties in the argmax go to the lowest token id, as numpy's argmax does.
 """
 
@@ -30,16 +31,23 @@ from hexir.runtime.target import Target
 
 __all__ = ["GenerateResult", "Generator", "generate"]
 
+# A decode module's block table holds a multiple of this many pages (128 tokens at the
+# default page size): attention then reads about the pages in use, and one module serves
+# every length of its bucket.
+PAGE_BUCKET = 8
+
 
 @dataclass
 class GenerateResult:
     """The new token ids of each prompt, the seconds spent prefilling (all prompts) and
-    decoding, and the KV pages in use after each decode step."""
+    decoding, the KV pages in use after each decode step, and the seconds spent compiling
+    (or fetching from the build cache) the modules before them."""
 
     tokens: list[list[int]]
     prefill_seconds: float
     decode_seconds: float
     pages_in_use: list[int] = field(default_factory=list)
+    compile_seconds: float = 0.0
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -86,11 +94,21 @@ class Generator:
             self._prefill[length] = self._compile(gpt2_small(seq=length, **self.size))
         return self._prefill[length]
 
-    def decode_module(self, batch: int, pages: int):
-        key = (batch, pages)
+    def table_pages(self, tokens: int) -> int:
+        """The block table's width for sequences of up to `tokens` tokens: their pages rounded
+        up to a multiple of PAGE_BUCKET (so attention reads about the pages in use, and a
+        decode module serves a bucket of lengths), at most `max_tokens`' pages."""
+        pages = -(-tokens // self.page_size)
+        return min(self.max_pages, -(-pages // PAGE_BUCKET) * PAGE_BUCKET)
+
+    def decode_module(self, batch: int, pages: int, table_pages: int | None = None):
+        """The decode step for `batch` sequences over a pool of `pages` pages, whose block
+        table has `table_pages` columns (default: the most a sequence may hold)."""
+        width = table_pages or self.max_pages
+        key = (batch, pages, width)
         if key not in self._decode:
             graph = gpt2_small_paged_decode(
-                batch=batch, pages=pages, page_size=self.page_size, max_pages=self.max_pages,
+                batch=batch, pages=pages, page_size=self.page_size, max_pages=width,
                 **self.size,
             )  # fmt: skip
             self._decode[key] = self._compile(graph)
@@ -107,6 +125,12 @@ class Generator:
             layers=layers, heads=heads, head_dim=self.size["hidden"] // heads, pages=pages,
             page_size=self.page_size, max_pages=self.max_pages,
         )  # fmt: skip
+        start = time.perf_counter()
+        for prompt in prompts:  # compiled first, so that the times below are of running
+            self.prefill_module(len(prompt))
+        width = self.table_pages(longest)
+        decode = self.decode_module(len(prompts), pages, width)
+        compile_seconds = time.perf_counter() - start
         seqs, tokens = [], []
         start = time.perf_counter()
         for prompt in prompts:
@@ -116,7 +140,6 @@ class Generator:
             seqs.append(seq)
             tokens.append([int(np.argmax(logits[-1]))])
         prefill = time.perf_counter() - start
-        decode = self.decode_module(len(prompts), pages)
         in_use: list[int] = []
         start = time.perf_counter()
         for _ in range(max_new_tokens - 1):
@@ -124,7 +147,7 @@ class Generator:
             feeds = [
                 np.array([t[-1] for t in tokens], np.int64),
                 lengths.astype(np.int64),  # the new token's position: the tokens before it
-                cache.block_table(seqs),
+                cache.block_table(seqs, width),
                 lengths,
             ]
             for layer in range(layers):
@@ -135,7 +158,9 @@ class Generator:
                 cache.append(seq, keys[row], values[row])
                 tokens[row].append(int(np.argmax(logits[row])))
             in_use.append(cache.pages_in_use)
-        return GenerateResult(tokens, prefill, time.perf_counter() - start, in_use)
+        return GenerateResult(
+            tokens, prefill, time.perf_counter() - start, in_use, compile_seconds
+        )
 
     def _check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
         vocab = self.size["vocab"]

@@ -1,0 +1,33 @@
+"""`hexir generate`: the token ids of each prompt, as `hexir.generate` makes them, and clear
+errors for bad prompts."""
+
+import pytest
+
+from hexir.cli import main
+from hexir.serve.generate import Generator
+
+SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--vocab", "100", "--page-size", "4"]
+
+
+def test_generate_prints_each_prompts_new_ids_and_the_rates(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no tuning database here
+    argv = ["generate", "gpt2-small", "--prompt-ids", "5,7,9", "--prompt-ids", "61"]
+    assert main([*argv, "--max-new-tokens", "6", "--batch", "2", *SMALL]) == 0
+    out = capsys.readouterr().out.splitlines()
+    want = Generator(layers=2, hidden=32, heads=2, vocab=100, page_size=4).generate(
+        [[5, 7, 9], [5, 7, 9], [61], [61]], 6
+    )
+    for i, (line, tokens) in enumerate(zip(out[:4], want.tokens, strict=True)):
+        assert line.startswith(f"prompt {i} ") and line.endswith(",".join(map(str, tokens)))
+    assert "decode" in out[4] and "tokens/s (4 sequences)" in out[4]
+    assert "KV cache pages in use (4 tokens a page)" in out[4]
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [("5,x", "not a comma-separated list"), ("5,100", "outside the vocabulary"), (",", "at least")],
+)
+def test_bad_prompt_ids_are_one_line_errors(ids, message, capsys):
+    assert main(["generate", "gpt2-small", "--prompt-ids", ids, *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hexir: error: ") and message in err and len(err.splitlines()) == 1
