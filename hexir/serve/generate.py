@@ -158,9 +158,7 @@ class Generator:
                 cache.append(seq, keys[row], values[row])
                 tokens[row].append(int(np.argmax(logits[row])))
             in_use.append(cache.pages_in_use)
-        return GenerateResult(
-            tokens, prefill, time.perf_counter() - start, in_use, compile_seconds
-        )
+        return GenerateResult(tokens, prefill, time.perf_counter() - start, in_use, compile_seconds)
 
     def _check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
         vocab = self.size["vocab"]
