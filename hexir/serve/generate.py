@@ -4,10 +4,12 @@
     result.tokens           # the new token ids of each prompt
     result.prefill_seconds, result.decode_seconds, result.pages_in_use
 
-Each prompt is prefilled on its own by the zoo's `gpt2_small` at its length (a module per
-prompt length, compiled on first use), whose presents fill that sequence's pages; its last
-logits give its first new token. Then every sequence decodes together, one token each per
-step, through one `gpt2_small_paged_decode` module for the batch: each layer's
+Each prompt is prefilled on its own by the zoo's `gpt2_small` at a bucket of lengths (the
+next power of two up to 128 tokens, then the next multiple of 128: a module per bucket,
+compiled on first use), the prompt padded after its end: attention is causal, so the
+prompt's own rows do not see the padding. Its presents fill that sequence's pages, and the
+logits of its last token give its first new token. Then every sequence decodes together, one
+token each per step, through one `gpt2_small_paged_decode` module for the batch: each layer's
 `paged_attention` reads each sequence's cached keys and values through its row of the block
 table, plus the token's own, and the step's new keys and values are appended to the cache
 after it. That module serves every cache length of its bucket (a block table of a multiple
@@ -89,7 +91,13 @@ class Generator:
 
         return compile(graph, self.target, self.database)  # type: ignore[arg-type]
 
+    def prefill_length(self, tokens: int) -> int:
+        """The length of the prefill module that runs a prompt of `tokens` tokens."""
+        bucket = 1 << (tokens - 1).bit_length() if tokens <= 128 else -(-tokens // 128) * 128
+        return min(bucket, self.max_tokens)
+
     def prefill_module(self, length: int):
+        """The prefill module of a bucket's length (`prefill_length`)."""
         if length not in self._prefill:
             self._prefill[length] = self._compile(gpt2_small(seq=length, **self.size))
         return self._prefill[length]
@@ -127,18 +135,22 @@ class Generator:
         )  # fmt: skip
         start = time.perf_counter()
         for prompt in prompts:  # compiled first, so that the times below are of running
-            self.prefill_module(len(prompt))
+            self.prefill_module(self.prefill_length(len(prompt)))
         width = self.table_pages(longest)
         decode = self.decode_module(len(prompts), pages, width)
         compile_seconds = time.perf_counter() - start
         seqs, tokens = [], []
         start = time.perf_counter()
         for prompt in prompts:
-            logits, *presents = self.prefill_module(len(prompt)).run([np.array(prompt)])
+            n, length = len(prompt), self.prefill_length(len(prompt))
+            padded = np.zeros(length, np.int64)
+            padded[:n] = prompt
+            logits, *presents = self.prefill_module(length).run([padded])
             seq = cache.add()
-            cache.extend(seq, np.stack(presents[0::2]), np.stack(presents[1::2]))
+            keys, values = np.stack(presents[0::2]), np.stack(presents[1::2])
+            cache.extend(seq, keys[:, :, :n], values[:, :, :n])
             seqs.append(seq)
-            tokens.append([int(np.argmax(logits[-1]))])
+            tokens.append([int(np.argmax(logits[n - 1]))])
         prefill = time.perf_counter() - start
         in_use: list[int] = []
         start = time.perf_counter()

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+import hexir
 from hexir.errors import HexirError
 from hexir.frontend.zoo_transformer import gpt2_small
 from hexir.serve.generate import Generator
@@ -85,3 +86,13 @@ def test_bad_prompts_are_refused_with_the_reason(generator):
         generator.generate([[]], 4)
     with pytest.raises(HexirError, match="past the 96 positions"):
         generator.generate([[1] * 90], 8)
+
+
+def test_the_prefill_plans_no_buffer_of_sequence_by_sequence():
+    seq = 1024  # where the CPU makes attention one op (hexir/graph/attention.py: MIN_KEYS)
+    module = hexir.compile(gpt2_small(seq=seq, **SIZE))
+    assert any("attention" in report.ops for report in module.report)  # one attention kernel
+    planned = [name for name, _ in module.plan.placements]
+    assert planned  # the intermediates are planned, and none is [.., seq, .., seq, ..]
+    square = [n for n in planned if list(module.value_type(n).shape).count(seq) >= 2]
+    assert square == []
