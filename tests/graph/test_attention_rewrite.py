@@ -2,7 +2,7 @@
 what it matches (the zoo's GPT-2 and BERT, a scale by mul or div, a causal -1e9 mask as
 `causal`, another mask as the bias operand), what it leaves (a shared intermediate, another
 softmax axis, fewer keys than MIN_KEYS or queries than MIN_QUERIES, the knob off, a GPU
-target), results equal to the
+target), causal attention as blocks of queries over the keys they see, results equal to the
 parts' on fresh inputs, and a compiled long GPT-2 block whose memory plan holds no
 sequence x sequence buffer."""
 
@@ -14,10 +14,11 @@ import pytest
 import hexir
 from hexir import knobs
 from hexir.frontend.zoo import bert, gpt2
-from hexir.graph.attention import MIN_KEYS, MIN_QUERIES, fuse_attention
+from hexir.graph.attention import MIN_KEYS, MIN_QUERIES, causal_block, fuse_attention
 from hexir.graph.evaluate import evaluate
 from hexir.graph.fusion import compiled_graph
 from hexir.graph.rewrite import simplify_graph
+from hexir.ops.attention import causal_mask
 from hexir.ops.builder import GraphBuilder
 from hexir.runtime.target import Target
 
@@ -101,11 +102,34 @@ def test_what_is_not_attention_stays_as_it_is():
         assert fuse_attention(long, CPU) is long
 
 
+@pytest.mark.parametrize("queries, keys", [(128, 128), (200, 200), (300, 300), (130, 170)])
+def test_causal_attention_runs_as_blocks_of_queries_over_the_keys_they_see(rng, queries, keys):
+    b = GraphBuilder("causal")
+    q, kt = b.input("q", (2, queries, 8)), b.input("kt", (2, 8, keys))
+    v = b.input("v", (2, keys, 8))
+    mask = np.where(causal_mask(queries, keys), 0, -1e9).astype(np.float32)
+    logits = b.add(b.mul(b.batch_matmul(q, kt), b.constant(np.float32(0.35))), b.constant(mask))
+    graph = b.build([b.batch_matmul(b.softmax(logits, axis=2), v)])
+    rewritten = fuse_attention(graph, CPU)  # no MIN_KEYS: blocks beat the parts at any length
+    block = causal_block(queries)
+    ops = attention_ops(rewritten)
+    assert len(ops) == -(-queries // block) and all(op.attr("causal") for op in ops)
+    # block i reads the keys its last query sees, up to (i + 1) * block + keys - queries
+    assert [op.operands[1].type.shape[2] for op in ops] == [
+        min(keys, (i + 1) * block + keys - queries) for i in range(len(ops))
+    ]
+    same_values(graph, rewritten, rng)
+    xs = inputs(graph, rng)
+    np.testing.assert_allclose(
+        hexir.compile(graph).run(xs)[0], evaluate(graph, xs)[0], rtol=1e-4, atol=1e-5
+    )
+
+
 def test_a_long_gpt2_block_plans_no_sequence_by_sequence_buffer(rng):
     seq, heads = MIN_KEYS, 2
     graph = gpt2(seq=seq, hidden=32, heads=heads)
     square = heads * seq * seq * 4
-    assert len(attention_ops(compiled_graph(graph, "cpu"))) == 1
+    assert len(attention_ops(compiled_graph(graph, "cpu"))) == seq // causal_block(seq)
     module = hexir.compile(graph, "cpu")
     assert max(p.nbytes for _, p in module.plan.placements) < square
     with knobs.scope(fuse_attention=False):
