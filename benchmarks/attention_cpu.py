@@ -11,9 +11,9 @@ parts, in one run.
 Per length L: 12 heads, L queries against L keys, 64 wide, causal (GPT-2's -1e9 mask above
 the diagonal), fresh random inputs. Times are medians over `--rounds` rounds that alternate
 the four, each a median of repeats for about a second; "scores MB" is what the three-kernel
-form writes for the scores and the probabilities (the one kernel and the blocks write none). Outputs are
-checked against each other. numpy's matmul 1024^3 is printed first and last: quote a run
-only when both are at the machine's quiet level.
+form writes for the scores and the probabilities (the one kernel and the blocks write
+none). Outputs are checked against each other. numpy's matmul 1024^3 is printed first and
+last: quote a run only when both are at the machine's quiet level.
 """
 
 from __future__ import annotations
