@@ -61,12 +61,13 @@ GPU_THREADS = 128
 
 def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
     """A simple schedule of `func` for `target` (see the module docstring)."""
-    from hexir.schedule.handwritten_attention import attention_schedule
+    from hexir.schedule.handwritten_attention import attention_schedule, paged_attention_schedule
 
     target = Target.of(target)
     if target.kind == "cpu":
         return (
             attention_schedule(func, target)
+            or paged_attention_schedule(func, target)
             or _cpu_dots(func, target)
             or _cpu_tiled(func, target)
             or _cpu_rows(func, target)

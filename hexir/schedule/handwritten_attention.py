@@ -110,3 +110,49 @@ def _register_tiles(sch: Schedule, name: str, panel_first: bool) -> None:
         tile_rows, tile_cols = sch.get_loops(stage)[-2:]
         sch.unroll(tile_rows)
         sch.vectorize(tile_cols)
+
+
+# The stages of a paged_attention kernel (hexir/ops/attention.py), last first; the current
+# token's (new_score, max_new, new_exp) where it has one.
+PAGED_STAGES = ("values", "sum", "exp", "new_exp", "max_new", "new_score", "max", "scores")
+
+
+def paged_attention_schedule(func: PrimFunc, target: Target) -> Schedule | None:
+    """A paged_attention kernel's CPU schedule: one job per (sequence, head), all in
+    parallel, every stage computed in it over the sequence's table row: each score a dot
+    product in vector lanes along head_dim (a key's row is contiguous in its page), the exps
+    vectorized along a page's slots (the row max and sum stay plain loops: a few thousand
+    elements at most), and the values
+    accumulated in vectors along head_dim, slot by slot (a value's row is contiguous too).
+    None for another kernel or where a primitive refuses."""
+    names = [b.name for b in all_blocks(func.body)]
+    if not {"paged_scores", "paged_values", "paged_out"} <= set(names):
+        return None
+    sch = Schedule(func, target=target)
+    try:
+        _paged(sch, [s for s in PAGED_STAGES if f"paged_{s}" in names], target)
+    except ScheduleError:
+        return None
+    return sch
+
+
+def _paged(sch: Schedule, stages: list[str], target: Target) -> None:
+    from hexir.runtime.default_schedule import reduce_in_lanes
+
+    lanes = target.vector_width
+    batch, heads, _ = sch.get_loops(sch.get_block("paged_out"))
+    job = sch.fuse(batch, heads)
+    sch.parallel(job)
+    for stage in stages:
+        sch.compute_at(sch.get_block(f"paged_{stage}"), job)
+    # values: the slots outside, head_dim inside in vectors
+    width, pages, slots = sch.get_loops(sch.get_block("paged_values"))[-3:]
+    sch.reorder(pages, slots, width)
+    init = sch.decompose_reduction(sch.get_block("paged_values"), pages)
+    sch.vectorize(width)
+    sch.vectorize(sch.get_loops(init)[-1])
+    for name in ("paged_scores", "paged_new_score"):
+        if name.removeprefix("paged_") in stages:
+            attempt(lambda name=name: reduce_in_lanes(sch, name, lanes))
+    for name in ("paged_exp", "paged_out"):
+        attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
