@@ -148,7 +148,8 @@ def workload(name: str, dtype: str = "float32", **shape: object) -> PrimFunc:
     Any op of docs/ops.md also lowers alone, given its operand shapes: `shape=(4, 8)` for one
     operand, `shapes=[(4, 8), (8,)]` for several; other keywords are the op's attributes
     (`attrs={...}` for one named like a keyword here, e.g. cast's `dtype`). Operands take
-    `dtype` (where's condition is bool, gathers' and scatters' indices int64); params are
+    `dtype` (where's condition is bool, gathers' and scatters' indices int64, paged_attention's
+    table and lengths int32); params are
     `in0, in1, ..., out0`. `shape`/`shapes` select this form for the names above too.
     """
     try:
@@ -189,11 +190,14 @@ def _check_keywords(name: str, builder: Callable[..., PrimFunc], given: Mapping)
 
 def _operand_dtype(kind: str, n: int, dtype: str) -> str:
     """`dtype`, but where's condition is bool, the indices of the runtime-index ops
-    (`hexir.ops.indexing`, operand 1) int64 and matmul_int4's packed weight uint8."""
+    (`hexir.ops.indexing`, operand 1) int64, matmul_int4's packed weight uint8 and
+    paged_attention's block table and lengths int32."""
     if kind == "where" and n == 0:
         return "bool"
     if kind == "matmul_int4" and n == 1:
         return "uint8"
+    if kind == "paged_attention" and n in (3, 4):  # the block table and the lengths
+        return "int32"
     return "int64" if n == 1 and op_def(kind) in indexing.OPS else dtype
 
 

@@ -331,7 +331,7 @@ PAGED_ATTENTION = OpDef(
     ("q", "k_pages", "v_pages", "block_table", "lengths", "k_new", "v_new"),
     ("scale",),
     infer=_paged_infer,
-    fusion=Pattern.OPAQUE,
+    fusion=Pattern.REDUCTION,
     evaluate=_paged_evaluate,
     lower=_paged_lower,
     export=_paged_export,

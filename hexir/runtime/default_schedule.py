@@ -194,13 +194,23 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
             sch.compute_at(sch.get_block(name), outer)
     except ScheduleError:
         return None
-    for name in names:
+    lanes = target.vector_width
+    for n, name in enumerate(names):
         _, kinds, _ = _loops(sch, name)
-        if kinds[-1] == "reduce":
-            attempt(functools.partial(reduce_in_lanes, sch, name, target.vector_width))
+        if kinds[-1] != "reduce":
+            attempt(functools.partial(_vectorize_last, sch, name))
+            continue
+        merged = sch.copy()  # the partial sums in the loop of the stage they sum, or as before
+        after = names[n - 1] if n else None
+        if after and attempt(functools.partial(reduce_in_lanes, merged, name, lanes, after)):
+            sch = merged
         else:
-            attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
+            attempt(functools.partial(reduce_in_lanes, sch, name, lanes))
     return sch
+
+
+def _vectorize_last(sch: Schedule, name: str) -> None:
+    sch.vectorize(sch.get_loops(sch.get_block(name))[-1])
 
 
 # Rows of at least this many bytes (of the widest input read along them) have the next row
@@ -226,22 +236,32 @@ def _row_bytes(sch: Schedule, names: list[str]) -> int:
 CHAINS = 4
 
 
-def reduce_in_lanes(sch: Schedule, name: str, lanes: int) -> None:
+def reduce_in_lanes(sch: Schedule, name: str, lanes: int, after: str | None = None) -> None:
     """The block's innermost reduction loop split by the vector lanes, the inner part
     rfactored into vectors of partial results, which a vectorized reduction loop then
     combines in a tree (vector by vector, then the lanes by halves). A row of at least 4 x
     CHAINS vectors keeps CHAINS vectors of partials, added in turn, so that CHAINS additions
     are in flight rather than one chain the length of the row. An extent the lanes do not
     divide (ViT's rows of 197) leaves a guarded last step, which the C backend's loop
-    partitioning runs after the vectorized ones."""
+    partitioning runs after the vectorized ones.
+
+    `after`: the vectorized stage right before, whose loop runs along the row this one
+    reduces (softmax's exp before its sum): its loop split as the reduction's is, and the
+    partial sums of each stretch accumulated in the same iteration (`merge`), as the stretch
+    is computed, not in a pass of their own."""
     inner = sch.get_loops(sch.get_block(name))[-1]
     extent = loop_extent(sch, inner)
     if extent < 2 * lanes:
         raise ScheduleError(f"a reduction of {extent} does not fill the lanes", "reduce_in_lanes")
     chains = CHAINS if extent >= 4 * CHAINS * lanes else 1
-    _, lane = sch.split(inner, [None, chains * lanes])
+    step, lane = sch.split(inner, [None, chains * lanes])
     partial = sch.rfactor(lane, -1)
     loops, kinds, _ = _loops(sch, sch.get(partial).name)  # type: ignore[union-attr]
+    if after is not None:
+        stretch, vector = sch.split(sch.get_loops(sch.get_block(after))[-1], [None, chains * lanes])
+        sch.merge(stretch, loops[-2])
+        sch.vectorize(vector)
+        loops, kinds, _ = _loops(sch, sch.get(partial).name)  # type: ignore[union-attr]
     sch.vectorize(loops[-1])
     # zeroed once before the reduction's loops (not where a ragged row's guard refuses it)
     first = kinds.index("reduce") if "reduce" in kinds else len(loops) - 2

@@ -128,9 +128,13 @@ def paged_attention_schedule(func: PrimFunc, target: Target) -> Schedule | None:
     names = [b.name for b in all_blocks(func.body)]
     if not {"paged_scores", "paged_values", "paged_out"} <= set(names):
         return None
+    stages = [s for s in PAGED_STAGES if f"paged_{s}" in names]
     sch = Schedule(func, target=target)
     try:
-        _paged(sch, [s for s in PAGED_STAGES if f"paged_{s}" in names], target)
+        for name in names:  # elementwise producers fused into the kernel: into their readers
+            if name.removeprefix("paged_") not in (*stages, "out"):
+                sch.compute_inline(sch.get_block(name))
+        _paged(sch, stages, target)
     except ScheduleError:
         return None
     return sch

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 from hexir.ir import arith
@@ -28,6 +28,7 @@ from hexir.ir.tir import (
     Var,
     seq,
 )
+from hexir.ir.visit import substitute as subst
 from hexir.ir.visit import walk
 from hexir.schedule.common import (
     find_path,
@@ -40,6 +41,7 @@ from hexir.schedule.common import (
     substitute_simplify,
     taken_names,
 )
+from hexir.schedule.compute_region import Span, access_span
 from hexir.schedule.state import ScheduleBase, primitive
 from hexir.schedule.trace import ExprRV, LoopRV
 
@@ -78,6 +80,27 @@ class LoopPrimitives(ScheduleBase):
         func, var = fuse_loops(self.func, nodes)
         (out,) = self._commit("fuse", (("*loops", list(loops)),), (), func, [(LoopRV, var)])
         return out  # type: ignore[return-value]
+
+    @primitive
+    def merge(self, first: LoopRV, second: LoopRV) -> None:
+        """Run loop `second`'s body inside loop `first`, after `first`'s body (Halide's
+        compute_with): two loops of one extent, `second` right after `first`.
+
+            for %i in 0..16 serial {               for %i in 0..16 serial {
+              block @exp(vi = spatial(1024)          block @exp(...)
+                     %i * 64 + %j) ...        ->     block @sum_rf(..., vk = reduce(16) %i)
+            }                                      }
+            for %k in 0..16 serial {
+              block @sum_rf(..., vk = reduce(16) %k)
+            }
+
+        Legal where, of what `first` writes, `second` reads at an iteration only what `first`
+        wrote at that same iteration (and never writes again), `first` reads nothing
+        `second` writes, and they write no buffer in common; `second`'s loop goes away.
+        """
+        a, b = self._loop(first, "merge"), self._loop(second, "merge")
+        func = merge_loops(self.func, a, b)
+        self._commit("merge", (("first", first), ("second", second)), (), func)
 
     @primitive
     def reorder(self, *loops: LoopRV) -> None:
@@ -206,6 +229,100 @@ def _check_distinct(primitive: str, func: PrimFunc, loops: Sequence[For]) -> Non
                 primitive, f"loop %{loop.var.name} given twice", func, loop=loop.var
             )
         seen.add(loop.var)
+
+
+# ---------------------------------------------------------------------------------------------
+# merge
+
+
+def merge_loops(func: PrimFunc, first: For, second: For) -> PrimFunc:
+    """`func` with loop `second`'s body run in loop `first` after its own (`merge`)."""
+
+    def fail(reason: str) -> Exception:
+        return schedule_error("merge", reason, func, loop=second.var)
+
+    path = find_path(func.body, is_loop(first.var))
+    parent = path[-2] if path is not None and len(path) > 1 else None
+    stmts = list(parent.stmts) if isinstance(parent, Seq) else []
+    at = next((n for n, s in enumerate(stmts) if s is first), -1)
+    if at < 0 or at + 1 >= len(stmts) or stmts[at + 1] is not second:
+        raise fail(f"loop %{second.var.name} does not come right after loop %{first.var.name}")
+    if first.extent != second.extent:
+        raise fail(f"extents {first.extent} and {second.extent} differ")
+    ranges = loop_ranges(func)
+    body = substitute_simplify(second.body, {second.var: first.var}, ranges)
+    _check_merge(first, body, ranges, fail)
+    merged = replace(first, body=seq(first.body, body))
+    new_parent = Seq((*stmts[:at], merged, *stmts[at + 2 :]))
+    return replace_body(func, lambda s: s is parent, lambda _: new_parent)
+
+
+def _check_merge(first: For, body: Stmt, ranges: dict, fail: Callable[[str], Exception]) -> None:
+    """The dependences `merge` keeps: see its docstring."""
+    writes_a, reads_a = _accesses(first.body, store=True), _accesses(first.body, store=False)
+    writes_b, reads_b = _accesses(body, store=True), _accesses(body, store=False)
+    for buffer in writes_a.keys() & writes_b.keys():
+        raise fail(f"both loops write %{buffer.name}")
+    for buffer in reads_a.keys() & writes_b.keys():
+        raise fail(f"the first loop reads %{buffer.name}, which the second writes")
+    inner_a, inner_b = _inner_extents(first.body), _inner_extents(body)
+    for buffer in writes_a.keys() & reads_b.keys():
+        written = [_spans(i, inner_a, ranges) for i in writes_a[buffer]]
+        if not all(w is not None and _own_iteration(w, first.var) for w in written):
+            raise fail(f"the first loop may write an element of %{buffer.name} twice")
+        for index in reads_b[buffer]:
+            read = _spans(index, inner_b, ranges)
+            if read is None or not any(_within(read, w, ranges) for w in written):  # type: ignore[arg-type]
+                raise fail(
+                    f"the second loop reads %{buffer.name} beyond what the first writes at the "
+                    "same iteration"
+                )
+
+
+def _accesses(stmt: Stmt, store: bool) -> dict:
+    """Each buffer stored (or loaded) under `stmt` -> its index tuples in the loop vars."""
+    found: dict = {}
+    for node in walk(stmt):
+        if not isinstance(node, Block):
+            continue
+        env = {iv.var: iv.binding for iv in node.iter_vars}
+        parts = [p for p in (node.init, node.body) if p is not None]
+        kind = BufferStore if store else BufferLoad
+        for part in parts:
+            for access in walk(part):
+                if isinstance(access, kind):
+                    index = tuple(subst(i, env) for i in access.indices)
+                    found.setdefault(access.buffer, []).append(index)
+    return found
+
+
+def _inner_extents(stmt: Stmt) -> dict[Var, int]:
+    return {n.var: n.extent for n in walk(stmt) if isinstance(n, For)}
+
+
+def _spans(index: tuple[Expr, ...], inner: dict, ranges: dict) -> list[Span] | None:
+    spans = [access_span(i, inner, ranges) for i in index]
+    return None if any(s is None for s in spans) else spans  # type: ignore[return-value]
+
+
+def _own_iteration(spans: list[Span], var: Var) -> bool:
+    """Whether the elements written at one iteration of `var` are written at no other: on
+    some axis the start moves by at least the extent per iteration."""
+    for span in spans:
+        coeffs = arith.affine_coefficients(span.start, [var])
+        if coeffs is not None and abs(coeffs[var]) >= span.extent:
+            return True
+    return False
+
+
+def _within(read: list[Span], written: list[Span], ranges: dict) -> bool:
+    for r, w in zip(read, written, strict=True):
+        offset = arith.simplify(Binary("-", r.start, w.start), ranges)
+        if not isinstance(offset, IntImm) or offset.value < 0:
+            return False
+        if offset.value + r.extent > w.extent:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -285,6 +285,10 @@ CASES = [
     ("softmax", "float32", [(3, 5)], {}, "normal"),
     ("attention", "float32", [(2, 3, 4), (2, 4, 5), (2, 5, 6)], {}, "normal"),
     ("attention", "float32", [(2, 3, 4), (2, 4, 5), (2, 5, 6), (1, 5)], {"causal": True}, "normal"),
+    ("paged_attention", "float32", [(2, 3, 4), (5, 3, 2, 4), (5, 3, 2, 4), (2, 3), (2,)], {},
+     "paged"),
+    ("paged_attention", "float32",
+     [(2, 3, 4), (5, 3, 2, 4), (5, 3, 2, 6), (2, 3), (2,), (2, 3, 4), (2, 3, 6)], {}, "paged"),
     ("softmax", "float32", [(2, 3, 4)], {"axis": 1}, "normal"),
     ("softmax", "float32", [(2, 3, 4)], {"axis": 0}, "normal"),
     ("log_softmax", "float32", [(3, 5)], {}, "normal"),
@@ -392,9 +396,14 @@ def case_func(case) -> PrimFunc:
 
 def random_inputs(func: PrimFunc, how: str, rng: np.random.Generator) -> list[np.ndarray]:
     arrays = []
-    for p in func.inputs:
+    for n, p in enumerate(func.inputs):
         a: np.ndarray
-        if p.dtype == "bool":
+        if how == "paged" and n == 3:  # a block table: pages of the pool
+            a = rng.integers(0, func.inputs[1].shape[0], p.shape)
+        elif how == "paged" and n == 4:  # lengths: tokens of the table's pages (0: a new one)
+            pages, slots = func.inputs[3].shape[1], func.inputs[1].shape[2]
+            a = rng.integers(0 if len(func.inputs) > 5 else 1, pages * slots + 1, p.shape)
+        elif p.dtype == "bool":
             a = rng.random(p.shape) < 0.5
         elif p.dtype == "uint8" and how != "grid":  # every byte: matmul_int4's two int4s
             a = rng.integers(0, 256, p.shape)
