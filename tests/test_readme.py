@@ -13,6 +13,7 @@ PRINTS = {
     "using-it": "hextir.func @matmul",
     "tuning-from-python": "fused_matmul",  # a task of the mlp is named after its ops
     "schedules-are-data": 'sch.get_block(name="matmul")',
+    "symbolic-dimensions-and-text-generation": "SymbolicModule @block",
 }
 
 
