@@ -253,7 +253,7 @@ def merge_loops(func: PrimFunc, first: For, second: For) -> PrimFunc:
     body = substitute_simplify(second.body, {second.var: first.var}, ranges)
     _check_merge(first, body, ranges, fail)
     merged = replace(first, body=seq(first.body, body))
-    new_parent = Seq((*stmts[:at], merged, *stmts[at + 2 :]))
+    new_parent = seq(*stmts[:at], merged, *stmts[at + 2 :])
     return replace_body(func, lambda s: s is parent, lambda _: new_parent)
 
 
