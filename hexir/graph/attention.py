@@ -15,10 +15,11 @@ query rows and never writes all of them. Against the parts' kernels with GPT-2's
 (`python benchmarks/attention_cpu.py`, 12 heads, causal): 1.36x at 1024 keys, 1.28x at 2048
 (403 MB of scores and probabilities not written), 0.94-0.97x at 256 and 512; so attention of
 fewer than MIN_KEYS keys keeps its parts, and so does a decode step's (fewer than MIN_QUERIES
-queries: their scores are a row a head). Causal attention of at least 128 queries is made of
-one attention op per block of queries instead (`causal_block`), each reading only the keys
-its queries see, and the blocks' results concatenated: faster than the parts at every length
-measured, 1.1x at 128 queries to 1.9x at 1024. The `fuse_attention` knob
+queries: their scores are a row a head). Causal attention is one op from 32 queries whatever
+its keys (as fast as the parts there), and from 128 queries one attention op per block of
+queries (`causal_block`), each reading only the keys its queries see, the blocks' results
+concatenated: faster than the parts at every length measured, 1.1x at 128 queries to 1.9x at
+1024. The `fuse_attention` knob
 (HEXIR_FUSE_ATTENTION=0) turns the rewrite off.
 """
 
@@ -47,6 +48,10 @@ HIDDEN = -1e9  # a mask entry at or below this hides its key (exp(HIDDEN - max) 
 # the parts at 128 queries, 0.68 against 0.84 at 256, 2.47 against 3.41 at 512, 9.3 against
 # 18.0 at 1024: the hidden half of the keys is never read).
 SMALL_BLOCK, LARGE_BLOCK = 64, 128
+# Causal attention of fewer queries than two blocks is one attention op from this many queries
+# (0.016 against 0.018 ms for the parts at 32, 0.056 against 0.054 at 64, 0.119 against 0.118
+# at 96): no buffer of queries x keys. Below it the parts are faster (16: 0.01 ms).
+CAUSAL_MIN_QUERIES = 32
 
 
 def causal_block(queries: int) -> int | None:
@@ -103,8 +108,10 @@ def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> list
         return None
     q, kt = op.operands
     queries, keys = q.type.shape[1], op.result.type.shape[2]
-    blocked = causal and causal_block(queries) is not None  # faster than the parts
-    if (keys < min_keys and not blocked) or queries < min_queries:
+    if causal:  # one op from CAUSAL_MIN_QUERIES queries, blocks of them from 128: never slower
+        if queries < min(min_queries, CAUSAL_MIN_QUERIES):
+            return None
+    elif keys < min_keys or queries < min_queries:
         return None
     if bias is not None and not broadcasts_to(bias.type.shape, op.result.type.shape):
         return None
@@ -115,7 +122,7 @@ def _attention(out: Op, p: RewritePass, min_keys: int, min_queries: int) -> list
         ops, kt = [turn], turn.result
     operands = [q, kt, v] if bias is None or causal else [q, kt, v, bias]
     attrs = {"scale": scale, "causal": causal}
-    if blocked:
+    if causal and causal_block(queries) is not None:
         return [*ops, *_causal_blocks(q, kt, v, scale, out, p)]
     return [*ops, make_op("attention", operands, attrs, out.result.name, out.placement)]
 

@@ -88,8 +88,8 @@ def test_bad_prompts_are_refused_with_the_reason(generator):
         generator.generate([[1] * 90], 8)
 
 
-def test_the_prefill_plans_no_buffer_of_sequence_by_sequence():
-    seq = 192  # causal: attention ops over blocks of queries (hexir/graph/attention.py)
+@pytest.mark.parametrize("seq", [48, 192])  # one attention op; ops over blocks of queries
+def test_the_prefill_plans_no_buffer_of_sequence_by_sequence(seq):
     module = hexir.compile(gpt2_small(seq=seq, **SIZE))
     assert any("attention" in report.ops for report in module.report)  # one attention kernel
     planned = [name for name, _ in module.plan.placements]
