@@ -96,11 +96,14 @@ class Kernel:
             self.reduce(name, acc, extents, lambda s, r: in_float32(fn(s, r), rounded=False))
             self.compute(f"{name}_round", out, lambda s: Cast(out.dtype, BufferLoad(acc, s)))
             return
+        init = const(0, out.dtype) if init is None else init
+        if 0 in extents:  # a reduction of no elements is its identity (its init never runs)
+            self.compute(name, out, lambda s: init)
+            return
         spatial = self._iter_vars("i", "spatial", out.shape)
         reduce = self._iter_vars("k", "reduce", extents)
         s = tuple(iv.var for iv in spatial)
         value = _checked(fn(s, tuple(iv.var for iv in reduce)), out, name)
-        init = const(0, out.dtype) if init is None else init
         body = BufferStore(out, s, Binary(combine, BufferLoad(out, s), value))
         # The accumulator's own read is implied by the write: reads list the operands only.
         reads = _regions(value)
