@@ -73,6 +73,8 @@ def _unsqueeze(ctx: Context) -> Sequence[Value]:
     given = int_list(given if given is not None else ctx.array(1, "axes"))
     ndim = len(x.type.shape) + len(given)
     axes = [normalized_axis(a, ndim) for a in given]
+    if len(set(axes)) != len(axes):
+        raise Unsupported(f"Unsqueeze axes {given} name an axis twice")
     rest = iter(x.type.shape)
     return [reshape(ctx, x, [1 if i in axes else next(rest) for i in range(ndim)])]
 

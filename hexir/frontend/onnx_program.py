@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 from hexir.errors import ModelError
 from hexir.frontend.onnx_import import import_onnx
@@ -27,9 +30,14 @@ from hexir.runtime.vm import If, Loop, Program, Run
 __all__ = ["import_program"]
 
 CONTROL = ("If", "Loop")
-# A stretch whose import needs an integer input's value (a Slice's starts, a Reshape's shape)
-# takes inputs of up to this many elements as constants, made per value at run time.
+# A stretch whose import needs an input's value (a Slice's starts, a Reshape's shape, a
+# Resize's scales) takes such inputs of up to this many elements as constants, the stretch
+# made per value at run time.
 BOUND_ELEMENTS = 64
+BOUND_ROUNDS = 8  # trial imports that look for more of them
+# The tensors a refusal names as needed constants: "input 1 (starts, 'begin') must be a
+# constant".
+_NEEDED = re.compile(r"\(\w+, '([^']+)'\) must be a constant")
 
 
 class _Binder:
@@ -141,17 +149,41 @@ class _Builder:
         try:
             return Run(import_onnx(model), tuple(inputs), tuple(outputs))
         except ModelError as refused:
-            bound = tuple(t for t in inputs if self._small_int(t))
-            if not bound or "must be a constant" not in str(refused):
+            bound = self._bound(model, inputs, str(refused))
+            if not bound:
                 raise
         return Run(None, tuple(inputs), tuple(outputs), bound, _Binder(model, bound))
 
-    def _small_int(self, name: str) -> bool:
-        """An integer input of at most BOUND_ELEMENTS elements: one whose value a stretch may
-        take as a constant, made per value."""
+    def _bound(self, model: Any, inputs: list[str], refusal: str) -> tuple[str, ...]:
+        """The small inputs whose values the stretch needs as constants: those its refusal
+        names, then those a trial import with them as zeros names next (a node's refusal
+        names its first such input only); () where it needs another's."""
+        from onnx import helper
+
+        bound: tuple[str, ...] = ()
+        for _ in range(BOUND_ROUNDS):
+            needed = [t for t in dict.fromkeys(_NEEDED.findall(refusal)) if t not in bound]
+            if not needed:
+                return bound
+            if not all(t in inputs and self._small(t) for t in needed):
+                return ()
+            bound += tuple(needed)
+            zeros = {}
+            for t in bound:
+                tensor = self.types[t].type.tensor_type
+                dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+                zeros[t] = np.zeros([d.dim_value for d in tensor.shape.dim], dtype)
+            try:
+                _Binder(model, bound)(zeros)
+                return bound
+            except ModelError as again:
+                refusal = str(again)
+        return bound  # the run-time import says what else it needs
+
+    def _small(self, name: str) -> bool:
+        """An input of at most BOUND_ELEMENTS elements: one whose value a stretch may take as
+        a constant, made per value."""
         tensor = self.types[name].type.tensor_type
-        if tensor.elem_type not in (6, 7):  # INT32, INT64
-            return False
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
         return None not in dims and math.prod(dims) <= BOUND_ELEMENTS  # type: ignore[arg-type]
 

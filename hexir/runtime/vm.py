@@ -8,8 +8,9 @@ module, between `If` and `Loop` steps that the program runs itself.
 A program's steps, run in order over an environment of named arrays (its inputs first):
 - `Run(graph, inputs, outputs)`: the graph's module on those values, its outputs bound to
   `outputs` (a graph with symbolic dimensions runs at its inputs' sizes: a SymbolicModule);
-  where its graph needs the values of some small integer inputs as constants (a Slice's
-  starts: `bound`), it is made and compiled for each distinct value of them as they come;
+  where its graph needs the values of some small inputs as constants (a Slice's starts, a
+  Resize's scales: `bound`), it is made and compiled for each distinct value of them as they
+  come;
 - `If(cond, then, else_, outputs)`: one of two programs, by a bool scalar; each reads what it
   needs of the environment by name and gives its outputs in order;
 - `Loop(trip_count, cond, carried, body, outputs)`: ONNX's loop: the body runs while the

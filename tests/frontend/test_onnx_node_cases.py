@@ -178,3 +178,42 @@ def test_cases_refused_for_a_runtime_shape_input_compute_the_same_with_it_consta
     assert not wrong, wrong
     passing = sum(o == "pass" for o in outcomes.values())
     assert passing >= CONSTANT_INPUTS_PASSING_AT_LEAST, f"{passing} of {len(outcomes)} pass"
+
+
+def program_outcome(case) -> str | None:
+    """None unless import_onnx refuses the case for an input that must be a constant; then
+    the outcome of `import_program` (hexir/frontend/onnx_program.py), which makes the graph
+    per value of such inputs as they come at run time, compiled for the CPU: 'pass',
+    'refused: ...' or 'wrong'."""
+    from hexir.frontend.onnx_program import import_program
+
+    first = outcome(case)
+    if not first.startswith("refused") or "must be a constant" not in first:
+        return None
+    inputs, expected = map(_arrays, case.data_sets[0])
+    try:
+        program = import_program(case.model)
+        got = program.compile("cpu").run(inputs[: len(program.inputs)])
+    except HexirError as e:
+        return f"refused: {(str(e).splitlines() or [''])[-1]}"
+    rtol, atol = case.rtol or 1e-3, case.atol or 1e-5
+    same = all(
+        g.shape == np.shape(w) and np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+        for g, w in zip(got, expected, strict=True)
+    )
+    return "pass" if same else "wrong"
+
+
+# Cases refused for an input fed at run time that run as programs, 2026-12-05: a floor.
+PROGRAM_PASSING_AT_LEAST = 261
+
+
+@pytest.mark.slow
+def test_cases_refused_for_a_runtime_input_run_as_programs_made_per_value():
+    """The same cases through `import_program`: the stretch that needs an input's value is
+    made and compiled per value at run time. Never wrong."""
+    outcomes = {c.name: o for c in supported_cases() if (o := program_outcome(c))}
+    wrong = [name for name, o in outcomes.items() if o == "wrong"]
+    assert not wrong, wrong
+    passing = sum(o == "pass" for o in outcomes.values())
+    assert passing >= PROGRAM_PASSING_AT_LEAST, f"{passing} of {len(outcomes)} pass"
