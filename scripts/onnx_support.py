@@ -28,7 +28,12 @@ from hexir.frontend.onnx_import import OPSETS, SUPPORTED
 
 # The node-case test's own functions: the document is the test's run.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "frontend"))
-from test_onnx_node_cases import constant_inputs_outcome, outcome, supported_cases  # noqa: E402
+from test_onnx_node_cases import (  # noqa: E402
+    constant_inputs_outcome,
+    outcome,
+    program_outcome,
+    supported_cases,
+)
 
 
 def reason(refusal: str) -> str:
@@ -62,6 +67,7 @@ def main() -> None:
             constant = constant_inputs_outcome(case) if kind == "refused" else None
             totals[kind] += 1
             totals["constant"] += constant == "pass"
+            totals["program"] += kind == "refused" and program_outcome(case) == "pass"
             ops = {n.op_type for n in case.model.graph.node}
             if len(ops) == 1:
                 (op,) = ops
@@ -91,7 +97,9 @@ Node cases whose op types are all supported: {cases}. They import and compute th
 outputs: {totals["pass"]}; refused with a reason: {totals["refused"]}; wrong: {totals["wrong"]}.
 Of the refused, {totals["constant"]} compute the expected outputs once the inputs Hexir needs
 as constants are initializers (axes, shapes, starts, pads, scales: the node cases feed them
-at run time, where exported models have constants). A refusal names its root cause (such an
+at run time, where exported models have constants); {totals["program"]} run as they are through
+`hexir.frontend.onnx_program.import_program`, which makes the graph per value of such
+inputs at run time (README, "Control flow"). A refusal names its root cause (such an
 input, a dtype, an attribute value); the per-op counts take the cases of one op type only,
 with the commonest refusals.
 
