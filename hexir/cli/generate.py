@@ -61,13 +61,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens, strict=True)):
         print(f"prompt {i} ({len(prompt)} tokens): {','.join(map(str, tokens))}")
     pages = result.pages_in_use[-1] if result.pages_in_use else 0
+    n = len(prompts)
     print(
         f"compile {result.compile_seconds:.1f} s; prefill {result.prefill_seconds * 1e3:.1f} ms "
-        f"({len(prompts)} prompts); decode {result.decode_tokens_per_second:.1f} tokens/s "
-        f"({len(prompts)} sequences); {pages} KV cache pages in use ({args.page_size} tokens "
-        "a page)"
+        f"({_count(n, 'prompt')}); decode {result.decode_tokens_per_second:.1f} tokens/s "
+        f"({_count(n, 'sequence')}); {pages} KV cache pages in use ({args.page_size} tokens a "
+        "page)"
     )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 def _ids(text: str) -> list[int]:

@@ -97,9 +97,12 @@ class Generator:
         return min(bucket, self.max_tokens)
 
     def prefill_module(self, length: int):
-        """The prefill module of a bucket's length (`prefill_length`)."""
+        """The prefill module of a bucket's length (`prefill_length`), run once when it is
+        made (its buffers allocated, its weights paged in: the first run's costs)."""
         if length not in self._prefill:
-            self._prefill[length] = self._compile(gpt2_small(seq=length, **self.size))
+            module = self._compile(gpt2_small(seq=length, **self.size))
+            module.run([np.zeros(length, np.int64)])
+            self._prefill[length] = module
         return self._prefill[length]
 
     def table_pages(self, tokens: int) -> int:
