@@ -28,6 +28,7 @@ import numpy as np
 
 from hexir.errors import HexirError
 from hexir.frontend.zoo_transformer import POSITIONS, gpt2_small, gpt2_small_paged_decode
+from hexir.ir.dtype import numpy_dtype
 from hexir.runtime.kv_cache import PAGE_SIZE, PagedKVCache
 from hexir.runtime.target import Target
 
@@ -122,7 +123,9 @@ class Generator:
                 batch=batch, pages=pages, page_size=self.page_size, max_pages=width,
                 **self.size,
             )  # fmt: skip
-            self._decode[key] = self._compile(graph)
+            module = self._compile(graph)
+            module.run([np.zeros(v.type.shape, numpy_dtype(v.type.dtype)) for v in graph.inputs])
+            self._decode[key] = module  # run once, as a prefill module is
         return self._decode[key]
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> GenerateResult:
@@ -131,7 +134,9 @@ class Generator:
         self._check(prompts, max_new_tokens)
         layers, heads = self.size["layers"], self.size["heads"]
         longest = max(len(p) for p in prompts) + max_new_tokens
-        pages = len(prompts) * -(-longest // self.page_size)
+        # a pool that holds every sequence at the most tokens: the decode module of a batch
+        # and a bucket then serves any lengths (pages are taken as tokens come)
+        pages = len(prompts) * self.max_pages
         cache = PagedKVCache(
             layers=layers, heads=heads, head_dim=self.size["hidden"] // heads, pages=pages,
             page_size=self.page_size, max_pages=self.max_pages,
