@@ -16,7 +16,8 @@ pages through a block table and nothing copied into presents. "paged" times that
 cache holding the same past (its logits are compared with the static module's: "paged
 err"), and its "x ORT" is ONNX Runtime's static step over that time. Last, a
 `hexir.generate` run of `--new` tokens after a prompt of the first `--prompts` length prints
-its decode rate and the KV cache pages in use as the tokens arrive.
+its decode rate and the KV cache pages in use as the tokens arrive, and how many of its token
+ids a float64 numpy GPT-2 with the same weights gives too (hexir/serve/reference.py).
 Times are medians over `--rounds` rounds that alternate the two; decode is also given as
 tokens per second; "planned MB" is the peak of Hexir's memory plan (intermediates; the
 weights are 500 MB more). Outputs are compared. numpy's matmul 1024^3 is printed first and
@@ -38,6 +39,7 @@ import hexir
 from hexir.frontend.zoo import gpt2_small, gpt2_small_decode
 from hexir.runtime.kv_cache import PagedKVCache
 from hexir.serve.generate import Generator
+from hexir.serve.reference import gpt2_weights, numpy_greedy
 
 
 def main() -> None:
@@ -132,6 +134,9 @@ def _generation(generator: Generator, prompt: int, new: int) -> None:
         f"{len(pages) // 2} and {len(pages)}: {pages[0]}, {pages[len(pages) // 2 - 1]}, "
         f"{pages[-1]}"
     )
+    want = numpy_greedy(ids, new, gpt2_weights(**generator.size), generator.size["heads"])
+    same = sum(a == b for a, b in zip(result.tokens[0], want, strict=True))
+    print(f"token ids equal to a float64 numpy GPT-2's (hexir/serve/reference.py): {same} of {new}")
 
 
 if __name__ == "__main__":

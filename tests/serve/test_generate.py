@@ -96,3 +96,11 @@ def test_the_prefill_plans_no_buffer_of_sequence_by_sequence(seq):
     assert planned  # the intermediates are planned, and none is [.., seq, .., seq, ..]
     square = [n for n in planned if list(module.value_type(n).shape).count(seq) >= 2]
     assert square == []
+
+
+def test_the_cached_numpy_reference_agrees_with_recomputing_everything():
+    from hexir.serve.reference import gpt2_weights, numpy_greedy
+
+    prompt = [int(t) for t in np.random.default_rng().integers(0, 100, 7)]
+    cached = numpy_greedy(prompt, 24, gpt2_weights(**SIZE), heads=SIZE["heads"])
+    assert cached == _numpy_greedy(prompt, 24, _weights(31))
