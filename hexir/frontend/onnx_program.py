@@ -75,6 +75,25 @@ def import_program(model: str | os.PathLike[str] | Any, *, name: str | None = No
     return Program(inputs, steps, tuple(o.name for o in graph.output), name or graph.name)
 
 
+def _sources(nodes: Sequence[Any], names: Iterable[str], inputs: Sequence[str]) -> list[str]:
+    """The stretch inputs that tensors `names` are computed from (themselves where they are
+    inputs), through the nodes that make them (a Slice's starts from Unsqueeze(iteration))."""
+    producer = {t: node for node in nodes for t in node.output if t}
+    found: list[str] = []
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in inputs:
+            found.append(name)
+        elif name in producer:
+            todo += [t for t in producer[name].input if t]
+    return list(dict.fromkeys(found))
+
+
 class _Builder:
     def __init__(self, proto: Any):
         self.proto = proto
@@ -156,16 +175,17 @@ class _Builder:
 
     def _bound(self, model: Any, inputs: list[str], refusal: str) -> tuple[str, ...]:
         """The small inputs whose values the stretch needs as constants: those its refusal
-        names, then those a trial import with them as zeros names next (a node's refusal
-        names its first such input only); () where it needs another's."""
+        names or computes them from, then those a trial import with them as zeros names next
+        (a node's refusal names its first such input only); () where it needs a big one's."""
         from onnx import helper
 
         bound: tuple[str, ...] = ()
         for _ in range(BOUND_ROUNDS):
-            needed = [t for t in dict.fromkeys(_NEEDED.findall(refusal)) if t not in bound]
+            named = dict.fromkeys(_NEEDED.findall(refusal))
+            needed = [t for t in _sources(model.graph.node, named, inputs) if t not in bound]
             if not needed:
                 return bound
-            if not all(t in inputs and self._small(t) for t in needed):
+            if not all(self._small(t) for t in needed):
                 return ()
             bound += tuple(needed)
             zeros = {}
