@@ -27,12 +27,24 @@ last: quote a run only when both are at the machine's quiet level.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from models_cpu import THREADS, inputs_of, ms, onnxruntime_run, ratio, relative_error, time_module
+from models_cpu import (
+    THREADS,
+    inputs_of,
+    ms,
+    onnxruntime_info,
+    ratio,
+    relative_error,
+    save_feed,
+    time_module,
+)
 from quiet import numpy_matmul_line
 
 import hexir
@@ -80,6 +92,17 @@ def main() -> None:
                 f" {ms(paged):>9} {ratio(theirs, paged):>6} {1 / paged:>7.1f} {paged_error:>10.1e}"
             )
         print(line)
+    print(
+        "\nmemory (MiB, each in a process of its own): resident after the runs / peak; ONNX "
+        "Runtime's static decode step, Hexir's paged one"
+    )
+    for length in map(int, args.caches.split(",")):
+        ort = MEMORY.get(("gpt2-small-decode", length), {})
+        ours = _hexir_memory(length)
+        print(
+            f"decode {length:>6}: onnxruntime {ort.get('VmRSS', 0):.0f} / "
+            f"{ort.get('VmHWM', 0):.0f}, hexir paged {ours['VmRSS']:.0f} / {ours['VmHWM']:.0f}"
+        )
     _generation(generator, int(args.prompts.split(",")[0]), args.new)
     print(numpy_matmul_line())
 
@@ -90,20 +113,48 @@ def _row(graph: hexir.Graph, rounds: int) -> tuple[float, float | None, int, flo
     ours, theirs, peer = [], [], None
     for _ in range(rounds):
         with tempfile.TemporaryDirectory() as tmp:
-            peer = onnxruntime_run(graph, inputs, Path(tmp))
-        if peer:
-            theirs.append(peer[0])
+            hexir.export_onnx(graph, Path(tmp) / "model.onnx")
+            save_feed(graph, inputs, Path(tmp) / "inputs.npz")
+            peer = onnxruntime_info(Path(tmp) / "model.onnx", Path(tmp) / "inputs.npz", Path(tmp))
+        theirs.append(peer[0]["seconds"])
         ours.append(time_module(module, inputs))
-    error = relative_error(module.run(inputs), peer[1]) if peer else float("nan")
-    peer_s = statistics.median(theirs) if theirs else None
-    return statistics.median(ours), peer_s, module.plan.peak_bytes, error
+    MEMORY[graph.name, inputs[1].shape[1] if len(inputs) > 1 else len(inputs[0])] = peer[0]
+    error = relative_error(module.run(inputs), peer[1])
+    return statistics.median(ours), statistics.median(theirs), module.plan.peak_bytes, error
 
 
-def _paged(generator: Generator, graph: hexir.Graph, rounds: int) -> tuple[float, float]:
-    """The paged decode step's median seconds on a cache holding the static graph's past, and
-    the relative error of its logits against the static module's."""
-    inputs = inputs_of(graph)
-    ids, pasts = inputs[0], inputs[1:]
+# ONNX Runtime's memory report (MiB) per (graph, length), from its last round.
+MEMORY: dict[tuple[str, int], dict] = {}
+
+HEXIR_CHILD = """
+import json, sys
+import numpy as np
+from decode_cpu import paged_step
+from hexir.serve.generate import Generator
+length = int(sys.argv[1])
+rng = np.random.default_rng(0)
+pasts = [rng.uniform(-1, 1, (12, length, 64)).astype("float32") for _ in range(24)]
+module, feeds = paged_step(Generator(), np.array([5]), pasts)
+for _ in range(10):
+    module.run(feeds)
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+print(json.dumps({k: int(status[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}))
+"""
+
+
+def _hexir_memory(length: int) -> dict:
+    """Resident MiB after 10 paged decode steps after `length` tokens, and at the peak, in a
+    process of its own (the peak includes drawing and laying out the weights)."""
+    done = subprocess.run(
+        [sys.executable, "-c", HEXIR_CHILD, str(length)],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).parent,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def paged_step(generator: Generator, ids: np.ndarray, pasts: list[np.ndarray]) -> tuple:
+    """The paged decode module and its feeds for one token `ids` after a cache holding
+    `pasts` (each layer's key and value, [heads, length, head_dim])."""
     length = pasts[0].shape[1]
     layers, (heads, _, head_dim) = len(pasts) // 2, pasts[0].shape
     pages = -(-(length + 1) // generator.page_size)
@@ -117,7 +168,14 @@ def _paged(generator: Generator, graph: hexir.Graph, rounds: int) -> tuple[float
     feeds = [ids, np.array([length]), cache.block_table([seq]), cache.lengths([seq])]
     for layer in range(layers):
         feeds += [cache.keys[layer], cache.values[layer]]
-    module = generator.decode_module(1, pages, width)
+    return generator.decode_module(1, pages, width), feeds
+
+
+def _paged(generator: Generator, graph: hexir.Graph, rounds: int) -> tuple[float, float]:
+    """The paged decode step's median seconds on a cache holding the static graph's past, and
+    the relative error of its logits against the static module's."""
+    inputs = inputs_of(graph)
+    module, feeds = paged_step(generator, inputs[0], inputs[1:])
     seconds = statistics.median(time_module(module, feeds) for _ in range(rounds))
     want = hexir.compile(graph, "cpu").run(inputs)[0]
     return seconds, relative_error([module.run(feeds)[0]], [want])

@@ -140,7 +140,9 @@ while len(times) < 10 or total < 1.0:
     t = time.perf_counter(); session.run(None, feed); times.append(time.perf_counter() - t)
     total += times[-1]
 np.savez(outputs, *result)
-print(json.dumps({"seconds": statistics.median(times), "version": ort.__version__}))
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+memory = {k: int(status[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM") if k in status}
+print(json.dumps({"seconds": statistics.median(times), "version": ort.__version__, **memory}))
 """
 
 
@@ -167,6 +169,13 @@ def save_feed(graph: hexir.Graph, inputs: list[np.ndarray], path: Path) -> None:
 def onnxruntime_file(model: Path, feed: Path, folder: Path) -> tuple[float, list[np.ndarray], str]:
     """ONNX Runtime's median seconds, outputs and version on an ONNX file, fed the arrays of
     the .npz `feed` by input name, in a subprocess (its outputs written into `folder`)."""
+    info, outputs = onnxruntime_info(model, feed, folder)
+    return float(info["seconds"]), outputs, str(info["version"])
+
+
+def onnxruntime_info(model: Path, feed: Path, folder: Path) -> tuple[dict, list[np.ndarray]]:
+    """As `onnxruntime_file`, the child's report whole: its seconds, version, and its resident
+    memory in MiB after the runs (VmRSS) and at its peak (VmHWM), where Linux reports them."""
     out = folder / f"{model.stem}.outputs.npz"
     done = subprocess.run(
         [sys.executable, "-c", ORT_CHILD, str(model), str(feed), str(out), str(THREADS)],
@@ -177,7 +186,7 @@ def onnxruntime_file(model: Path, feed: Path, folder: Path) -> tuple[float, list
     info = json.loads(done.stdout.strip().splitlines()[-1])
     with np.load(out) as f:
         outputs = [f[f"arr_{i}"] for i in range(len(f.files))]
-    return float(info["seconds"]), outputs, str(info["version"])
+    return info, outputs
 
 
 def relative_error(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
