@@ -67,7 +67,7 @@ def main() -> None:
             constant = constant_inputs_outcome(case) if kind == "refused" else None
             totals[kind] += 1
             totals["constant"] += constant == "pass"
-            totals["program"] += kind == "refused" and program_outcome(case) == "pass"
+            totals["program"] += kind == "refused" and program_outcome(case, result) == "pass"
             ops = {n.op_type for n in case.model.graph.node}
             if len(ops) == 1:
                 (op,) = ops

@@ -18,6 +18,9 @@ from hexir.ops.builder import GraphBuilder
 # Constant inputs bigger than this are not evaluated at import time: a shape, axes or pads
 # input is small, and anything bigger is a real tensor for the compiler to fold.
 KNOWN_LIMIT = 1 << 16
+# What `Context.array`'s refusal says of an input the importer needs as a constant, the
+# tensor's name in group 1: "input 1 (starts, 'begin') must be a constant".
+MUST_BE_CONSTANT = re.compile(r"\(\w+, '([^']+)'\) must be a constant")
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_.$-]")
 

@@ -53,7 +53,7 @@ from hexir.ops.builder import GraphBuilder
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["import_onnx", "SUPPORTED", "OPSETS"]
+__all__ = ["import_onnx", "load_proto", "SUPPORTED", "OPSETS"]
 
 # Opsets 22 and 23 change only the type constraints of the ops imported here (bfloat16 and
 # the 4-bit floats), and add RMSNormalization.
@@ -84,7 +84,7 @@ def import_onnx(
     by their names, `input_shapes` gives inputs' whole shapes (by ONNX name or Hexir's clean
     one): together they must fix every input's shape (module docstring), unless `symbolic`,
     which keeps each dim they leave free as a symbolic dimension; `name` names the graph."""
-    proto, source = _load(model)
+    proto, source = load_proto(model)
     proto, opset = _opset(proto, source)
     onnx_graph = proto.graph
     nodes = [_node(i, n) for i, n in enumerate(onnx_graph.node)]
@@ -140,7 +140,9 @@ def _output(ctx: Context, name: str) -> Value | None:
     return ctx.values.get(name)
 
 
-def _load(model: Any) -> tuple[Any, str]:
+def load_proto(model: Any) -> tuple[Any, str]:
+    """The ModelProto of a path or a ModelProto (its local functions inlined), and how to
+    name it in messages; ModelError for a missing or unreadable file."""
     import onnx
 
     if isinstance(model, onnx.ModelProto):

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from hexir.errors import ModelError
-from hexir.frontend.onnx_import import import_onnx
+from hexir.frontend.onnx_context import MUST_BE_CONSTANT
+from hexir.frontend.onnx_import import import_onnx, load_proto
 from hexir.runtime.vm import If, Loop, Program, Run
 
 __all__ = ["import_program"]
@@ -35,9 +35,6 @@ CONTROL = ("If", "Loop")
 # made per value at run time.
 BOUND_ELEMENTS = 64
 BOUND_ROUNDS = 8  # trial imports that look for more of them
-# The tensors a refusal names as needed constants: "input 1 (starts, 'begin') must be a
-# constant".
-_NEEDED = re.compile(r"\(\w+, '([^']+)'\) must be a constant")
 
 
 class _Binder:
@@ -63,7 +60,7 @@ def import_program(model: str | os.PathLike[str] | Any, *, name: str | None = No
     """The program of an ONNX model whose graph may hold If and Loop nodes (module doc)."""
     import onnx
 
-    proto = onnx.load(os.fspath(model)) if not isinstance(model, onnx.ModelProto) else model
+    proto, _ = load_proto(model)
     try:
         proto = onnx.shape_inference.infer_shapes(proto)
     except Exception as e:  # onnx raises several kinds
@@ -71,7 +68,7 @@ def import_program(model: str | os.PathLike[str] | Any, *, name: str | None = No
     builder = _Builder(proto)
     graph = proto.graph
     inputs = tuple(i.name for i in graph.input if i.name not in builder.initializers)
-    steps = builder.steps(list(graph.node), inputs, [o.name for o in graph.output], graph.name)
+    steps = builder.steps(list(graph.node), [o.name for o in graph.output], graph.name)
     return Program(inputs, steps, tuple(o.name for o in graph.output), name or graph.name)
 
 
@@ -91,7 +88,7 @@ def _sources(nodes: Sequence[Any], names: Iterable[str], inputs: Sequence[str]) 
             found.append(name)
         elif name in producer:
             todo += [t for t in producer[name].input if t]
-    return list(dict.fromkeys(found))
+    return found
 
 
 class _Builder:
@@ -111,9 +108,7 @@ class _Builder:
                 if attr.g.node or attr.g.output:
                     self._collect(attr.g)
 
-    def steps(
-        self, nodes: list[Any], defined: Iterable[str], wanted: Sequence[str], label: str
-    ) -> tuple:
+    def steps(self, nodes: list[Any], wanted: Sequence[str], label: str) -> tuple:
         """The steps of `nodes`: stretches between the If and Loop nodes."""
         steps: list = []
         stretch: list[Any] = []
@@ -151,10 +146,10 @@ class _Builder:
         from onnx import helper
 
         made = {t for node in nodes for t in node.output if t}
-        reads = [t for t in self._reads(nodes) if t not in made and t not in self.initializers]
-        inputs = list(dict.fromkeys(reads))
+        reads = self._reads(nodes)
+        inputs = list(dict.fromkeys(t for t in reads if t not in made | self.initializers.keys()))
         outputs = list(dict.fromkeys(t for t in later if t in made))
-        used = {t for t in self._reads(nodes)} & set(self.initializers)
+        used = set(reads) & self.initializers.keys()
         self.count += 1
         graph = helper.make_graph(
             nodes,
@@ -181,7 +176,7 @@ class _Builder:
 
         bound: tuple[str, ...] = ()
         for _ in range(BOUND_ROUNDS):
-            named = dict.fromkeys(_NEEDED.findall(refusal))
+            named = dict.fromkeys(MUST_BE_CONSTANT.findall(refusal))
             needed = [t for t in _sources(model.graph.node, named, inputs) if t not in bound]
             if not needed:
                 return bound
@@ -255,5 +250,5 @@ class _Builder:
         for t in graph.initializer:
             self.initializers[t.name] = t
         outputs = [o.name for o in graph.output]
-        steps = self.steps(list(graph.node), formal, outputs, f"{label}_{graph.name}")
+        steps = self.steps(list(graph.node), outputs, f"{label}_{graph.name}")
         return Program(formal, steps, tuple(outputs), graph.name)

@@ -242,6 +242,8 @@ def parse_dim(text: str) -> Dim:
 
 def as_dim(value: object) -> Dim:
     """A dimension from an int (numpy's too), a Sym, or a string `parse_dim` reads."""
+    if type(value) is int:  # the usual case, first: every TensorType's every dimension
+        return value
     if isinstance(value, Sym):
         return value
     if isinstance(value, str):

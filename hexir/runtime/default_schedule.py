@@ -198,7 +198,7 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
     for n, name in enumerate(names):
         _, kinds, _ = _loops(sch, name)
         if kinds[-1] != "reduce":
-            attempt(functools.partial(_vectorize_last, sch, name))
+            attempt(functools.partial(vectorize_last, sch, name))
             continue
         merged = sch.copy()  # the partial sums in the loop of the stage they sum, or as before
         after = names[n - 1] if n else None
@@ -209,7 +209,8 @@ def _cpu_rows(func: PrimFunc, target: Target) -> Schedule | None:
     return sch
 
 
-def _vectorize_last(sch: Schedule, name: str) -> None:
+def vectorize_last(sch: Schedule, name: str) -> None:
+    """Block `name`'s innermost loop vectorized."""
     sch.vectorize(sch.get_loops(sch.get_block(name))[-1])
 
 
@@ -266,7 +267,7 @@ def reduce_in_lanes(sch: Schedule, name: str, lanes: int, after: str | None = No
     # zeroed once before the reduction's loops (not where a ragged row's guard refuses it)
     first = kinds.index("reduce") if "reduce" in kinds else len(loops) - 2
     attempt(lambda: sch.decompose_reduction(partial, loops[first]))
-    sch.vectorize(sch.get_loops(sch.get_block(name))[-1])  # the partials, in a tree
+    vectorize_last(sch, name)  # the partials, in a tree
 
 
 def _cpu_simple(func: PrimFunc, target: Target) -> Schedule:

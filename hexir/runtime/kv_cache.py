@@ -108,12 +108,9 @@ class PagedKVCache:
         for page_index in range(start // s, -(-end // s)):
             page = self._pages[seq][page_index]
             lo, hi = max(start, page_index * s), min(end, (page_index + 1) * s)
-            self.keys[:, page, :, lo - page_index * s : hi - page_index * s] = keys[
-                :, :, lo - start : hi - start
-            ]
-            self.values[:, page, :, lo - page_index * s : hi - page_index * s] = values[
-                :, :, lo - start : hi - start
-            ]
+            slots = slice(lo - page_index * s, hi - page_index * s)
+            for pool, given in ((self.keys, keys), (self.values, values)):
+                pool[:, page, :, slots] = given[:, :, lo - start : hi - start]
         self._lengths[seq] = end
 
     def _reserve(self, seq: int, pages: int) -> None:

@@ -91,18 +91,16 @@ class CompiledProgram:
     program: Program
     target: Target
     database: object = None
-    _modules: dict[int, object] = field(default_factory=dict)
-    _made: dict[tuple, object] = field(default_factory=dict)  # bound steps' modules by values
+    # Each Run's module by (step, its bound inputs' values): a plain step's, compiled here;
+    # a bound step's, compiled as each new value comes.
+    _modules: dict[tuple, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from hexir.runtime.executor import compile
-
         def visit(program: Program) -> None:
             for step in program.steps:
                 if isinstance(step, Run):
                     if step.graph is not None:
-                        module = compile(step.graph, self.target, self.database)  # type: ignore[arg-type]
-                        self._modules[id(step)] = module
+                        self._module(step, {})
                 elif isinstance(step, If):
                     visit(step.then)
                     visit(step.else_)
@@ -139,19 +137,17 @@ class CompiledProgram:
                 env.update(zip(step.outputs, self._loop(step, env), strict=True))
         return [_get(env, n) for n in program.outputs]
 
-    def _module(self, step: Run, env: dict[str, np.ndarray]) -> tuple[object, tuple[str, ...]]:
+    def _module(self, step: Run, env: Mapping[str, np.ndarray]) -> tuple[object, tuple[str, ...]]:
         """The step's module and the inputs it takes: for a step with bound inputs, the one
-        made for their values here (made and compiled on their first run)."""
-        if step.graph is not None:
-            return self._modules[id(step)], step.inputs
+        made for their values in `env` (made and compiled on their first run)."""
         from hexir.runtime.executor import compile
 
         values = {n: np.asarray(_get(env, n)) for n in step.bound}
         key = (id(step), *((v.dtype.str, v.shape, v.tobytes()) for v in values.values()))
-        if key not in self._made:
-            graph = step.make(values)  # type: ignore[misc]
-            self._made[key] = compile(graph, self.target, self.database)  # type: ignore[arg-type]
-        return self._made[key], tuple(n for n in step.inputs if n not in step.bound)
+        if key not in self._modules:
+            graph = step.graph if step.graph is not None else step.make(values)  # type: ignore[misc]
+            self._modules[key] = compile(graph, self.target, self.database)  # type: ignore[arg-type]
+        return self._modules[key], tuple(n for n in step.inputs if n not in step.bound)
 
     def _loop(self, step: Loop, env: dict[str, np.ndarray]) -> list[np.ndarray]:
         trips = int(_get(env, step.trip_count)) if step.trip_count else None
@@ -159,9 +155,9 @@ class CompiledProgram:
         carried = [_get(env, n) for n in step.carried]
         scans: list[list[np.ndarray]] = []
         body = step.body
+        iteration, condition, *formal = body.inputs
         i = 0
         while going and (trips is None or i < trips):
-            iteration, condition, *formal = body.inputs
             inner = {**env, iteration: np.array(i, np.int64), condition: np.array(going)}
             inner.update(zip(formal, carried, strict=True))
             cond_out, *rest = self._run(body, inner)

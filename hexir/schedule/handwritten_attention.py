@@ -25,6 +25,8 @@ numbers, so a job cannot stop at its diagonal), where a flash kernel skips the h
 
 from __future__ import annotations
 
+import functools
+
 from hexir.errors import ScheduleError
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
@@ -62,7 +64,7 @@ def attention_schedule(func: PrimFunc, target: Target) -> Schedule | None:
 
 
 def _schedule(sch: Schedule, target: Target) -> None:
-    from hexir.runtime.default_schedule import reduce_in_lanes
+    from hexir.runtime.default_schedule import reduce_in_lanes, vectorize_last
 
     for name in ("attention_scores", "attention_values"):
         sch.cache_write(sch.get_block(name), 0, "local")  # the register tiles
@@ -81,7 +83,7 @@ def _schedule(sch: Schedule, target: Target) -> None:
     for name in ("attention_max", "attention_sum"):
         attempt(lambda name=name: reduce_in_lanes(sch, name, target.vector_width))
     for name in ("attention_exp", "attention_out"):
-        attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
+        attempt(functools.partial(vectorize_last, sch, name))
 
 
 def _register_tiles(sch: Schedule, name: str, panel_first: bool) -> None:
@@ -141,7 +143,7 @@ def paged_attention_schedule(func: PrimFunc, target: Target) -> Schedule | None:
 
 
 def _paged(sch: Schedule, stages: list[str], target: Target) -> None:
-    from hexir.runtime.default_schedule import reduce_in_lanes
+    from hexir.runtime.default_schedule import reduce_in_lanes, vectorize_last
 
     lanes = target.vector_width
     batch, heads, _ = sch.get_loops(sch.get_block("paged_out"))
@@ -159,4 +161,4 @@ def _paged(sch: Schedule, stages: list[str], target: Target) -> None:
         if name.removeprefix("paged_") in stages:
             attempt(lambda name=name: reduce_in_lanes(sch, name, lanes))
     for name in ("paged_exp", "paged_out"):
-        attempt(lambda name=name: sch.vectorize(sch.get_loops(sch.get_block(name))[-1]))
+        attempt(functools.partial(vectorize_last, sch, name))

@@ -261,10 +261,10 @@ def _check_merge(first: For, body: Stmt, ranges: dict, fail: Callable[[str], Exc
     """The dependences `merge` keeps: see its docstring."""
     writes_a, reads_a = _accesses(first.body, store=True), _accesses(first.body, store=False)
     writes_b, reads_b = _accesses(body, store=True), _accesses(body, store=False)
-    for buffer in writes_a.keys() & writes_b.keys():
-        raise fail(f"both loops write %{buffer.name}")
-    for buffer in reads_a.keys() & writes_b.keys():
-        raise fail(f"the first loop reads %{buffer.name}, which the second writes")
+    if both := writes_a.keys() & writes_b.keys():
+        raise fail(f"both loops write %{next(iter(both)).name}")
+    if back := reads_a.keys() & writes_b.keys():
+        raise fail(f"the first loop reads %{next(iter(back)).name}, which the second writes")
     inner_a, inner_b = _inner_extents(first.body), _inner_extents(body)
     for buffer in writes_a.keys() & reads_b.keys():
         written = [_spans(i, inner_a, ranges) for i in writes_a[buffer]]

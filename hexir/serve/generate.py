@@ -88,9 +88,13 @@ class Generator:
         self._decode: dict[tuple[int, int], object] = {}
 
     def _compile(self, graph):
+        """`graph` compiled, then run once on zeros (its buffers allocated, its weights paged
+        in: the first run's costs, which the times of `generate` then leave out)."""
         from hexir.runtime.executor import compile
 
-        return compile(graph, self.target, self.database)  # type: ignore[arg-type]
+        module = compile(graph, self.target, self.database)  # type: ignore[arg-type]
+        module.run([np.zeros(v.type.shape, numpy_dtype(v.type.dtype)) for v in graph.inputs])
+        return module
 
     def prefill_length(self, tokens: int) -> int:
         """The length of the prefill module that runs a prompt of `tokens` tokens."""
@@ -98,12 +102,9 @@ class Generator:
         return min(bucket, self.max_tokens)
 
     def prefill_module(self, length: int):
-        """The prefill module of a bucket's length (`prefill_length`), run once when it is
-        made (its buffers allocated, its weights paged in: the first run's costs)."""
+        """The prefill module of a bucket's length (`prefill_length`)."""
         if length not in self._prefill:
-            module = self._compile(gpt2_small(seq=length, **self.size))
-            module.run([np.zeros(length, np.int64)])
-            self._prefill[length] = module
+            self._prefill[length] = self._compile(gpt2_small(seq=length, **self.size))
         return self._prefill[length]
 
     def table_pages(self, tokens: int) -> int:
@@ -123,9 +124,7 @@ class Generator:
                 batch=batch, pages=pages, page_size=self.page_size, max_pages=width,
                 **self.size,
             )  # fmt: skip
-            module = self._compile(graph)
-            module.run([np.zeros(v.type.shape, numpy_dtype(v.type.dtype)) for v in graph.inputs])
-            self._decode[key] = module  # run once, as a prefill module is
+            self._decode[key] = self._compile(graph)
         return self._decode[key]
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> GenerateResult:

@@ -7,7 +7,6 @@ with a ModelError/HexirError naming why: never a wrong answer, never another exc
 from __future__ import annotations
 
 import functools
-import re
 import warnings
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 import hexir
 from hexir.errors import HexirError
+from hexir.frontend.onnx_context import MUST_BE_CONSTANT
 from hexir.frontend.onnx_import import SUPPORTED, import_onnx
 from hexir.graph.evaluate import evaluate
 from hexir.ir.dtype import ML_FLOATS, numpy_dtype
@@ -111,9 +111,6 @@ def test_resize_nearest_cases_with_their_scales_or_sizes_as_constants():
             np.testing.assert_array_equal(got[0], np.asarray(expected[0]), err_msg=case.name)
 
 
-_MUST_BE_CONSTANT = re.compile(r"\(\w+, '([^']+)'\) must be a constant")
-
-
 def _with_named_constants(case, names: set[str]):
     """The case's model with the graph inputs `names` turned into initializers of the case's
     values, and the data set without them."""
@@ -145,7 +142,7 @@ def constant_inputs_outcome(case) -> str | None:
             graph = import_onnx(model)
             break
         except HexirError as e:
-            more = set(_MUST_BE_CONSTANT.findall(str(e))) & graph_inputs - names
+            more = set(MUST_BE_CONSTANT.findall(str(e))) & graph_inputs - names
             if not more:
                 return f"refused: {str(e).splitlines()[-1]}" if names else None
             names |= more
@@ -155,12 +152,7 @@ def constant_inputs_outcome(case) -> str | None:
         got = evaluate(graph, arrays)
     except HexirError as e:
         return f"refused: {str(e).splitlines()[-1]}"
-    rtol, atol = case.rtol or 1e-3, case.atol or 1e-5
-    same = all(
-        g.shape == np.shape(w) and np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
-        for g, w in zip(got, expected, strict=True)
-    )
-    return "pass" if same else "wrong"
+    return _verdict(case, got, expected)
 
 
 # Cases refused only for an axes / shape / bounds input fed at run time that pass once it is
@@ -180,14 +172,25 @@ def test_cases_refused_for_a_runtime_shape_input_compute_the_same_with_it_consta
     assert passing >= CONSTANT_INPUTS_PASSING_AT_LEAST, f"{passing} of {len(outcomes)} pass"
 
 
-def program_outcome(case) -> str | None:
-    """None unless import_onnx refuses the case for an input that must be a constant; then
-    the outcome of `import_program` (hexir/frontend/onnx_program.py), which makes the graph
-    per value of such inputs as they come at run time, compiled for the CPU: 'pass',
-    'refused: ...' or 'wrong'."""
+def _verdict(case, got: list[np.ndarray], expected: list) -> str:
+    """'pass' where every output has the expected shape and values within the case's
+    tolerances, else 'wrong'."""
+    rtol, atol = case.rtol or 1e-3, case.atol or 1e-5
+    same = all(
+        g.shape == np.shape(w) and np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+        for g, w in zip(got, expected, strict=True)
+    )
+    return "pass" if same else "wrong"
+
+
+def program_outcome(case, first: str | None = None) -> str | None:
+    """None unless import_onnx refuses the case for an input that must be a constant (`first`:
+    the case's `outcome`, where the caller has it); then the outcome of `import_program`
+    (hexir/frontend/onnx_program.py), which makes the graph per value of such inputs as they
+    come at run time, compiled for the CPU: 'pass', 'refused: ...' or 'wrong'."""
     from hexir.frontend.onnx_program import import_program
 
-    first = outcome(case)
+    first = outcome(case) if first is None else first
     if not first.startswith("refused") or "must be a constant" not in first:
         return None
     inputs, expected = map(_arrays, case.data_sets[0])
@@ -196,12 +199,7 @@ def program_outcome(case) -> str | None:
         got = program.compile("cpu").run(inputs[: len(program.inputs)])
     except HexirError as e:
         return f"refused: {(str(e).splitlines() or [''])[-1]}"
-    rtol, atol = case.rtol or 1e-3, case.atol or 1e-5
-    same = all(
-        g.shape == np.shape(w) and np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
-        for g, w in zip(got, expected, strict=True)
-    )
-    return "pass" if same else "wrong"
+    return _verdict(case, got, expected)
 
 
 # Cases refused for an input fed at run time that run as programs, 2026-12-05: a floor.
