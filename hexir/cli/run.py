@@ -144,8 +144,18 @@ def _module(args: argparse.Namespace) -> Module:
                 "model (not the artifact) to compile it again"
             )
         import hexir.runtime
+        from hexir.runtime.module import Module
 
-        return hexir.runtime.load(path)
+        loaded = hexir.runtime.load(path)
+        if not isinstance(loaded, Module):
+            count = len(loaded.modules())
+            raise HexirError(
+                f"{path} holds a program (steps over {count} module{'s' * (count != 1)}, with "
+                "branches, loops or builtins), which takes named inputs the command line does "
+                "not know how to make: run it from Python, "
+                "hexir.runtime.load(path).run({name: array, ...})"
+            )
+        return loaded
     import hexir
 
     target = resolve_target(args.target)

@@ -1,26 +1,34 @@
-"""Artifacts: a compiled module as one file, and back.
+"""Artifacts: a compiled module, or a compiled program of several, as one file, and back.
 
     module.save("resnet18.hxa")                 # = save(module, "resnet18.hxa")
     module = hexir.runtime.load("resnet18.hxa")
+    program.compile("cpu").save("loop.hxa")     # a CompiledProgram (hexir/runtime/vm.py)
+    compiled = hexir.runtime.load("loop.hxa")   # a CompiledProgram again
 
 An artifact is a zip archive (no pickle anywhere) holding:
 
     manifest.json          format, hexir version, target (text, key, kind, features, arch),
+                           kind ("module" or "program"), the program, and per module its
                            kernels, command list, constants' entries, memory plan, report
-    graph.hexir            the compiled graph in hexir text (constants by name)
-    kernels/<i>.hextir     each scheduled kernel, in hextir text
-    kernels/<i>.c|.cu      its generated source
-    kernels/<i>.so|.cubin  its device image
+    modules/<m>/graph.hexir          module m's compiled graph in hexir text (constants by name)
+    modules/<m>/kernels/<i>.hextir   each scheduled kernel, in hextir text
+    modules/<m>/kernels/<i>.c|.cu    its generated source
+    modules/<m>/kernels/<i>.so|.cubin  its device image
+    modules/<m>/constants/<i>.npy    each constant blob of its graph (numpy format,
+                                     allow_pickle=False)
     runner/runner.c|.so    on the CPU, the native command runner (hexir/runtime/native.py)
     runner/binder.so       and the native binder (binder.py), used where the interpreter's
                            ABI and numpy's version are those of the manifest's "binder"
-    constants/<i>.npy      each constant blob of the graph (numpy format, allow_pickle=False)
 
-`load` refuses an artifact written by another hexir version (the kernels' calling convention
-and the manifest may differ) and one whose target this machine lacks: on the CPU, an
-instruction-set feature of the artifact's target key missing here; on CUDA, no GPU visible or
-a GPU of another arch. It does not need the build cache: each device image is written to a
-file named by its digest under `<cache_dir>/artifacts/` (once) and loaded from there.
+The program (`Program.to_json`) is the VM's: steps that run a module (by number), branch,
+loop or call a builtin. A module saved alone is a program of one step that runs it, and loads
+as a Module; a CompiledProgram loads as one. `load` refuses an artifact of an earlier format
+(format 2 held one module and no program), one written by another hexir version (the
+kernels' calling convention and the manifest may differ) and one whose target this machine
+lacks: on the CPU, an instruction-set feature of the artifact's target key missing here; on
+CUDA, no GPU visible or a GPU of another arch. It does not need the build cache: each device
+image is written to a file named by its digest under `<cache_dir>/artifacts/` (once) and
+loaded from there.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -42,36 +51,55 @@ from hexir.runtime import binder
 from hexir.runtime.module import Command, Module, TaskReport
 from hexir.runtime.target import Target
 
+if TYPE_CHECKING:
+    from hexir.runtime.vm import CompiledProgram
+
 __all__ = ["FORMAT", "FORMAT_VERSION", "load", "save"]
 
 FORMAT = "hexir-artifact"
-FORMAT_VERSION = 2  # 2: views (reshapes no command computes) and the plan's "views"
+# 3: a program over one or more modules (each under modules/<m>/); 2: views (reshapes no
+# command computes) and the plan's "views"
+FORMAT_VERSION = 3
 
 
-def save(module: Module, path: str | Path) -> Path:
-    """Write `module` to `path` as one artifact file; the path written."""
+def save(subject: Module | CompiledProgram, path: str | Path) -> Path:
+    """Write a module, or a compiled program and its modules, to `path` as one artifact file;
+    the path written."""
+    from hexir.runtime.vm import Program, Run
+
     path = Path(path)
-    entries: dict[str, bytes] = {"graph.hexir": str(module.graph).encode()}
-    blobs: dict[str, str] = {}
-    for i, (name, data) in enumerate(module.graph.constants):
-        blobs[name] = f"constants/{i}.npy"
-        entries[blobs[name]] = _npy(data.array)
-    kernels = [
-        _kernel_entry(i, kernel, module.target, entries) for i, kernel in enumerate(module.kernels)
-    ]
-    manifest = _manifest(module, kernels, blobs)
-    if module.target.kind == "cpu":
-        manifest["runner"] = _runner_entry(module, entries)
-        if module.binder_library is not None:
-            entries["runner/binder.so"] = module.binder_library.read_bytes()
+    if isinstance(subject, Module):
+        graph = subject.graph
+        inputs, outputs = (tuple(v.name for v in vs) for vs in (graph.inputs, graph.outputs))
+        program = Program(inputs, (Run(graph, inputs, outputs),), outputs, graph.name)
+        modules, kind = [subject], "module"
+    else:
+        program, modules, kind = subject.program, subject.modules(), "program"
+    target = subject.target
+    numbers = {id(step): i for i, step in enumerate(program.runs())}
+    entries: dict[str, bytes] = {}
+    manifest = _header(target)
+    manifest.update(
+        kind=kind,
+        program=program.to_json(lambda step: numbers[id(step)]),
+        modules=[_module_entries(m, f"modules/{i}/", entries) for i, m in enumerate(modules)],
+    )
+    if target.kind == "cpu":
+        manifest["runner"] = _runner_entry(modules, target, entries)
+        library = next((m.binder_library for m in modules if m.binder_library is not None), None)
+        if library is not None:
+            entries["runner/binder.so"] = library.read_bytes()
             manifest["binder"] = {"image": "runner/binder.so", "abi": binder.abi()}
     entries["manifest.json"] = json.dumps(manifest, indent=1).encode()
     _write_zip(path, entries)
     return path
 
 
-def load(path: str | Path) -> Module:
-    """The module in the artifact at `path`, checked against this hexir and this machine."""
+def load(path: str | Path) -> Module | CompiledProgram:
+    """The module or compiled program in the artifact at `path`, checked against this hexir
+    and this machine."""
+    from hexir.runtime.vm import CompiledProgram, Program
+
     path = Path(path)
     try:
         archive = zipfile.ZipFile(path)
@@ -80,26 +108,43 @@ def load(path: str | Path) -> Module:
     with archive:
         manifest = _read_manifest(archive, path)
         target = _check_target(manifest["target"], path)
-        blobs = {name: _read_npy(archive, entry) for name, entry in manifest["blobs"].items()}
-        from hexir.ops.parse import parse_graph
-
-        graph = parse_graph(archive.read("graph.hexir").decode(), constants=blobs)
-        kernels = [_load_kernel(archive, k, target) for k in manifest["kernels"]]
         runner = manifest.get("runner")  # absent on a GPU
         runner_image = archive.read(runner["image"]) if runner else None
         entry = manifest.get("binder")  # built against this interpreter and numpy, or unused
         usable = entry is not None and entry.get("abi") == binder.abi()
         binder_image = archive.read(entry["image"]) if usable else None
-    commands = [Command(int(k), tuple(args), int(n)) for k, args, n in manifest["commands"]]
+        runner_library = _image_file(runner_image, ".so") if runner_image is not None else None
+        binder_library = _image_file(binder_image, ".so") if binder_image is not None else None
+        modules = [
+            _load_module(archive, part, target, runner_library, binder_library)
+            for part in manifest["modules"]
+        ]
+    if manifest["kind"] == "module":
+        return modules[0]
+    program = Program.from_json(manifest["program"], [m.graph for m in modules])
+    return CompiledProgram.of_modules(program, target, modules)
+
+
+def _load_module(
+    archive: zipfile.ZipFile,
+    part: dict,
+    target: Target,
+    runner_library: Path | None,
+    binder_library: Path | None,
+) -> Module:
+    from hexir.ops.parse import parse_graph
+
+    blobs = {name: _read_npy(archive, entry) for name, entry in part["blobs"].items()}
+    graph = parse_graph(archive.read(part["graph"]).decode(), constants=blobs)
+    kernels = [_load_kernel(archive, k, target) for k in part["kernels"]]
+    commands = [Command(int(k), tuple(args), int(n)) for k, args, n in part["commands"]]
     constants = {
         op.result.name: graph.constant(str(op.attr("name")))
         for op in graph.ops
         if op.kind == "constant"
     }
-    plan = MemoryPlan.from_json(json.dumps(manifest["plan"]))
-    report = tuple(_report_from_json(r) for r in manifest["report"])
-    runner_library = _image_file(runner_image, ".so") if runner_image is not None else None
-    binder_library = _image_file(binder_image, ".so") if binder_image is not None else None
+    plan = MemoryPlan.from_json(json.dumps(part["plan"]))
+    report = tuple(_report_from_json(r) for r in part["report"])
     return Module(
         graph, target, kernels, commands, constants, plan, report, runner_library, binder_library
     )
@@ -108,10 +153,9 @@ def load(path: str | Path) -> Module:
 # -- writing ----------------------------------------------------------------------------------
 
 
-def _manifest(module: Module, kernels: list[dict], blobs: dict[str, str]) -> dict[str, object]:
+def _header(t: Target) -> dict[str, object]:
     import hexir
 
-    t = module.target
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -123,7 +167,24 @@ def _manifest(module: Module, kernels: list[dict], blobs: dict[str, str]) -> dic
             "arch": t.arch,
             "features": list(t.features),
         },
-        "graph": module.graph.name,
+    }
+
+
+def _module_entries(module: Module, prefix: str, entries: dict[str, bytes]) -> dict[str, object]:
+    """Add `module`'s graph, constants and kernels to `entries` under `prefix`; its part of
+    the manifest."""
+    entries[f"{prefix}graph.hexir"] = str(module.graph).encode()
+    blobs: dict[str, str] = {}
+    for i, (name, data) in enumerate(module.graph.constants):
+        blobs[name] = f"{prefix}constants/{i}.npy"
+        entries[blobs[name]] = _npy(data.array)
+    kernels = [
+        _kernel_entry(f"{prefix}kernels/{i}", kernel, module.target, entries)
+        for i, kernel in enumerate(module.kernels)
+    ]
+    return {
+        "graph": f"{prefix}graph.hexir",
+        "name": module.graph.name,
         "kernels": kernels,
         "commands": [[c.kernel, list(c.args), c.num_outputs] for c in module.commands],
         "blobs": blobs,
@@ -132,28 +193,32 @@ def _manifest(module: Module, kernels: list[dict], blobs: dict[str, str]) -> dic
     }
 
 
-def _runner_entry(module: Module, entries: dict[str, bytes]) -> dict[str, str]:
+def _runner_entry(
+    modules: list[Module], target: Target, entries: dict[str, bytes]
+) -> dict[str, str]:
     """Add the native command runner's source and image (hexir/runtime/native.py) to
     `entries`; its manifest entry."""
     from hexir.runtime.native import RUNNER_SOURCE, runner_library
 
-    library = module.runner_library or runner_library(module.target)  # the knob was off
+    built = next((m.runner_library for m in modules if m.runner_library is not None), None)
+    library = built or runner_library(target)  # the knob was off
     entries["runner/runner.c"] = RUNNER_SOURCE.encode()
     entries["runner/runner.so"] = library.read_bytes()
     return {"source": "runner/runner.c", "image": "runner/runner.so"}
 
 
-def _kernel_entry(i: int, kernel: object, target: Target, entries: dict[str, bytes]) -> dict:
-    """Add kernel `i`'s files to `entries`; its manifest entry."""
-    entry: dict[str, object] = {"func": f"kernels/{i}.hextir"}
+def _kernel_entry(stem: str, kernel: object, target: Target, entries: dict[str, bytes]) -> dict:
+    """Add a kernel's files to `entries`, named `stem` and their suffixes; its manifest
+    entry."""
+    entry: dict[str, object] = {"func": f"{stem}.hextir"}
     if target.kind == "cuda":
         from hexir.runtime.cuda_module import kernel_launch
 
-        entry.update(source=f"kernels/{i}.cu", image=f"kernels/{i}.cubin")
+        entry.update(source=f"{stem}.cu", image=f"{stem}.cubin")
         entry["launch"] = kernel_launch(kernel)  # type: ignore[arg-type]
         image = kernel.binary.cubin  # type: ignore[attr-defined]
     else:
-        entry.update(source=f"kernels/{i}.c", image=f"kernels/{i}.so")
+        entry.update(source=f"{stem}.c", image=f"{stem}.so")
         image = Path(kernel.path).read_bytes()  # type: ignore[attr-defined]
     entries[str(entry["func"])] = str(kernel.func).encode()  # type: ignore[attr-defined]
     entries[str(entry["source"])] = kernel.source.encode()  # type: ignore[attr-defined]
@@ -202,6 +267,13 @@ def _read_manifest(archive: zipfile.ZipFile, path: Path) -> dict:
         manifest = json.loads(archive.read("manifest.json"))
     except (KeyError, ValueError) as e:
         raise ArtifactError(f"{path} is not a hexir artifact: no readable manifest.json") from e
+    if manifest.get("format") == FORMAT and manifest.get("format_version") == 2:
+        raise ArtifactError(
+            f"{path} is a hexir artifact of format 2, from before artifacts carried a program "
+            f"(format {FORMAT_VERSION}: the VM's steps over one or more modules); its kernels "
+            "cannot be read into this version: rebuild it from the model with this hexir "
+            "(hexir build MODEL -o FILE, or hexir.compile(...).save(path))"
+        )
     if manifest.get("format") != FORMAT or manifest.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(
             f"{path} is not a hexir artifact of format {FORMAT} {FORMAT_VERSION} "

@@ -18,9 +18,17 @@ A program's steps, run in order over an environment of named arrays (its inputs 
   taking (iteration, condition, carried values...) and giving (condition, carried values...,
   scan values...); the loop's outputs are the last carried values, then each scan value of
   every iteration stacked on a new first axis.
-Names the environment does not hold are an error naming them. This is the VM's first form:
-the program runs from Python between its compiled modules, and the artifact format does not
-carry it yet (issue 16).
+- `Call(builtin, inputs, outputs, attrs)`: one of the VM's builtins (`BUILTINS`) on those
+  values: small host computations between modules (an argmax, a cast) and the operations of
+  runtime objects a program is given as inputs, such as a `PagedKVCache` (hexir/runtime/
+  kv_cache.py): its pools, a block table, appending a step's keys and values. A builtin that
+  updates an object does so in place: a KV cache's pools, which the next Run reads.
+Names the environment does not hold are an error naming them. The program is interpreted
+from Python; each Run is one call of a compiled module (on the CPU, one native call for its
+whole command list). `CompiledProgram.save(path)` writes the program and its modules as one
+artifact (hexir/runtime/artifact.py) and `hexir.runtime.load` gives it back; a program whose
+steps are made per value (`bound`) or run at their inputs' sizes (symbolic dimensions) is
+compiled as it runs, so it has no artifact.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from hexir.errors import HexirError
 from hexir.ir.graph import Graph
 from hexir.runtime.target import Target
 
-__all__ = ["CompiledProgram", "If", "Loop", "Program", "Run"]
+__all__ = ["BUILTINS", "Call", "CompiledProgram", "If", "Loop", "Program", "Run"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,24 @@ class Loop:
     outputs: tuple[str, ...]
 
 
-Step = Union[Run, If, Loop]
+@dataclass(frozen=True)
+class Call:
+    """`BUILTINS[builtin](inputs, attrs)`, its results bound to `outputs`."""
+
+    builtin: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...] = ()
+    attrs: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.builtin not in BUILTINS:
+            raise HexirError(
+                f"unknown VM builtin {self.builtin!r}; the builtins are "
+                f"{', '.join(sorted(BUILTINS))}"
+            )
+
+
+Step = Union[Run, If, Loop, Call]
 
 
 @dataclass(frozen=True)
@@ -85,32 +110,148 @@ class Program:
         """Each Run's graph compiled for `target` (nested programs too)."""
         return CompiledProgram(self, Target.of(target), database)
 
+    def runs(self) -> list[Run]:
+        """Every Run step, nested programs' too, in order."""
+        found: list[Run] = []
+        for step in self.steps:
+            if isinstance(step, Run):
+                found.append(step)
+            elif isinstance(step, If):
+                found += step.then.runs() + step.else_.runs()
+            elif isinstance(step, Loop):
+                found += step.body.runs()
+        return found
+
+    def to_json(self, module_of: Callable[[Run], int]) -> dict[str, object]:
+        """The program as JSON data, each Run as the number `module_of` gives it."""
+
+        def step_json(step: Step) -> dict[str, object]:
+            if isinstance(step, Run):
+                return {
+                    "run": module_of(step),
+                    "inputs": list(step.inputs),
+                    "outputs": list(step.outputs),
+                }
+            if isinstance(step, If):
+                return {
+                    "if": step.cond,
+                    "then": step.then.to_json(module_of),
+                    "else": step.else_.to_json(module_of),
+                    "outputs": list(step.outputs),
+                }
+            if isinstance(step, Loop):
+                return {
+                    "loop": {
+                        "trip_count": step.trip_count,
+                        "cond": step.cond,
+                        "carried": list(step.carried),
+                        "body": step.body.to_json(module_of),
+                    },
+                    "outputs": list(step.outputs),
+                }
+            return {
+                "call": step.builtin,
+                "inputs": list(step.inputs),
+                "outputs": list(step.outputs),
+                "attrs": dict(step.attrs),
+            }
+
+        return {
+            "name": self.name,
+            "inputs": list(self.inputs),
+            "steps": [step_json(s) for s in self.steps],
+            "outputs": list(self.outputs),
+        }
+
+    @staticmethod
+    def from_json(data: Mapping, graphs: Sequence[Graph]) -> Program:
+        """The program `to_json` wrote, its Runs over `graphs` by number."""
+
+        def names(key: str, d: Mapping = data) -> tuple[str, ...]:
+            return tuple(str(n) for n in d[key])
+
+        def step(d: Mapping) -> Step:
+            if "run" in d:
+                return Run(graphs[int(d["run"])], names("inputs", d), names("outputs", d))
+            if "if" in d:
+                then, else_ = (Program.from_json(d[k], graphs) for k in ("then", "else"))
+                return If(str(d["if"]), then, else_, names("outputs", d))
+            if "loop" in d:
+                loop = d["loop"]
+                return Loop(
+                    loop["trip_count"],
+                    loop["cond"],
+                    names("carried", loop),
+                    Program.from_json(loop["body"], graphs),
+                    names("outputs", d),
+                )
+            attrs = tuple(sorted(dict(d.get("attrs", {})).items()))
+            return Call(str(d["call"]), names("inputs", d), names("outputs", d), attrs)
+
+        return Program(
+            names("inputs"),
+            tuple(step(d) for d in data["steps"]),
+            names("outputs"),
+            str(data.get("name", "program")),
+        )
+
 
 @dataclass
 class CompiledProgram:
     program: Program
     target: Target
     database: object = None
-    # Each Run's module by (step, its bound inputs' values): a plain step's, compiled here;
-    # a bound step's, compiled as each new value comes.
+    # Each Run's module by (step, its bound inputs' values): a plain step's, compiled here
+    # (unless given, as `hexir.runtime.load` gives them); a bound step's, compiled as each
+    # new value comes.
     _modules: dict[tuple, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        def visit(program: Program) -> None:
-            for step in program.steps:
-                if isinstance(step, Run):
-                    if step.graph is not None:
-                        self._module(step, {})
-                elif isinstance(step, If):
-                    visit(step.then)
-                    visit(step.else_)
-                else:
-                    visit(step.body)
+        for step in self.program.runs():
+            if step.graph is not None:
+                self._module(step, {})
 
-        visit(self.program)
+    @staticmethod
+    def of_modules(program: Program, target: Target, modules: Sequence[object]) -> CompiledProgram:
+        """`program` with its Runs' modules given, in `program.runs()` order."""
+        runs = program.runs()
+        return CompiledProgram(
+            program,
+            target,
+            None,
+            {(id(step),): module for step, module in zip(runs, modules, strict=True)},
+        )
 
-    def run(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """The program's outputs on its inputs (a list in order or a dict by name)."""
+    def modules(self) -> list[object]:
+        """Each Run's module in `program.runs()` order; a HexirError naming the step where a
+        Run has no one module (made per value of its inputs, or per size of its symbols)."""
+        from hexir.runtime.module import Module
+
+        found = []
+        for step in self.program.runs():
+            module = self._modules.get((id(step),))
+            if step.graph is None or not isinstance(module, Module):
+                why = (
+                    f"reads the values of {', '.join(step.bound)} as constants"
+                    if step.graph is None
+                    else "has symbolic dimensions"
+                )
+                raise HexirError(
+                    f"the step computing {', '.join(step.outputs)} {why}, so it is compiled "
+                    "as the program runs; an artifact holds compiled modules only"
+                )
+            found.append(module)
+        return found
+
+    def save(self, path: object):  # -> Path
+        """Write the program and its modules as one artifact (hexir/runtime/artifact.py)."""
+        from hexir.runtime.artifact import save
+
+        return save(self, path)  # type: ignore[arg-type]
+
+    def run(self, inputs: Sequence[object] | Mapping[str, object]) -> list[np.ndarray]:
+        """The program's outputs on its inputs (a list in order or a dict by name): arrays,
+        or the runtime objects its builtins take (a PagedKVCache)."""
         names = self.program.inputs
         if not isinstance(inputs, Mapping):
             if len(inputs) != len(names):
@@ -121,9 +262,9 @@ class CompiledProgram:
         missing = [n for n in names if n not in inputs]
         if missing:
             raise HexirError(f"{self.program.name} needs inputs {', '.join(missing)}")
-        return self._run(self.program, {n: np.asarray(a) for n, a in inputs.items()})
+        return self._run(self.program, {n: _value(a) for n, a in inputs.items()})
 
-    def _run(self, program: Program, env: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def _run(self, program: Program, env: dict[str, object]) -> list:
         env = dict(env)
         for step in program.steps:
             if isinstance(step, Run):
@@ -133,8 +274,16 @@ class CompiledProgram:
             elif isinstance(step, If):
                 branch = step.then if bool(_get(env, step.cond)) else step.else_
                 env.update(zip(step.outputs, self._run(branch, env), strict=True))
-            else:
+            elif isinstance(step, Loop):
                 env.update(zip(step.outputs, self._loop(step, env), strict=True))
+            else:
+                outs = BUILTINS[step.builtin]([_get(env, n) for n in step.inputs], dict(step.attrs))
+                if len(outs) != len(step.outputs):
+                    raise HexirError(
+                        f"builtin {step.builtin} gave {len(outs)} values for "
+                        f"{len(step.outputs)} names ({', '.join(step.outputs) or 'none'})"
+                    )
+                env.update(zip(step.outputs, outs, strict=True))
         return [_get(env, n) for n in program.outputs]
 
     def _module(self, step: Run, env: Mapping[str, np.ndarray]) -> tuple[object, tuple[str, ...]]:
@@ -177,3 +326,72 @@ def _get(env: Mapping[str, np.ndarray], name: str) -> np.ndarray:
         return env[name]
     except KeyError:
         raise HexirError(f"the program reads {name!r}, which nothing before it defines") from None
+
+
+def _value(a: object) -> object:
+    """An input as the program holds it: an array, or a runtime object as it is."""
+    from hexir.runtime.kv_cache import PagedKVCache
+
+    return a if isinstance(a, PagedKVCache) else np.asarray(a)
+
+
+# --- builtins ----------------------------------------------------------------------------------
+# Each takes its input values and the step's attributes and gives its output values.
+
+Builtin = Callable[[list, dict], Sequence[object]]
+
+
+def _argmax(xs: list, attrs: dict) -> list[np.ndarray]:
+    """The index of each row's largest value along `axis` (default the last), int64; ties go
+    to the lowest index."""
+    return [np.argmax(xs[0], axis=int(attrs.get("axis", -1))).astype(np.int64)]
+
+
+def _cast(xs: list, attrs: dict) -> list[np.ndarray]:
+    return [np.asarray(xs[0]).astype(str(attrs["dtype"]))]
+
+
+def _kv_pools(xs: list, attrs: dict) -> list[np.ndarray]:
+    """A KV cache's page pools, layer by layer: keys 0, values 0, keys 1, ... (the cache's
+    own arrays: `kv_append` writes into them)."""
+    cache = xs[0]
+    return [
+        pool[layer] for layer in range(cache.keys.shape[0]) for pool in (cache.keys, cache.values)
+    ]
+
+
+def _kv_lengths(xs: list, attrs: dict) -> list[np.ndarray]:
+    """The tokens held for each of the sequences `seqs` (int32)."""
+    cache, seqs = xs
+    return [cache.lengths([int(s) for s in seqs])]
+
+
+def _kv_table(xs: list, attrs: dict) -> list[np.ndarray]:
+    """The block table of the sequences `seqs`, `width` pages wide (int32)."""
+    cache, seqs = xs
+    return [cache.block_table([int(s) for s in seqs], int(attrs["width"]))]
+
+
+def _kv_append(xs: list, attrs: dict) -> list[np.ndarray]:
+    """One more token's keys and values for each sequence of `seqs`, given per layer (keys 0,
+    values 0, keys 1, ...; each [sequences, heads, head_dim]), taking pages as they fill."""
+    cache, seqs, *news = xs
+    keys, values = np.stack(news[0::2], axis=1), np.stack(news[1::2], axis=1)
+    for row, seq in enumerate(seqs):
+        cache.append(int(seq), keys[row], values[row])
+    return []
+
+
+def _kv_pages_in_use(xs: list, attrs: dict) -> list[np.ndarray]:
+    return [np.array(xs[0].pages_in_use, np.int64)]
+
+
+BUILTINS: dict[str, Builtin] = {
+    "argmax": _argmax,
+    "cast": _cast,
+    "kv_append": _kv_append,
+    "kv_lengths": _kv_lengths,
+    "kv_pages_in_use": _kv_pages_in_use,
+    "kv_pools": _kv_pools,
+    "kv_table": _kv_table,
+}

@@ -13,8 +13,11 @@ token each per step, through one `gpt2_small_paged_decode` module for the batch:
 `paged_attention` reads each sequence's cached keys and values through its row of the block
 table, plus the token's own, and the step's new keys and values are appended to the cache
 after it. That module serves every cache length of its bucket (a block table of a multiple
-of PAGE_BUCKET pages, sized by the longest sequence at the end); one Python call runs each
-step (the generation loop inside the module's program is issue 16's next step).
+of PAGE_BUCKET pages, sized by the longest sequence at the end). The decode loop is a VM
+program (hexir/runtime/vm.py, `decode_program`), run in one call for all the new tokens: a
+Loop whose body reads the cache's lengths and block table, runs the decode module, appends
+its keys and values to the cache (builtins over the PagedKVCache, given as an input) and
+takes each sequence's argmax, the token it feeds back.
 Ties in the argmax go to the lowest token id, as numpy's argmax does.
 """
 
@@ -29,10 +32,12 @@ import numpy as np
 from hexir.errors import HexirError
 from hexir.frontend.zoo_transformer import POSITIONS, gpt2_small, gpt2_small_paged_decode
 from hexir.ir.dtype import numpy_dtype
+from hexir.ir.graph import Graph
 from hexir.runtime.kv_cache import PAGE_SIZE, PagedKVCache
 from hexir.runtime.target import Target
+from hexir.runtime.vm import Call, CompiledProgram, Loop, Program, Run
 
-__all__ = ["GenerateResult", "Generator", "generate"]
+__all__ = ["GenerateResult", "Generator", "decode_program", "generate"]
 
 # A decode module's block table holds a multiple of this many pages (128 tokens at the
 # default page size): attention then reads about the pages in use, and one module serves
@@ -85,7 +90,8 @@ class Generator:
         self.max_tokens = max_tokens
         self.target, self.database = Target.of(target), database
         self._prefill: dict[int, object] = {}
-        self._decode: dict[tuple[int, int], object] = {}
+        self._decode: dict[tuple[int, int, int], object] = {}
+        self._loops: dict[tuple[int, int, int], CompiledProgram] = {}
 
     def _compile(self, graph):
         """`graph` compiled, then run once on zeros (its buffers allocated, its weights paged
@@ -127,6 +133,15 @@ class Generator:
             self._decode[key] = self._compile(graph)
         return self._decode[key]
 
+    def decode_loop(self, batch: int, pages: int, width: int) -> CompiledProgram:
+        """The decode loop (`decode_program`) over `decode_module(batch, pages, width)`."""
+        key = (batch, pages, width)
+        if key not in self._loops:
+            module = self.decode_module(batch, pages, width)
+            program = decode_program(module.graph, self.size["layers"], width)  # type: ignore[attr-defined]
+            self._loops[key] = CompiledProgram.of_modules(program, self.target, [module])
+        return self._loops[key]
+
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> GenerateResult:
         """`max_new_tokens` new token ids for each prompt, greedily, all decoded together."""
         prompts = [list(map(int, p)) for p in prompts]
@@ -144,7 +159,7 @@ class Generator:
         for prompt in prompts:  # compiled first, so that the times below are of running
             self.prefill_module(self.prefill_length(len(prompt)))
         width = self.table_pages(longest)
-        decode = self.decode_module(len(prompts), pages, width)
+        loop = self.decode_loop(len(prompts), pages, width)
         compile_seconds = time.perf_counter() - start
         seqs, tokens = [], []
         start = time.perf_counter()
@@ -159,24 +174,20 @@ class Generator:
             seqs.append(seq)
             tokens.append([int(np.argmax(logits[n - 1]))])
         prefill = time.perf_counter() - start
-        in_use: list[int] = []
         start = time.perf_counter()
-        for _ in range(max_new_tokens - 1):
-            lengths = cache.lengths(seqs)
-            feeds = [
-                np.array([t[-1] for t in tokens], np.int64),
-                lengths.astype(np.int64),  # the new token's position: the tokens before it
-                cache.block_table(seqs, width),
-                lengths,
-            ]
-            for layer in range(layers):
-                feeds += [cache.keys[layer], cache.values[layer]]
-            logits, *news = decode.run(feeds)
-            keys, values = np.stack(news[0::2], axis=1), np.stack(news[1::2], axis=1)
-            for row, seq in enumerate(seqs):
-                cache.append(seq, keys[row], values[row])
-                tokens[row].append(int(np.argmax(logits[row])))
-            in_use.append(cache.pages_in_use)
+        steps = max_new_tokens - 1
+        in_use: list[int] = []
+        if steps:
+            feeds = {
+                "cache": cache,
+                "seqs": np.array(seqs, np.int64),
+                "steps": np.array(steps),
+                "first": np.array([t[0] for t in tokens], np.int64),
+            }
+            ids, pages = loop.run(feeds)
+            for row, new in enumerate(ids.T):
+                tokens[row] += [int(t) for t in new]
+            in_use = [int(p) for p in pages]
         return GenerateResult(tokens, prefill, time.perf_counter() - start, in_use, compile_seconds)
 
     def _check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -194,6 +205,39 @@ class Generator:
                 f"a prompt of {longest - max_new_tokens} tokens and {max_new_tokens} new ones "
                 f"make {longest}, past the {self.max_tokens} positions this generator holds"
             )
+
+
+def decode_program(graph: Graph, layers: int, width: int) -> Program:
+    """The decode loop as a VM program over a decode step's graph (`gpt2_small_paged_decode`,
+    of `layers` layers and a block table `width` pages wide). Inputs: `cache` (a
+    PagedKVCache holding the sequences), `seqs` (their ids), `first` (each one's last token,
+    int64) and `steps`; outputs: the new token ids [steps, sequences] and the pages in use
+    after each step."""
+    pools = tuple(f"{kind}{layer}" for layer in range(layers) for kind in ("k", "v"))
+    news = tuple(f"new_{name}" for name in pools)
+    body = Program(
+        ("i", "going", "tokens"),
+        (
+            Call("kv_lengths", ("cache", "seqs"), ("lengths",)),
+            Call("kv_table", ("cache", "seqs"), ("table",), (("width", width),)),
+            Call("cast", ("lengths",), ("positions",), (("dtype", "int64"),)),
+            Run(graph, ("tokens", "positions", "table", "lengths", *pools), ("logits", *news)),
+            Call("kv_append", ("cache", "seqs", *news)),
+            Call("argmax", ("logits",), ("next",)),
+            Call("kv_pages_in_use", ("cache",), ("pages",)),
+        ),
+        ("going", "next", "next", "pages"),
+        "decode_step",
+    )
+    return Program(
+        ("cache", "seqs", "first", "steps"),
+        (
+            Call("kv_pools", ("cache",), pools),
+            Loop("steps", None, ("first",), body, ("last", "ids", "pages")),
+        ),
+        ("ids", "pages"),
+        "decode",
+    )
 
 
 def generate(

@@ -12,6 +12,7 @@ from cli_helpers import file_state, run_hexir, save_tiny_mlp
 
 import hexir
 from hexir.database import Database
+from hexir.runtime.vm import Call, Program, Run
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,11 @@ def folder(tmp_path_factory) -> Path:
     det = helper.make_graph([helper.make_node("Det", ["x"], ["y"], name="det")], "g", [x], [y])
     onnx.save(helper.make_model(det, opset_imports=[helper.make_opsetid("", 17)]),
               folder / "det.onnx")  # fmt: skip
-    hexir.compile(hexir.load_model(str(folder / "tiny.hexir")), "cpu").save(folder / "tiny.hxa")
+    tiny = hexir.load_model(str(folder / "tiny.hexir"))
+    hexir.compile(tiny, "cpu").save(folder / "tiny.hxa")
+    ins, outs = (tuple(v.name for v in vs) for vs in (tiny.inputs, tiny.outputs))
+    steps = (Run(tiny, ins, outs), Call("argmax", outs[:1], ("best",)))
+    Program(ins, steps, ("best",)).compile("cpu").save(folder / "program.hxa")
     return folder
 
 
@@ -76,6 +81,7 @@ CASES = [
     (["db", "best", "ffff", "--db", DB], "no workload whose key starts with 'ffff'"),
     (["run", "old.hxa"], "built by hexir 0.0.1; this is hexir"),
     (["run", "foreign.hxa"], "rebuild it on this machine"),
+    (["run", "program.hxa"], "holds a program (steps over 1 module,"),
     (["run", "tiny.hexir", "--inputs", "garbage.onnx"], "cannot read inputs from garbage.onnx"),
     (["export", "matmul:M=4,N=4,K=4"], "is a single workload"),
     (["run", "matmul:M=4,N=4,K=4", "--profile"], "--profile times the commands of a whole model"),

@@ -12,9 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 
-from hexir.errors import ModelError
+import hexir.runtime
+from hexir.errors import HexirError, ModelError
 from hexir.frontend.onnx_program import import_program
-from hexir.runtime.vm import If, Loop, Run
+from hexir.runtime.vm import Call, CompiledProgram, If, Loop, Program, Run
 
 F = TensorProto.FLOAT
 
@@ -111,6 +112,49 @@ def test_branches_and_loops_compute_as_onnxruntime(sign, trips):
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_program_saves_as_one_artifact_and_loads_as_a_program(tmp_path):
+    rng = np.random.default_rng()
+    model = _model()
+    compiled = import_program(model).compile("cpu")
+    path = compiled.save(tmp_path / "program.hxa")
+    loaded = hexir.runtime.load(path)
+    assert isinstance(loaded, CompiledProgram)
+    # the same steps, its runs over the loaded modules
+    numbers = {id(s): i for i, s in enumerate(compiled.program.runs())}
+    again = {id(s): i for i, s in enumerate(loaded.program.runs())}
+    assert loaded.program.to_json(lambda s: again[id(s)]) == compiled.program.to_json(
+        lambda s: numbers[id(s)]
+    )
+    for sign in (1, -1):
+        feeds = {
+            "x": (np.abs(rng.standard_normal((3, 4))) * sign).astype(np.float32),
+            "n": np.array(3),
+            "acc0": rng.standard_normal((3, 4)).astype(np.float32),
+        }
+        for got, want in zip(loaded.run(feeds), compiled.run(feeds), strict=True):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_program_with_steps_made_as_it_runs_has_no_artifact(tmp_path):
+    compiled = import_program(_case("test_loop11").model).compile("cpu")
+    with pytest.raises(HexirError, match="reads the values of iter_count as constants"):
+        compiled.save(tmp_path / "loop.hxa")
+    assert not (tmp_path / "loop.hxa").exists()
+
+
+def test_builtin_steps_compute_and_an_unknown_one_is_refused():
+    x = np.random.default_rng().standard_normal((3, 5)).astype(np.float32)
+    program = Program(
+        ("x",),
+        (Call("argmax", ("x",), ("i",)), Call("cast", ("i",), ("f",), (("dtype", "float32"),))),
+        ("f",),
+    )
+    (f,) = program.compile("cpu").run([x])
+    np.testing.assert_array_equal(f, np.argmax(x, -1).astype(np.float32))
+    with pytest.raises(HexirError, match="unknown VM builtin 'sort'; the builtins are argmax"):
+        Call("sort", ("x",), ("y",))
 
 
 def test_a_stretch_that_needs_an_inputs_value_is_made_once_per_value():

@@ -81,13 +81,20 @@ def test_the_artifact_holds_images_commands_constants_plan_and_keys(saved):
     with zipfile.ZipFile(path) as z:
         names = set(z.namelist())
         manifest = json.loads(z.read("manifest.json"))
-        blobs = {k: np.load(z.open(v), allow_pickle=False) for k, v in manifest["blobs"].items()}
+        (part,) = manifest["modules"]
+        blobs = {k: np.load(z.open(v), allow_pickle=False) for k, v in part["blobs"].items()}
     assert manifest["hexir_version"] == hexir.__version__
     assert manifest["target"]["key"] == hexir.Target("cpu").key
-    assert len(manifest["commands"]) == len(module.commands)
-    assert manifest["plan"]["storage_sizes"] == list(module.plan.storage_sizes)
-    assert {"manifest.json", "graph.hexir"} <= names
-    assert all(k["image"].endswith(".so") and k["image"] in names for k in manifest["kernels"])
+    # a module alone: a program of one step that runs it, with the graph's inputs and outputs
+    assert manifest["kind"] == "module"
+    assert manifest["program"]["steps"] == [{
+        "run": 0, "inputs": [v.name for v in module.graph.inputs],
+        "outputs": [v.name for v in module.graph.outputs],
+    }]  # fmt: skip
+    assert len(part["commands"]) == len(module.commands)
+    assert part["plan"]["storage_sizes"] == list(module.plan.storage_sizes)
+    assert {"manifest.json", "modules/0/graph.hexir"} <= names
+    assert all(k["image"].endswith(".so") and k["image"] in names for k in part["kernels"])
     assert {manifest["runner"]["source"], manifest["runner"]["image"]} <= names
     for name, data in module.graph.constants:
         np.testing.assert_array_equal(blobs[name], data.array)
@@ -105,13 +112,23 @@ def test_an_artifact_of_another_hexir_version_is_refused(saved, tmp_path):
         hexir.runtime.load(old)
 
 
+def test_an_artifact_of_format_2_is_refused_with_what_changed(saved, tmp_path):
+    # Format 2 held one module's kernels and no program.
+    _, path = saved
+    old = tmp_path / "format2.hxa"
+    old.write_bytes(path.read_bytes())
+    rewrite_manifest(old, lambda m: m.update(format_version=2))
+    with pytest.raises(ArtifactError, match="format 2, from before artifacts carried a program"):
+        hexir.runtime.load(old)
+
+
 def test_an_artifact_of_an_older_format_is_refused(saved, tmp_path):
     # Format 1 ran every reshape as a command; format 2 keeps views in the plan instead.
     _, path = saved
     old = tmp_path / "format1.hxa"
     old.write_bytes(path.read_bytes())
     rewrite_manifest(old, lambda m: m.update(format_version=1))
-    with pytest.raises(ArtifactError, match="of format hexir-artifact 2 .found hexir-artifact 1"):
+    with pytest.raises(ArtifactError, match="of format hexir-artifact 3 .found hexir-artifact 1"):
         hexir.runtime.load(old)
 
 
@@ -142,9 +159,10 @@ def test_a_cuda_artifact_is_refused_without_a_gpu(tmp_path):
     path = module.save(tmp_path / "gpu.hxa")
     with zipfile.ZipFile(path) as z:
         manifest = json.loads(z.read("manifest.json"))
-        assert all(z.read(k["image"]) for k in manifest["kernels"])
+        (part,) = manifest["modules"]
+        assert all(z.read(k["image"]) for k in part["kernels"])
     assert manifest["target"]["key"] == "cuda-sm_90"
-    assert manifest["kernels"][0]["image"].endswith(".cubin")
+    assert part["kernels"][0]["image"].endswith(".cubin")
     with pytest.raises(TargetError, match="targets cuda-sm_90, but no CUDA GPU is visible"):
         hexir.runtime.load(path)
 

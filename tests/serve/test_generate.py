@@ -104,3 +104,24 @@ def test_the_cached_numpy_reference_agrees_with_recomputing_everything():
     prompt = [int(t) for t in np.random.default_rng().integers(0, 100, 7)]
     cached = numpy_greedy(prompt, 24, gpt2_weights(**SIZE), heads=SIZE["heads"])
     assert cached == _numpy_greedy(prompt, 24, _weights(31))
+
+
+def test_the_decode_loop_is_a_vm_program_an_artifact_carries(generator, tmp_path):
+    # The loop, its builtins over the cache and the decode module, saved and loaded: the
+    # generator then decodes through the loaded program, to the same tokens.
+    from hexir.runtime.vm import Call, CompiledProgram, Loop
+
+    prompt = [int(t) for t in np.random.default_rng().integers(0, 100, 5)]
+    want = generator.generate([prompt], 12).tokens
+    key = (1, generator.max_pages, generator.table_pages(len(prompt) + 12))
+    loop = generator._loops[key]
+    (step,) = [s for s in loop.program.steps if isinstance(s, Loop)]
+    assert {s.builtin for s in step.body.steps if isinstance(s, Call)} >= {"argmax", "kv_append"}
+    loaded = hexir.runtime.load(loop.save(tmp_path / "decode.hxa"))
+    assert isinstance(loaded, CompiledProgram) and loaded is not loop
+    generator._loops[key] = loaded
+    try:
+        again = generator.generate([prompt], 12).tokens
+        assert again == want == [_numpy_greedy(prompt, 12, _weights(17))]
+    finally:
+        generator._loops[key] = loop
