@@ -32,6 +32,7 @@ from typing import cast
 
 from hexir.codegen.c_inplace import intermediates_in_outputs
 from hexir.codegen.c_narrow import lower_narrow_floats
+from hexir.codegen.cuda_reduce import AllReduce
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import itemsize
 from hexir.ir.tir import (
@@ -215,8 +216,19 @@ def _own_locals(parts: list[Stmt]) -> list[Stmt]:
             if isinstance(node, Allocate) and node.buffer.scope == "local":
                 fresh = replace(node.buffer, name=f"{node.buffer.name}_p{n}")
                 part = replace_buffer(part, node.buffer, fresh)
+                part = _renamed_reductions(part, node.buffer, fresh)
         owned.append(part)
     return owned
+
+
+def _renamed_reductions(stmt: Stmt, old: Buffer, new: Buffer) -> Stmt:
+    """`stmt` with the cross-thread reductions of `old` (cuda_reduce.py) combining `new`:
+    a renamed piece's partial is the one its all-reduce must read."""
+
+    def rename(s: Stmt) -> Stmt:
+        return replace(s, buffer=new) if isinstance(s, AllReduce) and s.buffer == old else s
+
+    return map_stmt(stmt, stmt_fn=rename)
 
 
 def _bounds_with(guards: list[Expr], var: Var, inner: dict[Var, int]) -> bool:

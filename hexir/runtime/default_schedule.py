@@ -28,6 +28,8 @@ it was, and the default does less.
   inside the others, around one vector of the innermost loop, so every case folds to
   straight-line code with constant coefficients. A kernel of fewer
   than MIN_PARALLEL_ITERATIONS iterations in all (here and of row stages) runs on one core.
+- GPU, an `attention` kernel: the flash nest (hexir/schedule/flash.py): a thread block per
+  tile of query rows, online softmax over tiles of keys and values in shared memory.
 - GPU: the hand-written reference schedule (hexir/schedule/handwritten.py: tiled
   contractions with shared-memory operands, one thread block per row of a row reduction,
   flat elementwise kernels) where it applies and passes the GPU verifier; otherwise
@@ -555,7 +557,15 @@ def _gpu_schedule(func: PrimFunc, target: Target) -> Schedule:
     from hexir.codegen.gpu_verify import verify_gpu
     from hexir.schedule.compact import compact_buffers
     from hexir.schedule.handwritten import gpu_schedule
+    from hexir.schedule.handwritten_attention import flash_schedule
 
+    flash = flash_schedule(func, target)  # an attention kernel: online softmax, key tiles
+    if flash is not None:
+        try:
+            verify_gpu(compact_buffers(flash.func), target)
+            return flash
+        except HexirError:
+            pass
     # The hand-written reference schedule, where it applies and fits the target; not for
     # convolutions: its tiles (channels x one image row) ran ResNet-18 at 5.45 ms on an H200
     # where the plain binding below ran it at 2.0 ms (ResNet-50 10.3 against 3.6; MobileNetV2

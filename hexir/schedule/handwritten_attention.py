@@ -1,8 +1,10 @@
-"""The CPU schedule of an `attention` op's kernel (hexir/ops/attention.py): its stages computed
-per job of query rows, so the scores of those rows against every key stay in cache and no
-kernel writes the scores of all queries.
+"""The schedules of an `attention` op's kernel (hexir/ops/attention.py). On the CPU its stages
+computed per job of query rows, so the scores of those rows against every key stay in cache
+and no kernel writes the scores of all queries; on the GPU the flash nest (`flash_schedule`,
+below): online softmax over tiles of keys in shared memory, no scores of all keys at all.
 
     sch = attention_schedule(lower_op(attention_op), Target("cpu"))    # None: not attention
+    sch = flash_schedule(lower_op(attention_op), Target("cuda"))       # None: not attention
 
 A job is JOB_ROWS query rows of one batch (fewer where there are fewer; all jobs in
 parallel). Within it:
@@ -31,9 +33,19 @@ from hexir.errors import ScheduleError
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 from hexir.schedule.common import all_blocks, attempt, loop_extent
+from hexir.schedule.flash import BLOCKS, match_attention
+from hexir.schedule.flash_nest import Attention, Tiles, shared_bytes
 from hexir.schedule.schedule import Schedule
+from hexir.schedule.trace import ExprRV
 
-__all__ = ["attention_schedule"]
+__all__ = [
+    "attention_schedule",
+    "flash",
+    "flash_schedule",
+    "flash_tiles",
+    "is_attention",
+    "paged_attention_schedule",
+]
 
 JOB_ROWS = 32
 TILE_ROWS = 8
@@ -91,7 +103,10 @@ def _register_tiles(sch: Schedule, name: str, panel_first: bool) -> None:
     accumulated in registers over the whole reduction. `panel_first`: the column panels
     outside the row tiles, each panel of the second operand copied once for all of them."""
     block = sch.get_block(name)
-    rows, cols, red = sch.get_loops(block)[-3:]
+    loops = sch.get_loops(block)
+    if len(loops) < 3:  # one query row: its loop is gone
+        raise ScheduleError("no loops of rows, columns and reduction to tile", name)
+    rows, cols, red = loops[-3:]
     if loop_extent(sch, cols) % PANEL:
         raise ScheduleError(f"{loop_extent(sch, cols)} columns are not panels of {PANEL}", name)
     row_tile, row = sch.split(rows, [None, min(TILE_ROWS, loop_extent(sch, rows))])
@@ -162,3 +177,80 @@ def _paged(sch: Schedule, stages: list[str], target: Target) -> None:
             attempt(lambda name=name: reduce_in_lanes(sch, name, lanes))
     for name in ("paged_exp", "paged_out"):
         attempt(functools.partial(vectorize_last, sch, name))
+
+
+# --- GPU: the flash nest (hexir/schedule/flash.py) ------------------------------------------
+
+# The tiles the trace chooses from (sample_categorical): query rows a thread block, keys a
+# shared tile, threads a query row. The default for a head dimension of 64 is 64 x 64 with 2
+# lanes: 128 threads, keys and values 32.5 KB of shared memory (rows of values padded), each
+# lane 32 scores and 64 accumulators in registers.
+QUERY_TILES = (16, 32, 64, 128)
+KEY_TILES = (16, 32, 64, 128)
+LANES = (1, 2, 4, 8)
+BANKS = 32
+STATIC_SHARED = 48 * 1024
+
+
+def is_attention(func: PrimFunc) -> bool:
+    """Whether `func` is an attention op's kernel that the flash nest takes: the op's
+    stages, and elementwise producers that inline into them."""
+    if not BLOCKS <= {b.name for b in all_blocks(func.body)}:
+        return False
+    sch = Schedule(func)
+    try:
+        _inline_producers(sch)
+        match_attention(sch.func)
+    except ScheduleError:
+        return False
+    return True
+
+
+def flash_tiles(a: Attention, target: Target) -> Tiles:
+    """The default tiles of attention `a`: 64 query rows (fewer for fewer queries), two
+    lanes a row, and the largest tile of at most 64 keys whose keys and values fit the
+    target's static shared memory."""
+    queries = next((q for q in QUERY_TILES if q >= min(a.queries, 64)), 64)
+    limit = target.max_shared_memory_per_block or STATIC_SHARED
+    fits = [k for k in KEY_TILES if k <= 64 and shared_bytes(a, Tiles(queries, k, 2)) <= limit]
+    return Tiles(queries, max(fits, default=KEY_TILES[0]), 2)
+
+
+def flash_schedule(func: PrimFunc, target: Target, tiles: Tiles | None = None) -> Schedule | None:
+    """The flash schedule of an attention kernel with `tiles` (the default: `flash_tiles`);
+    None for another kernel or where the tiles do not fit."""
+    sch = Schedule(func, target=target)
+    try:
+        _inline_producers(sch)
+        return flash(sch, tiles or flash_tiles(match_attention(sch.func), target))
+    except ScheduleError:
+        return None
+
+
+def _inline_producers(sch: Schedule) -> None:
+    """Elementwise producers fused into the kernel (a scaled query): into their readers."""
+    for block in list(all_blocks(sch.func.body)):
+        if block.name not in BLOCKS:
+            sch.compute_inline(sch.get_block(block.name))
+
+
+def flash(sch: Schedule, tiles: Tiles | None = None) -> Schedule:
+    """`sch` (an attention kernel) scheduled as the flash nest, its elementwise producers
+    inlined first, its tiles three draws of the trace: decided as `tiles`, or drawn from
+    `sch.rng` (the search). The values' rows are padded to an odd stride, so the lanes of a
+    row read them in different banks."""
+
+    def draw(what: str, candidates: tuple[int, ...]) -> ExprRV:
+        value = None if tiles is None else getattr(tiles, what)
+        if value is not None and value not in candidates:
+            raise ScheduleError(f"{what} {value} is not one of {candidates}", "flash")
+        decision = None if value is None else candidates.index(value)
+        probs = [1 / len(candidates)] * len(candidates)
+        return sch.sample_categorical(list(candidates), probs, decision=decision)
+
+    _inline_producers(sch)
+    block = sch.get_block("attention_values")
+    queries, keys = draw("queries", QUERY_TILES), draw("keys", KEY_TILES)
+    _, values = sch.flash_attention(block, queries, keys, draw("lanes", LANES))
+    sch.storage_align(values, 0, axis=0, factor=BANKS, offset=1)
+    return sch

@@ -14,6 +14,7 @@ from hexir.schedule.annotate import AnnotatePrimitives
 from hexir.schedule.blockize import BlockizePrimitives
 from hexir.schedule.cache import CachePrimitives
 from hexir.schedule.compute_location import ComputeLocationPrimitives
+from hexir.schedule.flash import FlashPrimitives
 from hexir.schedule.loops import LoopPrimitives
 from hexir.schedule.reduction import ReductionPrimitives
 from hexir.schedule.sampling import SamplingPrimitives
@@ -26,6 +27,7 @@ class Schedule(
     CachePrimitives,
     ReductionPrimitives,
     BlockizePrimitives,
+    FlashPrimitives,
     SamplingPrimitives,
 ):
     """A PrimFunc, its Trace, and the handles (BlockRV, LoopRV, ExprRV) primitives return.

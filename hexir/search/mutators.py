@@ -147,6 +147,10 @@ def _track(
             _mark(origin, marks, _arg(inst, "loop"), str(_arg(inst, "thread_axis", "")))
         case "annotate" if _arg(inst, "key") == AUTO_UNROLL_KEY:
             _mark(origin, marks, _arg(inst, "value"), UNROLL)
+        case "flash_attention":  # query rows on threadIdx.y; a tile's keys over the lanes, x
+            _mark(origin, marks, _arg(inst, "query_tile"), "threadIdx.y")
+            _mark(origin, marks, _arg(inst, "key_tile"), "threadIdx.x")
+            _mark(origin, marks, _arg(inst, "lanes"), "threadIdx.x")
 
 
 def _mark(

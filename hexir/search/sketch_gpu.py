@@ -1,5 +1,8 @@
 """The GPU sketch: every block under one `blockIdx` loop nest, thread-bound stages inside it.
 
+An attention kernel (hexir/ops/attention.py) is the flash nest, its query, key and lane
+tiles drawn (hexir/schedule/handwritten_attention.py).
+
 A reduction with reuse (matmul, conv2d, dense) is tiled five ways in space and three in the
 reduction ("SSSRRSRS"), with the outer reduction tiles hoisted above the thread loops so that
 each shared-memory fetch is a stage of its own (DESIGN.md §3: a thread-bound loop nest is one
@@ -35,6 +38,7 @@ from hexir.ir.visit import free_vars
 from hexir.runtime.target import Target
 from hexir.schedule import BlockRV, ExprRV, LoopRV, Schedule
 from hexir.schedule.common import region_vars
+from hexir.schedule.handwritten_attention import flash, is_attention
 from hexir.schedule.handwritten_mma import Tiles, mma_operands, tile_tensor_cores
 from hexir.schedule.sampling import divisors
 from hexir.search.analysis import (
@@ -74,6 +78,9 @@ MAX_THREADS_Z = 64
 
 def gpu_sketch(sch: Schedule, target: Target) -> None:
     """Schedule every block of `sch.func` for the GPU, drawing from `sch.rng`."""
+    if is_attention(sch.func):  # the flash nest, its three tiles drawn
+        flash(sch)
+        return
     # A convolution's padding stays a stage until the tiling has made its shared fetch, then
     # goes into that fetch: the fetch copies a tile of the padded image, which the conv reads
     # at h + r. Inlined into the conv first, the image's clamped indices would make the
