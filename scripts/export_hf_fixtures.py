@@ -1,7 +1,8 @@
 """Export tiny Hugging Face models to ONNX, as test fixtures: two language models that take
-token ids, and four image classifiers that take pixels, each at three opsets.
+token ids (GPT-2 also as a decoder with past key/values), and four image classifiers that take
+pixels, each at three opsets.
 
-    pip install torch==2.13.0 "transformers==4.57.*" onnx onnxscript   # not Hexir's deps
+    pip install torch==2.13.0 "transformers==4.57.*" onnx onnxscript onnxruntime  # not Hexir's
     python scripts/export_hf_fixtures.py [OUT_DIR]    # default tests/frontend/fixtures
 
 Random weights (seeded), tiny configurations, so each file is a few hundred KB at most.
@@ -11,6 +12,18 @@ Language models (2 layers, hidden 32, vocab 100, 16 tokens): BERT through PyTorc
 through the dynamo exporter at opset 18 (IsNaN around the attention's softmax; the legacy
 exporter fails on GPT-2 with transformers 4.57). Both start with an embedding lookup of
 `input_ids`: a Gather whose indices are a graph input.
+
+GPT-2 with past key/values, `gpt2_tiny_past.onnx` (the same configuration as gpt2_tiny but 32
+positions, weights of its own seed drawn 10x wider, so that greedy generation does not repeat
+one token; dynamo exporter, opset 18), as a generation loop calls it: inputs input_ids and
+position_ids [batch, sequence], attention_mask [batch, total_sequence] (1 for a token to
+attend to; its length is past_sequence + sequence) and past_key_values.<layer>.key/value
+[batch, 2, past_sequence, 16]; outputs logits [batch, sequence, 100] and
+present.<layer>.key/value [batch, 2, past_sequence + sequence, 16], every size a dim_param.
+transformers 4.57 keeps the keys and values in a DynamicCache, so a wrapper module takes and
+returns plain tensors. Its position_ids and attention_mask are inputs so that a caller may pad
+the past (masked) and still give the true positions. The script checks the file with ONNX
+Runtime against PyTorch.
 
 Image classifiers (1x3x32x32 `pixel_values` to 10 `logits`): ViT (patch 8, 2 layers, hidden
 32), ResNet (basic blocks, 2 stages of 1, widths 8 and 16), MobileNetV2 (depth multiplier
@@ -24,9 +37,10 @@ as `<model>_tiny_opset<N>.onnx` for N = 17, 18, 20:
 Weight scales are raised above Hugging Face's initializer ranges (and BatchNorm statistics
 drawn at random) so that the logits vary with the pixels instead of vanishing.
 
-Rerun, the script rewrites bert_tiny.onnx and the image classifiers byte for byte; gpt2_tiny
-keeps its graph and weights but not its node metadata, which holds this script's line
-numbers. tests/frontend/test_hf_fixtures.py imports and runs them; neither torch nor
+Rerun, the script rewrites bert_tiny.onnx, gpt2_tiny_past.onnx and the image classifiers byte
+for byte; gpt2_tiny keeps its graph and weights but not its node metadata, which holds this
+script's line numbers. tests/frontend/test_hf_fixtures.py imports and runs them (and
+tests/serve/test_onnx_decoder.py generates with gpt2_tiny_past); neither torch nor
 transformers is needed there.
 """
 
@@ -42,6 +56,7 @@ from transformers import (
     BertModel,
     ConvNextConfig,
     ConvNextForImageClassification,
+    DynamicCache,
     GPT2Config,
     GPT2LMHeadModel,
     MobileNetV2Config,
@@ -77,6 +92,32 @@ class MaskedLogits(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask)
         return getattr(out, self.field)
+
+
+class PastDecoder(torch.nn.Module):
+    """A causal language model's step with plain tensors for its cache: (input_ids,
+    attention_mask, position_ids, key and value of each layer) to (logits, presents)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        *past: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        cache = DynamicCache()
+        for layer in range(len(past) // 2):
+            cache.update(past[2 * layer], past[2 * layer + 1], layer)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=cache, use_cache=True,
+        )  # fmt: skip
+        presents = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return (out.logits, *presents)
 
 
 class Classify(torch.nn.Module):
@@ -168,6 +209,57 @@ def export_dynamic(bert: torch.nn.Module, gpt2: torch.nn.Module, out: Path) -> N
     onnx.save(proto, path)
 
 
+def export_past(out: Path) -> None:
+    """GPT-2 with past key/values (module docstring), checked with ONNX Runtime on a past of 5
+    tokens, 3 new ones and a mask that hides two of the past."""
+    torch.manual_seed(5)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=2 * TOKENS,
+                        initializer_range=0.2)  # fmt: skip
+    gpt2 = GPT2LMHeadModel(config).eval()
+    heads, head_dim = config.n_head, config.n_embd // config.n_head
+    batch, past, new = 2, 5, 3
+    ids = torch.randint(0, VOCAB, (batch, new))
+    mask = torch.ones(batch, past + new, dtype=torch.int64)
+    mask[1, :2] = 0
+    at = torch.arange(past, past + new).expand(batch, new)
+    cache = [torch.randn(batch, heads, past, head_dim) for _ in range(2 * config.n_layer)]
+    names = [f"past_key_values.{i}.{kv}" for i in range(config.n_layer) for kv in ("key", "value")]
+    presents = [name.replace("past_key_values", "present") for name in names]
+    positions = config.n_positions
+    dims = {name: torch.export.Dim(name, max=limit) for name, limit in
+            (("batch", 8), ("sequence", positions), ("past_sequence", positions),
+             ("total_sequence", 2 * positions))}  # fmt: skip
+    rows = {0: dims["batch"], 1: dims["sequence"]}
+    # in the order of forward's arguments: torch matches them by position around *past
+    shapes = {
+        "input_ids": rows,
+        "attention_mask": {0: dims["batch"], 1: dims["total_sequence"]},
+        "position_ids": rows,
+        "past": tuple({0: dims["batch"], 2: dims["past_sequence"]} for _ in cache),
+    }
+    path = out / "gpt2_tiny_past.onnx"
+    decoder = PastDecoder(gpt2).eval()
+    torch.onnx.export(decoder, (ids, mask, at, *cache), str(path),
+                      input_names=["input_ids", "attention_mask", "position_ids", *names],
+                      output_names=["logits", *presents], opset_version=18, dynamo=True,
+                      dynamic_shapes=shapes, external_data=False)  # fmt: skip
+    proto = onnx.load(path)
+    for node in proto.graph.node:
+        del node.metadata_props[:]
+    onnx.save(proto, path)
+    try:
+        import onnxruntime
+    except ImportError:
+        return
+    with torch.no_grad():
+        want = decoder(ids, mask, at, *cache)
+    feeds = dict(zip(["input_ids", "attention_mask", "position_ids", *names],
+                     [t.numpy() for t in (ids, mask, at, *cache)], strict=True))  # fmt: skip
+    got = onnxruntime.InferenceSession(str(path)).run(None, feeds)
+    for name, a, b in zip(["logits", *presents], got, want, strict=True):
+        assert abs(a - b.numpy()).max() < 1e-5, f"{path}: {name} differs from PyTorch's"
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tests/frontend/fixtures")
     out.mkdir(parents=True, exist_ok=True)
@@ -185,6 +277,7 @@ def main() -> None:
                       input_names=["input_ids"], output_names=["logits"], opset_version=18,
                       dynamo=True, external_data=False)  # fmt: skip
     export_dynamic(bert, gpt2, out)
+    export_past(out)
     for name, model in vision_models().items():
         for opset in OPSETS:
             export_vision(name, model, opset, out)

@@ -13,6 +13,7 @@ import numpy as np
 
 from hexir.ir.dtype import check_dtype, numpy_dtype
 from hexir.ir.graph import Op, Value
+from hexir.ir.symbolic import Dim, Sym, SymbolicError
 from hexir.ops.builder import GraphBuilder
 
 # Constant inputs bigger than this are not evaluated at import time: a shape, axes or pads
@@ -207,14 +208,36 @@ class Context:
 
     # --- values known at import time ------------------------------------------------------
 
+    def dims_value(self, dims: Sequence[Dim], shape: tuple[int, ...] | None = None) -> Value:
+        """An int64 tensor of these dimensions (1-D, or of `shape`): a constant where they are
+        numbers; where some are symbols, the ops that compute it at run time ([d] is an
+        arange from d to d + 1), its array known here with the symbols in it (`known`), so
+        that the converters reading it as a shape see them."""
+        shape = (len(dims),) if shape is None else shape
+        if not any(isinstance(d, Sym) for d in dims):
+            return self.constant(np.asarray(dims, np.int64).reshape(shape))
+        parts = [
+            self.op("arange", start=d, stop=d + 1)
+            if isinstance(d, Sym)
+            else self.constant(np.asarray([d], np.int64))
+            for d in dims
+        ]
+        value = parts[0] if len(parts) == 1 else self.op("concat", *parts, axis=0)
+        if shape != (len(dims),):
+            value = self.op("reshape", value, shape=shape)
+        self._known[value.name] = np.asarray(dims, object).reshape(shape)
+        return value
+
     def known(self, value: Value) -> np.ndarray | None:
-        """The array of `value` when it follows from constants alone, else None."""
+        """The array of `value` when it follows from constants and the inputs' shapes alone,
+        else None. Where the shapes are symbolic it is an object array whose elements are
+        ints and Syms (a Shape node's output, and the arithmetic on it)."""
         from hexir.graph.evaluate import evaluate_op
 
         if value.name in self._known:
             return self._known[value.name]
         op = self._producers.get(value.name)
-        if op is None or value.type.size > KNOWN_LIMIT:
+        if op is None or value.type.symbolic or value.type.size > KNOWN_LIMIT:
             return None  # a graph input, a big constant, or too big to evaluate here
         if value.name in self._unknown:
             return None
@@ -227,10 +250,41 @@ class Context:
                 self._unknown.add(value.name)
                 return None
             operands.append(array)
-        array = evaluate_op(op, operands)
+        if any(a.dtype == object for a in operands):
+            array = _symbolic_evaluate(op, operands)
+        else:
+            array = evaluate_op(op, operands)
+        if array is None:
+            self._unknown.add(value.name)
+            return None
         self._known[value.name] = array
         return array
 
 
+def _symbolic_evaluate(op: Op, operands: list[np.ndarray]) -> np.ndarray | None:
+    """`op`'s numpy semantics on object arrays that hold Syms (numpy's reshapes,
+    concatenations, slices and arithmetic work on any objects): an object array while a Sym
+    is left in it; None where the symbols do not allow the op (seq * past, int(seq))."""
+    from hexir.ops import op_def
+
+    semantics = op_def(op.kind)
+    if semantics is None or semantics.evaluate is None:
+        return None
+    try:
+        array = np.asarray(semantics.evaluate(list(operands), dict(op.attrs)), object)
+        if array.shape != op.result.type.shape:
+            return None
+        if any(isinstance(d, Sym) for d in array.reshape(-1)):
+            return array
+        return array.astype(numpy_dtype(op.result.type.dtype))
+    except (SymbolicError, TypeError, ValueError, ArithmeticError):
+        return None
+
+
 def int_list(values: Sequence[int] | np.ndarray) -> list[int]:
     return [int(v) for v in np.asarray(values).reshape(-1)]
+
+
+def dim_list(values: Sequence[Dim] | np.ndarray) -> list[Dim]:
+    """`int_list`, keeping the Syms of a shape known with symbols (`Context.known`)."""
+    return [v if isinstance(v, Sym) else int(v) for v in np.asarray(values).reshape(-1)]

@@ -3,7 +3,11 @@ scatters.
 
 Shapes, axes, starts and pads must be known at import time: initializers, Constant nodes, or
 computed from them and from static shapes (a Shape node's output is a constant here, so the
-Shape -> Gather -> Concat -> Reshape chains exporters write resolve to constants).
+Shape -> Gather -> Concat -> Reshape chains exporters write resolve to constants). Where an
+input's dims are symbols (`import_onnx(..., symbolic=True)`), a Shape node's output is known
+with the symbols in it (`Context.dims_value`), the same chains resolve to shapes that hold
+them, and Reshape, Expand, ConstantOfShape and Range to such shapes and bounds become reshape,
+broadcast_to and arange ops whose attributes are those dimensions.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import numpy as np
 from hexir.frontend.onnx_context import (
     Context,
     Unsupported,
+    dim_list,
     int_list,
     normalized_axis,
     tensor_array,
 )
 from hexir.frontend.onnx_ops import Spec, broadcast_to, reshape
 from hexir.ir.graph import Value
+from hexir.ir.symbolic import Dim, Sym, format_dim
 from hexir.ops.indexing import REDUCTIONS
 
 
@@ -34,7 +40,7 @@ def _transpose(ctx: Context) -> Sequence[Value]:
 
 def _reshape(ctx: Context) -> Sequence[Value]:
     x = ctx.input(0)
-    shape = int_list(ctx.array(1, "shape"))
+    shape = dim_list(ctx.array(1, "shape"))
     if not ctx.attr("allowzero", 0):  # 0 copies the input's extent
         shape = [x.type.shape[i] if d == 0 else d for i, d in enumerate(shape)]
     return [reshape(ctx, x, shape)]
@@ -189,10 +195,12 @@ def _pad_from_edges(ctx: Context, x: Value, axis: int, before: int, after: int, 
 
 
 def _shape(ctx: Context) -> Sequence[Value]:
+    """The input's static extents as a constant; symbolic ones as `Context.dims_value`, read
+    with their symbols by the converters of the shape arithmetic after it."""
     shape = ctx.input(0).type.shape
     start, end = int(ctx.attr("start", 0)), ctx.attr("end")
     part = shape[start:] if end is None else shape[start : int(end)]
-    return [ctx.constant(np.asarray(part, np.int64))]
+    return [ctx.dims_value(part)]
 
 
 def _gather(ctx: Context) -> Sequence[Value]:
@@ -249,29 +257,57 @@ def _scatter_nd(ctx: Context) -> Sequence[Value]:
 
 
 def _expand(ctx: Context) -> Sequence[Value]:
+    """Expand to a shape known at import: `where` against a constant of ones (see
+    `broadcast_to`); to a shape with symbols in it, the broadcast_to op."""
     x = ctx.input(0)
-    target = np.broadcast_shapes(x.type.shape, tuple(int_list(ctx.array(1, "shape"))))
+    target = _broadcast_shapes(x.type.shape, tuple(dim_list(ctx.array(1, "shape"))))
+    if any(isinstance(d, Sym) for d in target) and target != x.type.shape:
+        return [ctx.op("broadcast_to", x, shape=target)]
     return [broadcast_to(ctx, x, target)]
+
+
+def _broadcast_shapes(a: tuple[Dim, ...], b: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """numpy's broadcast of two shapes whose extents may be symbols (equal ones, or 1)."""
+    rank = max(len(a), len(b))
+    a, b = (1,) * (rank - len(a)) + a, (1,) * (rank - len(b)) + b
+    if any(x != y and 1 not in (x, y) for x, y in zip(a, b, strict=True)):
+        raise Unsupported(f"shapes {_shown(a)} and {_shown(b)} do not broadcast")
+    return tuple(y if x == 1 else x for x, y in zip(a, b, strict=True))
+
+
+def _shown(shape: tuple[Dim, ...]) -> str:
+    return "(" + ", ".join(map(format_dim, shape)) + ")"
 
 
 def _constant_of_shape(ctx: Context) -> Sequence[Value]:
     """A constant of a shape known at import (PyTorch's legacy exporter writes it for
-    `torch.ones/zeros` of traced shapes: BERT's attention mask): folded to its data."""
-    shape = tuple(int_list(ctx.array(0, "shape")))
+    `torch.ones/zeros` of traced shapes: BERT's attention mask): folded to its data; of a
+    shape with symbols in it, its one value broadcast to that shape."""
+    shape = tuple(dim_list(ctx.array(0, "shape")))
     value = ctx.attr("value")
     fill = np.zeros(1, np.float32) if value is None else tensor_array(value, "its value")
     if fill.size != 1:
         raise Unsupported(f"ConstantOfShape value of {fill.size} elements (ONNX allows one)")
+    if any(isinstance(d, Sym) for d in shape):
+        one = ctx.constant(fill.reshape((1,) * len(shape)))
+        return [ctx.op("broadcast_to", one, shape=shape)]
     return [ctx.constant(np.full(shape, fill.reshape(()), fill.dtype))]
 
 
 def _range(ctx: Context) -> Sequence[Value]:
-    """Range of constant start, limit and delta: folded to its data."""
+    """Range of constant start, limit and delta: folded to its data; of bounds read off
+    symbolic shapes (positions past a KV cache's length), the arange op."""
     start, limit, delta = (
         np.asarray(ctx.array(i, n)) for i, n in enumerate(("start", "limit", "delta"))
     )
-    if delta.item() == 0:
-        raise Unsupported("Range with delta 0")
+    if isinstance(delta.item(), Sym) or delta.item() == 0:
+        raise Unsupported(f"Range with delta {format_dim(delta.item())} (a nonzero number)")
+    if isinstance(start.item(), Sym) or isinstance(limit.item(), Sym):
+        dtype = ctx.input(0).type.dtype
+        if not dtype.startswith("int"):
+            raise Unsupported(f"Range of {dtype} from symbolic bounds (integers only)")
+        first, last = dim_list([start.item(), limit.item()])
+        return [ctx.op("arange", start=first, stop=last, step=int(delta.item()), dtype=dtype)]
     return [ctx.constant(np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype))]
 
 
@@ -381,7 +417,7 @@ SHAPE_SPECS: dict[str, Spec] = {
     "ScatterND": Spec(_scatter_nd, {"reduction": REDUCTIONS}),
     "ConstantOfShape": Spec(_constant_of_shape, {"value": None}),
     "Range": Spec(_range),
-    "Size": Spec(lambda ctx: [ctx.constant(np.asarray(ctx.input(0).type.size, np.int64))]),
+    "Size": Spec(lambda ctx: [ctx.dims_value([ctx.input(0).type.size], shape=())]),
     "Tile": Spec(_tile),
     "Trilu": Spec(_trilu, {"upper": None}),
     "CumSum": Spec(_cumsum, {"exclusive": None, "reverse": None}),

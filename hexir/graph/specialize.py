@@ -5,8 +5,9 @@ the inputs it is run on, then every op's type inferred again at those sizes.
     concrete = specialize(graph, sizes)                     # tensor<1x17x768xf32>, ...
 
 Every op is rebuilt with `make_op` from its operands and its (normalized) attributes, as the
-parser rebuilds a printed graph, so a size at which an op does not fit (a reshape that no
-longer divides) is that op's TypeInferenceError. Constants keep their data.
+parser rebuilds a printed graph, a symbolic dimension in an attribute (a reshape's shape, an
+arange's bounds) taken at the given sizes; so a size at which an op does not fit (a reshape
+that no longer divides) is that op's TypeInferenceError. Constants keep their data.
 """
 
 from __future__ import annotations
@@ -76,6 +77,16 @@ def symbol_sizes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
     return sizes
 
 
+def _concrete_attr(value: object, sizes: Mapping[str, int]) -> object:
+    """An attribute with each symbolic dimension in it (reshape's shape, arange's bounds) at
+    the given sizes."""
+    if isinstance(value, Sym):
+        return value.evaluate(sizes)
+    if isinstance(value, tuple) and any(isinstance(v, Sym) for v in value):
+        return tuple(v.evaluate(sizes) if isinstance(v, Sym) else v for v in value)
+    return value
+
+
 def _value(d: Dim, sizes: Mapping[str, int]) -> int | None:
     if not isinstance(d, Sym):
         return d
@@ -106,7 +117,8 @@ def specialize(graph: Graph, sizes: Mapping[str, int]) -> Graph:
             new = op
         else:
             operands = [values[v.name] for v in op.operands]
-            new = make_op(op.name, operands, dict(op.attrs), op.result.name, op.placement)
+            attrs = {k: _concrete_attr(a, sizes) for k, a in op.attrs}
+            new = make_op(op.name, operands, attrs, op.result.name, op.placement)
         values[new.result.name] = new.result
         ops.append(new)
     outputs = tuple(values[v.name] for v in graph.outputs)

@@ -18,7 +18,9 @@ which checks each op against its definition, is `hexir.ops.graph_parser`):
 - An op: `%result = hexir.<op> %a, %b {attrs} : <result type>`. The attribute dict holds the
   normalized attributes (docs/ops.md) and `placement`, sorted by key, and is always printed.
   Values: ints `3`; floats by `repr` (`1e-05`, `0.0`, `inf`, `-inf`, `nan`); bools
-  `true`/`false`; strings JSON-quoted; tuples of ints `(1, 2)`, `(3,)`, `()`.
+  `true`/`false`; strings JSON-quoted; tuples of ints `(1, 2)`, `(3,)`, `()`. Where an
+  attribute is a dimension (reshape's shape, arange's bounds), a symbolic one prints as in a
+  type: `{seq}`, `(1, {seq}, {past + seq})`.
 - A constant: `%c = hexir.constant <data> : <type>`, its attribute dict printed only when its
   placement is not "cpu". The data of up to 16 elements is inline: `dense<[[1.0, 2.0], ...]>`
   with brackets nested as the shape (rank 0: `dense<1.5>`), floats in the shortest form that
@@ -39,7 +41,7 @@ import numpy as np
 
 from hexir.ir.dtype import is_float, short_name
 from hexir.ir.graph import Graph, Op, TensorType, Value
-from hexir.ir.symbolic import format_dim
+from hexir.ir.symbolic import Sym, format_dim
 from hexir.ir.tir import Annotations
 
 INLINE_LIMIT = 16  # constants of at most this many elements print inline
@@ -60,8 +62,10 @@ def format_attr_value(value: object) -> str:
             return repr(value)
         case str():
             return json.dumps(value)
-        case tuple() if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            inner = ", ".join(map(str, value))
+        case Sym():
+            return format_dim(value)
+        case tuple() if all(isinstance(v, int | Sym) and not isinstance(v, bool) for v in value):
+            inner = ", ".join(map(format_dim, value))
             return f"({inner},)" if len(value) == 1 else f"({inner})"
     raise TypeError(f"no text form for the attribute value {value!r}")
 
@@ -78,8 +82,8 @@ def print_op(op: Op, data: np.ndarray | None = None) -> str:
     type_text = print_tensor_type(op.result.type)
     if op.name == "hexir.constant":
         return f"{result} {_constant_body(op, data)} : {type_text}"
-    operands = ", ".join(f"%{v.name}" for v in op.operands)
-    return f"{result} {operands} {print_attrs(op.attrs, op.placement)} : {type_text}"
+    operands = "".join(f" %{v.name}," for v in op.operands).rstrip(",")  # none: arange
+    return f"{result}{operands} {print_attrs(op.attrs, op.placement)} : {type_text}"
 
 
 def _constant_body(op: Op, data: np.ndarray | None) -> str:

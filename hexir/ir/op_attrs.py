@@ -16,7 +16,7 @@ import numpy as np
 
 from hexir.ir.dtype import check_dtype, is_float, is_int
 from hexir.ir.graph import TensorType
-from hexir.ir.symbolic import format_dim
+from hexir.ir.symbolic import Dim, Sym, format_dim
 from hexir.ir.tir import AnnotationValue
 
 # Names of values, graphs and constants: what the text form can spell after `%` or `@`.
@@ -190,8 +190,31 @@ class Check:
         self.out[key] = values
         return values
 
-    def raw_entries(self, key: str, length: int) -> tuple[int | None, ...] | None:
-        """A tuple of ints or Nones, unrecorded (slice's start/stop/step); None if absent."""
+    def extents(self, key: str, default: object = _REQUIRED) -> tuple[Dim, ...]:
+        """A tuple of dimensions: ints, or symbolic ones (Syms) where the op's sizes are
+        symbolic (reshape's shape, broadcast_to's); a dimension alone is a tuple of one."""
+        value = self._get(key, default)
+        if isinstance(value, Sym) or (not isinstance(value, bool) and hasattr(value, "__index__")):
+            value = (value,)
+        if hasattr(value, "tolist"):  # numpy arrays
+            value = value.tolist()
+        if not isinstance(value, list | tuple | range):
+            raise Reject(f"attribute '{key}' must be a tuple of dimensions, got {value!r}")
+        what = f"attribute '{key}'"
+        values = tuple(v if isinstance(v, Sym) else _int(v, what) for v in value)
+        self.out[key] = values
+        return values
+
+    def extent(self, key: str, default: object = _REQUIRED) -> Dim:
+        """One dimension: an int or a Sym (arange's bounds)."""
+        value = self._get(key, default)
+        result = value if isinstance(value, Sym) else _int(value, f"attribute '{key}'")
+        self.out[key] = result
+        return result
+
+    def raw_entries(self, key: str, length: int) -> tuple[Dim | None, ...] | None:
+        """A tuple of ints, Syms or Nones, unrecorded (slice's start/stop/step); None if
+        absent."""
         value = self.raw.get(key)
         if value is None:
             return None
@@ -200,7 +223,9 @@ class Check:
         if len(value) > length:
             raise Reject(f"attribute '{key}' has {len(value)} entries for rank {length}")
         what = f"attribute '{key}'"
-        return tuple(None if v is None else _int(v, what) for v in value)
+        return tuple(
+            None if v is None else v if isinstance(v, Sym) else _int(v, what) for v in value
+        )
 
 
 def fail(message: str) -> NoReturn:

@@ -6,6 +6,7 @@ a number, or a linear expression of such sizes (the cache after one more token).
     seq + 1, 2 * seq, seq * 768        # Sym; a Sym with no symbols left is an int
     parse_dim("past + 1")              # Sym; parse_dim("64") is 64
     Sym.named("seq").evaluate({"seq": 17})   # 17
+    quotient((1, seq, 32), (2, 16))    # seq: the element counts' quotient (a reshape's -1)
 
 A dimension is an `int` or a `Sym`: integer coefficients of symbols plus an offset. Every
 symbol names a size of at least 1, so `seq >= 1` and `seq + 1 > 1` hold, and a comparison
@@ -13,17 +14,22 @@ that the symbols' values could decide either way raises `SymbolicError`. So does
 linear expression cannot hold (seq * seq, seq // 3, int(seq)): shape inference of an op that
 needs a number where a symbol stands fails with that error, which `hexir.ops.make_op` reports
 as the op's TypeInferenceError. Sums arise where ops need them (concat along a symbolic axis,
-reshape folding it into a product with numbers).
+reshape folding it into a product with numbers); a product of symbols is never a dimension,
+but `quotient` cancels equal factors of two products (a reshape between 1x{seq}x{past} and
+{seq}x{past}).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Union
 
-__all__ = ["Dim", "Sym", "SymbolicError", "format_dim", "parse_dim", "SYMBOL_RE"]
+__all__ = [
+    "Dim", "Sym", "SymbolicError", "format_dim", "parse_dim", "quotient", "SYMBOL_RE",
+]  # fmt: skip
 
 SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TERM_RE = re.compile(
@@ -249,3 +255,46 @@ def as_dim(value: object) -> Dim:
     if isinstance(value, str):
         return parse_dim(value)
     return int(value)  # type: ignore[call-overload]
+
+
+def quotient(numerator: tuple[Dim, ...], denominator: tuple[Dim, ...]) -> Dim:
+    """prod(numerator) / prod(denominator) as a dimension, where it is one for every size: a
+    number, or one linear factor of the numerator times a number (what a reshape's -1 stands
+    for: `quotient((1, seq, 32), (2, 16)) == seq`). Each dimension counts as a number times
+    a factor with coprime integer terms (`2*seq + 2` is 2 times `seq + 1`), and only equal
+    factors cancel; SymbolicError where the result is no such dimension."""
+    top, top_factors = _factored(numerator)
+    bottom, bottom_factors = _factored(denominator)
+    for factor in bottom_factors:
+        if factor not in top_factors:
+            raise SymbolicError(
+                f"{_product(numerator)} / {_product(denominator)} keeps {{{factor}}} in its "
+                "denominator"
+            )
+        top_factors.remove(factor)
+    if bottom == 0 or top % bottom or len(top_factors) > 1:
+        raise SymbolicError(
+            f"{_product(numerator)} / {_product(denominator)} is not a linear dimension"
+        )
+    return (top // bottom) * (top_factors[0] if top_factors else 1)
+
+
+def _factored(dims: tuple[Dim, ...]) -> tuple[int, list[Sym]]:
+    """The product of `dims` as a number and a list of factors (Syms whose coefficients and
+    offset have no common divisor and whose first coefficient is positive)."""
+    number, factors = 1, []
+    for d in dims:
+        if not isinstance(d, Sym):
+            number *= d
+            continue
+        g = math.gcd(d.offset, *(c for _, c in d.terms))
+        g = -g if d.terms[0][1] < 0 else g
+        number *= g
+        factors.append(d // g)
+    return number, factors
+
+
+def _product(dims: tuple[Dim, ...]) -> str:
+    if len(dims) == 1:
+        return _shown(dims[0])
+    return f"({' * '.join(format_dim(d) for d in dims)})" if dims else "1"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from hexir.ir.dtype import check_dtype, is_float
+from hexir.ir.symbolic import Sym
 
 # ---------------------------------------------------------------------------------------------
 # Expressions
@@ -282,8 +283,10 @@ LOOP_KINDS = (
 )  # fmt: skip
 GPU_KINDS = LOOP_KINDS[4:]
 
-# An annotation value: ints, floats, strings, bools, and flat tuples of ints.
-AnnotationValue = Union[int, float, str, bool, tuple[int, ...]]
+# An annotation value: ints, floats, strings, bools, and flat tuples of ints. A graph op's
+# attribute that is a dimension may be symbolic (a Sym, alone or in the tuple); kernels,
+# built at fixed sizes, never hold one.
+AnnotationValue = Union[int, float, str, bool, Sym, tuple[int | Sym, ...]]
 Annotations = tuple[tuple[str, AnnotationValue], ...]
 
 

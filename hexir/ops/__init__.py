@@ -31,6 +31,7 @@ from hexir.ops import (
     attention,
     contraction,
     elementwise,
+    extents,
     indexing,
     movement,
     nn,
@@ -53,7 +54,9 @@ __all__ = [
 ]
 
 # The op families, each a module whose `OPS` tuple defines its ops.
-FAMILIES = (contraction, nn, winograd, elementwise, reduction, attention, movement, indexing)
+FAMILIES = (
+    contraction, nn, winograd, elementwise, reduction, attention, movement, indexing, extents,
+)  # fmt: skip
 
 OPS: dict[str, OpDef] = {d.name: d for family in FAMILIES for d in family.OPS}
 

@@ -28,8 +28,11 @@ from typing import Protocol
 
 import numpy as np
 
+from hexir.errors import HexirError
 from hexir.ir.graph import Graph, Op, TensorType, Value
+from hexir.ir.graph_text import format_attr_value
 from hexir.ir.op_attrs import Check, fail
+from hexir.ir.symbolic import Sym
 from hexir.ir.tir import Buffer
 from hexir.ops.compute import Kernel
 from hexir.ops.numeric import Evaluate
@@ -162,6 +165,22 @@ def onnx_same(op_type: str) -> Export:
         ex.node(op_type, operand_names(op), op.result.name)
 
     return export
+
+
+def symbolic_only(ex: Exporter, op: Op, *keys: str) -> None:
+    """HexirError where one of the attributes `keys` holds a symbolic dimension: ONNX takes
+    the op's shapes and bounds as tensors of numbers, so such an op exports from a
+    specialization (`hexir.specialize(graph, sizes)`)."""
+    for key in keys:
+        value = op.attr(key)
+        if isinstance(value, Sym) or (
+            isinstance(value, tuple) and any(isinstance(v, Sym) for v in value)
+        ):
+            raise HexirError(
+                f"{op.kind} with the symbolic {key} {format_attr_value(value)} has no ONNX form "
+                "here (ONNX takes it as a tensor of numbers): export the graph specialized to "
+                "sizes, hexir.specialize(graph, sizes)"
+            )
 
 
 def at_least(key: str, values: tuple[int, ...], minimum: int) -> tuple[int, ...]:

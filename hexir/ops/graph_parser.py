@@ -18,7 +18,7 @@ import numpy as np
 from hexir.errors import ParseError, TypeInferenceError
 from hexir.ir.dtype import DTYPES, from_short, is_float, is_int, numpy_dtype, short_name
 from hexir.ir.graph import ConstantData, Graph, Op, TensorType, Value
-from hexir.ir.symbolic import SymbolicError, parse_dim
+from hexir.ir.symbolic import Sym, SymbolicError, parse_dim
 from hexir.ir.tir import AnnotationValue
 from hexir.ops import make_op, op_def
 
@@ -31,6 +31,7 @@ _LEX = re.compile(
   | (?P<string>"(?:[^"\\\n]|\\.)*")
   | (?P<number>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf|nan)(?![\w.]))
   | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<dim>\{\ *[A-Za-z_][A-Za-z0-9_+*\ -]*\})
   | (?P<punct>->|[(){}\[\]<>,=:])
     """,
     re.VERBOSE,
@@ -242,15 +243,30 @@ class GraphParser:
                 return key, json.loads(text)
             case "ident", "true" | "false":
                 return key, token.text == "true"
+            case "dim", _:
+                return key, self.dim(token)
             case "punct", "(":
                 return key, tuple(self.comma_list(self.int_item, ")"))
         self.error(f"expected an attribute value, got {token.text!r}", token)
 
-    def int_item(self) -> int:
-        token = self.expect("number")
-        if not _INT.fullmatch(token.text):
+    def int_item(self) -> int | Sym:
+        """An int, or a symbolic dimension in braces (`{past + seq}`) where an attribute is
+        a dimension."""
+        token = self.next()
+        if token.kind == "dim":
+            return self.dim(token)
+        if token.kind != "number" or not _INT.fullmatch(token.text):
             self.error(f"expected an int, got {token.text!r}", token)
         return int(token.text)
+
+    def dim(self, token: Token) -> Sym:
+        try:
+            dim = parse_dim(token.text)
+        except SymbolicError as e:
+            self.error(str(e), token)
+        if not isinstance(dim, Sym):
+            self.error(f"a number in braces, {token.text}: write it without them", token)
+        return dim
 
     # --- constants ----------------------------------------------------------------------
 

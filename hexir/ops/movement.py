@@ -25,7 +25,7 @@ import numpy as np
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, Check, dims, fail, normalize_axis
-from hexir.ir.symbolic import Sym
+from hexir.ir.symbolic import Dim, Sym, SymbolicError, format_dim, quotient
 from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, const
 from hexir.ops.base import (
     Exporter,
@@ -35,6 +35,7 @@ from hexir.ops.base import (
     at_least,
     no_flops,
     operand_names,
+    symbolic_only,
 )
 from hexir.ops.compute import (
     Kernel,
@@ -295,35 +296,39 @@ LAYOUT_TRANSFORM = OpDef(
 
 def _reshape_infer(c: Check) -> TensorType:
     (x,) = c.types
-    if not isinstance(c.raw.get("shape"), bool) and hasattr(c.raw.get("shape"), "__index__"):
-        c.raw["shape"] = (c.raw["shape"],)
-    symbolic = _symbolic_extent(c)
-    shape = c.ints("shape")
-    if shape.count(-1) > 1 or any(s < -1 for s in shape):
+    shape = c.extents("shape")
+    if sum(s == -1 for s in shape) > 1 or any(isinstance(s, int) and s < -1 for s in shape):
         fail(f"attribute 'shape' {shape} may hold one -1 and otherwise extents >= 0")
+    if x.symbolic or any(isinstance(s, Sym) for s in shape):
+        return _symbolic_reshape(c, x, shape)
     known = math.prod(s for s in shape if s != -1)
     if -1 in shape:
         if known == 0 or x.size % known:
             fail(f"cannot resolve the -1 in {shape} for {dims(x)} ({x.size} elements)")
         shape = tuple(x.size // known if s == -1 else s for s in shape)
-    if math.prod(shape) != x.size or (symbolic and shape[symbolic[0]] != symbolic[1]):
+    if math.prod(shape) != x.size:
         fail(f"cannot reshape {dims(x)} ({x.size} elements) to {shape}")
-    # A symbolic extent stays the -1 it was given: attributes are numbers.
-    c.out["shape"] = tuple(-1 if isinstance(s, Sym) else s for s in shape)
+    c.out["shape"] = shape
     return TensorType(shape, x.dtype)
 
 
-def _symbolic_extent(c: Check) -> tuple[int, Sym] | None:
-    """A shape given with one symbolic extent reads it as the -1 it must resolve to: its
-    position and the extent."""
-    raw = c.raw.get("shape")
-    if not isinstance(raw, tuple | list) or not any(isinstance(s, Sym) for s in raw):
-        return None
-    at = [i for i, s in enumerate(raw) if isinstance(s, Sym)]
-    if len(at) > 1 or -1 in raw:
-        fail(f"attribute 'shape' {tuple(raw)} may hold one symbolic extent (or one -1)")
-    c.raw["shape"] = tuple(-1 if isinstance(s, Sym) else s for s in raw)
-    return at[0], raw[at[0]]
+def _symbolic_reshape(c: Check, x: TensorType, shape: tuple[Dim, ...]) -> TensorType:
+    """A reshape where symbols stand: the -1 is the quotient of the element counts (a number
+    or one symbolic factor of x's), else the counts must be equal for every size. The normal
+    form keeps a lone symbolic extent as the -1 it resolves to, and several as the
+    dimensions they are (specialization makes them numbers)."""
+    shown = "(" + ", ".join(map(format_dim, shape)) + ")"
+    try:
+        if -1 in shape:
+            rest = quotient(x.shape, tuple(s for s in shape if s != -1))
+            shape = tuple(rest if s == -1 else s for s in shape)
+        elif quotient(x.shape, shape) != 1:
+            raise SymbolicError("the element counts differ")
+    except SymbolicError as e:
+        fail(f"cannot reshape {dims(x)} to {shown}: {e}")
+    symbolic = [s for s in shape if isinstance(s, Sym)]
+    c.out["shape"] = tuple(-1 if len(symbolic) == 1 and isinstance(s, Sym) else s for s in shape)
+    return TensorType(shape, x.dtype)
 
 
 def _reshape_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
@@ -381,6 +386,7 @@ def unflatten(k: Kernel, flat: Expr, shape: list[int]) -> list[Expr]:
 
 
 def _reshape_export(ex: Exporter, op: Op) -> None:
+    symbolic_only(ex, op, "shape")
     out, shape = op.result.name, attr_ints(op, "shape")
     # allowzero: an extent of 0 is an extent, not "copy the input's"
     extra = {"allowzero": 1} if 0 in shape else {}
@@ -471,12 +477,23 @@ def _slice_infer(c: Check) -> TensorType:
     triples = [_slice_axis(k, dim, starts[k], stops[k], steps[k]) for k, dim in enumerate(x.shape)]
     for i, key in enumerate(("start", "stop", "step")):
         c.out[key] = tuple(t[i] for t in triples)
-    return TensorType(tuple(len(range(*t)) for t in triples), x.dtype)
+    return TensorType(tuple(_length(*t) for t in triples), x.dtype)
+
+
+def _length(start: int, stop: Dim, step: int) -> Dim:
+    return stop if isinstance(stop, Sym) else len(range(start, stop, step))
 
 
 def _slice_axis(
-    axis: int, dim: int, start: int | None, stop: int | None, step: int | None
-) -> tuple[int, int, int]:
+    axis: int, dim: Dim, start: Dim | None, stop: Dim | None, step: Dim | None
+) -> tuple[int, Dim, int]:
+    if isinstance(dim, Sym):  # taken whole: (0, dim, 1), the dimension in the attribute
+        if start not in (None, 0) or stop not in (None, dim) or step not in (None, 1):
+            bounds = ", ".join("None" if v is None else format_dim(v) for v in (start, stop, step))
+            fail(f"slice ({bounds}) of the symbolic axis {axis} ({{{dim}}}): it is taken whole")
+        return 0, dim, 1
+    if any(isinstance(v, Sym) for v in (start, stop, step)):
+        fail(f"a symbolic slice bound on axis {axis} of extent {dim}")
     step = 1 if step is None else step
     if step == 0:
         fail(f"slice step is 0 on axis {axis}")
@@ -554,6 +571,7 @@ def _slice_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> No
 
 
 def _slice_export(ex: Exporter, op: Op) -> None:
+    symbolic_only(ex, op, "stop")
     out = op.result.name
     starts, stops, steps = (attr_ints(op, k) for k in ("start", "stop", "step"))
     # In normal form a stop of -1 with a negative step means "through index 0"; to ONNX a -1

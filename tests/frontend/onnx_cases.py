@@ -312,6 +312,14 @@ CASES: dict[str, Graph] = {
     "pad": one_op(
         "pad", [((2, 3), F)], lambda b, x: b.pad(x, before=(1, 0), after=(2, 3), value=1.5)
     ),
+    "arange": one_op(  # exported as Range, imported back as its folded data
+        "arange",
+        [((4,), F)],
+        lambda b, x: [b.add(x, b.arange(start=2, stop=13, step=3, dtype=F)), b.arange(stop=5)],
+    ),
+    "broadcast_to": one_op(
+        "broadcast_to", [((3, 1), F)], lambda b, x: b.broadcast_to(x, shape=(2, 3, 4))
+    ),
     "pools": one_op(
         "pools",
         [((1, 2, 7, 8), F)],

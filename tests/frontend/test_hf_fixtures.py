@@ -4,7 +4,9 @@ which file). Two language models, whose first op is an embedding lookup of the `
 input, and four image classifiers (ViT, ResNet, MobileNetV2, ConvNeXt), each at opsets 17, 18
 and 20, from `pixel_values` to logits. They import, compile for the CPU and match ONNX's
 reference evaluator (and ONNX Runtime where it is installed) on fresh inputs; a slow test
-tunes one and builds from what the tune recorded."""
+tunes one and builds from what the tune recorded. GPT-2 with past key/values
+(gpt2_tiny_past) imports here at fixed sizes; tests/serve/test_onnx_decoder.py imports it
+with symbolic dims and generates with it."""
 
 from __future__ import annotations
 
@@ -59,6 +61,21 @@ def test_an_exported_language_model_imports_compiles_and_matches_the_reference(n
         _matches_the_peers(
             proto, module.run, rng.integers(0, VOCAB, ids_value.type.shape, np.int64)
         )
+
+
+def test_the_decoder_with_past_imports_at_fixed_sizes_and_matches_the_reference(rng):
+    proto = onnx.load(FIXTURES / "gpt2_tiny_past.onnx")
+    sizes = {"batch": 1, "sequence": 2, "past_sequence": 4, "total_sequence": 6}
+    module = hexir.compile(import_onnx(proto, dims=sizes), target="cpu")
+    mask = np.ones((1, 6), np.int64)
+    mask[0, 1] = 0  # a past token hidden
+    feeds = {"input_ids": rng.integers(0, VOCAB, (1, 2)), "attention_mask": mask,
+             "position_ids": np.array([[4, 5]])}  # fmt: skip
+    for info in proto.graph.input[3:]:
+        feeds[info.name] = rng.standard_normal((1, 2, 4, 16)).astype(np.float32)
+    want = ReferenceEvaluator(proto).run(None, feeds)
+    for got, peer in zip(module.run(list(feeds.values())), want, strict=True):
+        np.testing.assert_allclose(got, peer, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", VISION)
