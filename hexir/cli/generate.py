@@ -1,6 +1,10 @@
 """`hexir generate gpt2-small --prompt-ids 464,2068,7586 --max-new-tokens 32 [--batch B]`:
 greedy generation (hexir/serve/generate.py) over a paged KV cache, printing the new token ids
-of each prompt, the prefill time and the decode rate."""
+of each prompt, the prefill time and the decode rate.
+
+`hexir generate --onnx decoder.onnx --prompt-ids 5,17,42 [--bucket 16]`: the same with a
+decoder exported to ONNX with past key/values (hexir/serve/onnx_decoder.py), each prompt on
+its own, printing the new ids, the time and the specializations compiled."""
 
 from __future__ import annotations
 
@@ -16,16 +20,29 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
     p = verbs.add_parser(
         "generate",
         parents=[parent],
-        help="greedy text generation: token ids in, new token ids out (gpt2-small)",
+        help="greedy text generation: token ids in, new token ids out (gpt2-small, or a "
+        "decoder exported to ONNX with past key/values)",
         description="Generate MAX_NEW_TOKENS token ids greedily after each prompt with the "
         "zoo's GPT-2 small (its seeded random weights; --layers, --hidden, --heads and --vocab "
         "make a smaller one of the same structure). Each prompt is prefilled by a module "
         "compiled for its length; then all decode together, one token each per step, through "
         "one module whose attention reads every sequence's keys and values from a paged KV "
         "cache (pages of --page-size tokens). Prints the ids, the prefill time, decode tokens "
-        "a second and the cache pages in use at the end.",
+        "a second and the cache pages in use at the end. With --onnx FILE instead of MODEL: "
+        "a decoder exported to ONNX with past key/values (input_ids, attention_mask, "
+        "position_ids and past_key_values.<i>.key/value in; logits and present.<i>.* out, as "
+        "Hugging Face exports them), imported with symbolic dims; its past is padded to "
+        "multiples of --bucket tokens and masked, so each bucket compiles once.",
     )
-    p.add_argument("model", metavar="MODEL", choices=MODELS, help="gpt2-small")
+    p.add_argument("model", metavar="MODEL", nargs="?", choices=MODELS, help="gpt2-small")
+    p.add_argument(
+        "--onnx", metavar="FILE",
+        help="generate with this ONNX decoder (past key/values) instead of MODEL",
+    )  # fmt: skip
+    p.add_argument(
+        "--bucket", metavar="B", type=int, default=16,
+        help="with --onnx: pad the past to a multiple of B tokens (default 16)",
+    )  # fmt: skip
     p.add_argument(
         "--prompt-ids", metavar="IDS", action="append", required=True,
         help="a prompt's token ids, comma-separated; repeat for more prompts (decoded together)",
@@ -48,11 +65,15 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
 def cmd_generate(args: argparse.Namespace) -> int:
     from hexir.serve.generate import Generator
 
+    if (args.model is None) == (args.onnx is None):
+        raise HexirError("generate takes a MODEL (gpt2-small) or --onnx FILE, one of them")
     prompts = [_ids(text) for text in args.prompt_ids]
     if args.batch < 1:
         raise HexirError(f"--batch must be at least 1, got {args.batch}")
     prompts = [p for p in prompts for _ in range(args.batch)]
     db = require_database(args.db) if args.db else open_database(DEFAULT_DB, create=False)
+    if args.onnx is not None:
+        return _generate_onnx(args, prompts, db)
     generator = Generator(
         layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,
         page_size=args.page_size, database=db,
@@ -67,6 +88,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"({_count(n, 'prompt')}); decode {result.decode_tokens_per_second:.1f} tokens/s "
         f"({_count(n, 'sequence')}); {pages} KV cache pages in use ({args.page_size} tokens a "
         "page)"
+    )
+    return 0
+
+
+def _generate_onnx(args: argparse.Namespace, prompts: list[list[int]], db: object) -> int:
+    import time
+
+    from hexir.serve.onnx_decoder import OnnxDecoder
+
+    start = time.perf_counter()
+    decoder = OnnxDecoder(args.onnx, bucket=args.bucket, database=db)
+    for i, prompt in enumerate(prompts):
+        tokens = decoder.generate(prompt, args.max_new_tokens)
+        print(f"prompt {i} ({len(prompt)} tokens): {','.join(map(str, tokens))}")
+    seconds = time.perf_counter() - start
+    compiled = len(decoder.module.specializations)
+    print(
+        f"{seconds:.1f} s, compiling included: {_count(compiled, 'specialization')} of "
+        f"{decoder.graph.name} (the past in buckets of {args.bucket} tokens)"
     )
     return 0
 

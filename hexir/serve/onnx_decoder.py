@@ -7,7 +7,9 @@ exports them: input_ids, attention_mask and position_ids in, with past_key_value
     decoder.module             # a SymbolicModule: the specializations compiled so far
 
 The model is imported once with its batch bound to 1 and its other dims symbolic
-(`import_onnx(path, dims={batch: 1}, symbolic=True)`) and compiled to one `SymbolicModule`.
+(`import_onnx(path, dims={batch: 1}, symbolic=True)`; the batch is bound because the export
+flattens batch and sequence together before each linear layer, and a product of two symbols
+is no dimension) and compiled to one `SymbolicModule`.
 The prompt is prefilled in one call, then every new token is one call that feeds the
 presents back as the past.
 
@@ -24,7 +26,10 @@ kept by the build cache; kernels with symbolic extents, one set for every length
 16's next step.)
 
 The model must take attention_mask and position_ids as inputs (without them padding would
-move the positions); its batch is 1. Ties in the argmax go to the lowest token id.
+move the positions); its batch is 1. Prompt ids are checked against the vocabulary (the
+logits' extent); how many positions the model holds is not in the file, so a generation
+past them is the caller's to avoid (a kernel clamps an index out of range). Ties in the
+argmax go to the lowest token id.
 """
 
 from __future__ import annotations
@@ -84,6 +89,11 @@ class OnnxDecoder:
         self.bucket = bucket
         self.module = compile(self.graph, Target.of(target), database)  # type: ignore[arg-type]
 
+    @property
+    def vocab(self) -> int:
+        """The number of token ids: the logits' last extent."""
+        return int(self.graph.outputs[self.layout.logits].type.shape[-1])
+
     def capacity(self, cached: int) -> int:
         """The padded past's length for `cached` valid tokens: the bucket that holds them, at
         least one bucket (the prefill's past is padding alone)."""
@@ -115,6 +125,10 @@ class OnnxDecoder:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise HexirError("generate needs a prompt of at least one token")
+        vocab = self.vocab
+        bad = sorted({t for t in prompt if not 0 <= t < vocab})
+        if bad:
+            raise HexirError(f"token ids {bad[:8]} are outside the vocabulary 0..{vocab - 1}")
         if max_new_tokens < 1:
             raise HexirError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         cache, cached, tokens = self._empty(0), 0, prompt

@@ -1,10 +1,15 @@
-"""`hexir generate`: the token ids of each prompt, as `hexir.generate` makes them, and clear
-errors for bad prompts."""
+"""`hexir generate`: the token ids of each prompt, as `hexir.generate` makes them (or, with
+--onnx, an exported decoder's OnnxDecoder), and clear errors for bad prompts."""
+
+from pathlib import Path
 
 import pytest
 
 from hexir.cli import main
 from hexir.serve.generate import Generator
+from hexir.serve.onnx_decoder import OnnxDecoder
+
+DECODER = Path(__file__).parents[1] / "frontend" / "fixtures" / "gpt2_tiny_past.onnx"
 
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--vocab", "100", "--page-size", "4"]
 
@@ -29,5 +34,30 @@ def test_generate_prints_each_prompts_new_ids_and_the_rates(capsys, tmp_path, mo
 )
 def test_bad_prompt_ids_are_one_line_errors(ids, message, capsys):
     assert main(["generate", "gpt2-small", "--prompt-ids", ids, *SMALL]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hexir: error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_generate_with_an_onnx_decoder_prints_its_ids(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["generate", "--onnx", str(DECODER), "--prompt-ids", "5,17,42", "--prompt-ids", "7"]
+    assert main([*argv, "--max-new-tokens", "5", "--bucket", "8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    decoder = OnnxDecoder(DECODER, bucket=8)
+    assert out[0] == f"prompt 0 (3 tokens): {','.join(map(str, decoder.generate([5, 17, 42], 5)))}"
+    assert out[1] == f"prompt 1 (1 tokens): {','.join(map(str, decoder.generate([7], 5)))}"
+    assert "specializations of gpt2_tiny_past (the past in buckets of 8 tokens)" in out[2]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["gpt2-small", "--onnx", str(DECODER)], "MODEL (gpt2-small) or --onnx FILE"),
+        ([], "MODEL (gpt2-small) or --onnx FILE"),
+        (["--onnx", str(DECODER.parent / "gpt2_tiny.onnx")], "lacks attention_mask"),
+    ],
+)
+def test_a_model_and_a_decoder_are_one_or_the_other(args, message, capsys):
+    assert main(["generate", *args, "--prompt-ids", "5"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("hexir: error: ") and message in err and len(err.splitlines()) == 1
