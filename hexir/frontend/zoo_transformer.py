@@ -18,6 +18,7 @@ import numpy as np
 from hexir.errors import ModelError
 from hexir.frontend.weights import Weights, normal, uniform
 from hexir.ir.graph import Graph, Value
+from hexir.ir.symbolic import Sym
 from hexir.ops.builder import GraphBuilder
 
 # What the causal mask adds above the diagonal: exp underflows to exactly 0 after the
@@ -151,23 +152,30 @@ POSITIONS = 1024
 
 
 def gpt2_small(
-    *, seq: int = 128, layers: int = 12, hidden: int = 768, heads: int = 12,
+    *, seq: int | str | Sym = 128, layers: int = 12, hidden: int = 768, heads: int = 12,
     vocab: int = 50257, seed: int = 0,
 ) -> Graph:  # fmt: skip
     """GPT-2 small over a prompt of `seq` tokens (seeded random weights, GPT-2's shapes:
     token and position embeddings, `layers` blocks, a final layer norm, logits by the token
     embedding): `input_ids` [seq] int64 in; `logits` [seq, vocab] and each layer's
-    `present.<l>.key` and `present.<l>.value` [heads, seq, head_dim] out."""
+    `present.<l>.key` and `present.<l>.value` [heads, seq, head_dim] out. A symbolic `seq`
+    (a name, e.g. "seq") gives one graph for every prompt length: positions looked up by an
+    `arange` of them, causal `attention` ops in place of the mask's constant."""
     b = GraphBuilder("gpt2-small")
     model = _GPT2Stack(b, layers, hidden, vocab, seed)
     ids = b.input("input_ids", (seq,), "int64")
-    mask = b.constant(np.triu(np.full((seq, seq), MASKED, np.float32), k=1), name="causal_mask")
+    seq = ids.type.shape[0]
+    mask = None
+    if isinstance(seq, int):
+        causal = np.triu(np.full((seq, seq), MASKED, np.float32), k=1)
+        mask = b.constant(causal, name="causal_mask")
     x, presents = model.embed(ids, 0), []
     for layer, p in enumerate(model.layers):
         q, k, v = p.qkv(x)
         key = _heads(b, k, heads, name=f"present.{layer}.key")
         value = _heads(b, v, heads, name=f"present.{layer}.value")
-        context = _attention(b, _heads(b, q, heads), _keys_t(b, key), value, mask=mask)
+        keys_t = _keys_t(b, key)
+        context = _attention(b, _heads(b, q, heads), keys_t, value, mask=mask, causal=mask is None)
         x = p.rest(x, context, name=None)
         presents += [key, value]
     return b.build([model.head(x), *presents])
@@ -260,6 +268,10 @@ class _GPT2Stack:
         """The tokens' embeddings plus those of positions start, start + 1, ..."""
         tokens = self.b.op("gather", self.wte, ids, axis=0)
         n = ids.type.shape[0]
+        if isinstance(n, Sym):  # any length: the positions looked up as the tokens are
+            wpe = self.b.constant(self.wpe, name="wpe")
+            where = self.b.op("arange", start=start, stop=start + n, step=1, dtype="int64")
+            return self.b.add(tokens, self.b.op("gather", wpe, where, axis=0))
         if start + n > POSITIONS:
             raise ModelError(
                 f"GPT-2 has {POSITIONS} positions: tokens {start}..{start + n - 1} do not fit "
@@ -294,10 +306,19 @@ def _keys_t(b: GraphBuilder, key: Value) -> Value:
 
 
 def _attention(
-    b: GraphBuilder, q: Value, keys_t: Value, v: Value, mask: Value | None = None
+    b: GraphBuilder,
+    q: Value,
+    keys_t: Value,
+    v: Value,
+    mask: Value | None = None,
+    causal: bool = False,
 ) -> Value:
-    """softmax(q·kᵀ/sqrt(d) + mask)·v per head, heads merged back: [tokens, hidden]."""
+    """softmax(q·kᵀ/sqrt(d) + mask)·v per head, heads merged back: [tokens, hidden]; with
+    `causal`, one `attention` op that hides each query's later keys."""
     heads, tokens, head_dim = q.type.shape
+    if causal:
+        context = b.op("attention", q, keys_t, v, scale=1.0 / math.sqrt(head_dim), causal=True)
+        return b.reshape(b.transpose(context, (1, 0, 2)), (tokens, heads * head_dim))
     scale = b.constant(np.array(1.0 / math.sqrt(head_dim), np.float32))
     scores = b.mul(b.batch_matmul(q, keys_t), scale)
     if mask is not None:

@@ -22,7 +22,7 @@ import numpy as np
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Call, Cast, Expr, IntImm, Select, const
-from hexir.ops.base import Exporter, OpDef, Pattern, operand_names
+from hexir.ops.base import Exporter, OpDef, Pattern, operand_names, unpositional
 from hexir.ops.compute import Kernel, add, attr_float, broadcast, clamp, lowest
 from hexir.ops.numeric import Attrs, f64, get_float
 
@@ -131,6 +131,24 @@ def _flops(op: Op) -> int:
     return 2 * b * s * t * (d + dv) + 5 * b * s * t
 
 
+def _positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """Positions along the queries (S) stay the result's rows. Keys positioned too (T, the
+    same symbol) only under the causal mask, which hides key j from every query before it:
+    then a query reads the keys up to its own position, never a later one."""
+    q, kt, v, *bias = axes
+    if any(b is not None for b in bias):
+        raise unpositional(op, "its bias runs along the positions")
+    if q not in (None, 1):
+        raise unpositional(op, "the positions run along the queries' batch or features")
+    if kt is None and v is None:
+        return q
+    shapes = [x.type.shape for x in op.operands[:3]]
+    same = kt == 2 and v == 1 and q == 1 and shapes[0][1] == shapes[1][2] == shapes[2][1]
+    if not (same and op.attr("causal")):
+        raise unpositional(op, "each query reads every key, and the keys run along the positions")
+    return q
+
+
 ATTENTION = OpDef(
     "attention",
     "softmax(q·kt·scale + bias, causal) · v per batch: q[B,S,D], kt[B,D,T], v[B,T,Dv], bias "
@@ -144,6 +162,7 @@ ATTENTION = OpDef(
     export=_export,
     flops=_flops,
     optional=1,
+    positions=_positions,
 )
 
 # --- paged_attention: one query per sequence against its keys and values in cache pages -----

@@ -46,9 +46,18 @@ Lower = Callable[[Kernel, Op, tuple[Buffer, ...], Buffer], None]
 Export = Callable[["Exporter", Op], None]
 # Floating-point operations of one op, from its operand and result types and attributes.
 Flops = Callable[[Op], int]
+# Positions along a symbolic dimension (hexir/graph/buckets.py): given, for each operand, the
+# axis along which a symbol's positions run (None: the operand has no such axis), the
+# result's axis, or None where it has none; raises `Unpositional` where a result at one
+# position reads an operand at a later one (a reduction along it, a slice of it).
+Positions = Callable[[Op, tuple["int | None", ...]], "int | None"]
 # The builder method's Python arguments (after the builder's own `placement` and `name`) as
 # the op's operands and attributes; for ops whose method is not "operands, then attributes".
 BuildArgs = Callable[..., tuple[Sequence[Value], dict[str, object]]]
+
+
+class Unpositional(HexirError):
+    """An op whose result at one position of a symbolic axis reads other positions of it."""
 
 
 class Pattern(enum.IntEnum):
@@ -97,6 +106,10 @@ class OpDef:
     lone view op needs no kernel: the memory plan gives its result the operand's storage.
     `flops` counts the op's floating-point operations (what a profile's GFLOP/s divides); None
     means the default of its fusion role, `default_flops`.
+    `positions` maps the axis along which a symbol's positions run through the op (see
+    `Positions`; hexir/graph/buckets.py pads such a symbol to a bucket); None means the
+    default of its fusion role (elementwise and broadcast ops keep their operands' axis),
+    and for others that the op reads across positions.
     """
 
     name: str
@@ -114,6 +127,7 @@ class OpDef:
     flops: Flops | None = None
     view: bool = False
     optional: int = 0  # how many of the last operands a use may leave out
+    positions: Positions | None = None
 
     def flop_count(self, op: Op) -> int:
         """The floating-point operations of `op`, an op of this definition."""
@@ -188,3 +202,26 @@ def at_least(key: str, values: tuple[int, ...], minimum: int) -> tuple[int, ...]
     if any(v < minimum for v in values):
         fail(f"attribute '{key}' entries must be at least {minimum}, got {values}")
     return values
+
+
+# --- positions (`Positions`): rules several op families share ------------------------------
+
+
+def unpositional(op: Op, why: str) -> Unpositional:
+    return Unpositional(f"%{op.result.name} = {op.kind}: {why}")
+
+
+def positions_of_first(across: Callable[[Op], Sequence[int]]) -> Positions:
+    """Positions that only the first operand carries, kept at their axis, unless the op reads
+    across that axis (`across(op)`: the axes one result element reads many elements of) —
+    softmax's and layer_norm's rows."""
+
+    def rule(op: Op, axes: tuple[int | None, ...]) -> int | None:
+        a, *rest = axes
+        if any(r is not None for r in rest):
+            raise unpositional(op, "an operand other than the first runs along the positions")
+        if a is not None and a in across(op):
+            raise unpositional(op, f"it reads across axis {a}, along which the positions run")
+        return a
+
+    return rule

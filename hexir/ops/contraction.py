@@ -15,7 +15,7 @@ from hexir.ir.dtype import BYTE_INTS, is_float
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Cast, Expr, IntImm
-from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, operand_names
+from hexir.ops.base import Exporter, OpDef, Pattern, multiply_adds, operand_names, unpositional
 from hexir.ops.compute import Kernel, floordiv
 from hexir.ops.numeric import Attrs, block_axis, unblock_axis, unblock_perm, wide
 
@@ -170,6 +170,33 @@ def _onnx_matmul(op: Op) -> str:
     return "MatMulInteger" if op.operands[0].type.dtype in BYTE_INTS else "MatMul"
 
 
+def _row_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """matmul, dense, matmul_int4: positions along the rows of `a` (M) stay the result's rows;
+    along K the result reads across them; the weight carries none."""
+    a, *weights = axes
+    if any(w is not None for w in weights):
+        raise unpositional(op, "the positions run along its weight")
+    if a not in (None, 0):
+        raise unpositional(op, "it contracts the axis along which the positions run")
+    return a
+
+
+def _batch_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """batch_matmul: positions along the batch (both operands), a's rows (M) or b's columns
+    (N) stay where they are in the result; along K it reads across them."""
+    a, b = axes
+    n = 1 if op.attr("transpose_b") else 2
+    if op.attr("weight_block") is not None and b is not None:
+        raise unpositional(op, "the positions run along its blocked weight")
+    found = {0: a == 0 and b == 0, 1: a == 1 and b is None, 2: a is None and b == n}
+    for axis, holds in found.items():
+        if holds:
+            return axis
+    if a is None and b is None:
+        return None
+    raise unpositional(op, "it contracts, or reads across, the axis the positions run along")
+
+
 MATMUL = OpDef(
     "matmul",
     "a[M,K] · b[K,N] (weight_block=b: b's columns in blocks of b, innermost, [N/b, K, b]; "
@@ -182,6 +209,7 @@ MATMUL = OpDef(
     lower=_matmul_lower,
     export=_matmul_export,
     flops=_contraction_flops,
+    positions=_row_positions,
 )
 
 
@@ -231,6 +259,7 @@ BATCH_MATMUL = OpDef(
     lower=_batch_matmul_lower,
     export=_matmul_export,
     flops=_contraction_flops,
+    positions=_batch_positions,
 )
 
 
@@ -275,6 +304,7 @@ DENSE = OpDef(
     lower=_dense_lower,
     export=_dense_export,
     flops=_contraction_flops,
+    positions=_row_positions,
 )
 
 # --- 4-bit weights ---------------------------------------------------------------------------
@@ -400,6 +430,7 @@ MATMUL_INT4 = OpDef(
     lower=_matmul_int4_lower,
     export=_matmul_int4_export,
     flops=_contraction_flops,
+    positions=_row_positions,
 )
 
 

@@ -83,6 +83,11 @@ def _arange_export(ex: Exporter, op: Op) -> None:
     ex.node("Range", bounds, op.result.name)
 
 
+def _arange_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """Element i is start + i · step: a longer range only adds elements after."""
+    return 0
+
+
 ARANGE = OpDef(
     "arange",
     "start, start + step, ... up to stop (excluded), of dtype",
@@ -95,6 +100,7 @@ ARANGE = OpDef(
     export=_arange_export,
     cheap=always_cheap,
     flops=no_flops,
+    positions=_arange_positions,
 )
 
 
@@ -126,6 +132,17 @@ def _broadcast_to_export(ex: Exporter, op: Op) -> None:
     ex.node("Expand", [*operand_names(op), shape], op.result.name)
 
 
+def _broadcast_to_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """The operand's positions where numpy's broadcasting aligns them; a new axis of a
+    symbol's extent repeats the same element at every position."""
+    (a,) = axes
+    shape = op.result.type.shape
+    if a is not None:
+        return a + len(shape) - len(op.operands[0].type.shape)
+    symbolic = [b for b, d in enumerate(shape) if isinstance(d, Sym)]
+    return symbolic[0] if len(symbolic) == 1 else None
+
+
 BROADCAST_TO = OpDef(
     "broadcast_to",
     "x repeated along its extents of 1 (and new leading axes) to shape, as numpy's",
@@ -137,6 +154,7 @@ BROADCAST_TO = OpDef(
     lower=_broadcast_to_lower,
     export=_broadcast_to_export,
     cheap=always_cheap,
+    positions=_broadcast_to_positions,
 )
 
 OPS: tuple[OpDef, ...] = (ARANGE, BROADCAST_TO)

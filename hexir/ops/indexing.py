@@ -35,7 +35,7 @@ from hexir.errors import HexirError
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail
 from hexir.ir.tir import Binary, Buffer, Cast, Expr, IntImm, Select, const
-from hexir.ops.base import Exporter, OpDef, Pattern, no_flops, operand_names
+from hexir.ops.base import Exporter, OpDef, Pattern, no_flops, operand_names, unpositional
 from hexir.ops.compute import (
     Kernel,
     affine,
@@ -108,6 +108,19 @@ def _gather_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
     k.compute("gather", out, load)
 
 
+def _gather_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """Positions along the indices (an embedding lookup of each token) land where the indices'
+    axes do; along x, beside the gathered axis, they stay; along it, a lookup reads across
+    them."""
+    x, indices = axes
+    axis, rank = attr_int(op, "axis"), len(op.operands[1].type.shape)
+    if x is None:
+        return None if indices is None else axis + indices
+    if indices is not None or x == axis:
+        raise unpositional(op, "it gathers along the positions' axis, or by positioned indices")
+    return x if x < axis else x + rank - 1
+
+
 GATHER = OpDef(
     "gather",
     "x's slices along axis at runtime indices (an embedding lookup): "
@@ -122,6 +135,7 @@ GATHER = OpDef(
         "Gather", operand_names(op), op.result.name, axis=attr_int(op, "axis")
     ),
     flops=no_flops,
+    positions=_gather_positions,
 )
 
 

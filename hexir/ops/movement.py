@@ -36,6 +36,7 @@ from hexir.ops.base import (
     no_flops,
     operand_names,
     symbolic_only,
+    unpositional,
 )
 from hexir.ops.compute import (
     Kernel,
@@ -111,6 +112,11 @@ def _transpose_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -
     k.compute("transpose", out, load)
 
 
+def _transpose_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    (a,) = axes
+    return None if a is None else attr_ints(op, "perm").index(a)
+
+
 TRANSPOSE = OpDef(
     "transpose",
     "x with its axes permuted: out.shape[d] = x.shape[perm[d]]",
@@ -124,6 +130,7 @@ TRANSPOSE = OpDef(
         "Transpose", operand_names(op), op.result.name, perm=list(attr_ints(op, "perm"))
     ),
     cheap=always_cheap,
+    positions=_transpose_positions,
 )
 
 
@@ -393,6 +400,22 @@ def _reshape_export(ex: Exporter, op: Op) -> None:
     ex.node("Reshape", [op.operands[0].name, ex.ints(shape, f"{out}.shape")], out, **extra)
 
 
+def _reshape_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """The positions' axis kept whole, with as many elements before it as in the operand."""
+    (a,) = axes
+    if a is None:
+        return None
+    shape, out = op.operands[0].type.shape, op.result.type.shape
+    try:
+        outer = math.prod(shape[:a])
+        for b, d in enumerate(out):
+            if d == shape[a] and math.prod(out[:b]) == outer:
+                return b
+    except SymbolicError:
+        pass
+    raise unpositional(op, f"it splits or merges axis {a}, along which the positions run")
+
+
 RESHAPE = OpDef(
     "reshape",
     "x's elements in row-major order, in a new shape",
@@ -405,6 +428,7 @@ RESHAPE = OpDef(
     export=_reshape_export,
     cheap=always_cheap,
     view=True,
+    positions=_reshape_positions,
 )
 
 
@@ -447,6 +471,15 @@ def _concat_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
     k.compute("concat", out, load)
 
 
+def _concat_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """Every part's positions along one axis, not the one joined."""
+    if set(axes) == {None}:
+        return None
+    if len(set(axes)) > 1 or axes[0] == attr_int(op, "axis"):
+        raise unpositional(op, "it joins along, or beside, the positions' axis")
+    return axes[0]
+
+
 CONCAT = OpDef(
     "concat",
     "x0, x1, ... joined along axis",
@@ -461,6 +494,7 @@ CONCAT = OpDef(
     ),
     variadic=True,
     cheap=always_cheap,
+    positions=_concat_positions,
 )
 
 
@@ -509,6 +543,19 @@ def _slice_axis(
     return start, stop, step
 
 
+def _slice_triple(a: int | None, b: object, c: int | None, dim: Dim) -> tuple:
+    """One axis's (start, stop, step) in normal form; an axis of symbolic extent is taken
+    whole only."""
+    if not isinstance(dim, Sym):
+        return slice(a, b, c).indices(dim)  # type: ignore[arg-type]
+    if a in (0, None) and b in (None, dim) and c in (1, None):
+        return (0, dim, 1)
+    raise TypeInferenceError(
+        f"hexir.slice: axis of symbolic extent {{{dim}}} can only be taken whole, "
+        f"not [{a}:{b}:{c}]"
+    )
+
+
 def slice_indices(
     shape: Sequence[int],
     start: Sequence[int | None],
@@ -528,7 +575,7 @@ def slice_indices(
     if any(s == 0 for s in step):
         raise TypeInferenceError(f"hexir.slice: step is 0 in {tuple(step)}")
     given = zip(start, stop, step, shape[: len(start)], strict=True)
-    triples = [slice(a, b, c).indices(dim) for a, b, c, dim in given]
+    triples = [_slice_triple(a, b, c, dim) for a, b, c, dim in given]
     triples += [(0, dim, 1) for dim in shape[len(triples) :]]
     return {key: tuple(t[i] for t in triples) for i, key in enumerate(("start", "stop", "step"))}
 
@@ -597,6 +644,18 @@ def _slice_cheap(op: Op) -> bool:
     return isinstance(step, tuple) and (ndim == 0 or step[-1] == 1)
 
 
+def _slice_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    """The positions' axis taken whole."""
+    (a,) = axes
+    if a is None:
+        return None
+    start, stop, step = (op.attr(k) for k in ("start", "stop", "step"))
+    whole = start[a] == 0 and step[a] == 1 and stop[a] == op.operands[0].type.shape[a]  # type: ignore[index]
+    if not whole:
+        raise unpositional(op, f"it slices axis {a}, along which the positions run")
+    return a
+
+
 SLICE = OpDef(
     "slice",
     "x[start:stop:step] per axis, in slice's normal form",
@@ -609,6 +668,7 @@ SLICE = OpDef(
     export=_slice_export,
     build=_slice_build,
     cheap=_slice_cheap,
+    positions=_slice_positions,
 )
 
 
@@ -649,6 +709,13 @@ def _pad_export(ex: Exporter, op: Op) -> None:
     ex.node("Pad", [x.name, pads, value], out, mode="constant")
 
 
+def _pad_positions(op: Op, axes: tuple[int | None, ...]) -> int | None:
+    (a,) = axes
+    if a is not None and (attr_ints(op, "before")[a] or attr_ints(op, "after")[a]):
+        raise unpositional(op, f"it pads axis {a}, along which the positions run")
+    return a
+
+
 PAD = OpDef(
     "pad",
     "x with before/after elements of value added on each axis",
@@ -660,6 +727,7 @@ PAD = OpDef(
     lower=_pad_lower,
     export=_pad_export,
     cheap=always_cheap,
+    positions=_pad_positions,
 )
 
 OPS: tuple[OpDef, ...] = (

@@ -19,7 +19,17 @@ import numpy as np
 from hexir.ir.graph import Op, TensorType
 from hexir.ir.op_attrs import Check, dims, fail, normalize_axis
 from hexir.ir.tir import Binary, Buffer, Call, Cast, Expr, Select, const
-from hexir.ops.base import Evaluate, Exporter, Infer, Lower, OpDef, Pattern, operand_names
+from hexir.ops.base import (
+    Evaluate,
+    Exporter,
+    Infer,
+    Lower,
+    OpDef,
+    Pattern,
+    operand_names,
+    positions_of_first,
+    unpositional,
+)
 from hexir.ops.compute import (
     Kernel,
     ReduceFn,
@@ -165,6 +175,22 @@ def _reduce_export(ex: Exporter, op: Op) -> None:
         ex.node(onnx_op, names, out, axes=list(axes), keepdims=keepdims)
 
 
+def _reduced_positions(reduced: Callable[[Op], tuple[int, ...]]) -> Callable:
+    """A reduction's `positions`: the axis kept, one lower for each reduced axis before it
+    unless kept as 1; a reduction along it reads across the positions."""
+
+    def rule(op: Op, axes: tuple[int | None, ...]) -> int | None:
+        (a,) = axes
+        if a is None:
+            return None
+        gone = reduced(op)
+        if a in gone:
+            raise unpositional(op, f"it reduces axis {a}, along which the positions run")
+        return a if op.attr("keepdims") else a - sum(g < a for g in gone)
+
+    return rule
+
+
 def _reduce(name: str, doc: str, allowed: str, evaluate: Evaluate, stage: Stage) -> OpDef:
     return OpDef(
         name,
@@ -176,6 +202,7 @@ def _reduce(name: str, doc: str, allowed: str, evaluate: Evaluate, stage: Stage)
         evaluate=evaluate,
         lower=_reduce_lower(stage),
         export=_reduce_export,
+        positions=_reduced_positions(lambda op: attr_ints(op, "axes")),
     )
 
 
@@ -268,6 +295,7 @@ def _arg(name: str, doc: str, pick: Callable[..., np.ndarray], extremum: str) ->
         evaluate=_arg_evaluate(pick),
         lower=_arg_lower(extremum),
         export=_arg_export,
+        positions=_reduced_positions(lambda op: (attr_int(op, "axis"),)),
     )
 
 
@@ -330,6 +358,7 @@ SOFTMAX = OpDef(
     lower=_softmax_lower,
     export=_softmax_export,
     flops=lambda op: 5 * op.result.type.size,  # per element: max, subtract, exp, sum, divide
+    positions=positions_of_first(lambda op: (int(op.attr("axis")),)),
 )
 
 
@@ -381,6 +410,7 @@ LOG_SOFTMAX = OpDef(
     export=_log_softmax_export,
     # Per element: max, subtract, exp, sum, subtract (the log is one per row).
     flops=lambda op: 5 * op.result.type.size,
+    positions=positions_of_first(lambda op: (int(op.attr("axis")),)),
 )
 
 
@@ -445,6 +475,11 @@ def _layer_norm_export(ex: Exporter, op: Op) -> None:
     )
 
 
+def _normalized_axes(op: Op) -> range:
+    """The axes a norm reads across: `axis` to the last."""
+    return range(int(op.attr("axis")), len(op.result.type.shape))
+
+
 LAYER_NORM = OpDef(
     "layer_norm",
     "x normalized over axes axis..ndim-1, then · gamma + beta",
@@ -458,6 +493,7 @@ LAYER_NORM = OpDef(
     # Per element: the mean's add; the variance's subtract, square and add; normalizing's
     # subtract and multiply; the scale and the shift.
     flops=lambda op: 8 * op.result.type.size,
+    positions=positions_of_first(_normalized_axes),
 )
 
 
@@ -512,6 +548,7 @@ RMS_NORM = OpDef(
     export=_rms_norm_export,
     # Per element: the square and the mean's add; normalizing's multiply; the scale.
     flops=lambda op: 4 * op.result.type.size,
+    positions=positions_of_first(_normalized_axes),
 )
 
 OPS: tuple[OpDef, ...] = (

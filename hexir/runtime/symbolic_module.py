@@ -1,19 +1,25 @@
 """What `hexir.compile` makes of a graph with symbolic dimensions: one module that runs the
 graph at any sizes of its symbols.
 
-    graph: x: tensor<1x{seq}x768xf32> -> ...
+    graph: input_ids: tensor<{seq}xi64> -> logits: tensor<{seq}x50257xf32>, ...
     module = hexir.compile(graph)
-    module.run([x17])                  # seq = 17
-    module.run([x200])                 # seq = 200
-    module.specializations             # {(("seq", 17),): Module, (("seq", 200),): Module}
+    module.run([ids17])                # seq = 17: runs the module compiled for 32
+    module.run([ids30])                # seq = 30: the same module
+    module.run([ids200])               # seq = 200: the module for 256
+    module.specializations             # {(("seq", 32),): Module, (("seq", 256),): Module}
 
-Each run reads the symbols' sizes from its inputs' shapes (hexir/graph/specialize.py) and
-runs the module compiled for those sizes, compiling it on the first run at them: the graph
-specialized, then `hexir.compile` as for any graph (the database's records for those
-workloads, else default schedules; kernels from the build cache). So every size is a
-separate set of kernels, each compiled once per process (and once per machine, through the
-build cache); kernels with symbolic extents, one per op for every size, are the next step
-(issue 16). A module with symbols is not saved as an artifact: save a specialization.
+Each run reads the symbols' sizes from its inputs' shapes (hexir/graph/specialize.py). Where
+the graph is prefix-closed in a symbol (hexir/graph/buckets.py: no result at a position
+reads a later position — a transformer's prompt under causal attention), the inputs are
+padded with zeros along that symbol's positions up to the size's bucket (`bucket`: powers of
+two up to 128, then multiples of 128), the bucket's module runs, and the outputs are cut back
+to the real size: one set of kernels serves a bucket of lengths. A symbol the graph reads
+across (a mean over it, a concat along it) runs at its exact sizes. Each size the module
+runs at is compiled on its first run there: the graph specialized, then `hexir.compile` as
+for any graph (the database's records for those workloads, which are the bucket's, else
+default schedules; kernels from the build cache). A kernel with symbolic extents, compiled
+once for every size, is the step after this (issue 16). A module with symbols is not saved
+as an artifact: save a specialization.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from hexir.errors import ArtifactError
-from hexir.graph.evaluate import input_sizes
+from hexir.graph.buckets import bucket, position_axes
+from hexir.graph.evaluate import input_sizes, inputs_by_name
 from hexir.graph.specialize import graph_symbols, specialize
 from hexir.ir.graph import Graph
 from hexir.runtime.target import Target
@@ -36,12 +43,19 @@ Inputs = Sequence[np.ndarray] | Mapping[str, np.ndarray]
 class SymbolicModule:
     """A graph with symbolic dimensions, compiled per size of its symbols as it is run."""
 
-    def __init__(self, graph: Graph, target: Target, database: object = None):
+    def __init__(
+        self, graph: Graph, target: Target, database: object = None, *, buckets: bool = True
+    ):
         self.graph = graph
         self.target = target
         self.database = database
         self.symbols = tuple(sorted(graph_symbols(graph)))
         self.specializations: dict[tuple[tuple[str, int], ...], object] = {}
+        # Where each padded symbol's positions run (the symbols the graph is prefix-closed
+        # in); `exact` says why each other symbol runs at its exact sizes.
+        axes = position_axes(graph) if buckets else {}
+        self.padded = {s: a for s, a in axes.items() if a.why is None}
+        self.exact = {s: a.why or "" for s, a in axes.items() if a.why is not None}
 
     def specialized(self, sizes: Mapping[str, int]):  # -> Module
         """The module compiled for these sizes of the symbols (compiled on first use)."""
@@ -56,18 +70,49 @@ class SymbolicModule:
         return module
 
     def for_inputs(self, inputs: Inputs):  # -> Module
-        """The specialization that runs these inputs."""
-        return self.specialized(input_sizes(self.graph, inputs))
+        """The specialization that runs these inputs (a padded symbol's: its bucket's)."""
+        return self._bound(inputs)[0]
 
     def run(self, inputs: Inputs, *, plan: bool = True) -> list[np.ndarray]:
         """As `Module.run`, at the sizes the inputs' shapes give the symbols."""
-        return self.for_inputs(inputs).run(inputs, plan=plan)
+        module, feed, cut = self._bound(inputs)
+        return cut(module.run(feed, plan=plan))
 
     def run_timed(self, inputs: Inputs) -> tuple[list[np.ndarray], list[float]]:
-        return self.for_inputs(inputs).run_timed(inputs)
+        module, feed, cut = self._bound(inputs)
+        outputs, times = module.run_timed(feed)
+        return cut(outputs), times
 
     def profile(self, inputs: Inputs, *, repeats: int = 10, warmup: int = 2):
-        return self.for_inputs(inputs).profile(inputs, repeats=repeats, warmup=warmup)
+        module, feed, _ = self._bound(inputs)
+        return module.profile(feed, repeats=repeats, warmup=warmup)
+
+    def _bound(self, inputs: Inputs):
+        """The module that runs `inputs`, the inputs it takes (padded to its buckets) and the
+        function that cuts its outputs back to the inputs' sizes."""
+        sizes = input_sizes(self.graph, inputs)
+        if not self.padded:
+            return self.specialized(sizes), inputs, lambda outputs: outputs
+        run_at = {s: bucket(n) if s in self.padded else n for s, n in sizes.items()}
+        arrays = inputs_by_name(self.graph, inputs)
+        feed = [np.asarray(arrays[v.name]) for v in self.graph.inputs]
+        for s, axes in self.padded.items():
+            for i, v in enumerate(self.graph.inputs):
+                if (a := axes.inputs.get(v.name)) is not None and run_at[s] > sizes[s]:
+                    widths = [(0, 0)] * feed[i].ndim
+                    widths[a] = (0, run_at[s] - sizes[s])
+                    feed[i] = np.pad(feed[i], widths)
+
+        def cut(outputs: list[np.ndarray]) -> list[np.ndarray]:
+            outputs = list(outputs)
+            for s, axes in self.padded.items():
+                for i, a in axes.outputs.items():
+                    if outputs[i].shape[a] != sizes[s]:
+                        index = (slice(None),) * a + (slice(0, sizes[s]),)
+                        outputs[i] = np.ascontiguousarray(outputs[i][index])
+            return outputs
+
+        return self.specialized(run_at), feed, cut
 
     def save(self, path: object) -> None:
         raise ArtifactError(
@@ -82,7 +127,8 @@ class SymbolicModule:
         sizes = ", ".join(
             "(" + ", ".join(f"{n} = {s}" for n, s in key) + ")" for key in self.specializations
         )
+        padded = f"; padded to buckets: {', '.join(self.padded)}" if self.padded else ""
         return (
             f"SymbolicModule @{self.graph.name} on {self.target}: symbols "
-            f"{', '.join(self.symbols)}; compiled for {sizes or 'no sizes yet'}"
+            f"{', '.join(self.symbols)}{padded}; compiled for {sizes or 'no sizes yet'}"
         )

@@ -4,11 +4,13 @@
     result.tokens           # the new token ids of each prompt
     result.prefill_seconds, result.decode_seconds, result.pages_in_use
 
-Each prompt is prefilled on its own by the zoo's `gpt2_small` at a bucket of lengths (the
-next power of two up to 128 tokens, then the next multiple of 128: a module per bucket,
-compiled on first use), the prompt padded after its end: attention is causal, so the
-prompt's own rows do not see the padding. Its presents fill that sequence's pages, and the
-logits of its last token give its first new token. Then every sequence decodes together, one
+Each prompt is prefilled on its own by the zoo's `gpt2_small` of a symbolic length, compiled
+once into a SymbolicModule (hexir/runtime/symbolic_module.py): the graph is prefix-closed in
+its length (attention is causal), so a prompt runs padded after its end to its bucket of
+lengths (hexir/graph/buckets.py: the next power of two up to 128 tokens, then the next
+multiple of 128; a module per bucket, compiled on first use) and its results are cut back.
+Its presents fill that sequence's pages, and the logits of its last token give its first new
+token. Then every sequence decodes together, one
 token each per step, through one `gpt2_small_paged_decode` module for the batch: each layer's
 `paged_attention` reads each sequence's cached keys and values through its row of the block
 table, plus the token's own, and the step's new keys and values are appended to the cache
@@ -31,9 +33,11 @@ import numpy as np
 
 from hexir.errors import HexirError
 from hexir.frontend.zoo_transformer import POSITIONS, gpt2_small, gpt2_small_paged_decode
+from hexir.graph.buckets import bucket
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph
 from hexir.runtime.kv_cache import PAGE_SIZE, PagedKVCache
+from hexir.runtime.symbolic_module import SymbolicModule
 from hexir.runtime.target import Target
 from hexir.runtime.vm import Call, CompiledProgram, Loop, Program, Run
 
@@ -89,7 +93,7 @@ class Generator:
         self.max_pages = -(-max_tokens // page_size)
         self.max_tokens = max_tokens
         self.target, self.database = Target.of(target), database
-        self._prefill: dict[int, object] = {}
+        self._prefill = SymbolicModule(gpt2_small(seq="seq", **self.size), self.target, database)  # type: ignore[arg-type]
         self._decode: dict[tuple[int, int, int], object] = {}
         self._loops: dict[tuple[int, int, int], CompiledProgram] = {}
 
@@ -102,16 +106,23 @@ class Generator:
         module.run([np.zeros(v.type.shape, numpy_dtype(v.type.dtype)) for v in graph.inputs])
         return module
 
-    def prefill_length(self, tokens: int) -> int:
-        """The length of the prefill module that runs a prompt of `tokens` tokens."""
-        bucket = 1 << (tokens - 1).bit_length() if tokens <= 128 else -(-tokens // 128) * 128
-        return min(bucket, self.max_tokens)
+    @property
+    def prefill(self) -> SymbolicModule:
+        """GPT-2 over a prompt of any length (its graph and weights made on first use)."""
+        if self._prefill is None:
+            graph = gpt2_small(seq="seq", **self.size)  # type: ignore[arg-type]
+            self._prefill = SymbolicModule(graph, self.target, self.database)
+        return self._prefill
 
-    def prefill_module(self, length: int):
-        """The prefill module of a bucket's length (`prefill_length`)."""
-        if length not in self._prefill:
-            self._prefill[length] = self._compile(gpt2_small(seq=length, **self.size))
-        return self._prefill[length]
+    def prefill_module(self, tokens: int):
+        """The prefill module that runs a prompt of `tokens` tokens: its bucket's, compiled
+        and run once on first use."""
+        length = bucket(tokens)
+        fresh = (("seq", length),) not in self.prefill.specializations
+        module = self.prefill.specialized({"seq": length})
+        if fresh:
+            module.run([np.zeros(length, np.int64)])  # type: ignore[attr-defined]
+        return module
 
     def table_pages(self, tokens: int) -> int:
         """The block table's width for sequences of up to `tokens` tokens: their pages rounded
@@ -157,22 +168,18 @@ class Generator:
         )  # fmt: skip
         start = time.perf_counter()
         for prompt in prompts:  # compiled first, so that the times below are of running
-            self.prefill_module(self.prefill_length(len(prompt)))
+            self.prefill_module(len(prompt))
         width = self.table_pages(longest)
         loop = self.decode_loop(len(prompts), pages, width)
         compile_seconds = time.perf_counter() - start
         seqs, tokens = [], []
         start = time.perf_counter()
         for prompt in prompts:
-            n, length = len(prompt), self.prefill_length(len(prompt))
-            padded = np.zeros(length, np.int64)
-            padded[:n] = prompt
-            logits, *presents = self.prefill_module(length).run([padded])
+            logits, *presents = self.prefill.run([np.array(prompt, np.int64)])
             seq = cache.add()
-            keys, values = np.stack(presents[0::2]), np.stack(presents[1::2])
-            cache.extend(seq, keys[:, :, :n], values[:, :, :n])
+            cache.extend(seq, np.stack(presents[0::2]), np.stack(presents[1::2]))
             seqs.append(seq)
-            tokens.append([int(np.argmax(logits[n - 1]))])
+            tokens.append([int(np.argmax(logits[-1]))])
         prefill = time.perf_counter() - start
         start = time.perf_counter()
         steps = max_new_tokens - 1

@@ -320,6 +320,13 @@ CASES = [
     ("slice", "float32", [(4, 7, 3)], S((4, 7, 3), (None, 6, 1), (None, 0, 2), (-2, -3, 1)),
      "normal"),
     ("pad", "float32", [(3, 4)], {"before": (1, 0), "after": (2, 3), "value": 0.5}, "normal"),
+    # attributes named like workload()'s keywords go in attrs=
+    ("arange", "int64", [], {"attrs": {"start": 2, "stop": 11, "step": 3, "dtype": "int64"}},
+     "normal"),
+    ("arange", "float32", [], {"attrs": {"start": 5, "stop": -4, "step": -2, "dtype": "float32"}},
+     "normal"),
+    ("broadcast_to", "float32", [(3, 1)], {"attrs": {"shape": (2, 3, 4)}}, "normal"),
+    ("broadcast_to", "int32", [(4,)], {"attrs": {"shape": (3, 4)}}, "normal"),
     ("gather", "float32", [(10, 3), (4,)], {"axis": 0}, "normal"),  # ids in -9..9: in range
     ("gather", "float32", [(2, 12, 3), (2, 2)], {"axis": 1}, "normal"),
     ("gather_elements", "float32", [(10, 3), (4, 3)], {"axis": 0}, "normal"),
@@ -375,7 +382,7 @@ ELEMENTWISE = {
     *("floor", "ceil", "round", "sin", "cos", "sign"),
     *("mod", "fmod", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"),
     *("transpose", "layout_transform", "reshape", "concat", "slice", "pad", "max_pool2d"),
-    "gather",
+    *("gather", "arange", "broadcast_to"),
     *("gather_elements", "gather_nd", "scatter_elements", "scatter_nd"),
     "reduce_max",
     "reduce_min",
