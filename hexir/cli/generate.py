@@ -1,6 +1,7 @@
 """`hexir generate gpt2-small --prompt-ids 464,2068,7586 --max-new-tokens 32 [--batch B]`:
 greedy generation (hexir/serve/generate.py) over a paged KV cache, printing the new token ids
-of each prompt, the prefill time and the decode rate.
+of each prompt, the prefill time and the decode rate; `--sample [--temperature T] [--top-k K]
+[--seed S]` draws the tokens instead, reproducibly for a seed.
 
 `hexir generate --onnx decoder.onnx --prompt-ids 5,17,42 [--bucket 16]`: the same with a
 decoder exported to ONNX with past key/values (hexir/serve/onnx_decoder.py), each prompt on
@@ -52,6 +53,14 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         "--batch", metavar="B", type=int, default=1,
         help="decode B copies of each prompt together (default 1)",
     )  # fmt: skip
+    p.add_argument(
+        "--sample", action="store_true",
+        help="draw each token from the softmax of its logits instead of taking the argmax "
+        "(implied by --temperature, --top-k and --seed)",
+    )  # fmt: skip
+    p.add_argument("--temperature", metavar="T", type=float, help="with --sample (default 1.0)")
+    p.add_argument("--top-k", metavar="K", type=int, help="draw among the K likeliest")
+    p.add_argument("--seed", metavar="S", type=int, help="the draws' seed (default 0)")
     p.add_argument("--page-size", metavar="S", type=int, default=16)
     p.add_argument(
         "--db", metavar="URL",
@@ -78,7 +87,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         layers=args.layers, hidden=args.hidden, heads=args.heads, vocab=args.vocab,
         page_size=args.page_size, database=db,
     )  # fmt: skip
-    result = generator.generate(prompts, args.max_new_tokens)
+    result = generator.generate(prompts, args.max_new_tokens, _sampling(args))
     for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens, strict=True)):
         print(f"prompt {i} ({len(prompt)} tokens): {','.join(map(str, tokens))}")
     pages = result.pages_in_use[-1] if result.pages_in_use else 0
@@ -109,6 +118,20 @@ def _generate_onnx(args: argparse.Namespace, prompts: list[list[int]], db: objec
         f"{decoder.graph.name} (the past in buckets of {args.bucket} tokens)"
     )
     return 0
+
+
+def _sampling(args: argparse.Namespace):  # -> Sampling | None
+    """The draws the flags ask for, or None for greedy decoding."""
+    from hexir.serve.generate import Sampling
+
+    given = {
+        key: value
+        for key, value in (
+            ("temperature", args.temperature), ("top_k", args.top_k), ("seed", args.seed)
+        )
+        if value is not None
+    }  # fmt: skip
+    return Sampling(**given) if args.sample or given else None
 
 
 def _count(n: int, noun: str) -> str:

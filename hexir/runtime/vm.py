@@ -347,6 +347,32 @@ def _argmax(xs: list, attrs: dict) -> list[np.ndarray]:
     return [np.argmax(xs[0], axis=int(attrs.get("axis", -1))).astype(np.int64)]
 
 
+def sample(
+    logits: np.ndarray, step: int, *, seed: int, temperature: float = 1.0, top_k: int = 0
+) -> np.ndarray:
+    """A token id for each row of `logits` [rows, vocab], drawn from softmax(logits /
+    temperature) over the row's `top_k` largest logits (0: all of them), int64. The draw is a
+    function of (seed, step) alone, so a generation with a seed is reproducible; top_k=1 is
+    the argmax."""
+    z = np.asarray(logits, np.float64) / temperature
+    if 0 < top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[..., -top_k, None]
+        z = np.where(z >= kth, z, -np.inf)
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    cdf = np.cumsum(p, axis=-1)
+    u = np.random.default_rng([seed, step]).random(z.shape[0]) * cdf[:, -1]
+    picks = [np.searchsorted(row, x, side="right") for row, x in zip(cdf, u, strict=True)]
+    return np.minimum(np.array(picks, np.int64), z.shape[-1] - 1)
+
+
+def _sample(xs: list, attrs: dict) -> list[np.ndarray]:
+    """`sample` of the logits at the step given as the second input plus attr `offset`;
+    attrs seed, temperature, top_k."""
+    logits, step = xs
+    attrs = dict(attrs)
+    return [sample(logits, int(step) + int(attrs.pop("offset", 0)), **attrs)]
+
+
 def _cast(xs: list, attrs: dict) -> list[np.ndarray]:
     return [np.asarray(xs[0]).astype(str(attrs["dtype"]))]
 
@@ -394,4 +420,5 @@ BUILTINS: dict[str, Builtin] = {
     "kv_pages_in_use": _kv_pages_in_use,
     "kv_pools": _kv_pools,
     "kv_table": _kv_table,
+    "sample": _sample,
 }

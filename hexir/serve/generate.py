@@ -39,14 +39,30 @@ from hexir.ir.graph import Graph
 from hexir.runtime.kv_cache import PAGE_SIZE, PagedKVCache
 from hexir.runtime.symbolic_module import SymbolicModule
 from hexir.runtime.target import Target
-from hexir.runtime.vm import Call, CompiledProgram, Loop, Program, Run
+from hexir.runtime.vm import Call, CompiledProgram, Loop, Program, Run, sample
 
-__all__ = ["GenerateResult", "Generator", "decode_program", "generate"]
+__all__ = ["GenerateResult", "Generator", "Sampling", "decode_program", "generate"]
 
 # A decode module's block table holds a multiple of this many pages (128 tokens at the
 # default page size): attention then reads about the pages in use, and one module serves
 # every length of its bucket.
 PAGE_BUCKET = 8
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Draw each new token from softmax(logits / temperature) over the `top_k` likeliest
+    (0: all), reproducibly for a seed (the VM's `sample` builtin), instead of the argmax."""
+
+    seed: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise HexirError(f"sampling temperature must be above 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise HexirError(f"sampling top_k must be 0 (all tokens) or more, got {self.top_k}")
 
 
 @dataclass
@@ -95,7 +111,7 @@ class Generator:
         self.target, self.database = Target.of(target), database
         self._prefill = SymbolicModule(gpt2_small(seq="seq", **self.size), self.target, database)  # type: ignore[arg-type]
         self._decode: dict[tuple[int, int, int], object] = {}
-        self._loops: dict[tuple[int, int, int], CompiledProgram] = {}
+        self._loops: dict[tuple, CompiledProgram] = {}
 
     def _compile(self, graph):
         """`graph` compiled, then run once on zeros (its buffers allocated, its weights paged
@@ -144,17 +160,26 @@ class Generator:
             self._decode[key] = self._compile(graph)
         return self._decode[key]
 
-    def decode_loop(self, batch: int, pages: int, width: int) -> CompiledProgram:
+    def decode_loop(
+        self, batch: int, pages: int, width: int, sampling: Sampling | None = None
+    ) -> CompiledProgram:
         """The decode loop (`decode_program`) over `decode_module(batch, pages, width)`."""
-        key = (batch, pages, width)
+        key = (batch, pages, width, sampling)
         if key not in self._loops:
             module = self.decode_module(batch, pages, width)
-            program = decode_program(module.graph, self.size["layers"], width)  # type: ignore[attr-defined]
+            layers = self.size["layers"]
+            program = decode_program(module.graph, layers, width, sampling)  # type: ignore[attr-defined]
             self._loops[key] = CompiledProgram.of_modules(program, self.target, [module])
         return self._loops[key]
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> GenerateResult:
-        """`max_new_tokens` new token ids for each prompt, greedily, all decoded together."""
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+    ) -> GenerateResult:
+        """`max_new_tokens` new token ids for each prompt, all decoded together: greedily, or
+        drawn as `sampling` says."""
         prompts = [list(map(int, p)) for p in prompts]
         self._check(prompts, max_new_tokens)
         layers, heads = self.size["layers"], self.size["heads"]
@@ -170,16 +195,20 @@ class Generator:
         for prompt in prompts:  # compiled first, so that the times below are of running
             self.prefill_module(len(prompt))
         width = self.table_pages(longest)
-        loop = self.decode_loop(len(prompts), pages, width)
+        loop = self.decode_loop(len(prompts), pages, width, sampling)
         compile_seconds = time.perf_counter() - start
-        seqs, tokens = [], []
+        seqs, last = [], []
         start = time.perf_counter()
         for prompt in prompts:
             logits, *presents = self.prefill.run([np.array(prompt, np.int64)])
             seq = cache.add()
             cache.extend(seq, np.stack(presents[0::2]), np.stack(presents[1::2]))
             seqs.append(seq)
-            tokens.append([int(np.argmax(logits[-1]))])
+            last.append(logits[-1])
+        firsts = np.argmax(last, axis=-1) if sampling is None else sample(
+            np.stack(last), 0, **vars(sampling)
+        )  # fmt: skip
+        tokens = [[int(t)] for t in firsts]
         prefill = time.perf_counter() - start
         start = time.perf_counter()
         steps = max_new_tokens - 1
@@ -214,12 +243,15 @@ class Generator:
             )
 
 
-def decode_program(graph: Graph, layers: int, width: int) -> Program:
+def decode_program(
+    graph: Graph, layers: int, width: int, sampling: Sampling | None = None
+) -> Program:
     """The decode loop as a VM program over a decode step's graph (`gpt2_small_paged_decode`,
     of `layers` layers and a block table `width` pages wide). Inputs: `cache` (a
     PagedKVCache holding the sequences), `seqs` (their ids), `first` (each one's last token,
     int64) and `steps`; outputs: the new token ids [steps, sequences] and the pages in use
-    after each step."""
+    after each step. Each next token is the argmax, or with `sampling` a draw (the VM's
+    `sample` builtin at step i + 1: the first token's draw is step 0)."""
     pools = tuple(f"{kind}{layer}" for layer in range(layers) for kind in ("k", "v"))
     news = tuple(f"new_{name}" for name in pools)
     body = Program(
@@ -230,7 +262,7 @@ def decode_program(graph: Graph, layers: int, width: int) -> Program:
             Call("cast", ("lengths",), ("positions",), (("dtype", "int64"),)),
             Run(graph, ("tokens", "positions", "table", "lengths", *pools), ("logits", *news)),
             Call("kv_append", ("cache", "seqs", *news)),
-            Call("argmax", ("logits",), ("next",)),
+            _pick(sampling),
             Call("kv_pages_in_use", ("cache",), ("pages",)),
         ),
         ("going", "next", "next", "pages"),
@@ -247,8 +279,20 @@ def decode_program(graph: Graph, layers: int, width: int) -> Program:
     )
 
 
+def _pick(sampling: Sampling | None) -> Call:
+    """The step that takes the next tokens from the logits: the argmax, or a draw."""
+    if sampling is None:
+        return Call("argmax", ("logits",), ("next",))
+    attrs = tuple(sorted({**vars(sampling), "offset": 1}.items()))
+    return Call("sample", ("logits", "i"), ("next",), attrs)
+
+
 def generate(
-    prompts: Sequence[Sequence[int]], max_new_tokens: int, **size: object
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    sampling: Sampling | None = None,
+    **size: object,
 ) -> GenerateResult:
-    """`Generator(**size).generate(prompts, max_new_tokens)`: GPT-2 small by default."""
-    return Generator(**size).generate(prompts, max_new_tokens)  # type: ignore[arg-type]
+    """`Generator(**size).generate(prompts, max_new_tokens, sampling)`: GPT-2 small by
+    default."""
+    return Generator(**size).generate(prompts, max_new_tokens, sampling)  # type: ignore[arg-type]

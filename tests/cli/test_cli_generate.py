@@ -28,6 +28,21 @@ def test_generate_prints_each_prompts_new_ids_and_the_rates(capsys, tmp_path, mo
     assert "KV cache pages in use (4 tokens a page)" in out[4]
 
 
+def test_generate_samples_with_a_seed(capsys, tmp_path, monkeypatch):
+    from hexir.serve.generate import Sampling
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["generate", "gpt2-small", "--prompt-ids", "5,7,9", "--max-new-tokens", "6", *SMALL]
+    assert main([*argv, "--temperature", "1.5", "--seed", "4"]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    want = Generator(layers=2, hidden=32, heads=2, vocab=100, page_size=4).generate(
+        [[5, 7, 9]], 6, Sampling(seed=4, temperature=1.5)
+    )
+    assert line.endswith(",".join(map(str, want.tokens[0])))
+    assert main([*argv, "--sample", "--temperature", "0"]) == 1
+    assert "temperature must be above 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "ids, message",
     [("5,x", "not a comma-separated list"), ("5,100", "outside the vocabulary"), (",", "at least")],

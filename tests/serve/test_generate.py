@@ -113,7 +113,7 @@ def test_the_decode_loop_is_a_vm_program_an_artifact_carries(generator, tmp_path
 
     prompt = [int(t) for t in np.random.default_rng().integers(0, 100, 5)]
     want = generator.generate([prompt], 12).tokens
-    key = (1, generator.max_pages, generator.table_pages(len(prompt) + 12))
+    key = (1, generator.max_pages, generator.table_pages(len(prompt) + 12), None)
     loop = generator._loops[key]
     (step,) = [s for s in loop.program.steps if isinstance(s, Loop)]
     assert {s.builtin for s in step.body.steps if isinstance(s, Call)} >= {"argmax", "kv_append"}
@@ -125,3 +125,30 @@ def test_the_decode_loop_is_a_vm_program_an_artifact_carries(generator, tmp_path
         assert again == want == [_numpy_greedy(prompt, 12, _weights(17))]
     finally:
         generator._loops[key] = loop
+
+
+def test_sampling_with_a_seed_is_reproducible_and_top_1_is_greedy(generator):
+    from hexir.serve.generate import Sampling
+
+    prompts = [[int(t) for t in np.random.default_rng().integers(0, 100, n)] for n in (3, 7)]
+    greedy = generator.generate(prompts, 10).tokens
+    assert generator.generate(prompts, 10, Sampling(seed=1, top_k=1)).tokens == greedy
+    drawn = [generator.generate(prompts, 10, Sampling(seed=s, temperature=2.0)).tokens
+             for s in (7, 7, 8)]  # fmt: skip
+    assert drawn[0] == drawn[1] != drawn[2] and drawn[0] != greedy
+    with pytest.raises(HexirError, match="temperature must be above 0"):
+        Sampling(temperature=0)
+
+
+def test_sample_draws_by_the_softmax_of_the_logits():
+    from hexir.runtime.vm import sample
+
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = np.tile(np.log(probs), (40000, 1))
+    ids = sample(logits, 3, seed=11)
+    np.testing.assert_allclose(np.bincount(ids, minlength=4) / len(ids), probs, atol=0.01)
+    # top_k=2 keeps the two likeliest, renormalized; a temperature flattens the draw
+    kept = np.bincount(sample(logits, 3, seed=11, top_k=2), minlength=4) / len(ids)
+    np.testing.assert_allclose(kept, [0.625, 0.375, 0, 0], atol=0.01)
+    hot = np.bincount(sample(logits, 3, seed=11, temperature=1e6), minlength=4) / len(ids)
+    np.testing.assert_allclose(hot, [0.25] * 4, atol=0.01)
