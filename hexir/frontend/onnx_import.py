@@ -1,7 +1,8 @@
 """ONNX import: an ONNX model (default domain) as a Hexir graph of static shapes. Nodes are
 read as of opsets 13–23: an older model is converted up with onnx.version_converter, a newer
-one is read as opset 23 where none of its ops changed definition since (else refused, naming
-them).
+one is read as opset 23 where each of its ops means the same there or its converter
+implements the newer version (`NEWER`), else refused, naming them (`op_versions`: the newest
+version of each op read).
 
     graph = import_onnx("model.onnx")                       # or an onnx.ModelProto
     graph = import_onnx("bert.onnx", dims={"batch": 1, "sequence": 128})
@@ -53,7 +54,7 @@ from hexir.ops.builder import GraphBuilder
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["import_onnx", "load_proto", "SUPPORTED", "OPSETS"]
+__all__ = ["import_onnx", "load_proto", "op_versions", "SUPPORTED", "OPSETS"]
 
 # Opsets 22 and 23 change only the type constraints of the ops imported here (bfloat16 and
 # the 4-bit floats), and add RMSNormalization.
@@ -165,8 +166,9 @@ def load_proto(model: Any) -> tuple[Any, str]:
 
 def _opset(proto: Any, source: str) -> tuple[Any, int]:
     """(the model, the opset its nodes are read at). An opset before OPSETS is converted up with
-    onnx.version_converter; one after it is read as the last of OPSETS where none of the
-    model's ops changed its definition since (an op that did is refused, named)."""
+    onnx.version_converter; one after it is read as the last of OPSETS where each of the
+    model's nodes means the same there or NEWER reads its version (`_changed`; a node that
+    does not is refused, named)."""
     import onnx
 
     versions = [o.version for o in proto.opset_import if o.domain in _DOMAINS]
@@ -197,26 +199,71 @@ def _opset(proto: Any, source: str) -> tuple[Any, int]:
 
 
 # Ops whose converters implement a definition newer than OPSETS' last: the newest version each
-# reads (Attention's nonpad_kv_seqlen and windows; ReduceLogSum's and ReduceLogSumExp's -inf
-# for an empty set, which their compositions give; SpaceToDepth's mode).
-NEWER = {"Attention": 25, "ReduceLogSum": 28, "ReduceLogSumExp": 28, "SpaceToDepth": 28}
+# reads, where its meaning changed beyond types added (which Hexir's dtype checks refuse where
+# it lacks them). Attention 24-25: nonpad_kv_seqlen and windows. BitShift 28: signed ints,
+# shifted right arithmetically, and amounts below 0 or of the width or more giving the sign's
+# fill, as the left_shift and right_shift ops do. Cast 24, CastLike 24: round_mode, which
+# applies to float8e8m0 only (no Hexir dtype); an infinity cast saturating to an 8-bit FNUZ
+# float gives its largest, as it always did here and in onnx's reference. Mod 28: fmod=0 of
+# floats, the floor remainder with numpy's special cases (the mod op). Range 27: stash_type,
+# the float16 and bfloat16 ranges counted in float32 (or float64). ReduceLogSum 28,
+# ReduceLogSumExp 28: -inf for an empty set, which their compositions give. SpaceToDepth 28:
+# mode.
+NEWER = {
+    "Attention": 25,
+    "BitShift": 28,
+    "Cast": 28,
+    "CastLike": 25,
+    "Mod": 28,
+    "Range": 27,
+    "ReduceLogSum": 28,
+    "ReduceLogSumExp": 28,
+    "SpaceToDepth": 28,
+}
+# The newest opset whose op definitions, text included, the table above was checked against
+# (onnx 1.23's). A later version may change an op's meaning in its text alone (Mod 28 did):
+# it is refused, unless NEWER reads it.
+CHECKED = 28
+
+
+def op_versions(op_type: str) -> tuple[int, int] | None:
+    """(the newest version of `op_type` Hexir reads, the newest the installed onnx defines);
+    None where onnx does not define the op. A version after OPSETS' last is read where
+    `_changed` finds that a node setting none of the attributes and giving none of the
+    optional inputs added since means the same."""
+    from onnx import defs, helper
+
+    newest = defs.onnx_opset_version()
+    try:
+        top = defs.get_schema(op_type, newest).since_version
+    except Exception:  # noqa: BLE001 - an op the installed onnx does not define
+        return None
+    bare, read = helper.make_node(op_type, [], []), OPSETS.stop - 1
+    while read < newest and not _changed(bare, OPSETS.stop - 1, read + 1):
+        read += 1
+    return defs.get_schema(op_type, read).since_version, top
 
 
 def _changed(node: Any, last: int, version: int) -> str:
     """'' where `node` means at opset `version` what it meant at `last`: its op's definition is
-    the same, or differs only in types it widened (which Hexir's dtype checks still refuse
-    where it lacks them), in attributes the node does not set and in optional inputs added
-    after the old ones that the node does not give (Attention's nonpad_kv_seqlen); else what
+    the same, or one NEWER reads, or (up to CHECKED) differs only in types it widened (which
+    Hexir's dtype checks still refuse where it lacks them), in attributes the node does not set
+    and in optional inputs added after the old ones that the node does not give; else what
     changed."""
     from onnx import defs
 
     try:
-        old = defs.get_schema(node.op_type, max_inclusive_version=last)
         new = defs.get_schema(node.op_type, max_inclusive_version=version)
     except Exception:  # noqa: BLE001 - an op onnx does not know: the node check names it
         return ""
+    old = _read_schema(node.op_type, last)
     if old.since_version == new.since_version or new.since_version <= NEWER.get(node.op_type, 0):
         return ""
+    if new.since_version > CHECKED:
+        return (
+            f"{node.op_type} (version {new.since_version}, after opset {CHECKED}, the newest "
+            "Hexir's import was checked against)"
+        )
     set_attrs = {a.name for a in node.attribute}
     added = set(new.attributes) - set(old.attributes)
     same = (
@@ -231,6 +278,19 @@ def _changed(node: Any, last: int, version: int) -> str:
         if same
         else f"{node.op_type} (version {new.since_version}, Hexir reads {old.since_version})"
     )
+
+
+def _read_schema(op_type: str, last: int) -> Any:
+    """The definition of `op_type` that its converter implements: the one of opset `last`, or
+    for an op that came after it (Swish, CumProd) its first."""
+    from onnx import defs
+
+    for version in range(last, defs.onnx_opset_version() + 1):
+        try:
+            return defs.get_schema(op_type, max_inclusive_version=version)
+        except Exception:  # noqa: BLE001, S112 - not defined yet at `version`
+            continue
+    raise KeyError(op_type)  # not reached: `_changed` found it defined
 
 
 def _same_inputs(old: Any, new: Any, node: Any) -> bool:
@@ -363,6 +423,10 @@ def _input_type(
     """The input's dtype and shape; `symbolic` (the input's clean name) makes each free dim
     a symbol: its dim_param (read as a dimension, `past + 1`, where it is one) or, unnamed,
     `<input>_<axis>`."""
+    kind = info.type.WhichOneof("value")
+    if kind != "tensor_type":
+        what = _NOT_TENSORS.get(kind or "", "of no declared type")
+        raise Unsupported(f"input {info.name!r} is {what}: Hexir's graphs hold tensors only")
     dtype = hexir_dtype(info.type.tensor_type.elem_type, f"input {info.name!r}")
     if shape is not None:
         return dtype, shape
@@ -376,6 +440,15 @@ def _input_type(
     if free:
         raise Unsupported(f"input {info.name!r} has symbolic dims {', '.join(free)} not bound")
     return dtype, dims
+
+
+# ONNX's values that are not tensors (TypeProto's other kinds), as a refusal names them.
+_NOT_TENSORS = {
+    "sequence_type": "a sequence",
+    "optional_type": "an optional",
+    "map_type": "a map",
+    "sparse_tensor_type": "a sparse tensor",
+}
 
 
 def _symbol(dim: int | str | None, unnamed: str) -> Dim:

@@ -245,27 +245,36 @@ def _conv_transpose(ctx: Context) -> Sequence[Value]:
     out by the stride (stride - 1 zeros after each element), padded by the kernel's reach less
     the pads (cropped where that is negative, with output_padding more at the end), convolved
     at stride 1 with the weight's channels swapped in each group and its taps reversed. 1-D
-    ones are 2-D ones of height 1."""
+    ones are 2-D ones of height 1; 3-D ones are 2-D ones over each output depth's window of
+    depths (`_depth_windows`)."""
     x, w = ctx.input(0), ctx.input(1)
     rank = len(x.type.shape) - 2
-    if rank not in (1, 2) or len(w.type.shape) != rank + 2:
-        raise Unsupported(f"ConvTranspose of {x.type!r} by {w.type!r}: 1-D and 2-D only")
+    if rank not in (1, 2, 3) or len(w.type.shape) != rank + 2:
+        raise Unsupported(f"ConvTranspose of {x.type!r} by {w.type!r}: 1-D, 2-D and 3-D only")
     axes = _transpose_axes(ctx, x.type.shape[2:], w.type.shape[2:])
     if rank == 1:  # a unit height in front
         x = reshape(ctx, x, (*x.type.shape[:2], 1, x.type.shape[2]))
         axes = [_Axis(1, 1, 1, 1, 0, 0, 0), *axes]
     groups = int(ctx.attr("group", 1))
+    weight = _reversed_weight(ctx, groups, rank)
+    spread = _spread(ctx, x, axes)
+    if rank == 3:
+        spread = _depth_windows(ctx, spread, axes[0], groups)
     y = ctx.op(
         "conv2d",
-        _spread(ctx, x, axes),
-        _reversed_weight(ctx, groups, rank),
+        spread,
+        weight,
         stride=(1, 1),
         padding=(0, 0),
-        dilation=tuple(a.dilation for a in axes),
+        dilation=tuple(a.dilation for a in axes[-2:]),
         groups=groups,
     )
     if rank == 1:
         y = reshape(ctx, y, (*y.type.shape[:2], y.type.shape[3]))
+    if rank == 3:  # [N * D', M, H', W'] -> [N, M, D', H', W']
+        n, depth = x.type.shape[0], y.type.shape[0] // x.type.shape[0]
+        y = reshape(ctx, y, (n, depth, *y.type.shape[1:]))
+        y = ctx.op("transpose", y, perm=(0, 2, 1, 3, 4))
     bias = ctx.optional(2)
     return [y if bias is None else ctx.op("bias_add", y, bias, axis=1)]
 
@@ -308,14 +317,16 @@ def _split_padding(axis: _Axis, out: int, auto: str) -> _Axis:
 
 
 def _spread(ctx: Context, x: Value, axes: list[_Axis]) -> Value:
-    """x [N, C, H, W] with stride - 1 zeros after each element of each spatial axis, then the
-    kernel's reach less the pads added (zeros) or taken off (a slice) at each end."""
-    n, c, h, w = x.type.shape
-    (sh, sw) = (a.stride for a in axes)
-    if (sh, sw) != (1, 1):  # [N, C, H, 1, W, 1] padded to [N, C, H, sh, W, sw]
-        cells = reshape(ctx, x, (n, c, h, 1, w, 1))
-        cells = ctx.op("pad", cells, before=(0,) * 6, after=(0, 0, 0, sh - 1, 0, sw - 1))
-        x = reshape(ctx, cells, (n, c, h * sh, w * sw))
+    """x [N, C, *spatial] with stride - 1 zeros after each element of each spatial axis, then
+    the kernel's reach less the pads added (zeros) or taken off (a slice) at each end."""
+    n, c, *sizes = x.type.shape
+    strides = [a.stride for a in axes]
+    if any(s != 1 for s in strides):  # [N, C, H, 1, W, 1] padded to [N, C, H, sh, W, sw]
+        cells = reshape(ctx, x, (n, c, *(d for size in sizes for d in (size, 1))))
+        after = (0, 0, *(d for s in strides for d in (0, s - 1)))
+        cells = ctx.op("pad", cells, before=(0,) * len(after), after=after)
+        spread = (size * s for size, s in zip(sizes, strides, strict=True))
+        x = reshape(ctx, cells, (n, c, *spread))
     # what each end needs, the spread's trailing stride - 1 zeros already counted
     before = [a.reach - a.begin for a in axes]
     after = [a.reach - a.end + a.output_padding - (a.stride - 1) for a in axes]
@@ -326,29 +337,67 @@ def _spread(ctx: Context, x: Value, axes: list[_Axis]) -> Value:
         shape = x.type.shape
         start = (0, 0, *(max(-v, 0) for v in before))
         stop = (n, c, *(d + min(v, 0) for d, v in zip(shape[2:], after, strict=True)))
-        x = ctx.op("slice", x, start=start, stop=stop, step=(1,) * 4)
+        x = ctx.op("slice", x, start=start, stop=stop, step=(1,) * len(shape))
     return x
+
+
+def _depth_windows(ctx: Context, x: Value, depth: _Axis, groups: int) -> Value:
+    """The spread input [N, C, D, H, W] of a 3-D ConvTranspose as the input of a 2-D
+    convolution, [N * D', G * kd * C/G, H, W]: for each output depth, the kd depths its window
+    reads (dilated), each group's channels tap by tap, as `_reversed_weight` orders the
+    weight's. A stride-1 convolution over depth is then one 2-D convolution."""
+    n, c, d, h, w = x.type.shape
+    kd, step = depth.kernel, depth.dilation
+    out = d - (kd - 1) * step
+    if out < 1:
+        raise Unsupported(f"ConvTranspose whose output has depth {out}")
+    taps = [
+        reshape(
+            ctx,
+            ctx.op(
+                "slice",
+                x,
+                start=(0, 0, t * step, 0, 0),
+                stop=(n, c, t * step + out, h, w),
+                step=(1,) * 5,
+            ),
+            (n, groups, 1, c // groups, out, h, w),
+        )
+        for t in range(kd)
+    ]
+    stacked = taps[0] if kd == 1 else ctx.op("concat", *taps, axis=2)
+    moved = ctx.op("transpose", stacked, perm=(0, 4, 1, 2, 3, 5, 6))
+    return reshape(ctx, moved, (n * out, c * kd, h, w))
 
 
 def _reversed_weight(ctx: Context, groups: int, rank: int) -> Value:
     """W [C, M / groups, k...] as conv2d's [M, C / groups, kh, kw]: within each group the
-    channel axes swapped, and the taps reversed. Computed at import for a constant W."""
+    channel axes swapped, and the taps reversed. A 3-D one's depth taps go in front of each
+    group's channels ([M, kd * C / groups, kh, kw], as `_depth_windows` stacks the input).
+    Computed at import for a constant W."""
     w = ctx.input(1)
     c, m = w.type.shape[:2]
     kernel = (1,) * (2 - rank) + w.type.shape[2:]
     if c % groups:
         raise Unsupported(f"ConvTranspose of {c} channels in {groups} groups")
     grouped = (groups, c // groups, m, *kernel)
-    perm = (0, 2, 1, 3, 4)
-    out = (groups * m, c // groups, *kernel)
+    if rank == 3:  # [G, M/G, kd, C/G, kh, kw], the taps of axes 2, 4 and 5 reversed
+        perm, flipped = (0, 2, 3, 1, 4, 5), (2, 4, 5)
+        out = (groups * m, kernel[0] * (c // groups), *kernel[1:])
+    else:  # [G, M/G, C/G, kh, kw]
+        perm, flipped = (0, 2, 1, 3, 4), (3, 4)
+        out = (groups * m, c // groups, *kernel)
     known = ctx.array(1, "W") if ctx.current.inputs[1] in ctx.initializers else ctx.known(w)
     if known is not None:
-        flipped = known.reshape(grouped).transpose(perm).reshape(out)[:, :, ::-1, ::-1]
-        return ctx.constant(np.ascontiguousarray(flipped))
-    moved = reshape(ctx, ctx.op("transpose", reshape(ctx, w, grouped), perm=perm), out)
-    start = (0, 0, kernel[0] - 1, kernel[1] - 1)  # slice.indices' form of ::-1
-    stop = (out[0], out[1], -1, -1)
-    return ctx.op("slice", moved, start=start, stop=stop, step=(1, 1, -1, -1))
+        moved = np.flip(known.reshape(grouped).transpose(perm), flipped)
+        return ctx.constant(np.ascontiguousarray(moved.reshape(out)))
+    moved = ctx.op("transpose", reshape(ctx, w, grouped), perm=perm)
+    shape = moved.type.shape
+    # slice.indices' form of ::-1 on the reversed axes
+    start = tuple(n - 1 if a in flipped else 0 for a, n in enumerate(shape))
+    stop = tuple(-1 if a in flipped else n for a, n in enumerate(shape))
+    step = tuple(-1 if a in flipped else 1 for a in range(len(shape)))
+    return reshape(ctx, ctx.op("slice", moved, start=start, stop=stop, step=step), out)
 
 
 # --- TopK -------------------------------------------------------------------------------------

@@ -308,7 +308,18 @@ def _range(ctx: Context) -> Sequence[Value]:
             raise Unsupported(f"Range of {dtype} from symbolic bounds (integers only)")
         first, last = dim_list([start.item(), limit.item()])
         return [ctx.op("arange", start=first, stop=last, step=int(delta.item()), dtype=dtype)]
-    return [ctx.constant(np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype))]
+    return [ctx.constant(_arange(start, limit, delta, int(ctx.attr("stash_type", 1))))]
+
+
+def _arange(start: np.ndarray, limit: np.ndarray, delta: np.ndarray, stash: int) -> np.ndarray:
+    """numpy's arange in start's dtype; a float16 or bfloat16 one counted in float32 (stash_type
+    1, Range 27's default) or float64 (11), then rounded, as Range 27 says."""
+    dtype = start.dtype
+    if dtype.name not in ("float16", "bfloat16"):
+        return np.arange(start.item(), limit.item(), delta.item(), dtype=dtype)
+    wide = np.dtype(np.float32 if stash == 1 else np.float64)
+    first, last, step = (float(v.astype(wide)) for v in (start, limit, delta))
+    return np.arange(first, last, step, dtype=wide).astype(dtype)
 
 
 def _tile(ctx: Context) -> Sequence[Value]:
@@ -416,7 +427,7 @@ SHAPE_SPECS: dict[str, Spec] = {
     "ScatterElements": Spec(_scatter_elements, {"axis": None, "reduction": REDUCTIONS}),
     "ScatterND": Spec(_scatter_nd, {"reduction": REDUCTIONS}),
     "ConstantOfShape": Spec(_constant_of_shape, {"value": None}),
-    "Range": Spec(_range),
+    "Range": Spec(_range, {"stash_type": (1, 11)}),
     "Size": Spec(lambda ctx: [ctx.dims_value([ctx.input(0).type.size], shape=())]),
     "Tile": Spec(_tile),
     "Trilu": Spec(_trilu, {"upper": None}),

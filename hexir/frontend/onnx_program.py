@@ -72,10 +72,17 @@ def import_program(model: str | os.PathLike[str] | Any, *, name: str | None = No
     return Program(inputs, steps, tuple(o.name for o in graph.output), name or graph.name)
 
 
+# Ops whose output needs only their input's static shape, never its values.
+SHAPE_ONLY = ("Shape", "Size")
+
+
 def _sources(nodes: Sequence[Any], names: Iterable[str], inputs: Sequence[str]) -> list[str]:
     """The stretch inputs that tensors `names` are computed from (themselves where they are
-    inputs), through the nodes that make them (a Slice's starts from Unsqueeze(iteration))."""
-    producer = {t: node for node in nodes for t in node.output if t}
+    inputs), through the nodes that make them (a Slice's starts from Unsqueeze(iteration));
+    not through a Shape or Size node (a crop's pads from an image's shape and a target)."""
+    producer = {
+        t: node for node in nodes for t in node.output if t and node.op_type not in SHAPE_ONLY
+    }
     found: list[str] = []
     seen: set[str] = set()
     todo = list(names)
@@ -170,10 +177,10 @@ class _Builder:
 
     def _bound(self, model: Any, inputs: list[str], refusal: str) -> tuple[str, ...]:
         """The small inputs whose values the stretch needs as constants: those its refusal
-        names or computes them from, then those a trial import with them as zeros names next
-        (a node's refusal names its first such input only); () where it needs a big one's."""
-        from onnx import helper
-
+        names or computes them from, then those trial imports with them as zeros and as ones
+        name next (a node's refusal names its first such input only, and a zero extent may
+        stop it before it reads the next: a Resize's sizes, then its roi); () where it needs
+        a big one's."""
         bound: tuple[str, ...] = ()
         for _ in range(BOUND_ROUNDS):
             named = dict.fromkeys(MUST_BE_CONSTANT.findall(refusal))
@@ -183,17 +190,23 @@ class _Builder:
             if not all(self._small(t) for t in needed):
                 return ()
             bound += tuple(needed)
-            zeros = {}
-            for t in bound:
-                tensor = self.types[t].type.tensor_type
-                dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
-                zeros[t] = np.zeros([d.dim_value for d in tensor.shape.dim], dtype)
-            try:
-                _Binder(model, bound)(zeros)
-                return bound
-            except ModelError as again:
-                refusal = str(again)
+            refusals = []
+            for fill in (0, 1):
+                try:
+                    _Binder(model, bound)({t: self._filled(t, fill) for t in bound})
+                    return bound
+                except ModelError as again:
+                    refusals.append(str(again))
+            refusal = "\n".join(refusals)
         return bound  # the run-time import says what else it needs
+
+    def _filled(self, name: str, value: int) -> np.ndarray:
+        """Input `name` of its declared shape and type, every element `value`."""
+        from onnx import helper
+
+        tensor = self.types[name].type.tensor_type
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type)
+        return np.full([d.dim_value for d in tensor.shape.dim], value, dtype)
 
     def _small(self, name: str) -> bool:
         """An input of at most BOUND_ELEMENTS elements: one whose value a stretch may take as

@@ -101,7 +101,7 @@ def _remainder_evaluate(fn: Callable[..., np.ndarray]) -> Evaluate:
 
 def _lower_remainder(operator: str) -> Lower:
     """The remainder; an integer one is 0 where the divisor is 0 (C would trap there); a
-    float floor remainder is C's fmod moved to the divisor's sign (numpy's rule)."""
+    float floor remainder is C's fmod moved to the divisor's sign (`_floor_moved`)."""
 
     def lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> None:
         a, b = args
@@ -111,12 +111,7 @@ def _lower_remainder(operator: str) -> Lower:
             x, y = broadcast(a, i, shape), broadcast(b, i, shape)
             if is_float(out.dtype):
                 r = Binary("fmod", x, y)
-                if operator == "fmod":
-                    return r
-                zero = const(0, out.dtype)
-                other_sign = Binary("!=", Binary("<", r, zero), Binary("<", y, zero))
-                moved = Binary("&&", Binary("!=", r, zero), other_sign)
-                return Select(moved, Binary("+", r, y), r)
+                return r if operator == "fmod" else _floor_moved(r, y, out.dtype)
             zero, one = const(0, out.dtype), const(1, out.dtype)
             by_zero = Binary("==", y, zero)  # the divisor made 1 too: vector code takes both
             return Select(by_zero, zero, Binary(operator, x, Select(by_zero, one, y)))
@@ -124,6 +119,19 @@ def _lower_remainder(operator: str) -> Lower:
         k.compute(op.kind, out, value)
 
     return lower
+
+
+def _floor_moved(r: Expr, y: Expr, dtype: str) -> Expr:
+    """C's fmod remainder `r` of a division by `y` moved to the divisor's sign, numpy's floor
+    remainder (and ONNX Mod 28's): a nonzero one of the other sign plus y; a zero one (fmod
+    gives the dividend's sign) 0 times -1 or 1."""
+    zero = const(0, dtype)
+    negative = Binary("<", y, zero)
+    moved = Binary("&&", Binary("!=", r, zero), Binary("!=", Binary("<", r, zero), negative))
+    sign = Select(negative, const(-1, dtype), const(1, dtype))
+    return Select(
+        Binary("==", r, zero), Binary("*", zero, sign), Select(moved, Binary("+", r, y), r)
+    )
 
 
 def _remainder(name: str, doc: str, operator: str, allowed: str, fn, fmod: int) -> OpDef:  # noqa: ANN001

@@ -697,10 +697,64 @@ def test_an_old_opset_is_converted_and_a_new_one_read_where_its_ops_did_not_chan
     for mode in ("DCR", "CRD"):
         blocks = [helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode=mode)]
         agrees(model(blocks, [("x", [1, 3, 4, 6])], ["y"], opset=28))
-    # an op that changed since and is not read newer is refused by name (Cast-28's round_mode)
-    cast = [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16, round_mode="up")]
-    with pytest.raises(ModelError, match=r"changed since: Cast \(version 28"):
-        import_onnx(model(cast, [("x", [2, 3])], ["y"], opset=28))
+    # Cast-24's round_mode applies to float8e8m0 only, a dtype Hexir refuses by name
+    cast = [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT16, round_mode="down")]
+    agrees(model(cast, [("x", [2, 3])], ["y"], opset=28))
+    e8m0 = [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E8M0, round_mode="up")]
+    with pytest.raises(ModelError, match="FLOAT8E8M0, Hexir has no such dtype"):
+        import_onnx(model(e8m0, [("x", [2, 3])], ["y"], opset=28))
+
+
+def test_an_op_version_after_the_checked_opset_is_refused_by_name(monkeypatch):
+    """A version may change an op's meaning in its text alone (Mod-28 did): one after the
+    opset onnx_import.CHECKED names is refused, unless NEWER reads it."""
+    from hexir.frontend import onnx_import
+
+    assert onnx_import.op_versions("Celu") == (28, 28)  # Celu-28: types added only
+    assert onnx_import.op_versions("Swish") == (24, 24)  # new in 24
+    monkeypatch.setattr(onnx_import, "CHECKED", 27)
+    assert onnx_import.op_versions("Celu") == (12, 28)
+    celu = [helper.make_node("Celu", ["x"], ["y"])]
+    with pytest.raises(ModelError, match=r"Celu \(version 28, after opset 27"):
+        import_onnx(model(celu, [("x", [2, 3])], ["y"], opset=28))
+    agrees(model(celu, [("x", [2, 3])], ["y"], opset=23))
+    mod = [helper.make_node("Mod", ["x", "d"], ["y"], fmod=0)]  # NEWER reads Mod-28
+    agrees(model(mod, [("x", [2, 3])], ["y"], [("d", np.float32(-1.5))], opset=28))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8])
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bit_shift_28_of_signed_ints_and_amounts_past_the_width(rng, dtype, direction):
+    """BitShift-28: signed ints shift right arithmetically; an amount below 0 or of the width or
+    more gives the sign's fill (-1 right of a negative, else 0), as onnx's reference."""
+    width = 8 * np.dtype(dtype).itemsize
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, (4, 9), endpoint=True).astype(dtype)
+    amounts = [0, 1, width - 1, width, width + 3, *rng.integers(0, width, 4)]
+    y = np.asarray(amounts, dtype)
+    if info.min < 0:
+        y[-1] = -2
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    node = helper.make_node("BitShift", ["x", "y"], ["z"], direction=direction)
+    proto = model([node], [("x", [4, 9], elem), ("y", [9], elem)], ["z"], opset=28)
+    (want,) = ReferenceEvaluator(proto).run(None, {"x": x, "y": y})
+    graph = import_onnx(proto)
+    for got in (evaluate(graph, [x, y])[0], hexir.compile(graph, target="cpu").run([x, y])[0]):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("stash", [None, 1, 11])
+def test_range_27_of_float16_counts_in_its_stash_type(stash):
+    """Range-27: a float16 range is counted in float32 (stash_type 1, the default) or float64
+    (11), then rounded; counting in float16 would give other elements here."""
+    attrs = {} if stash is None else {"stash_type": stash}
+    nodes = [helper.make_node("Range", ["s", "l", "d"], ["r"], **attrs)]
+    bounds = [("s", np.float16(1000)), ("l", np.float16(3000)), ("d", np.float16(0.7))]
+    proto = model(nodes, [], ["r"], bounds, opset=27)
+    (want,) = ReferenceEvaluator(proto).run(None, {})
+    (got,) = evaluate(import_onnx(proto), [])
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(

@@ -246,6 +246,15 @@ CONV_TRANSPOSE = [
     ((1, 2, 3, 3), (2, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
     ((1, 2, 3, 3), (2, 2, 4, 4), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
     ((2, 3, 7), (3, 2, 3), {"strides": [2], "pads": [1, 0], "output_padding": [1]}),  # 1-D
+    ((1, 1, 3, 4, 5), (1, 2, 3, 3, 3), {}),  # 3-D, as the ONNX node case
+    (
+        (2, 3, 3, 4, 3),
+        (3, 2, 2, 3, 2),
+        {"strides": [2, 1, 3], "pads": [1, 0, 0, 0, 1, 1], "output_padding": [1, 0, 2]},
+    ),
+    ((1, 4, 3, 3, 4), (4, 3, 3, 2, 2), {"group": 2, "dilations": [2, 1, 2], "strides": [1, 2, 1]}),
+    ((1, 2, 2, 3, 3), (2, 2, 2, 2, 2), {"strides": [2, 2, 2], "output_shape": [5, 7, 6]}),
+    ((1, 2, 3, 2, 2), (2, 1, 3, 2, 2), {"strides": [2, 1, 1], "auto_pad": "SAME_LOWER"}),
 ]
 
 
@@ -300,10 +309,10 @@ def test_conv_transpose_refuses_a_same_output_past_the_natural_one():
         import_onnx(proto)
 
 
-def test_conv_transpose_of_3d_images_is_refused():
+def test_conv_transpose_of_4d_images_is_refused():
     node = helper.make_node("ConvTranspose", ["x", "w"], ["y"])
-    proto = model([node], [("x", [1, 1, 3, 4, 5])], ["y"], [("w", uniform(1, 2, 3, 3, 3))])
-    with pytest.raises(ModelError, match="1-D and 2-D only"):
+    proto = model([node], [("x", [1, 1, 2, 3, 4, 5])], ["y"], [("w", uniform(1, 2, 2, 2, 2, 2))])
+    with pytest.raises(ModelError, match="1-D, 2-D and 3-D only"):
         import_onnx(proto)
 
 

@@ -72,3 +72,26 @@ def test_onnx_mod_imports_and_exports_both_signs(rng):
         np.testing.assert_array_equal(hexir.compile(graph).run([x, y])[0], want)
         again = import_onnx(onnx.load_from_string(export_onnx(graph).SerializeToString()))
         np.testing.assert_array_equal(evaluate(again, [x, y])[0], want)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_a_float_floor_remainder_follows_numpy_at_zeros_infinities_and_nans(rng, dtype):
+    """ONNX Mod 28 (fmod 0 of floats): a zero result has the divisor's sign, an infinite
+    dividend or a zero divisor gives NaN, an infinite divisor gives the dividend where the
+    signs agree and the divisor where not: numpy's mod, C's fmod moved to the divisor's sign.
+    Beside them random operands, so that the vector body sees them too."""
+    special = [
+        (0.0, -2.0), (-0.0, 2.0), (0.0, 2.0), (-0.0, -2.0), (-6.0, 3.0), (6.0, -3.0),
+        (-3.0, np.inf), (3.0, np.inf), (-1.0, -np.inf), (1.0, -np.inf), (np.inf, 2.0),
+        (-np.inf, 2.0), (1.0, 0.0), (1.0, -0.0), (np.nan, 2.0), (1.0, np.nan),
+    ]  # fmt: skip
+    x, y = operands(rng, dtype)
+    y[0] = 3
+    x[0, : len(special)], y[: len(special)] = zip(*special, strict=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = np.mod(x, y)
+        graph = remainder_graph("mod", dtype)
+        for got in (evaluate(graph, [x, y])[0], hexir.compile(graph).run([x, y])[0]):
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
