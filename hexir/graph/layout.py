@@ -229,9 +229,45 @@ def _lay_out(graph: Graph, target: Target, winograd: Mapping[str, int]) -> Graph
             rewritten = _winograd_conv(op, p, target, winograd)
             rewritten = rewritten or _blocked_conv(op, p, target)
         ops.extend(rewritten or [op])
+    ops = _gathers_of_transposed(ops, p)
     # The Winograd form's transposes sink through the epilogues between two such convs and
     # cancel (`simplify_graph`'s transpose sink): its activations stay in NHWC between them.
     return simplify_graph(p.finish(ops))  # (its rounds remove the dead ops too)
+
+
+def _gathers_of_transposed(ops: list[Op], p: RewritePass) -> list[Op]:
+    """A lookup of rows of a constant that a dense now reads transposed, plainly (a tied
+    embedding: GPT-2's wte [vocab, hidden], also the logits' weight), made from the
+    transpose instead, so that one copy of the weight is kept: `gather(w, ids, axis=0)` as
+    `transpose(gather(wᵀ, ids, axis=1))`, its columns read with a stride (one token's
+    hidden, per token)."""
+    transposed: dict[str, Value] = {}
+    for op in ops:
+        if op.kind == "matmul" and not op.attr("weight_block"):
+            (w,) = op.operands[1:]
+            source = w.name[: -len("_t")] if w.name.endswith("_t") else None
+            if source in p.data and p.data[source].T.shape == w.type.shape:
+                transposed[source] = w
+    if not any(op.kind == "gather" and op.operands[0].name in transposed for op in ops):
+        return ops
+    # the transposed constants first (they read nothing): a lookup may come before the dense
+    hoisted = {w.name for w in transposed.values()}
+    out = [op for op in ops if op.result.name in hoisted]
+    for op in ops:
+        if op.result.name in hoisted:
+            continue
+        data = op.operands[0].name if op.operands else None
+        if op.kind != "gather" or data not in transposed or op.attr("axis") != 0:
+            out.append(op)
+            continue
+        w_t, ids = transposed[data], op.operands[1]
+        rank = len(ids.type.shape)
+        columns = make_op("gather", [w_t, ids], {"axis": 1}, p.fresh(f"{op.result.name}_t"),
+                          op.placement)  # fmt: skip
+        perm = (*range(1, rank + 1), 0)
+        out += [columns, make_op("transpose", [columns.result], {"perm": perm},
+                                 op.result.name, op.placement)]  # fmt: skip
+    return out
 
 
 def _matmul_of_constant(op: Op, p: RewritePass, target: Target) -> list[Op] | None:

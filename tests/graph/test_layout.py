@@ -163,6 +163,23 @@ def test_the_module_holds_the_laid_out_constants_and_no_kernel_transposes_them(r
         assert "dense" not in func.name
 
 
+def test_a_tied_embedding_keeps_one_copy_of_its_weight(rng):
+    # GPT-2's wte: rows looked up by token, and the logits' weight of one row (kept [K, N]
+    # transposed, as 1003 columns fill no panel): the lookup reads the transpose's columns.
+    wte = rng.standard_normal((1003, 32)).astype(np.float32)
+    b = GraphBuilder("tied")
+    ids = b.input("ids", (1,), "int64")
+    w = b.constant(wte, name="wte")
+    x = b.op("gather", w, ids, axis=0)
+    graph = b.build(b.dense(b.relu(x), w))
+    module = hexir.compile(graph)
+    assert [a.shape for a in module.constants.values()] == [(32, 1003)]
+    for token in (0, 517, 1002):
+        (got,) = module.run([np.array([token])])
+        want = np.maximum(wte[[token]], 0) @ wte.T
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_weight_that_is_an_input_stays_a_dense(rng):
     graph, _ = _mlp(rng, weight_is_input=True)
     kinds = [op.kind for op in layout_weights(graph).ops]
