@@ -28,8 +28,9 @@ it was, and the default does less.
   inside the others, around one vector of the innermost loop, so every case folds to
   straight-line code with constant coefficients. A kernel of fewer
   than MIN_PARALLEL_ITERATIONS iterations in all (here and of row stages) runs on one core.
-- GPU, an `attention` kernel: the flash nest (hexir/schedule/flash.py): a thread block per
-  tile of query rows, online softmax over tiles of keys and values in shared memory.
+- GPU, an `attention` or `paged_attention` kernel: the flash nest (hexir/schedule/flash.py):
+  a thread block per tile of query rows (a decode step: per sequence and head), online
+  softmax over tiles of keys and values in shared memory.
 - GPU: the hand-written reference schedule (hexir/schedule/handwritten.py: tiled
   contractions with shared-memory operands, one thread block per row of a row reduction,
   flat elementwise kernels) where it applies and passes the GPU verifier; otherwise

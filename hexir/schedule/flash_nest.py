@@ -1,5 +1,6 @@
 """The loop nest `sch.flash_attention` puts in place of an attention kernel's stages
-(hexir/schedule/flash.py): online softmax, a thread block per tile of query rows.
+(hexir/schedule/flash.py): online softmax, a thread block per tile of query rows of a batch
+(a paged decode step's batch: a sequence's head, one query).
 
     body = flash_nest(attention, Tiles(queries=64, keys=64, lanes=2), taken_names)
 
@@ -16,7 +17,8 @@
     } }
 
 Every stage of a tile is guarded by whether the block's last query sees the tile's first key
-(causal attention only; block-uniform, so every thread reaches the barriers between stages).
+(where the keys a query sees end early: causal attention, a sequence's length; the guard is
+block-uniform, so every thread reaches the barriers between stages).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hexir.ir.arith import simplify
+from hexir.ir.arith import affine_coefficients, flat_index, simplify
 from hexir.ir.names import unique_name
 from hexir.ir.tir import (
     Allocate,
@@ -66,8 +68,11 @@ class Tiles:
 class Attention:
     """What an attention kernel computes: batch x queries against keys of depth D, values of
     width Dv; each operand as a function of its indices (q(b, i, d), k(b, d, j), v(b, j, e)),
-    the logit of a score (logit(b, i, j, score): scale, bias, causal mask), and, where causal,
-    the offset c with key j visible to query i iff j <= i + c."""
+    the logit of a score (logit(b, i, j, score): scale, bias, masks), where the output of
+    (b, i, e) is stored (`at`: its indices into `out`), and, where the keys a query sees
+    end early, `seen(b, i)`: how many keys query i (and every earlier one) sees at most, so
+    that a tile of keys from there on is skipped (causal attention: i + T - S + 1; a cached
+    sequence: its length)."""
 
     batch: int
     queries: int
@@ -75,11 +80,26 @@ class Attention:
     depth: int
     width: int
     out: Buffer
+    at: Callable[[Expr, Expr, Expr], tuple[Expr, ...]]
     q: Callable[[Expr, Expr, Expr], Expr]
     k: Callable[[Expr, Expr, Expr], Expr]
     v: Callable[[Expr, Expr, Expr], Expr]
     logit: Callable[[Expr, Expr, Expr, Expr], Expr]
-    causal: int | None
+    seen: Callable[[Expr, Expr], Expr] | None = None
+
+    def keys_by_row(self) -> bool:
+        """Whether a key's D values lie side by side in memory (paged: [.., slot, D]), so
+        the tile of keys is copied and kept as rows ([key tile, D]), not columns ([D, key
+        tile]: the attention op's kt), the copy's consecutive threads reading consecutive
+        words either way."""
+        d, j = Var("d"), Var("j")
+        for load in walk(self.k(IntImm(0), d, j)):
+            if isinstance(load, BufferLoad) and len(load.buffer.shape) > 1:
+                flat = flat_index(load.buffer, load.indices)
+                coeffs = affine_coefficients(flat, [d, j])
+                if coeffs is not None and coeffs[d] == 1:
+                    return True
+        return False
 
 
 def shared_bytes(a: Attention, t: Tiles) -> int:
@@ -105,7 +125,7 @@ class _Names:
     alpha: Buffer  # the tile's rescale
     s: Buffer  # [rows, key tile]: each lane's keys' scores, logits, then exps (registers)
     p: Buffer  # the exps again, read at a loop's index (local memory, not registers)
-    k: Buffer  # shared: the tile's keys [D, key tile]
+    k: Buffer  # shared: the tile's keys, [D, key tile] or by row [key tile, D]
     v: Buffer  # shared: its values [key tile, Dv]
     tile_max: Buffer  # shared: the tile's max per row
     total: Buffer  # shared: each row's sum over its lanes
@@ -128,7 +148,7 @@ def _names(a: Attention, t: Tiles, taken: set[str]) -> _Names:
         buf("flash_rescale", (r, g), "local"),
         buf("flash_scores", (r, t.keys), "local"),
         buf("flash_probs", (r, t.keys), "local"),
-        buf("flash_keys", (a.depth, t.keys), "shared"),
+        buf("flash_keys", (t.keys, a.depth) if a.keys_by_row() else (a.depth, t.keys), "shared"),
         buf("flash_values", (t.keys, a.width), "shared"),
         buf("flash_tile_max", (r,), "shared"),
         buf("flash_total", (r,), "shared"),
@@ -197,10 +217,10 @@ class _Nest:
 
     def visible(self) -> Expr | None:
         """Whether the block's last query sees the tile's first key (None: always)."""
-        if self.a.causal is None:
+        if self.a.seen is None:
             return None
-        last = self.n.tile * self.t.queries + (self.t.queries - 1 + self.a.causal)
-        return Binary("<=", self.n.kt * self.t.keys, last)
+        last = self.n.tile * self.t.queries + (self.t.queries - 1)
+        return Binary("<", self.n.kt * self.t.keys, simplify(self.a.seen(self.n.batch, last)))
 
     def guarded(self, body: Stmt) -> Stmt:
         cond = self.visible()
@@ -228,7 +248,10 @@ class _Nest:
     def fetch(self) -> Stmt:
         """The tile's keys, then its values, copied to shared memory by all the threads."""
         n, a = self.n, self.a
-        keys = self.copy(FETCHES[0], n.k, lambda b, kt, d, j: a.k(b, d, self.key(j, kt)))
+        if a.keys_by_row():
+            keys = self.copy(FETCHES[0], n.k, lambda b, kt, j, d: a.k(b, d, self.key(j, kt)))
+        else:
+            keys = self.copy(FETCHES[0], n.k, lambda b, kt, d, j: a.k(b, d, self.key(j, kt)))
         values = self.copy(FETCHES[1], n.v, lambda b, kt, j, e: a.v(b, self.key(j, kt), e))
         return self.threads(self.guarded(seq(keys, values)))
 
@@ -266,7 +289,8 @@ class _Nest:
         n, a = self.n, self.a
         j0, d, j, j1 = (self.fresh(x) for x in ("j0", "d", "j", "j1"))
         at = (n.row, self.mine(j))
-        q, k = BufferLoad(n.q, (*self.own(), d)), BufferLoad(n.k, (d, self.mine(j)))
+        key = (self.mine(j), d) if a.keys_by_row() else (d, self.mine(j))
+        q, k = BufferLoad(n.q, (*self.own(), d)), BufferLoad(n.k, key)
         score = BufferLoad(n.s, (n.row, self.mine(j1)))
         column = simplify(n.kt * self.t.keys + self.mine(j1))
         logit = a.logit(n.batch, self.row(), self.key(self.mine(j1)), score)
@@ -356,9 +380,9 @@ class _Nest:
         n, a, t = self.n, self.a, self.t
         e = self.fresh("e")
         vb, vi, ve, vl = (self.fresh(x) for x in ("vb", "vi", "ve", "vl"))
-        row = n.tile * t.queries + n.row
-        at = (vb, vi, ve)
-        mine = Binary("floormod", vi, IntImm(t.queries))
+        row = simplify(n.tile * t.queries + n.row)
+        at = a.at(vb, vi, ve)
+        mine = simplify(Binary("floormod", vi, IntImm(t.queries)))
         part = BufferLoad(n.acc, (mine, vl, ve)) * (
             const(1, self.dt) / BufferLoad(n.total, (mine,))
         )

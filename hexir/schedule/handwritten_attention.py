@@ -1,7 +1,8 @@
 """The schedules of an `attention` op's kernel (hexir/ops/attention.py). On the CPU its stages
 computed per job of query rows, so the scores of those rows against every key stay in cache
 and no kernel writes the scores of all queries; on the GPU the flash nest (`flash_schedule`,
-below): online softmax over tiles of keys in shared memory, no scores of all keys at all.
+below, for paged_attention too): online softmax over tiles of keys in shared memory, no
+scores of all keys at all.
 
     sch = attention_schedule(lower_op(attention_op), Target("cpu"))    # None: not attention
     sch = flash_schedule(lower_op(attention_op), Target("cuda"))       # None: not attention
@@ -28,19 +29,22 @@ numbers, so a job cannot stop at its diagonal), where a flash kernel skips the h
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from hexir.errors import ScheduleError
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 from hexir.schedule.common import all_blocks, attempt, loop_extent
-from hexir.schedule.flash import BLOCKS, match_attention
+from hexir.schedule.flash_match import BLOCKS, PAGED, PAGED_NEW, match
 from hexir.schedule.flash_nest import Attention, Tiles, shared_bytes
 from hexir.schedule.schedule import Schedule
 from hexir.schedule.trace import ExprRV
 
 __all__ = [
     "attention_schedule",
+    "FlashChoices",
     "flash",
+    "flash_choices",
     "flash_schedule",
     "flash_tiles",
     "is_attention",
@@ -181,48 +185,72 @@ def _paged(sch: Schedule, stages: list[str], target: Target) -> None:
 
 # --- GPU: the flash nest (hexir/schedule/flash.py) ------------------------------------------
 
-# The tiles the trace chooses from (sample_categorical): query rows a thread block, keys a
-# shared tile, threads a query row. The default for a head dimension of 64 is 64 x 64 with 2
-# lanes: 128 threads, keys and values 32.5 KB of shared memory (rows of values padded), each
-# lane 32 scores and 64 accumulators in registers.
-QUERY_TILES = (16, 32, 64, 128)
-KEY_TILES = (16, 32, 64, 128)
-LANES = (1, 2, 4, 8)
+
+@dataclass(frozen=True)
+class FlashChoices:
+    """The tiles a trace chooses from (sample_categorical): query rows a thread block, keys
+    a shared tile, threads (lanes) a query row."""
+
+    queries: tuple[int, ...]
+    keys: tuple[int, ...]
+    lanes: tuple[int, ...]
+
+
+# Attention of many queries. The default for a head dimension of 64 is 64 x 64 with 2 lanes:
+# 128 threads, keys and values 33 KB of shared memory (rows padded), each lane 32 scores and
+# 64 accumulators in registers.
+ROWS = FlashChoices((16, 32, 64, 128), (16, 32, 64, 128), (1, 2, 4, 8))
+# One query a batch (a paged_attention decode step, an attention of one query): a block is
+# one row of lanes; the default 64 keys over 32 lanes, one warp (its reductions shuffles).
+ONE_ROW = FlashChoices((1,), (16, 32, 64, 128), (8, 16, 32, 64))
 BANKS = 32
 STATIC_SHARED = 48 * 1024
+VALUES = ("attention_values", "paged_values")  # the block flash_attention is given
 
 
 def is_attention(func: PrimFunc) -> bool:
-    """Whether `func` is an attention op's kernel that the flash nest takes: the op's
-    stages, and elementwise producers that inline into them."""
-    if not BLOCKS <= {b.name for b in all_blocks(func.body)}:
+    """Whether `func` is an attention or paged_attention op's kernel that the flash nest
+    takes: the op's stages, and elementwise producers that inline into them."""
+    names = {b.name for b in all_blocks(func.body)}
+    if not (BLOCKS <= names or PAGED <= names):
         return False
     sch = Schedule(func)
     try:
         _inline_producers(sch)
-        match_attention(sch.func)
+        match(sch.func)
     except ScheduleError:
         return False
     return True
 
 
+def flash_choices(a: Attention) -> FlashChoices:
+    """The tiles a trace of attention `a` chooses from: one row for one query."""
+    return ONE_ROW if a.queries == 1 else ROWS
+
+
 def flash_tiles(a: Attention, target: Target) -> Tiles:
-    """The default tiles of attention `a`: 64 query rows (fewer for fewer queries), two
-    lanes a row, and the largest tile of at most 64 keys whose keys and values fit the
-    target's static shared memory."""
-    queries = next((q for q in QUERY_TILES if q >= min(a.queries, 64)), 64)
+    """The default tiles of attention `a`: 64 query rows (fewer for fewer queries) of two
+    lanes, or one row of 32 lanes; and the largest tile of at most 64 keys whose keys and
+    values fit the target's static shared memory."""
+    one = a.queries == 1
+    queries = 1 if one else next(q for q in ROWS.queries if q >= min(a.queries, 64))
+    lanes = 32 if one else 2
     limit = target.max_shared_memory_per_block or STATIC_SHARED
-    fits = [k for k in KEY_TILES if k <= 64 and shared_bytes(a, Tiles(queries, k, 2)) <= limit]
-    return Tiles(queries, max(fits, default=KEY_TILES[0]), 2)
+    fits = [
+        k
+        for k in flash_choices(a).keys
+        if lanes <= k <= 64 and shared_bytes(a, Tiles(queries, k, lanes)) <= limit
+    ]
+    return Tiles(queries, max(fits, default=64), lanes)
 
 
 def flash_schedule(func: PrimFunc, target: Target, tiles: Tiles | None = None) -> Schedule | None:
-    """The flash schedule of an attention kernel with `tiles` (the default: `flash_tiles`);
-    None for another kernel or where the tiles do not fit."""
+    """The flash schedule of an attention or paged_attention kernel with `tiles` (the
+    default: `flash_tiles`); None for another kernel or where the tiles do not fit."""
     sch = Schedule(func, target=target)
     try:
         _inline_producers(sch)
-        return flash(sch, tiles or flash_tiles(match_attention(sch.func), target))
+        return flash(sch, tiles or flash_tiles(match(sch.func), target))
     except ScheduleError:
         return None
 
@@ -230,17 +258,21 @@ def flash_schedule(func: PrimFunc, target: Target, tiles: Tiles | None = None) -
 def _inline_producers(sch: Schedule) -> None:
     """Elementwise producers fused into the kernel (a scaled query): into their readers."""
     for block in list(all_blocks(sch.func.body)):
-        if block.name not in BLOCKS:
+        if block.name not in BLOCKS | PAGED_NEW:
             sch.compute_inline(sch.get_block(block.name))
 
 
 def flash(sch: Schedule, tiles: Tiles | None = None) -> Schedule:
-    """`sch` (an attention kernel) scheduled as the flash nest, its elementwise producers
-    inlined first, its tiles three draws of the trace: decided as `tiles`, or drawn from
-    `sch.rng` (the search). The values' rows are padded to an odd stride, so the lanes of a
-    row read them in different banks."""
+    """`sch` (an attention or paged_attention kernel) scheduled as the flash nest, its
+    elementwise producers inlined first, its tiles three draws of the trace (`flash_choices`):
+    decided as `tiles`, or drawn from `sch.rng` (the search). The shared tiles' rows are
+    padded to an odd stride, so the lanes of a row reading rows side by side (values; keys
+    kept by row) read them in different banks."""
+    _inline_producers(sch)
+    choices = flash_choices(match(sch.func))
 
-    def draw(what: str, candidates: tuple[int, ...]) -> ExprRV:
+    def draw(what: str) -> ExprRV:
+        candidates = getattr(choices, what)
         value = None if tiles is None else getattr(tiles, what)
         if value is not None and value not in candidates:
             raise ScheduleError(f"{what} {value} is not one of {candidates}", "flash")
@@ -248,9 +280,9 @@ def flash(sch: Schedule, tiles: Tiles | None = None) -> Schedule:
         probs = [1 / len(candidates)] * len(candidates)
         return sch.sample_categorical(list(candidates), probs, decision=decision)
 
-    _inline_producers(sch)
-    block = sch.get_block("attention_values")
-    queries, keys = draw("queries", QUERY_TILES), draw("keys", KEY_TILES)
-    _, values = sch.flash_attention(block, queries, keys, draw("lanes", LANES))
-    sch.storage_align(values, 0, axis=0, factor=BANKS, offset=1)
+    names = {b.name for b in all_blocks(sch.func.body)}
+    block = sch.get_block(next(name for name in VALUES if name in names))
+    queries, keys = draw("queries"), draw("keys")
+    for fetch in sch.flash_attention(block, queries, keys, draw("lanes")):
+        sch.storage_align(fetch, 0, axis=0, factor=BANKS, offset=1)
     return sch

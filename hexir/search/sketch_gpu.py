@@ -1,7 +1,7 @@
 """The GPU sketch: every block under one `blockIdx` loop nest, thread-bound stages inside it.
 
-An attention kernel (hexir/ops/attention.py) is the flash nest, its query, key and lane
-tiles drawn (hexir/schedule/handwritten_attention.py).
+An attention or paged_attention kernel (hexir/ops/attention.py) is the flash nest, its
+query, key and lane tiles drawn (hexir/schedule/handwritten_attention.py).
 
 A reduction with reuse (matmul, conv2d, dense) is tiled five ways in space and three in the
 reduction ("SSSRRSRS"), with the outer reduction tiles hoisted above the thread loops so that

@@ -21,7 +21,7 @@ from hexir.runtime.default_schedule import default_schedule
 from hexir.runtime.nvrtc import compile_cuda
 from hexir.runtime.target import Target
 from hexir.schedule.flash_nest import Tiles
-from hexir.schedule.handwritten_attention import KEY_TILES, LANES, QUERY_TILES
+from hexir.schedule.handwritten_attention import ROWS
 
 HEAD = 64
 
@@ -104,7 +104,7 @@ def test_tiles_changed_in_the_trace_compile_and_compute_numpy(rng):
     assert len(choices) == 3  # query rows, keys, lanes
     tiles = Tiles(queries=16, keys=32, lanes=4)
     for n, (value, candidates) in zip(
-        choices, [(16, QUERY_TILES), (32, KEY_TILES), (4, LANES)], strict=True
+        choices, [(16, ROWS.queries), (32, ROWS.keys), (4, ROWS.lanes)], strict=True
     ):
         trace = trace.with_decision(n, candidates.index(value))
     sch = trace.apply(func)
@@ -151,4 +151,58 @@ def test_elementwise_producers_fused_into_the_kernel_are_inlined_into_the_nest(r
     assert "flash_attention" in str(sch.trace)
     inputs = _inputs(func, rng)
     (want,) = hexir.reference(func, inputs)
+    np.testing.assert_allclose(_on_cpu(sch.func, inputs), want, rtol=1e-4, atol=1e-5)
+
+
+# --- decode over the paged KV cache -----------------------------------------------------------
+
+PAGES, SLOTS, ROW = 20, 16, 8  # pages in the pool, slots a page, pages a sequence's table row
+
+
+def _paged(new: bool) -> hexir.PrimFunc:
+    b = hexir.GraphBuilder("paged")
+    operands = [
+        b.input("q", (2, 2, HEAD)),
+        b.input("k_pages", (PAGES, 2, SLOTS, HEAD)),
+        b.input("v_pages", (PAGES, 2, SLOTS, HEAD)),
+        b.input("block_table", (2, ROW), "int32"),
+        b.input("lengths", (2,), "int32"),
+    ]
+    if new:
+        operands += [b.input("k_new", (2, 2, HEAD)), b.input("v_new", (2, 2, HEAD))]
+    return lower(b.build(b.paged_attention(*operands)))
+
+
+def _paged_inputs(func: hexir.PrimFunc, lengths: list[int], rng) -> list[np.ndarray]:
+    """Random pages, the last of them NaN; each sequence's table row names distinct random
+    pages for its tiles of 64 keys that it sees at all, and the NaN page past them: a tile
+    the kernel read past the length would make its output NaN (exp 0 times NaN)."""
+    q, kp, vp, _, _, *new = _inputs(func, rng)
+    kp[-1], vp[-1] = np.nan, np.nan
+    table = np.full((2, ROW), PAGES - 1, np.int32)
+    for row, n in zip(table, lengths, strict=True):
+        used = -(-(n + len(new) // 2) // 64) * 64 // SLOTS  # whole tiles of 64 keys
+        row[:used] = rng.choice(PAGES - 1, used, replace=False)
+    return [q, kp, vp, table, np.array(lengths, np.int32), *new]
+
+
+@pytest.mark.parametrize("new, lengths", [(False, [37, 100]), (True, [0, 70])])
+def test_decode_over_the_paged_cache_is_the_flash_nest_of_one_query(new, lengths, rng):
+    """One thread block per (sequence, head); the current token, where given, is the key
+    after the cached ones; tiles past a sequence's length are not read."""
+    func = _paged(new)
+    sch = default_schedule(func, Target("cuda -arch=sm_90"))
+    assert "flash_attention" in str(sch.trace)
+    assert not any(
+        n.buffer.name.startswith("paged_") for n in walk(sch.func.body) if isinstance(n, Allocate)
+    )
+    for arch in ("sm_80", "sm_90"):
+        target = Target(f"cuda -arch={arch}")
+        cuda = generate_cuda(sch.func, target)
+        assert cuda.grid == (1, 4, 1) and cuda.block == (32, 1, 1)
+        binary = compile_cuda(cuda.source, target, cuda.name)
+        assert binary.resources["spill_bytes"] == 0
+    inputs = _paged_inputs(func, lengths, rng)
+    (want,) = hexir.reference(func, inputs)
+    assert np.isfinite(want).all()
     np.testing.assert_allclose(_on_cpu(sch.func, inputs), want, rtol=1e-4, atol=1e-5)

@@ -13,7 +13,7 @@ import hexir
 from hexir.errors import ScheduleError
 from hexir.graph.lower import lower
 from hexir.schedule import Schedule, Trace
-from hexir.schedule.flash import match_attention
+from hexir.schedule.flash_match import match_attention
 from hexir.search.mutators import mutate
 from hexir.search.space import sample
 
@@ -39,7 +39,7 @@ def test_the_stages_become_the_flash_nest():
         "for %key_tile in 0..5 serial",  # 72 keys in tiles of 16
         "alloc %flash_keys: buffer<64x16xf32, shared>",
         "alloc %flash_values: buffer<16x64xf32, shared>",
-        "if %key_tile * 16 <= %query_tile * 32 + 63",  # causal: T - S = 32, last row 31
+        "if %key_tile * 16 < %query_tile * 32 + 64",  # causal: T - S = 32, last row 31
         "block @attention_tile_max(",
         "block @attention_out(",
     ):
@@ -53,9 +53,9 @@ def test_the_stages_become_the_flash_nest():
 def test_attention_without_a_causal_mask_reads_every_tile():
     sch = Schedule(attention(causal=False))
     sch.flash_attention(sch.get_block("attention_values"), 32, 16, 4)
-    assert "key_tile * 16 <=" not in str(sch.func)
-    assert match_attention(attention(causal=False)).causal is None
-    assert match_attention(attention(s=40, t=72)).causal == 32
+    assert "key_tile * 16 <" not in str(sch.func)
+    assert match_attention(attention(causal=False)).seen is None
+    assert match_attention(attention(s=40, t=72)).seen is not None
 
 
 @pytest.mark.parametrize(
@@ -96,3 +96,30 @@ def test_the_search_draws_and_mutates_the_tiles():
     rng = random.Random(1)
     children = [mutate(traces[0], rng, func) for _ in range(8)]
     assert any(c is not None and c.decisions != traces[0].decisions for c in children)
+
+
+def test_a_paged_decode_step_is_the_nest_of_one_query_per_sequence_and_head():
+    b = hexir.GraphBuilder("paged")
+    operands = [
+        b.input("q", (2, 3, 8)),
+        b.input("k_pages", (6, 3, 4, 8)),
+        b.input("v_pages", (6, 3, 4, 8)),
+        b.input("block_table", (2, 5), "int32"),
+        b.input("lengths", (2,), "int32"),
+        b.input("k_new", (2, 3, 8)),
+        b.input("v_new", (2, 3, 8)),
+    ]
+    func = lower(b.build(b.paged_attention(*operands)))
+    sch = Schedule(func)
+    sch.flash_attention(sch.get_block("paged_values"), 1, 8, 4)
+    text = str(sch.func)
+    for line in (
+        "for %batch in 0..6 blockIdx.y",  # 2 sequences x 3 heads
+        "for %key_tile in 0..3 serial",  # 5 pages of 4 slots and the current token: 21 keys
+        "alloc %flash_keys: buffer<8x8xf32, shared>",
+        "if %key_tile * 8 < %in4[floordiv(%batch, 3)] + 1",  # past the length: skipped
+    ):
+        assert line in text, line
+    assert "paged_scores" not in text
+    hexir.verify(sch.func)
+    assert hexir.parse(text) == sch.func
