@@ -112,23 +112,21 @@ def test_an_artifact_of_another_hexir_version_is_refused(saved, tmp_path):
         hexir.runtime.load(old)
 
 
-def test_an_artifact_of_format_2_is_refused_with_what_changed(saved, tmp_path):
-    # Format 2 held one module's kernels and no program.
+@pytest.mark.parametrize(
+    "version, message",
+    [
+        # format 2 held one module's kernels and no program
+        (2, "format 2, from before artifacts carried a program"),
+        # format 1 ran every reshape as a command (format 2 keeps views in the plan)
+        (1, "of format hexir-artifact 3 .found hexir-artifact 1"),
+    ],
+)
+def test_an_artifact_of_an_older_format_is_refused(saved, tmp_path, version, message):
     _, path = saved
-    old = tmp_path / "format2.hxa"
+    old = tmp_path / f"format{version}.hxa"
     old.write_bytes(path.read_bytes())
-    rewrite_manifest(old, lambda m: m.update(format_version=2))
-    with pytest.raises(ArtifactError, match="format 2, from before artifacts carried a program"):
-        hexir.runtime.load(old)
-
-
-def test_an_artifact_of_an_older_format_is_refused(saved, tmp_path):
-    # Format 1 ran every reshape as a command; format 2 keeps views in the plan instead.
-    _, path = saved
-    old = tmp_path / "format1.hxa"
-    old.write_bytes(path.read_bytes())
-    rewrite_manifest(old, lambda m: m.update(format_version=1))
-    with pytest.raises(ArtifactError, match="of format hexir-artifact 3 .found hexir-artifact 1"):
+    rewrite_manifest(old, lambda m: m.update(format_version=version))
+    with pytest.raises(ArtifactError, match=message):
         hexir.runtime.load(old)
 
 
