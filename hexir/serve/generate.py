@@ -109,7 +109,7 @@ class Generator:
         self.max_pages = -(-max_tokens // page_size)
         self.max_tokens = max_tokens
         self.target, self.database = Target.of(target), database
-        self._prefill = SymbolicModule(gpt2_small(seq="seq", **self.size), self.target, database)  # type: ignore[arg-type]
+        self._prefill: SymbolicModule | None = None  # made on the first prefill
         self._decode: dict[tuple[int, int, int], object] = {}
         self._loops: dict[tuple, CompiledProgram] = {}
 
