@@ -551,8 +551,7 @@ def _slice_triple(a: int | None, b: object, c: int | None, dim: Dim) -> tuple:
     if a in (0, None) and b in (None, dim) and c in (1, None):
         return (0, dim, 1)
     raise TypeInferenceError(
-        f"hexir.slice: axis of symbolic extent {{{dim}}} can only be taken whole, "
-        f"not [{a}:{b}:{c}]"
+        f"hexir.slice: axis of symbolic extent {{{dim}}} can only be taken whole, not [{a}:{b}:{c}]"
     )
 
 
