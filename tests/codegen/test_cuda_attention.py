@@ -54,7 +54,8 @@ def _largest_buffer(func: hexir.PrimFunc) -> int:
     return max(n.buffer.size for n in walk(func.body) if isinstance(n, Allocate))
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+# sm_90 and one causal case in the quick suite; the other archs and cases in the slow one
+@pytest.mark.parametrize("arch", [pytest.param("sm_80", marks=pytest.mark.slow), "sm_90"])
 def test_the_flash_kernel_compiles_with_nvrtc_in_shared_memory_and_no_scores(arch):
     s = t = 100
     func = _attention(s, t, causal=True)
@@ -79,8 +80,8 @@ def test_the_flash_kernel_compiles_with_nvrtc_in_shared_memory_and_no_scores(arc
     "s, t, causal, bias",
     [
         (100, 100, True, False),
-        (100, 100, False, False),
-        (37, 100, True, False),
+        pytest.param(100, 100, False, False, marks=pytest.mark.slow),
+        pytest.param(37, 100, True, False, marks=pytest.mark.slow),
         (37, 100, False, True),
     ],
 )
@@ -97,6 +98,7 @@ def test_the_flash_schedule_computes_numpy_on_the_cpu(s, t, causal, bias, rng):
     np.testing.assert_allclose(_on_cpu(sch.func, inputs), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_tiles_changed_in_the_trace_compile_and_compute_numpy(rng):
     func = _attention(37, 100, causal=True)
     trace = default_schedule(func, Target("cuda -arch=sm_90")).trace
@@ -132,6 +134,7 @@ def test_causal_attention_skips_the_key_tiles_a_block_hides(rng):
     assert np.isnan(got[:, 64:]).all()  # the next block sees them: NaN in, NaN out
 
 
+@pytest.mark.slow
 def test_elementwise_producers_fused_into_the_kernel_are_inlined_into_the_nest(rng):
     """Attention takes elementwise producers into its kernel (a scaled query, relu of the
     values); the flash schedule inlines them into its tiles' copies and its query row."""
@@ -186,7 +189,9 @@ def _paged_inputs(func: hexir.PrimFunc, lengths: list[int], rng) -> list[np.ndar
     return [q, kp, vp, table, np.array(lengths, np.int32), *new]
 
 
-@pytest.mark.parametrize("new, lengths", [(False, [37, 100]), (True, [0, 70])])
+@pytest.mark.parametrize(
+    "new, lengths", [pytest.param(False, [37, 100], marks=pytest.mark.slow), (True, [0, 70])]
+)
 def test_decode_over_the_paged_cache_is_the_flash_nest_of_one_query(new, lengths, rng):
     """One thread block per (sequence, head); the current token, where given, is the key
     after the cached ones; tiles past a sequence's length are not read."""
