@@ -11,10 +11,12 @@ later position for an earlier one (each op's `positions` rule, hexir/ops/base.py
 elementwise op keeps them, a matmul keeps them along its rows, causal attention reads a
 query's keys up to its own position; a reduction along them, a slice of them or
 non-causal attention over them does not). Then padding every input at the end of its
-position axis (with zeros) leaves the results at the real positions exactly what they are
-at the real length: a SymbolicModule (hexir/runtime/symbolic_module.py) compiles such a
-graph once per bucket of lengths instead of once per length, and the tuning database
-records schedules per bucket, since the kernels it runs are those of the bucket's size.
+position axis leaves the results at the real positions exactly what they are at the real
+length. The padding repeats the last position (values the graph computes with anyway, so it
+makes no infinity or NaN that a masked read, 0 times it, would carry into a real row). A
+SymbolicModule (hexir/runtime/symbolic_module.py) compiles such a graph once per bucket of
+lengths instead of once per length, and the tuning database records schedules per bucket,
+since the kernels it runs are those of the bucket's size.
 A graph that is not prefix-closed in a symbol runs at that symbol's exact sizes.
 """
 

@@ -11,10 +11,11 @@ graph at any sizes of its symbols.
 Each run reads the symbols' sizes from its inputs' shapes (hexir/graph/specialize.py). Where
 the graph is prefix-closed in a symbol (hexir/graph/buckets.py: no result at a position
 reads a later position — a transformer's prompt under causal attention), the inputs are
-padded with zeros along that symbol's positions up to the size's bucket (`bucket`: powers of
-two up to 128, then multiples of 128), the bucket's module runs, and the outputs are cut back
-to the real size: one set of kernels serves a bucket of lengths. A symbol the graph reads
-across (a mean over it, a concat along it) runs at its exact sizes. Each size the module
+padded along that symbol's positions up to the size's bucket (`bucket`: powers of two up to
+128, then multiples of 128), their last position repeated, the bucket's module runs, and
+the outputs are cut back to the real size: one set of kernels serves a bucket of lengths.
+A symbol the graph reads across (a mean over it, a concat along it) runs at its exact
+sizes. Each size the module
 runs at is compiled on its first run there: the graph specialized, then `hexir.compile` as
 for any graph (the database's records for those workloads, which are the bucket's, else
 default schedules; kernels from the build cache). A kernel with symbolic extents, compiled
@@ -101,7 +102,7 @@ class SymbolicModule:
                 if (a := axes.inputs.get(v.name)) is not None and run_at[s] > sizes[s]:
                     widths = [(0, 0)] * feed[i].ndim
                     widths[a] = (0, run_at[s] - sizes[s])
-                    feed[i] = np.pad(feed[i], widths)
+                    feed[i] = np.pad(feed[i], widths, mode="edge")
 
         def cut(outputs: list[np.ndarray]) -> list[np.ndarray]:
             outputs = list(outputs)

@@ -107,3 +107,22 @@ def test_buckets_can_be_turned_off():
     module = SymbolicModule(gpt2_small(seq="seq", **SIZE), hexir.Target("cpu"), buckets=False)
     module.run([np.arange(3)])
     assert sorted(module.specializations) == [(("seq", 3),)]
+
+
+def test_the_padding_makes_nothing_a_masked_read_carries_into_a_real_row():
+    # v = log(x) under causal attention: padding with zeros would make -inf values, which
+    # the kernel's masked keys (weight 0) turn into NaN in every real row. The padding
+    # repeats the last position instead.
+    b = hexir.GraphBuilder("logs")
+    x = b.input("x", (1, "seq", 8))
+    v = b.log(x)
+    y = b.op("attention", v, b.transpose(v, (0, 2, 1)), v, scale=0.3, causal=True)
+    graph = b.build(y)
+    module = hexir.compile(graph)
+    assert module.padded.keys() == {"seq"}
+    x5 = np.random.default_rng().uniform(0.5, 2.0, (1, 5, 8)).astype(np.float32)
+    (got,) = module.run([x5])
+    (want,) = hexir.reference(specialize(graph, {"seq": 5}), [x5])
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert sorted(module.specializations) == [(("seq", 8),)]
