@@ -223,31 +223,29 @@ def _lay_out(graph: Graph, target: Target, winograd: Mapping[str, int]) -> Graph
     """The weights of `graph`'s matmuls and convs laid out (its 1x1 convs already chosen)."""
     p = RewritePass(graph)
     ops: list[Op] = []
+    transposed: dict[str, Value] = {}  # a dense's constant weight -> its plain transpose
     for op in graph.ops:
         rewritten = _matmul_of_constant(op, p, target) or _int4_panels(op, p, target)
+        if op.kind == "dense" and rewritten and not rewritten[1].attr("weight_block"):
+            transposed[op.operands[1].name] = rewritten[0].result
         if rewritten is None and target.kind == "cpu":
             rewritten = _winograd_conv(op, p, target, winograd)
             rewritten = rewritten or _blocked_conv(op, p, target)
         ops.extend(rewritten or [op])
-    ops = _gathers_of_transposed(ops, p)
+    ops = _gathers_of_transposed(ops, transposed, p)
     # The Winograd form's transposes sink through the epilogues between two such convs and
     # cancel (`simplify_graph`'s transpose sink): its activations stay in NHWC between them.
     return simplify_graph(p.finish(ops))  # (its rounds remove the dead ops too)
 
 
-def _gathers_of_transposed(ops: list[Op], p: RewritePass) -> list[Op]:
-    """A lookup of rows of a constant that a dense now reads transposed, plainly (a tied
-    embedding: GPT-2's wte [vocab, hidden], also the logits' weight), made from the
-    transpose instead, so that one copy of the weight is kept: `gather(w, ids, axis=0)` as
-    `transpose(gather(wᵀ, ids, axis=1))`, its columns read with a stride (one token's
-    hidden, per token)."""
-    transposed: dict[str, Value] = {}
-    for op in ops:
-        if op.kind == "matmul" and not op.attr("weight_block"):
-            (w,) = op.operands[1:]
-            source = w.name[: -len("_t")] if w.name.endswith("_t") else None
-            if source in p.data and p.data[source].T.shape == w.type.shape:
-                transposed[source] = w
+def _gathers_of_transposed(
+    ops: list[Op], transposed: Mapping[str, Value], p: RewritePass
+) -> list[Op]:
+    """A lookup of rows of a constant that a dense now reads transposed, plainly
+    (`transposed`: the weight's name -> the transpose; a tied embedding: GPT-2's wte [vocab,
+    hidden], also the logits' weight), made from the transpose instead, so that one copy of
+    the weight is kept: `gather(w, ids, axis=0)` as `transpose(gather(wᵀ, ids, axis=1))`,
+    its columns read with a stride (one token's hidden, per token)."""
     if not any(op.kind == "gather" and op.operands[0].name in transposed for op in ops):
         return ops
     # the transposed constants first (they read nothing): a lookup may come before the dense

@@ -180,6 +180,18 @@ def test_a_tied_embedding_keeps_one_copy_of_its_weight(rng):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_lookup_reads_only_the_transpose_the_pass_made_of_its_table(rng):
+    # A graph's own constant named like a transpose (emb_t, of emb's transposed shape but
+    # other values) is no transpose of emb: the lookup keeps reading emb.
+    emb, other = (rng.standard_normal(s).astype(np.float32) for s in ((1003, 32), (32, 1003)))
+    b = GraphBuilder("named")
+    ids = b.input("ids", (1,), "int64")
+    x = b.op("gather", b.constant(emb, name="emb"), ids, axis=0)
+    graph = b.build(b.matmul(x, b.constant(other, name="emb_t")))
+    (got,) = hexir.compile(graph).run([np.array([517])])
+    np.testing.assert_allclose(got, emb[[517]] @ other, rtol=1e-5, atol=1e-5)
+
+
 def test_a_weight_that_is_an_input_stays_a_dense(rng):
     graph, _ = _mlp(rng, weight_is_input=True)
     kinds = [op.kind for op in layout_weights(graph).ops]
