@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from hexir.ir.graph import Graph, Value
 from hexir.ir.symbolic import Sym
 from hexir.ops import op_def
-from hexir.ops.base import Pattern, Unpositional
+from hexir.ops.base import Pattern, Unpositional, positions_of_first
 
 __all__ = ["PositionAxes", "bucket", "position_axes"]
 
@@ -77,7 +77,7 @@ def _symbol_axes(graph: Graph, symbol: str) -> PositionAxes:
             definition = op_def(op.kind)
             rule = definition.positions if definition is not None else None
             if rule is None and definition is not None and definition.pointwise:
-                rule = _pointwise if definition.fusion == Pattern.ELEMENTWISE else _first_only
+                rule = _pointwise if definition.fusion == Pattern.ELEMENTWISE else _FIRST_ONLY
             if rule is None:
                 raise Unpositional(f"%{op.result.name} = {op.kind}: it has no positions rule")
             axes[op.result.name] = _axis(op.result, symbol, rule(op, given))
@@ -113,6 +113,11 @@ def _axis(value: Value, symbol: str, axis: int | None) -> int | None:
     return axis if plain else None
 
 
+# A broadcast op (bias_add, batch_norm): its parameters broadcast along the first operand's
+# axes and carry no positions.
+_FIRST_ONLY = positions_of_first(lambda op: ())
+
+
 def _pointwise(op, given: tuple[int | None, ...]) -> int | None:
     """Elementwise (numpy-broadcast) operands: each one's positions at the result's axis that
     its axis aligns with, all the same."""
@@ -125,12 +130,3 @@ def _pointwise(op, given: tuple[int | None, ...]) -> int | None:
     if len(aligned) > 1:
         raise Unpositional(f"%{op.result.name} = {op.kind}: operands' positions do not align")
     return aligned.pop() if aligned else None
-
-
-def _first_only(op, given: tuple[int | None, ...]) -> int | None:
-    """A broadcast op (bias_add, batch_norm): its parameters broadcast along the first
-    operand's axes, and carry no positions."""
-    first, *rest = given
-    if any(a is not None for a in rest):
-        raise Unpositional(f"%{op.result.name} = {op.kind}: its parameters run along positions")
-    return first

@@ -114,13 +114,10 @@ class Generator:
         self._loops: dict[tuple, CompiledProgram] = {}
 
     def _compile(self, graph):
-        """`graph` compiled, then run once on zeros (its buffers allocated, its weights paged
-        in: the first run's costs, which the times of `generate` then leave out)."""
+        """`graph` compiled and warmed (`_warm`)."""
         from hexir.runtime.executor import compile
 
-        module = compile(graph, self.target, self.database)  # type: ignore[arg-type]
-        module.run([np.zeros(v.type.shape, numpy_dtype(v.type.dtype)) for v in graph.inputs])
-        return module
+        return _warm(compile(graph, self.target, self.database))  # type: ignore[arg-type]
 
     @property
     def prefill(self) -> SymbolicModule:
@@ -136,9 +133,7 @@ class Generator:
         length = bucket(tokens)
         fresh = (("seq", length),) not in self.prefill.specializations
         module = self.prefill.specialized({"seq": length})
-        if fresh:
-            module.run([np.zeros(length, np.int64)])  # type: ignore[attr-defined]
-        return module
+        return _warm(module) if fresh else module
 
     def table_pages(self, tokens: int) -> int:
         """The block table's width for sequences of up to `tokens` tokens: their pages rounded
@@ -277,6 +272,14 @@ def decode_program(
         ("ids", "pages"),
         "decode",
     )
+
+
+def _warm(module):  # Module -> Module
+    """`module` after one run on zeros (its buffers allocated, its weights paged in: the first
+    run's costs, which the times of `generate` then leave out)."""
+    inputs = module.graph.inputs
+    module.run([np.zeros(v.type.shape, numpy_dtype(v.type.dtype)) for v in inputs])
+    return module
 
 
 def _pick(sampling: Sampling | None) -> Call:
