@@ -361,8 +361,8 @@ def sample(
     p = np.exp(z - z.max(axis=-1, keepdims=True))
     cdf = np.cumsum(p, axis=-1)
     u = np.random.default_rng([seed, step]).random(z.shape[0]) * cdf[:, -1]
-    picks = [np.searchsorted(row, x, side="right") for row, x in zip(cdf, u, strict=True)]
-    return np.minimum(np.array(picks, np.int64), z.shape[-1] - 1)
+    picks = np.sum(cdf <= u[:, None], axis=-1)  # each row's searchsorted(side="right")
+    return np.minimum(picks, z.shape[-1] - 1).astype(np.int64)
 
 
 def _sample(xs: list, attrs: dict) -> list[np.ndarray]:
