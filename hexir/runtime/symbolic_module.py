@@ -15,12 +15,11 @@ padded along that symbol's positions up to the size's bucket (`bucket`: powers o
 128, then multiples of 128), their last position repeated, the bucket's module runs, and
 the outputs are cut back to the real size: one set of kernels serves a bucket of lengths.
 A symbol the graph reads across (a mean over it, a concat along it) runs at its exact
-sizes. Each size the module
-runs at is compiled on its first run there: the graph specialized, then `hexir.compile` as
-for any graph (the database's records for those workloads, which are the bucket's, else
-default schedules; kernels from the build cache). A kernel with symbolic extents, compiled
-once for every size, is the step after this (issue 16). A module with symbols is not saved
-as an artifact: save a specialization.
+sizes. Each size the module runs at is compiled on its first run there: the graph
+specialized, then `hexir.compile` as for any graph (the database's records for those
+workloads, which are the bucket's, else default schedules; kernels from the build cache).
+A kernel with symbolic extents, compiled once for every size, is the step after this
+(issue 16). A module with symbols is not saved as an artifact: save a specialization.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ class SymbolicModule:
         # in); `exact` says why each other symbol runs at its exact sizes.
         axes = position_axes(graph) if buckets else {}
         self.padded = {s: a for s, a in axes.items() if a.why is None}
-        self.exact = {s: a.why or "" for s, a in axes.items() if a.why is not None}
+        self.exact = {s: a.why for s, a in axes.items() if a.why is not None}
 
     def specialized(self, sizes: Mapping[str, int]):  # -> Module
         """The module compiled for these sizes of the symbols (compiled on first use)."""

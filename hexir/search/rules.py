@@ -229,7 +229,7 @@ def writeback_tile(sch: Schedule, writeback: BlockRV, loops: list[LoopRV], targe
     extents = [loop_of(sch, lp).extent for lp in loops]
     # Larger than the register file, the accumulator stays in memory: unrolling buys nothing.
     if math.prod(extents) <= MAX_REGISTER_VECTORS * target.vector_width:
-        for loop, extent in zip(loops[:-1], extents, strict=False):
+        for loop, extent in zip(loops[:-1], extents[:-1], strict=True):
             if extent > 1:
                 attempt(sch.unroll, loop)
 
