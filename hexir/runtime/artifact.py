@@ -76,12 +76,11 @@ def save(subject: Module | CompiledProgram, path: str | Path) -> Path:
     else:
         program, modules, kind = subject.program, subject.modules(), "program"
     target = subject.target
-    numbers = {id(step): i for i, step in enumerate(program.runs())}
     entries: dict[str, bytes] = {}
     manifest = _header(target)
     manifest.update(
         kind=kind,
-        program=program.to_json(lambda step: numbers[id(step)]),
+        program=program.to_json(),
         modules=[_module_entries(m, f"modules/{i}/", entries) for i, m in enumerate(modules)],
     )
     if target.kind == "cpu":

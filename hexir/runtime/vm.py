@@ -122,21 +122,23 @@ class Program:
                 found += step.body.runs()
         return found
 
-    def to_json(self, module_of: Callable[[Run], int]) -> dict[str, object]:
-        """The program as JSON data, each Run as the number `module_of` gives it."""
+    def to_json(self) -> dict[str, object]:
+        """The program as JSON data, each Run as its number in `runs()` (the order
+        `from_json` takes the graphs in)."""
+        numbers = {id(step): i for i, step in enumerate(self.runs())}
 
         def step_json(step: Step) -> dict[str, object]:
             if isinstance(step, Run):
                 return {
-                    "run": module_of(step),
+                    "run": numbers[id(step)],
                     "inputs": list(step.inputs),
                     "outputs": list(step.outputs),
                 }
             if isinstance(step, If):
                 return {
                     "if": step.cond,
-                    "then": step.then.to_json(module_of),
-                    "else": step.else_.to_json(module_of),
+                    "then": program_json(step.then),
+                    "else": program_json(step.else_),
                     "outputs": list(step.outputs),
                 }
             if isinstance(step, Loop):
@@ -145,7 +147,7 @@ class Program:
                         "trip_count": step.trip_count,
                         "cond": step.cond,
                         "carried": list(step.carried),
-                        "body": step.body.to_json(module_of),
+                        "body": program_json(step.body),
                     },
                     "outputs": list(step.outputs),
                 }
@@ -156,12 +158,15 @@ class Program:
                 "attrs": dict(step.attrs),
             }
 
-        return {
-            "name": self.name,
-            "inputs": list(self.inputs),
-            "steps": [step_json(s) for s in self.steps],
-            "outputs": list(self.outputs),
-        }
+        def program_json(program: Program) -> dict[str, object]:
+            return {
+                "name": program.name,
+                "inputs": list(program.inputs),
+                "steps": [step_json(s) for s in program.steps],
+                "outputs": list(program.outputs),
+            }
+
+        return program_json(self)
 
     @staticmethod
     def from_json(data: Mapping, graphs: Sequence[Graph]) -> Program:
