@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from hexir.ir.graph import Graph, Value
 from hexir.ir.symbolic import Sym
 from hexir.ops import op_def
-from hexir.ops.base import Pattern, Unpositional, positions_of_first
+from hexir.ops.base import Pattern, Unpositional, positions_of_first, unpositional
 
 __all__ = ["PositionAxes", "bucket", "position_axes"]
 
@@ -79,10 +79,10 @@ def _symbol_axes(graph: Graph, symbol: str) -> PositionAxes:
             if rule is None and definition is not None and definition.pointwise:
                 rule = _pointwise if definition.fusion == Pattern.ELEMENTWISE else _FIRST_ONLY
             if rule is None:
-                raise Unpositional(f"%{op.result.name} = {op.kind}: it has no positions rule")
+                raise unpositional(op, "it has no positions rule")
             axes[op.result.name] = _axis(op.result, symbol, rule(op, given))
             if axes[op.result.name] is None and any(a is not None for a in given):
-                raise Unpositional(f"%{op.result.name} = {op.kind}: its result has no positions")
+                raise unpositional(op, "its result has no positions")
     except Unpositional as e:
         return PositionAxes(why=str(e))
     inputs = {v.name: a for v in graph.inputs if (a := axes[v.name]) is not None}
@@ -128,5 +128,5 @@ def _pointwise(op, given: tuple[int | None, ...]) -> int | None:
         if a is not None
     }
     if len(aligned) > 1:
-        raise Unpositional(f"%{op.result.name} = {op.kind}: operands' positions do not align")
+        raise unpositional(op, "operands' positions do not align")
     return aligned.pop() if aligned else None
