@@ -68,6 +68,7 @@ from hexir.ir.dtype import (
     numpy_dtype,
     short_name,
 )
+from hexir.ir.symbolic import Dim, Sym
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,
     GPU_KINDS,
@@ -92,6 +93,8 @@ from hexir.ir.tir import (
     StmtBase,
     Unary,
     Var,
+    dim_expr,
+    symbol_var,
 )
 from hexir.ir.visit import children
 from hexir.schedule.common import all_loops
@@ -203,10 +206,15 @@ _DOT_CALLS = {
 }  # fmt: skip
 
 
-def nest_iterations(loop: For) -> int:
-    """The iterations of `loop`'s nest: its extent times the largest nest inside it."""
+def nest_iterations(loop: For) -> Dim:
+    """The iterations of `loop`'s nest: its extent times the largest nest inside it (a Sym
+    where an extent is symbolic)."""
     inner = [nest_iterations(n) for n in _outermost_loops(loop.body)]
-    return loop.extent * max(inner, default=1)
+    fixed = [n for n in inner if isinstance(n, int)]
+    if len(fixed) < len(inner):
+        symbolic = [n for n in inner if isinstance(n, Sym)]
+        return loop.extent * symbolic[0] if isinstance(loop.extent, int) else loop.extent
+    return loop.extent * max(fixed, default=1)
 
 
 def _outermost_loops(stmt: Stmt) -> list[For]:
@@ -311,7 +319,8 @@ class CPrinter:
 
     def func_signature(self, func: PrimFunc, symbol: str) -> str:
         params = ", ".join(
-            f"{self.ctype(b.dtype)}* {self.restrict} {self.names(b, b.name)}" for b in func.params
+            [f"{self.ctype(b.dtype)}* {self.restrict} {self.names(b, b.name)}" for b in func.params]
+            + [f"int64_t {self.var(symbol_var(name))}" for name in func.symbols]
         )
         tensorized = any(dict(loop.annotations).get(TENSORIZE) for loop in all_loops(func.body))
         # GCC's partial redundancy elimination, around a tensorized register tile whose
@@ -344,6 +353,10 @@ class CPrinter:
 
     def var(self, v: Var) -> str:
         return self.names(v, v.name)
+
+    def dim(self, extent: Dim) -> str:
+        """An extent in C: a number, or its symbols' arguments combined."""
+        return str(extent) if isinstance(extent, int) else self.bare(dim_expr(extent))
 
     def add_helper(self, name: str, text: str) -> None:
         """Define helper `name` (once) above the kernel."""
@@ -560,7 +573,7 @@ class CPrinter:
         if isinstance(step, int) and not isinstance(step, bool):
             self._unroll_step = step
         v, t = self.var(loop.var), self.ctype(loop.var.dtype)
-        header = f"for ({t} {v} = {start}; {v} < {loop.extent}; ++{v}) {{"
+        header = f"for ({t} {v} = {start}; {v} < {self.dim(loop.extent)}; ++{v}) {{"
         with self.scope(header), self.bind_ranges({loop.var: loop.extent}):
             for p in self.prefetches.get(loop.var, ()):
                 with self.scope(f"if ({self.bare(p.guard)}) {{"):
@@ -578,14 +591,16 @@ class CPrinter:
         if loop.kind != "serial":
             return False
         iterations = nest_iterations(loop)
+        if isinstance(iterations, Sym):
+            return False
         return 1 < iterations <= self._unroll_step and (
             iterations * nodes(loop.body) <= AUTO_UNROLL_MAX_NODES
         )
 
     @contextmanager
-    def bind_ranges(self, extents: dict[Var, int]) -> Iterator[None]:
+    def bind_ranges(self, extents: dict[Var, Dim]) -> Iterator[None]:
         saved = dict(self.ranges)
-        self.ranges.update(extents)
+        self.ranges.update((v, e) for v, e in extents.items() if isinstance(e, int))
         try:
             yield
         finally:
@@ -621,6 +636,11 @@ class CPrinter:
             self.emit(f"{self.vector_type(buffer.dtype, lanes)} {name}{dims};")
             return []
         limit = self.small_global_bytes if buffer.scope == "global" else self.stack_limit_bytes
+        if isinstance(nbytes, Sym):  # a size known at run time: the heap's, aligned
+            slot, size = self.scratch_slot(), self.dim(nbytes + self.alignment - 1)
+            aligned = f"(size_t)({size}) / {self.alignment} * {self.alignment}"
+            self.emit(f"{t}* {self.restrict} {name} = ({t}*)hx_scratch(&{slot}, {aligned});")
+            return []
         if nbytes > limit:
             padded = max(-(-nbytes // self.alignment) * self.alignment, self.alignment)
             slot = self.scratch_slot()

@@ -35,6 +35,7 @@ from hexir.codegen.c_narrow import lower_narrow_floats
 from hexir.codegen.cuda_reduce import AllReduce
 from hexir.ir.arith import affine_coefficients, simplify
 from hexir.ir.dtype import itemsize
+from hexir.ir.symbolic import Sym
 from hexir.ir.tir import (
     Allocate,
     Binary,
@@ -146,7 +147,10 @@ def _fold(stmt: Stmt) -> Stmt:
 
 def _partition(stmt: Stmt) -> Stmt:
     """A serial loop split where its bound guards start and stop holding (see the module
-    docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without."""
+    docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without. A loop of a
+    symbolic extent stays whole."""
+    if isinstance(stmt, For) and isinstance(stmt.extent, Sym):
+        return stmt
     if isinstance(stmt, For) and stmt.kind == "parallel":
         return _peel_jobs(stmt)
     if not isinstance(stmt, For) or stmt.kind not in ("serial", "vectorized") or stmt.extent < 2:
@@ -288,7 +292,7 @@ def _survey(body: Stmt) -> tuple[list[Expr], dict[Var, int]] | None:
             return None
         if isinstance(node, IfThenElse) and node.else_ is None or isinstance(node, Select):
             guards.extend(conjuncts(node.cond))
-        elif isinstance(node, For):
+        elif isinstance(node, For) and isinstance(node.extent, int):
             inner[node.var] = node.extent
     return (guards, inner) if guards else None
 
@@ -378,7 +382,7 @@ def _dead(stmt: Stmt) -> bool:
 def _small(loop: For) -> bool:
     """Whether the loop may be small enough to expand: the copies, folded, are counted
     after (a case split on the loop var folds to one case a copy: Winograd's transforms)."""
-    if not 0 < loop.extent <= UNROLL_MAX_EXTENT:
+    if isinstance(loop.extent, Sym) or not 0 < loop.extent <= UNROLL_MAX_EXTENT:
         return False
     return loop.extent * nodes(loop.body) <= UNROLL_FOLD_SLACK * UNROLL_MAX_NODES
 
@@ -412,6 +416,8 @@ MAX_REGISTER_VECTORS = 32  # a local buffer larger than the register file stays 
 def loop_lanes(loop: For, vector_bytes: int) -> int | None:
     """Lanes per chunk of a vectorized loop: a full vector of its widest element, halved for a
     loop shorter than that (down to 16 bytes); None when not even that fits the extent."""
+    if isinstance(loop.extent, Sym):
+        return None  # a size known at run time: a scalar `omp simd` loop
     widest = max((itemsize(d) for d in value_dtypes(loop.body, loop.var)), default=4)
     return chunk_lanes(loop.extent, widest, vector_bytes)
 
@@ -478,7 +484,7 @@ def _drop_irregular(
     `ranges` every loop var around it to its extent."""
     if not found:
         return
-    if isinstance(node, For):
+    if isinstance(node, For) and isinstance(node.extent, int):
         ranges = {**ranges, node.var: node.extent}
         lanes = loop_lanes(node, vector_bytes) if node.kind == "vectorized" else None
         if lanes and node.extent % lanes == 0 and node.extent // lanes <= MAX_STRAIGHT_CHUNKS:

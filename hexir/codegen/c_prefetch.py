@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from hexir.ir.arith import affine_coefficients, flat_index
 from hexir.ir.dtype import itemsize
-from hexir.ir.tir import Allocate, Binary, Buffer, BufferLoad, Expr, For, IntImm, Var
+from hexir.ir.tir import Allocate, Binary, Buffer, BufferLoad, Expr, For, IntImm, Var, dim_expr
 from hexir.ir.visit import substitute, walk
 
 PREFETCH = "software_prefetch"  # the loop annotation: how many iterations ahead
@@ -49,8 +49,10 @@ def plan(loop: For, distance: int, ranges: dict[Var, int]) -> dict[Var, list[Pre
     reads an input along it, by that loop's var; empty where there is none."""
     allocated = {s.buffer for s in walk(loop.body) if isinstance(s, Allocate)}
     for inner in (n for n in walk(loop.body) if isinstance(n, For) and n.kind == "serial"):
-        scope = {**ranges, loop.var: loop.extent, inner.var: inner.extent}
-        inside = {f.var: f.extent for f in walk(inner.body) if isinstance(f, For)}
+        loops = [loop, inner, *(f for f in walk(inner.body) if isinstance(f, For))]
+        fixed = {f.var: f.extent for f in loops if isinstance(f.extent, int)}
+        scope = {**ranges, **{v: fixed[v] for v in (loop.var, inner.var) if v in fixed}}
+        inside = {v: e for v, e in fixed.items() if v not in (loop.var, inner.var)}
         found = []
         for load in _loads(inner, allocated):
             offset = flat_index(load.buffer, load.indices)
@@ -61,7 +63,7 @@ def plan(loop: For, distance: int, ranges: dict[Var, int]) -> dict[Var, list[Pre
             ahead = {loop.var: Binary("+", loop.var, IntImm(distance, loop.var.dtype))}
             start = {v: IntImm(0, v.dtype) for v in inside}
             indices = tuple(substitute(i, {**ahead, **start}) for i in load.indices)
-            guard = Binary("<", loop.var, IntImm(loop.extent - distance, loop.var.dtype))
+            guard = Binary("<", loop.var, dim_expr(loop.extent - distance, loop.var.dtype))
             lines = min(MAX_LINES, -(-step // LINE))
             found.append(Prefetch(load.buffer, indices, lines, guard))  # type: ignore[arg-type]
         if found:

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hexir.errors import HexirError
-from hexir.graph.specialize import require_sizes
 from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.op_attrs import NAME_RE
+from hexir.ir.symbolic import SymbolicError
 from hexir.ir.tir import Buffer, PrimFunc
 from hexir.ops import OPS, make_op, op_def
 from hexir.ops.base import Lower
@@ -34,8 +34,10 @@ from hexir.ops.compute import Kernel
 def lower(
     graph: Graph, name: str | None = None, param_names: Sequence[str] | None = None
 ) -> PrimFunc:
-    """One PrimFunc computing `graph`; `name` defaults to one made of its op kinds."""
-    require_sizes(graph, "lowering")
+    """One PrimFunc computing `graph`; `name` defaults to one made of its op kinds. A graph
+    with symbolic dimensions lowers to a func of symbolic extents (compiled once for every
+    size, see `PrimFunc`) where each op's lowering holds them; an op whose lowering needs a
+    number where a symbol stands is a HexirError naming it."""
     canon, out_names = canonicalize(graph, name, param_names)
     k = Kernel(reserved=[v.name for v in canon.inputs] + list(out_names))
     buffers = {v.name: Buffer(v.name, v.type.shape, v.type.dtype) for v in canon.inputs}
@@ -47,7 +49,10 @@ def lower(
         out = outputs.get(op.result.name)
         if out is None:
             out = k.alloc(op.kind, op.result.type.shape, op.result.type.dtype)
-        _lowering(op)(k, op, tuple(buffers[v.name] for v in op.operands), out)
+        try:
+            _lowering(op)(k, op, tuple(buffers[v.name] for v in op.operands), out)
+        except SymbolicError as e:
+            raise HexirError(f"{op.name} does not lower at symbolic sizes: {e}") from None
         buffers[op.result.name] = out
     params = tuple(buffers[v.name] for v in canon.inputs) + tuple(outputs.values())
     return PrimFunc(canon.name, params, k.body(), len(outputs), (("source", _source(canon)),))

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Graph, Op, TensorType, Value
-from hexir.ir.symbolic import Dim, Sym, format_dim
+from hexir.ir.symbolic import Sym, bind_sizes
 from hexir.ops import make_op
 
 __all__ = ["graph_symbols", "require_sizes", "specialize", "symbol_sizes"]
@@ -45,31 +45,8 @@ def symbol_sizes(graph: Graph, shapes: Mapping[str, Sequence[int]]) -> dict[str,
     """Each symbol's size from the inputs' shapes (by input name): a dimension that is a
     symbol alone binds it, then every dimension must equal what its symbols give. Raises
     TypeInferenceError listing every input that does not fit."""
-    sizes: dict[str, int] = {}
-    problems: list[str] = []
-    for v in graph.inputs:
-        shape = tuple(shapes[v.name])
-        if len(shape) != len(v.type.shape):
-            problems.append(f"%{v.name} has rank {len(v.type.shape)}, given shape {shape}")
-            continue
-        for d, n in zip(v.type.shape, shape, strict=True):
-            if isinstance(d, Sym) and len(d.terms) == 1 and d.terms[0][1] == 1:
-                ((name, _),) = d.terms
-                sizes.setdefault(name, int(n) - d.offset)
-    for name, size in sizes.items():
-        if size < 1:
-            problems.append(f"{{{name}}} would be {size}: a symbol is a size of at least 1")
-    for v in graph.inputs:
-        shape = tuple(shapes[v.name])
-        if len(shape) != len(v.type.shape):
-            continue
-        want = tuple(_value(d, sizes) for d in v.type.shape)
-        if any(w is not None and w != n for w, n in zip(want, shape, strict=True)):
-            declared = "x".join(map(format_dim, v.type.shape))
-            problems.append(f"%{v.name} is {declared}, given shape {shape} ({_bound(sizes)})")
-        elif None in want:
-            free = [format_dim(d) for d, w in zip(v.type.shape, want, strict=True) if w is None]
-            problems.append(f"%{v.name}: no input fixes {', '.join(free)} on its own")
+    declared = [(f"%{v.name}", v.type.shape) for v in graph.inputs]
+    sizes, problems = bind_sizes(declared, [tuple(shapes[v.name]) for v in graph.inputs])
     if problems:
         raise TypeInferenceError(
             f"the inputs do not fit graph @{graph.name}: " + "; ".join(dict.fromkeys(problems))
@@ -85,16 +62,6 @@ def _concrete_attr(value: object, sizes: Mapping[str, int]) -> object:
     if isinstance(value, tuple) and any(isinstance(v, Sym) for v in value):
         return tuple(v.evaluate(sizes) if isinstance(v, Sym) else v for v in value)
     return value
-
-
-def _value(d: Dim, sizes: Mapping[str, int]) -> int | None:
-    if not isinstance(d, Sym):
-        return d
-    return d.evaluate(sizes) if d.symbols <= set(sizes) else None
-
-
-def _bound(sizes: Mapping[str, int]) -> str:
-    return ", ".join(f"{n} = {s}" for n, s in sorted(sizes.items())) or "no symbol bound"
 
 
 def specialize(graph: Graph, sizes: Mapping[str, int]) -> Graph:

@@ -35,6 +35,7 @@ from hexir.ir.tir import (
     Select,
     Unary,
     Var,
+    dim_expr,
 )
 from hexir.ir.visit import free_vars
 
@@ -495,8 +496,11 @@ def flat_index(
     buffer: Buffer, indices: tuple[Expr, ...], ranges: dict[Var, int] | None = None
 ) -> Expr:
     """The row-major offset of `indices` into `buffer` (int64 where int32 could overflow),
-    simplified knowing each var of `ranges` lies in [0, extent)."""
-    wide = buffer.size > 2**31 - 1
+    simplified knowing each var of `ranges` lies in [0, extent). A buffer of symbolic extents
+    is indexed in int32: a kernel is called with such buffers of fewer than 2^31 elements
+    only (hexir/runtime/kernel.py checks)."""
+    size = buffer.size
+    wide = isinstance(size, int) and size > 2**31 - 1
     index_dtype = "int64" if wide else "int32"
     flat: Expr | None = None
     for extent, index in zip(buffer.shape, indices, strict=True):
@@ -507,7 +511,7 @@ def flat_index(
         elif extent == 1:
             flat = _add(flat, index)  # (flat * 1) + index
         else:
-            flat = _add(Binary("*", flat, IntImm(extent, index_dtype)), index)
+            flat = _add(Binary("*", flat, dim_expr(extent, index_dtype)), index)
     return simplify(flat if flat is not None else IntImm(0, index_dtype), ranges)
 
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Union
 
 __all__ = [
-    "Dim", "Sym", "SymbolicError", "format_dim", "parse_dim", "quotient", "SYMBOL_RE",
+    "Dim", "Sym", "SymbolicError", "bind_sizes", "format_dim", "parse_dim", "quotient",
+    "SYMBOL_RE",
 ]  # fmt: skip
 
 SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -255,6 +256,40 @@ def as_dim(value: object) -> Dim:
     if isinstance(value, str):
         return parse_dim(value)
     return int(value)  # type: ignore[call-overload]
+
+
+def bind_sizes(
+    declared: Sequence[tuple[str, tuple[Dim, ...]]], shapes: Sequence[tuple[int, ...]]
+) -> tuple[dict[str, int], list[str]]:
+    """(each symbol's size, what does not fit) from the shapes given for declared (name,
+    shape) pairs: a dimension that is a symbol alone binds it, then every dimension must equal
+    what its symbols give, and every symbol is at least 1."""
+    sizes: dict[str, int] = {}
+    problems: list[str] = []
+    for (_, dims), shape in zip(declared, shapes, strict=True):
+        if len(shape) == len(dims):
+            for d, n in zip(dims, shape, strict=True):
+                if isinstance(d, Sym) and len(d.terms) == 1 and d.terms[0][1] == 1:
+                    sizes.setdefault(d.terms[0][0], int(n) - d.offset)
+    for name, size in sizes.items():
+        if size < 1:
+            problems.append(f"{{{name}}} would be {size}: a symbol is a size of at least 1")
+    for (label, dims), shape in zip(declared, shapes, strict=True):
+        if len(shape) != len(dims):
+            problems.append(f"{label} has rank {len(dims)}, given shape {shape}")
+            continue
+        want = [
+            d.evaluate(sizes) if isinstance(d, Sym) and d.symbols <= set(sizes) else d for d in dims
+        ]
+        if any(isinstance(w, int) and w != n for w, n in zip(want, shape, strict=True)):
+            bound = ", ".join(f"{n} = {s}" for n, s in sorted(sizes.items())) or "no symbol bound"
+            problems.append(
+                f"{label} is {'x'.join(map(format_dim, dims))}, given shape {shape} ({bound})"
+            )
+        elif any(isinstance(w, Sym) for w in want):
+            free = [format_dim(d) for d, w in zip(dims, want, strict=True) if isinstance(w, Sym)]
+            problems.append(f"{label}: no input fixes {', '.join(free)} on its own")
+    return sizes, list(dict.fromkeys(problems))
 
 
 def quotient(numerator: tuple[Dim, ...], denominator: tuple[Dim, ...]) -> Dim:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from hexir.ir.dtype import check_dtype, is_float
-from hexir.ir.symbolic import Sym
+from hexir.ir.symbolic import Dim, Sym, SymbolicError
 
 # ---------------------------------------------------------------------------------------------
 # Expressions
@@ -80,6 +80,12 @@ class IntImm(ExprBase):
 
     value: int
     dtype: str = "int32"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, Sym):  # a size known at run time is `dim_expr`'s, not a literal
+            raise SymbolicError(
+                f"the dimension {{{self.value}}} is symbolic where a number is needed"
+            )
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -196,7 +202,7 @@ class BufferLoad(ExprBase):
 
 
 Expr = Union[Var, IntImm, FloatImm, Binary, Unary, Call, Select, Cast, BufferLoad]
-ExprLike = Union[Expr, int, float, bool]
+ExprLike = Union[Expr, int, float, bool, Sym]
 
 
 def as_expr(value: ExprLike, like: object = None) -> Expr:
@@ -208,7 +214,30 @@ def as_expr(value: ExprLike, like: object = None) -> Expr:
     if isinstance(value, float):
         dtype = getattr(like, "dtype", "float32")
         return FloatImm(value, dtype if is_float(dtype) else "float32")
+    if isinstance(value, Sym):  # a symbolic size in an index: its value, an argument
+        return dim_expr(value, "int32")
     return value
+
+
+def symbol_var(name: str) -> Var:
+    """The var holding a symbolic size's value in a kernel (an int64 argument)."""
+    return Var(name, "int64")
+
+
+def dim_expr(extent: Dim, dtype: str = "int64") -> Expr:
+    """An extent as an expression: a literal, or its symbols' vars (int64) combined."""
+    if isinstance(extent, int):
+        return IntImm(extent, dtype)
+    total: Expr | None = None
+    for name, coefficient in extent.terms:
+        term: Expr = symbol_var(name)
+        if coefficient != 1:
+            term = Binary("*", IntImm(coefficient, "int64"), term)
+        total = term if total is None else Binary("+", total, term)
+    assert total is not None
+    if extent.offset:
+        total = Binary("+", total, IntImm(extent.offset, "int64"))
+    return total if dtype == "int64" else Cast(dtype, total)
 
 
 def const(value: int | float, dtype: str) -> Expr:
@@ -227,10 +256,11 @@ SCOPES = ("global", "shared", "local")
 
 @dataclass(frozen=True, slots=True, repr=False)
 class Buffer:
-    """A named n-d array. Parameters are `global`; `Allocate` declares the others."""
+    """A named n-d array. Parameters are `global`; `Allocate` declares the others. An extent
+    may be symbolic (a `Sym`: a size the kernel is given when it runs, see `PrimFunc`)."""
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: str = "float32"
     scope: str = "global"
 
@@ -244,8 +274,8 @@ class Buffer:
         return BufferLoad(self, tuple(as_expr(i) for i in indices))
 
     @property
-    def size(self) -> int:
-        n = 1
+    def size(self) -> Dim:
+        n: Dim = 1
         for s in self.shape:
             n *= s
         return n
@@ -284,8 +314,7 @@ LOOP_KINDS = (
 GPU_KINDS = LOOP_KINDS[4:]
 
 # An annotation value: ints, floats, strings, bools, and flat tuples of ints. A graph op's
-# attribute that is a dimension may be symbolic (a Sym, alone or in the tuple); kernels,
-# built at fixed sizes, never hold one.
+# attribute that is a dimension may be symbolic (a Sym, alone or in the tuple).
 AnnotationValue = Union[int, float, str, bool, Sym, tuple[int | Sym, ...]]
 Annotations = tuple[tuple[str, AnnotationValue], ...]
 
@@ -303,10 +332,11 @@ class StmtBase:
 
 @dataclass(frozen=True, slots=True, repr=False)
 class For(StmtBase):
-    """`for var in 0..extent kind { body }`. Annotations are sorted by key."""
+    """`for var in 0..extent kind { body }`. Annotations are sorted by key. The extent may
+    be symbolic (`for %i in 0..{seq} parallel`)."""
 
     var: Var
-    extent: int
+    extent: Dim
     kind: str
     body: Stmt
     annotations: Annotations = ()
@@ -322,7 +352,7 @@ class IterVar:
 
     var: Var
     kind: str
-    dom: int
+    dom: Dim
     binding: Expr
 
     def __post_init__(self) -> None:
@@ -405,6 +435,10 @@ class PrimFunc:
 
     `attrs` records what the function computes, for `hexir.reference` and for people:
     `("op", "hexir.matmul")` and the op's attributes, sorted by key.
+
+    A param's extent may be symbolic (`buffer<1x{seq}x768xf32>`): the function is then
+    compiled once for every size, and `symbols` (the names its params' extents use, sorted)
+    are extra int32 arguments of the kernel, each read from the arrays it is called with.
     """
 
     name: str
@@ -420,6 +454,15 @@ class PrimFunc:
     @property
     def outputs(self) -> tuple[Buffer, ...]:
         return self.params[len(self.params) - self.num_outputs :]
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The symbolic sizes the params' extents name, sorted (none: a fixed-size kernel)."""
+        return tuple(
+            sorted(
+                {n for b in self.params for d in b.shape if isinstance(d, Sym) for n in d.symbols}
+            )
+        )
 
     def attr(self, key: str, default: AnnotationValue | None = None) -> AnnotationValue | None:
         return dict(self.attrs).get(key, default)

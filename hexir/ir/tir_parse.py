@@ -15,6 +15,7 @@ from typing import NamedTuple, cast
 from hexir.errors import ParseError
 from hexir.ir.dtype import check_dtype
 from hexir.ir.dtype import is_float as is_float_dtype
+from hexir.ir.symbolic import Dim, SymbolicError, parse_dim
 from hexir.ir.tir import (
     CALLS,
     LOOP_KINDS,
@@ -52,7 +53,8 @@ _TOKEN = re.compile(
     (?P<skip>[ \t\r]+|//[^\n]*)
     |(?P<newline>\n)
     |(?P<string>"(?:[^"\\\n]|\\.)*")
-    |(?P<shape>\d+(?:x\d+)*x[A-Za-z][A-Za-z0-9]*)
+    |(?P<shape>(?:(?:\d+|\{[^{}\n]*\})x)+[A-Za-z][A-Za-z0-9]*)
+    |(?P<dim>\{\ *[A-Za-z_][A-Za-z0-9_+*\ -]*\})
     |(?P<number>(?:\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)(?:bf16|[fiu]\d+)?)
     |(?P<name>[%@][A-Za-z_][A-Za-z0-9_.]*)
     |(?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
@@ -60,6 +62,8 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
+# One extent of a shape token and its `x`: a number or a symbolic size in braces.
+_SHAPE_DIM = re.compile(r"(\d+|\{[^{}]*\})x")
 _NUMBER = re.compile(r"(\d+\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+)(bf16|[fiu]\d+)?\Z")
 _SHORT_DTYPES = {"f16": "float16", "f32": "float32", "f64": "float64"}
 
@@ -403,12 +407,23 @@ class _Parser:
         if self.integer() != 0:
             raise self.error("a loop starts at 0", start)
         self.expect("..")
-        extent = self.integer()
+        extent = self.dim()
         kind = self.next()
         if kind.text not in LOOP_KINDS:
             raise self.error(f"unknown loop kind {kind.text!r}; expected one of {LOOP_KINDS}", kind)
         annotations = self.attributes()
         return For(var, extent, kind.text, self.body((var,)), annotations)
+
+    def dim(self) -> Dim:
+        """An extent: an integer, or a symbolic size in braces (`{seq}`, `{past + 1}`)."""
+        tok = self.peek()
+        if tok.kind != "dim":
+            return self.integer()
+        self.next()
+        try:
+            return parse_dim(tok.text)
+        except SymbolicError as e:
+            raise self.error(str(e), tok) from None
 
     def integer(self) -> int:
         negate = self.accept("-")
@@ -464,7 +479,7 @@ class _Parser:
         if kind.text not in ("spatial", "reduce"):
             raise self.error(f"expected spatial or reduce, found {self.describe(kind)}", kind)
         self.expect("(")
-        dom = self.integer()
+        dom = self.dim()
         self.expect(")")
         return IterVar(var, kind.text, dom, self.expr())
 
@@ -501,7 +516,7 @@ class _Parser:
         tok = self.next()
         if tok.kind not in ("shape", "ident"):
             raise self.error(f"expected a shape and dtype, found {self.describe(tok)}", tok)
-        *dims, short = tok.text.split("x") if tok.kind == "shape" else [tok.text]
+        dims, short = _SHAPE_DIM.findall(tok.text), _SHAPE_DIM.sub("", tok.text)
         dtype = self.dtype(Token(tok.kind, short, tok.line, tok.column))
         scope = "global"
         if self.accept(","):
@@ -510,7 +525,11 @@ class _Parser:
                 raise self.error(f"unknown buffer scope {scope_tok.text!r}", scope_tok)
             scope = scope_tok.text
         self.expect(">")
-        return Buffer(name, tuple(int(d) for d in dims), dtype, scope)
+        try:
+            shape = tuple(parse_dim(d) for d in dims)
+        except SymbolicError as e:
+            raise self.error(str(e), tok) from None
+        return Buffer(name, shape, dtype, scope)
 
     def func(self) -> PrimFunc:
         self.expect("hextir.func")

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from hexir.ir.dtype import short_name
+from hexir.ir.symbolic import format_dim
 from hexir.ir.tir import (
     BIT_OPS,
     COMPARE_OPS,
@@ -86,8 +87,9 @@ def print_func(func: PrimFunc) -> str:
 
 
 def print_buffer_type(buffer: Buffer) -> str:
-    """`buffer<64x32xf32, shared>`: dims, then the short dtype; the scope unless global."""
-    dims = "".join(f"{d}x" for d in buffer.shape)
+    """`buffer<64x32xf32, shared>`: dims (`{seq}` for a symbolic one), then the short dtype;
+    the scope unless global."""
+    dims = "".join(f"{format_dim(d)}x" for d in buffer.shape)
     scope = "" if buffer.scope == "global" else f", {buffer.scope}"
     return f"buffer<{dims}{short_name(buffer.dtype)}{scope}>"
 
@@ -290,7 +292,10 @@ class _Printer:
             case For(var, extent, kind, body, ann):
                 with self.scope():
                     name = self.bind_var(var, bare=False)
-                    self.emit(depth, f"for {name} in 0..{extent} {kind}{annotations_text(ann)} {{")
+                    self.emit(
+                        depth,
+                        f"for {name} in 0..{format_dim(extent)} {kind}{annotations_text(ann)} {{",
+                    )
                     self.stmt(body, depth + 1)
                 self.emit(depth, "}")
             case Block():
@@ -338,7 +343,7 @@ class _Printer:
         self.emit(depth, "}")
 
     def iter_var(self, iv: IterVar, binding: str) -> str:
-        return f"{self.bind_var(iv.var, bare=True)} = {iv.kind}({iv.dom}) {binding}"
+        return f"{self.bind_var(iv.var, bare=True)} = {iv.kind}({format_dim(iv.dom)}) {binding}"
 
     # -- functions ----------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from hexir.ir.dtype import is_float, numpy_dtype
 from hexir.ir.graph import Op
 from hexir.ir.names import unique_name
 from hexir.ir.narrow import NARROW_FLOATS, in_float32
+from hexir.ir.symbolic import Dim, Sym
 from hexir.ir.tir import (
     Allocate,
     Binary,
@@ -37,6 +38,7 @@ from hexir.ir.tir import (
     Select,
     Stmt,
     Var,
+    as_expr,
     const,
     seq,
 )
@@ -54,7 +56,7 @@ class Kernel:
         self._names: set[str] = set(reserved)  # every %name: params, buffers, loops, iter vars
         self._blocks: set[str] = set()
         self._counters = {"i": 0, "k": 0}
-        self.domains: dict[Var, int] = {}  # iter var -> extent, for `bound`
+        self.domains: dict[Var, int] = {}  # iter var -> fixed extent, for `bound`
         self.allocs: list[Buffer] = []
         self.stages: list[Stmt] = []
 
@@ -123,7 +125,8 @@ class Kernel:
                 self._counters[prefix] += 1
             loop = Var(self.fresh(f"{prefix}{self._counters[prefix]}"))
             var = Var(self.fresh(f"v{loop.name}"))
-            self.domains[var] = extent
+            if isinstance(extent, int):  # a symbolic extent bounds nothing
+                self.domains[var] = extent
             result.append(IterVar(var, kind, extent, loop))
         return tuple(result)
 
@@ -165,7 +168,9 @@ def _regions(value: Expr) -> tuple[BufferRegion, ...]:
 # Index arithmetic that folds the trivial cases, so the unscheduled IR reads like hand-written.
 
 
-def add(a: Expr, b: Expr | int) -> Expr:
+def add(a: Expr, b: Expr | Dim) -> Expr:
+    if isinstance(b, Sym):  # a symbolic size: its value, an argument of the kernel
+        b = as_expr(b)
     if isinstance(b, int):
         if b == 0:
             return a
@@ -212,6 +217,8 @@ def bound(expr: Expr, domains: dict[Var, int]) -> tuple[int, int] | None:
             return (0, domains[expr] - 1) if expr in domains else None
         case Binary(op, a, b):
             ba, bb = bound(a, domains), bound(b, domains)
+            if (ba is None or bb is None) and op not in ("min", "max"):
+                return None  # a var of unknown extent (a symbolic one)
             if ba is None or bb is None:
                 lo, hi = _half_bound(expr, domains)
                 return None if lo is None or hi is None else (lo, hi)
@@ -266,14 +273,19 @@ def in_range(k: Kernel, index: Expr, extent: int) -> list[Expr]:
     return conds
 
 
-def clamp(k: Kernel, index: Expr, extent: int) -> Expr:
+def clamp(k: Kernel, index: Expr, extent: Dim) -> Expr:
     """`index` clamped into [0, extent): a guarded load stays in bounds even when evaluated
     eagerly (Select evaluates both branches, and vectorized code does)."""
     return limit(k, index, 0, extent - 1)
 
 
-def limit(k: Kernel, e: Expr, lo: int, hi: int) -> Expr:
-    """`max(min(e, hi), lo)`, leaving out the halves that the bounds of `e` make moot."""
+def limit(k: Kernel, e: Expr, lo: int, hi: Dim) -> Expr:
+    """`max(min(e, hi), lo)`, leaving out the halves that the bounds of `e` make moot (a
+    symbolic `hi` is always kept)."""
+    if isinstance(hi, Sym):
+        below = k.bound(e)
+        e = Binary("min", e, as_expr(hi))
+        return e if below is not None and below[0] >= lo else Binary("max", e, IntImm(lo))
     e_lo, e_hi = k.bound(e) or (lo - 1, hi + 1)
     if e_hi > hi:
         e = Binary("min", e, IntImm(hi))
@@ -325,15 +337,16 @@ def mean(
     k: Kernel,
     name: str,
     out: Buffer,
-    extents: Sequence[int],
+    extents: Sequence[Dim],
     term: ReduceFn,
-    count: int | Callable[[Indices], Expr],
+    count: Dim | Callable[[Indices], Expr],
 ) -> None:
     """`out[s] = sum(term(s, r)) / count(s)`: one block for floats (each term pre-scaled, so no
     divide stage), and for ints a `<name>_sum` block then a `<name>_div` block, because an
     integer mean truncates the quotient of the whole sum toward zero (C division)."""
     dt = out.dtype
-    counter = (lambda s: IntImm(count)) if isinstance(count, int) else count
+    fixed = count if isinstance(count, (int, Sym)) else None  # a Sym: a count known at run time
+    counter = (lambda s: as_expr(fixed)) if fixed is not None else count
     if is_float(dt) and isinstance(count, int):
         scale = const(1 / count, dt)
         k.reduce(name, out, extents, lambda s, r: term(s, r) * scale)

@@ -26,7 +26,7 @@ from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Op, TensorType, Value
 from hexir.ir.op_attrs import NAME_RE, Check, dims, fail, normalize_axis
 from hexir.ir.symbolic import Dim, Sym, SymbolicError, format_dim, quotient
-from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, const
+from hexir.ir.tir import Binary, Buffer, Expr, IntImm, Select, as_expr, const
 from hexir.ops.base import (
     Exporter,
     OpDef,
@@ -464,7 +464,7 @@ def _concat_lower(k: Kernel, op: Op, args: tuple[Buffer, ...], out: Buffer) -> N
 
         value = part(len(args) - 1)
         for n in reversed(range(len(args) - 1)):
-            end = IntImm(starts[n] + args[n].shape[axis])
+            end = as_expr(starts[n] + args[n].shape[axis])
             value = Select(Binary("<", i[axis], end), part(n), value)
         return value
 

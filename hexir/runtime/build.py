@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from hexir import knobs
 from hexir.codegen.c import generate_c
+from hexir.errors import BuildError
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.cc import compile_c
 from hexir.runtime.cuda_kernel import CudaKernel
@@ -29,6 +30,11 @@ def build(
     load it. A CUDA kernel compiles with NVRTC here and needs a GPU only when called. On the
     CPU, `source` is `c_source(func, target)` where the caller has already made it."""
     target = Target.of(target)
+    if target.kind == "cuda" and func.symbols:
+        raise BuildError(
+            f"kernel {func.name} has symbolic extents ({', '.join(func.symbols)}): those build "
+            "for the CPU only; specialize the graph to its sizes for CUDA"
+        )
     if target.kind == "cuda":
         return _build_cuda(func, target)
     source = source if source is not None else c_source(func, target)

@@ -51,6 +51,7 @@ import math
 from hexir.codegen.c_prefetch import PREFETCH
 from hexir.errors import HexirError, ScheduleError
 from hexir.ir.dtype import itemsize
+from hexir.ir.symbolic import Sym, SymbolicError
 from hexir.ir.tir import Block, BufferStore, Expr, PrimFunc, Select, Var
 from hexir.ir.visit import children, free_vars
 from hexir.runtime.target import Target
@@ -67,6 +68,8 @@ def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
     from hexir.schedule.handwritten_attention import attention_schedule, paged_attention_schedule
 
     target = Target.of(target)
+    if target.kind == "cpu" and func.symbols:
+        return _cpu_symbolic(func, target)
     if target.kind == "cpu":
         return (
             attention_schedule(func, target)
@@ -77,6 +80,20 @@ def default_schedule(func: PrimFunc, target: Target | str = "cpu") -> Schedule:
             or _cpu_simple(func, target)
         )
     return _gpu_schedule(func, target)
+
+
+def _cpu_symbolic(func: PrimFunc, target: Target) -> Schedule:
+    """A kernel with symbolic extents: the row chains' schedule or the per-block one, each
+    step that needs a number where a symbol stands left out (the rows, of a size known only
+    at run time, are assumed many); unscheduled where neither applies."""
+    for schedule in (_cpu_rows, _cpu_simple):
+        try:
+            sch = schedule(func, target)
+        except SymbolicError:
+            continue
+        if sch is not None:
+            return sch
+    return Schedule(func)
 
 
 def _loops(sch: Schedule, name: str) -> tuple[list[LoopRV], list[str], Block]:
@@ -311,7 +328,7 @@ def _worth_sharing(sch: Schedule, names: list[str]) -> bool:
         math.prod(loop_extent(sch, lp) for lp in sch.get_loops(sch.get_block(name)))
         for name in names
     )
-    return total >= MIN_PARALLEL_ITERATIONS
+    return isinstance(total, Sym) or total >= MIN_PARALLEL_ITERATIONS
 
 
 def _cpu_block(sch: Schedule, name: str, target: Target, share: bool) -> Schedule:
@@ -478,7 +495,7 @@ def _enough_jobs(sch: Schedule, loops: list[LoopRV], target: Target) -> list[Loo
     want, jobs = DEFAULT_JOBS_PER_CORE * target.num_cores, 1
     for n, loop in enumerate(loops):
         jobs *= loop_extent(sch, loop)
-        if jobs >= want:
+        if isinstance(jobs, Sym) or jobs >= want:  # a symbolic size is taken as many
             return loops[: n + 1]
     return loops
 

@@ -8,6 +8,7 @@ kernel.time(a, b, c)      # median seconds per call
 from __future__ import annotations
 
 import ctypes
+import math
 import statistics
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from hexir.codegen.c import kernel_symbol
 from hexir.errors import HexirError
 from hexir.ir.arrays import address
 from hexir.ir.dtype import numpy_dtype
+from hexir.ir.symbolic import Sym, bind_sizes
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 
@@ -44,7 +46,10 @@ class CpuKernel:
         self.target = target
         self._lib = ctypes.CDLL(str(path))
         self._fn = getattr(self._lib, kernel_symbol(func))
-        self._fn.argtypes = [ctypes.c_void_p] * len(func.params)
+        self._symbols = func.symbols  # int64 arguments after the arrays, read from their shapes
+        self._fn.argtypes = [ctypes.c_void_p] * len(func.params) + [ctypes.c_int64] * len(
+            self._symbols
+        )
         self._fn.restype = None
         # Only kernels with a parallel loop export it (and link OpenMP's runtime).
         self._set_threads = getattr(self._lib, "hexir_set_num_threads", None)
@@ -88,22 +93,44 @@ class CpuKernel:
         return (type(self), (self.func, self.source, self.path, self.target))
 
     def _check(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
-        """The arrays' data pointers, after checking them against the parameters."""
+        """The arrays' data pointers, then the symbols' sizes, after checking them against the
+        parameters."""
         params = self.func.params
         if len(arrays) != len(params):
             names = ", ".join(b.name for b in params)
             raise HexirError(
                 f"kernel {self.func.name} takes {len(params)} arrays ({names}), got {len(arrays)}"
             )
+        sizes = self._sizes(arrays)
         for buffer, dtype, array in zip(params, self._dtypes, arrays, strict=True):
-            problem = _problem(array, buffer.shape, dtype)
+            shape = tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in buffer.shape)
+            problem = _problem(array, shape, dtype)
             if problem:
                 raise HexirError(
                     f"kernel {self.func.name}: parameter {buffer.name} expects a C-contiguous "
                     f"{dtype} array of shape {tuple(buffer.shape)}, got {problem}"
                 )
         self._check_overlap(arrays)
-        return [address(a) for a in arrays]
+        return [address(a) for a in arrays] + [sizes[name] for name in self._symbols]
+
+    def _sizes(self, arrays: tuple[object, ...]) -> dict[str, int]:
+        """Each symbol's size, read from the arrays' shapes; the kernel's assumptions guarded:
+        every extent agrees with them, every symbol is at least 1, and every param holds fewer
+        than 2^31 elements (symbolic buffers are indexed in int32, hexir/ir/arith.py)."""
+        if not self._symbols:
+            return {}
+        params = self.func.params
+        shapes = [getattr(a, "shape", ()) for a in arrays]
+        sizes, problems = bind_sizes([(b.name, b.shape) for b in params], shapes)
+        for buffer, shape in zip(params, shapes, strict=True):
+            if not problems and math.prod(shape) > 2**31 - 1:
+                problems.append(f"{buffer.name} has {math.prod(shape)} elements, past 2^31 - 1")
+        if problems:
+            raise HexirError(
+                f"kernel {self.func.name} (compiled once for any {', '.join(self._symbols)}) "
+                f"cannot run on these arrays: {'; '.join(problems)}"
+            )
+        return sizes
 
     def _check_overlap(self, arrays: tuple[np.ndarray, ...]) -> None:
         # Parameters are `restrict`: an output may share memory with no other array.

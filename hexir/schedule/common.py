@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, cast
 
 from hexir.errors import ScheduleError
 from hexir.ir import arith
+from hexir.ir.symbolic import Sym, SymbolicError
 from hexir.ir.tir import (
     Allocate,
     Barrier,
@@ -235,8 +236,14 @@ def subst(expr: Expr, mapping: Mapping[Var, Expr]) -> Expr:
 
 
 def loop_ranges(func: PrimFunc) -> dict[Var, int]:
-    """Each loop var's extent, for the simplifier's bound rules."""
-    return {loop.var: loop.extent for loop in all_loops(func.body)}
+    """Each loop var's extent, for the simplifier's bound rules (a symbolic one bounds
+    nothing)."""
+    return {loop.var: loop.extent for loop in all_loops(func.body) if isinstance(loop.extent, int)}
+
+
+def symbolic_loops(func: PrimFunc) -> dict[Var, Sym]:
+    """Each loop var whose extent is symbolic (a size known at run time), and that extent."""
+    return {loop.var: loop.extent for loop in all_loops(func.body) if isinstance(loop.extent, Sym)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,10 +338,11 @@ def marked_ir(func: PrimFunc, loop: Var | None = None, block: str | None = None)
 
 def attempt(action: Callable[[], object]) -> bool:
     """Run a schedule step that may refuse: False where it raises ScheduleError (a primitive
-    that raises leaves the schedule as it was, so the schedule then does less)."""
+    that raises leaves the schedule as it was, so the schedule then does less), or a
+    SymbolicError (the step needs a number where a kernel's extent is symbolic)."""
     try:
         action()
-    except ScheduleError:
+    except (ScheduleError, SymbolicError):
         return False
     return True
 

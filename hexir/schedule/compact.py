@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from hexir.ir import arith
+from hexir.ir.symbolic import Dim, Sym
 from hexir.ir.tir import (
     Allocate,
     Block,
@@ -129,7 +130,12 @@ Window = tuple[int, int, int | None]  # (shift, size, modulus): index -> (index 
 
 def _compact(buf: Buffer, scope: list[Stmt]) -> tuple[Buffer, Callable[[int, Expr], Expr]]:
     """`buf` shrunk to the window `scope` touches, and the map of an axis's index into it."""
-    inner = {loop.var: loop.extent for s in scope for loop in all_loops(s)}
+    inner = {
+        loop.var: loop.extent
+        for s in scope
+        for loop in all_loops(s)
+        if isinstance(loop.extent, int)
+    }
     found = [a.indices for s in scope for a in accesses(s) if a.buffer == buf]
     windows: list[Window] = [
         _window([idx[d] for idx in found], n, inner) for d, n in enumerate(buf.shape)
@@ -148,7 +154,9 @@ def _compact(buf: Buffer, scope: list[Stmt]) -> tuple[Buffer, Callable[[int, Exp
     return replace(buf, shape=shape), index
 
 
-def _window(exprs: list[Expr], extent: int, inner: dict[Var, int]) -> Window:
+def _window(exprs: list[Expr], extent: Dim, inner: dict[Var, int]) -> Window:
+    """The window of one axis; a symbolic extent (a size known at run time) is taken as more
+    than any window the accesses span."""
     if not exprs:
         return (0, extent, None)
     exprs = [arith.simplify(e, inner) for e in exprs]
@@ -165,6 +173,8 @@ def _window(exprs: list[Expr], extent: int, inner: dict[Var, int]) -> Window:
         if not isinstance(ref, IntImm):
             return (0, extent, None)
         # Accesses outside the buffer are guarded (split predicates): clip them away.
+        if isinstance(extent, Sym):
+            return (max(lo + ref.value, 0), hi - max(lo, -ref.value) + 1, None)
         lo, hi = max(lo + ref.value, 0), min(hi + ref.value, extent - 1)
         return (0, extent, None) if hi - lo + 1 >= extent else (lo, hi - lo + 1, None)
     coeffs = arith.affine_coefficients(ref, outer)
@@ -172,7 +182,7 @@ def _window(exprs: list[Expr], extent: int, inner: dict[Var, int]) -> Window:
     g = 0 if coeffs is None else math.gcd(*(abs(c) for v, c in coeffs.items() if v is not None))
     # The smallest divisor of the tile stride that holds the window keeps it unwrapped.
     modulus = next((m for m in range(size, g + 1) if g % m == 0), size)
-    if modulus >= extent:
+    if isinstance(extent, int) and modulus >= extent:
         return (0, extent, None)
     shift = lo + (coeffs[None] if coeffs is not None else 0)
     return (shift, modulus, modulus)

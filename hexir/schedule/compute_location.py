@@ -21,6 +21,7 @@ from hexir.schedule.common import (
     loop_ranges,
     loops_of,
     schedule_error,
+    symbolic_loops,
     taken_names,
 )
 from hexir.schedule.compute_inline import (
@@ -192,7 +193,9 @@ def _move(
     """`func` with `block` taken out of its nest and put, under new loops, in `loop`."""
     rest = without_block(func, block.name)
     taken = taken_names(rest) | {iv.var.name for iv in block.iter_vars}
-    nest = regenerate(block, spans, loop_ranges(func), taken, preserve_unit_loops)
+    nest = regenerate(
+        block, spans, loop_ranges(func), taken, preserve_unit_loops, symbolic_loops(func)
+    )
     return insert_in_loop(rest, loop.var, nest, position)
 
 

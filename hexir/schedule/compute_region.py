@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from hexir.ir import arith
 from hexir.ir.names import unique_name
+from hexir.ir.symbolic import Dim, Sym, SymbolicError
 from hexir.ir.tir import (
     Allocate,
     Binary,
@@ -122,10 +123,13 @@ def _hull(s: Span, ranges: Mapping[Var, int]) -> tuple[int, int] | None:
     return b.lo, b.hi + s.extent - 1
 
 
-def clip_span(span: Span | None, dom: int) -> Span:
-    """`span` cut to the domain [0, dom) where that is known statically."""
+def clip_span(span: Span | None, dom: Dim) -> Span:
+    """`span` cut to the domain [0, dom) where that is known statically (a symbolic domain
+    cuts nothing)."""
     if span is None:
         return Span(IntImm(0), dom)
+    if isinstance(dom, Sym):
+        return span
     if isinstance(span.start, IntImm):
         lo, hi = max(0, span.start.value), min(dom, span.start.value + span.extent)
         return Span(IntImm(lo), max(hi - lo, 1))
@@ -156,23 +160,34 @@ def regenerate(
     ranges: Mapping[Var, int],
     taken: set[str],
     preserve_unit_loops: bool,
+    symbolic: Mapping[Var, Sym] | None = None,
 ) -> Stmt:
     """`block` under new serial loops, one per iter var that covers more than one index (or
     every one, with `preserve_unit_loops`), each iter var bound to its span's start plus its
-    loop var; guarded by a predicate where the span may leave the iter var's domain."""
-    loops: list[tuple[Var, int]] = []
+    loop var; guarded by a predicate where the span may leave the iter var's domain.
+    `symbolic`: the enclosing loops of symbolic extents; an iter var of a symbolic domain
+    needs no guard bound to such a loop of that extent, and any other binding raises
+    SymbolicError (its guard would compare with a size known at run time)."""
+    loops: list[tuple[Var, Dim]] = []
     inner = dict(ranges)
     ivs: list[IterVar] = []
     conds: list[Expr] = []
     for iv in block.iter_vars:
         span = spans[iv.var]
         binding = span.start
-        if span.extent > 1 or preserve_unit_loops:
+        if isinstance(span.extent, Sym) or span.extent > 1 or preserve_unit_loops:
             var = Var(unique_name(_loop_name(iv.binding, iv.var), taken))
             loops.append((var, span.extent))
-            inner[var] = span.extent
+            if isinstance(span.extent, int):
+                inner[var] = span.extent
+            else:
+                symbolic = {**(symbolic or {}), var: span.extent}
             binding = arith.simplify(span.start + var, inner)
         ivs.append(replace(iv, binding=binding))
+        if isinstance(iv.dom, Sym):
+            if not (isinstance(binding, Var) and (symbolic or {}).get(binding) == iv.dom):
+                raise SymbolicError(f"@{block.name}'s {iv.var.name} needs a guard by {{{iv.dom}}}")
+            continue
         # Guards over the loop vars, as split writes them (DESIGN: TVM-style predicates).
         for op, bound in ((">=", 0), ("<", iv.dom)):
             cond = arith.simplify(Binary(op, binding, IntImm(bound)), inner)

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from hexir.ir import arith
 from hexir.ir.names import unique_name
+from hexir.ir.symbolic import Dim, Sym, SymbolicError
 from hexir.ir.tir import (
     Binary,
     Block,
@@ -206,19 +207,31 @@ def fuse_loops(func: PrimFunc, loops: Sequence[For]) -> tuple[PrimFunc, Var]:
     name = "_".join(loop.var.name for loop in loops) + "_fused"
     fused = Var(unique_name(name, taken_names(func)))
     extents = [loop.extent for loop in loops]
-    ranges = loop_ranges(func) | {fused: math.prod(extents)}
+    total = math.prod(extents)
+    ranges = loop_ranges(func) | ({fused: total} if isinstance(total, int) else {})
     mapping: dict[Var, Expr] = {}
     for n, loop in enumerate(loops):
         index: Expr = fused
-        stride = math.prod(extents[n + 1 :])
+        if loop.extent == 1:
+            mapping[loop.var] = IntImm(0, fused.dtype)
+            continue
+        # A symbolic extent (a size known at run time) fuses where no index divides by it:
+        # it is the outermost of the loops of more than one iteration.
+        stride = _number(math.prod(extents[n + 1 :]))
         if stride > 1:
             index = index // stride
-        if n > 0:
-            index = index % loop.extent
+        if math.prod(extents[:n]) != 1:
+            index = index % _number(loop.extent)
         mapping[loop.var] = arith.simplify(index, ranges)
     body = substitute_simplify(loops[-1].body, mapping, ranges)
-    new = For(fused, math.prod(extents), "serial", body)
+    new = For(fused, total, "serial", body)
     return replace_body(func, is_loop(loops[0].var), lambda _: new), fused
+
+
+def _number(extent: Dim) -> int:
+    if isinstance(extent, Sym):
+        raise SymbolicError(f"fusing divides by the symbolic extent {{{extent}}}")
+    return extent
 
 
 def _check_distinct(primitive: str, func: PrimFunc, loops: Sequence[For]) -> None:
