@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hexir import knobs
+from hexir.errors import TypeInferenceError
 from hexir.ir.analysis import flop_count
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph
@@ -113,6 +114,12 @@ def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu")
     lowered as `hexir.compile` does for `target`), in order of first occurrence; a graph's
     convs with a Winograd and a direct form add the tasks of both (`form_variants`)."""
     if isinstance(func_or_graph, PrimFunc):
+        if func_or_graph.symbols:
+            raise TypeInferenceError(
+                f"kernel {func_or_graph.name} has symbolic extents "
+                f"({', '.join(func_or_graph.symbols)}) and tuning works at fixed sizes: lower "
+                "the graph specialized to them (hexir.specialize)"
+            )
         variants = [[func_or_graph]]
     else:
         from hexir.graph.forms import form_variants

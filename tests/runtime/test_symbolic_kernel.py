@@ -152,3 +152,9 @@ def test_symbolic_kernels_build_for_the_cpu_only():
     func = lower(_bias_relu())
     with pytest.raises(BuildError, match="symbolic"):
         build(func, "cuda")
+
+
+def test_tuning_refuses_a_symbolic_kernel_by_name(tmp_path):
+    func = lower(_bias_relu())
+    with pytest.raises(hexir.errors.TypeInferenceError, match="symbolic extents.*rows"):
+        hexir.tune(func, target="cpu", trials=2, database=f"sqlite:///{tmp_path / 't.db'}")
