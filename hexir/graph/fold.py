@@ -24,7 +24,9 @@ __all__ = ["fold_constants"]
 
 
 def fold_constants(graph: Graph) -> Graph:
-    """Fold every op whose operands are all (transitively) constants; drop unused constants."""
+    """Fold every op whose operands are all (transitively) constants, but one whose result's
+    shape is symbolic (an `arange` to a prompt's length: a size known at run time); drop
+    unused constants."""
     data: dict[str, np.ndarray] = {}  # result name -> value, for every constant-valued result
     taken = {name for name, _ in graph.constants}
     new_data: list[tuple[str, ConstantData]] = []
@@ -33,7 +35,7 @@ def fold_constants(graph: Graph) -> Graph:
         if op.kind == "constant":
             data[op.result.name] = constant_array(graph, op)
             ops.append(op)
-        elif all(v.name in data for v in op.operands):
+        elif all(v.name in data for v in op.operands) and not op.result.type.symbolic:
             value = evaluate_op(op, [data[v.name] for v in op.operands])
             data[op.result.name] = value
             name = _fresh(op.result.name, taken)

@@ -83,6 +83,7 @@ import numpy as np
 from hexir import knobs
 from hexir.graph.rewrite import RewritePass, simplify_graph
 from hexir.ir.graph import Graph, Op, Value
+from hexir.ir.symbolic import SymbolicError
 from hexir.ops import make_op
 from hexir.ops.contraction import (
     block_matmul_weight,
@@ -219,18 +220,29 @@ def transposed_elements(graph: Graph) -> int:
     return sum(op.result.type.size for op in graph.ops if op.kind in moving)
 
 
+def _laid_out(
+    op: Op, p: RewritePass, target: Target, winograd: Mapping[str, int], transposed: dict
+) -> list[Op] | None:
+    """`op` with its weight laid out, or None where it stays as it is."""
+    rewritten = _matmul_of_constant(op, p, target) or _int4_panels(op, p, target)
+    if op.kind == "dense" and rewritten and not rewritten[1].attr("weight_block"):
+        transposed[op.operands[1].name] = rewritten[0].result
+    if rewritten is None and target.kind == "cpu":
+        rewritten = _winograd_conv(op, p, target, winograd)
+        rewritten = rewritten or _blocked_conv(op, p, target)
+    return rewritten
+
+
 def _lay_out(graph: Graph, target: Target, winograd: Mapping[str, int]) -> Graph:
     """The weights of `graph`'s matmuls and convs laid out (its 1x1 convs already chosen)."""
     p = RewritePass(graph)
     ops: list[Op] = []
     transposed: dict[str, Value] = {}  # a dense's constant weight -> its plain transpose
     for op in graph.ops:
-        rewritten = _matmul_of_constant(op, p, target) or _int4_panels(op, p, target)
-        if op.kind == "dense" and rewritten and not rewritten[1].attr("weight_block"):
-            transposed[op.operands[1].name] = rewritten[0].result
-        if rewritten is None and target.kind == "cpu":
-            rewritten = _winograd_conv(op, p, target, winograd)
-            rewritten = rewritten or _blocked_conv(op, p, target)
+        try:
+            rewritten = _laid_out(op, p, target, winograd, transposed)
+        except SymbolicError:  # a layout chosen by sizes known only at run time: none
+            rewritten = None
         ops.extend(rewritten or [op])
     ops = _gathers_of_transposed(ops, transposed, p)
     # The Winograd form's transposes sink through the epilogues between two such convs and

@@ -259,12 +259,14 @@ def as_dim(value: object) -> Dim:
 
 
 def bind_sizes(
-    declared: Sequence[tuple[str, tuple[Dim, ...]]], shapes: Sequence[tuple[int, ...]]
+    declared: Sequence[tuple[str, tuple[Dim, ...]]],
+    shapes: Sequence[tuple[int, ...]],
+    known: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """(each symbol's size, what does not fit) from the shapes given for declared (name,
-    shape) pairs: a dimension that is a symbol alone binds it, then every dimension must equal
-    what its symbols give, and every symbol is at least 1."""
-    sizes: dict[str, int] = {}
+    shape) pairs, after the `known` sizes: a dimension that is a symbol alone binds it, then
+    every dimension must equal what its symbols give, and every symbol is at least 1."""
+    sizes: dict[str, int] = dict(known or {})
     problems: list[str] = []
     for (_, dims), shape in zip(declared, shapes, strict=True):
         if len(shape) == len(dims):

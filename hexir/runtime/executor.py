@@ -80,12 +80,16 @@ def compile(
     graph: Graph,
     target: Target | str = "cpu",
     database: TuningDatabase | str | None = None,
+    *,
+    dynamic: bool = False,
 ) -> Module:
     """Compile `graph` for `target` into a Module (see the module docstring for the steps).
 
     `database` is a URL or a database object; each kernel uses the fastest valid record of its
     workload on this target, or a default schedule where there is none. A graph with symbolic
-    dimensions gives a SymbolicModule, which compiles this way per size of its symbols.
+    dimensions gives a SymbolicModule, which compiles this way per size of its symbols (per
+    bucket of sizes where it can), or with `dynamic=True` a DynamicModule, compiled once: its
+    kernels take the sizes as arguments (hexir/runtime/dynamic_module.py).
     """
     from hexir.graph.forms import measured_kernels
     from hexir.graph.fusion import fused_kernels
@@ -93,6 +97,10 @@ def compile(
     from hexir.runtime.build import build_all
 
     target = Target.of(target)
+    if graph_symbols(graph) and dynamic:  # compiled once, for every size
+        from hexir.runtime.dynamic_module import DynamicModule
+
+        return DynamicModule(graph, target, _open_database(database))  # type: ignore[return-value]
     if graph_symbols(graph):  # compiled per size of its symbols, as it runs
         from hexir.runtime.symbolic_module import SymbolicModule
 

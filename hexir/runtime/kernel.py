@@ -11,6 +11,7 @@ import ctypes
 import math
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -56,8 +57,11 @@ class CpuKernel:
         self._key = str(path)  # the library's, in _threads_set
         self._dtypes = [numpy_dtype(b.dtype) for b in func.params]
 
-    def __call__(self, *arrays: np.ndarray) -> None:
-        pointers = self._check(arrays)
+    def __call__(self, *arrays: np.ndarray, sizes: Mapping[str, int] | None = None) -> None:
+        """Run on `arrays` (the params in order). A kernel of symbolic extents reads their
+        sizes from the arrays' shapes, after `sizes` (needed where an extent is a sum no
+        array fixes alone: `{past + seq}`)."""
+        pointers = self._check(arrays, sizes)
         self._sync_threads()
         self._fn(*pointers)
 
@@ -92,7 +96,9 @@ class CpuKernel:
         # Reloads the library from its path (the build cache) on the other side.
         return (type(self), (self.func, self.source, self.path, self.target))
 
-    def _check(self, arrays: tuple[np.ndarray, ...]) -> list[int]:
+    def _check(
+        self, arrays: tuple[np.ndarray, ...], known: Mapping[str, int] | None = None
+    ) -> list[int]:
         """The arrays' data pointers, then the symbols' sizes, after checking them against the
         parameters."""
         params = self.func.params
@@ -101,7 +107,7 @@ class CpuKernel:
             raise HexirError(
                 f"kernel {self.func.name} takes {len(params)} arrays ({names}), got {len(arrays)}"
             )
-        sizes = self._sizes(arrays)
+        sizes = self._sizes(arrays, known)
         for buffer, dtype, array in zip(params, self._dtypes, arrays, strict=True):
             shape = tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in buffer.shape)
             problem = _problem(array, shape, dtype)
@@ -113,7 +119,9 @@ class CpuKernel:
         self._check_overlap(arrays)
         return [address(a) for a in arrays] + [sizes[name] for name in self._symbols]
 
-    def _sizes(self, arrays: tuple[object, ...]) -> dict[str, int]:
+    def _sizes(
+        self, arrays: tuple[object, ...], known: Mapping[str, int] | None = None
+    ) -> dict[str, int]:
         """Each symbol's size, read from the arrays' shapes; the kernel's assumptions guarded:
         every extent agrees with them, every symbol is at least 1, and every param holds fewer
         than 2^31 elements (symbolic buffers are indexed in int32, hexir/ir/arith.py)."""
@@ -121,7 +129,8 @@ class CpuKernel:
             return {}
         params = self.func.params
         shapes = [getattr(a, "shape", ()) for a in arrays]
-        sizes, problems = bind_sizes([(b.name, b.shape) for b in params], shapes)
+        known = {n: s for n, s in (known or {}).items() if n in self._symbols}
+        sizes, problems = bind_sizes([(b.name, b.shape) for b in params], shapes, known)
         for buffer, shape in zip(params, shapes, strict=True):
             if not problems and math.prod(shape) > 2**31 - 1:
                 problems.append(f"{buffer.name} has {math.prod(shape)} elements, past 2^31 - 1")

@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from hexir.ir.symbolic import Sym
 from hexir.ir.tir import (
     Block,
     Buffer,
@@ -77,9 +78,13 @@ def writes_intermediate(func: PrimFunc, block: Block) -> bool:
 
 
 def reused_reads(block: Block) -> list[int]:
-    """The indices of the reads that skip one of `block`'s spatial iter vars (of extent > 1):
-    each element read serves many outputs."""
-    spatial = {iv.var for iv in block.iter_vars if iv.kind == "spatial" and iv.dom > 1}
+    """The indices of the reads that skip one of `block`'s spatial iter vars (of extent > 1,
+    or symbolic): each element read serves many outputs."""
+    spatial = {
+        iv.var
+        for iv in block.iter_vars
+        if iv.kind == "spatial" and (isinstance(iv.dom, Sym) or iv.dom > 1)
+    }
     return [n for n, region in enumerate(block.reads) if spatial - region_vars(region)]
 
 
