@@ -10,6 +10,7 @@ The text form (see `hexir.ir.tir_text`) is the `repr` of every node, and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Union
 
@@ -458,11 +459,7 @@ class PrimFunc:
     @property
     def symbols(self) -> tuple[str, ...]:
         """The symbolic sizes the params' extents name, sorted (none: a fixed-size kernel)."""
-        return tuple(
-            sorted(
-                {n for b in self.params for d in b.shape if isinstance(d, Sym) for n in d.symbols}
-            )
-        )
+        return symbols_of(self.params)
 
     def attr(self, key: str, default: AnnotationValue | None = None) -> AnnotationValue | None:
         return dict(self.attrs).get(key, default)
@@ -484,3 +481,10 @@ AUTO_UNROLL_KEY = "pragma_auto_unroll_max_step"
 def make_annotations(**items: AnnotationValue) -> Annotations:
     """Canonical (sorted) annotations from keyword arguments."""
     return tuple(sorted(items.items()))
+
+
+def symbols_of(buffers: Iterable[Buffer]) -> tuple[str, ...]:
+    """The symbolic sizes the buffers' extents name, sorted."""
+    return tuple(
+        sorted({n for b in buffers for d in b.shape if isinstance(d, Sym) for n in d.symbols})
+    )

@@ -45,6 +45,8 @@ from hexir.ir.tir import (
     Unary,
     Var,
     seq,
+    symbol_var,
+    symbols_of,
 )
 from hexir.ir.tir_text import FUNCTION_OPS, INFIX_PREC, LITERAL_IDENT
 
@@ -547,4 +549,8 @@ class _Parser:
             self.buffers[-1][param] = params[-1]
         num_outputs = self.integer() if self.accept("outputs") else 1
         attrs = self.attributes()
-        return PrimFunc(name.text[1:], tuple(params), self.body(), num_outputs, attrs)
+        # A symbolic size the params name is a var of the body too (`%seq`: its value).
+        self.push(tuple(symbol_var(n) for n in symbols_of(params)))
+        body = self.body()
+        self.pop()
+        return PrimFunc(name.text[1:], tuple(params), body, num_outputs, attrs)

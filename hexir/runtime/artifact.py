@@ -20,6 +20,12 @@ An artifact is a zip archive (no pickle anywhere) holding:
     runner/binder.so       and the native binder (binder.py), used where the interpreter's
                            ABI and numpy's version are those of the manifest's "binder"
 
+A module compiled once for every size of its symbols (a DynamicModule, kind "dynamic")
+holds its compiled graph under dynamic/ (graph.hexir, constants/), and per step under
+dynamic/steps/<i>/ its kernel of symbolic extents (kernel.hextir, .c, .so), or its group's
+graph (group.hexir) and the modules of the buckets compiled so far (buckets/<k>/, laid out as
+a module's entries); loaded, a bucket no run had reached compiles on its first run.
+
 The program (`Program.to_json`) is the VM's: steps that run a module (by number), branch,
 loop or call a builtin. A module saved alone is a program of one step that runs it, and loads
 as a Module; a CompiledProgram loads as one. `load` refuses an artifact of an earlier format
@@ -47,7 +53,9 @@ import numpy as np
 from hexir import knobs
 from hexir.errors import ArtifactError, TargetError
 from hexir.graph.memory import MemoryPlan
+from hexir.ir.graph import Graph
 from hexir.runtime import binder
+from hexir.runtime.dynamic_module import DynamicModule
 from hexir.runtime.module import Command, Module, TaskReport
 from hexir.runtime.target import Target
 
@@ -62,12 +70,14 @@ FORMAT = "hexir-artifact"
 FORMAT_VERSION = 3
 
 
-def save(subject: Module | CompiledProgram, path: str | Path) -> Path:
+def save(subject: Module | CompiledProgram | DynamicModule, path: str | Path) -> Path:
     """Write a module, or a compiled program and its modules, to `path` as one artifact file;
     the path written."""
     from hexir.runtime.vm import Program, Run
 
     path = Path(path)
+    if isinstance(subject, DynamicModule):
+        return _save_dynamic(subject, path)
     if isinstance(subject, Module):
         graph = subject.graph
         inputs, outputs = (tuple(v.name for v in vs) for vs in (graph.inputs, graph.outputs))
@@ -83,18 +93,102 @@ def save(subject: Module | CompiledProgram, path: str | Path) -> Path:
         program=program.to_json(),
         modules=[_module_entries(m, f"modules/{i}/", entries) for i, m in enumerate(modules)],
     )
-    if target.kind == "cpu":
-        manifest["runner"] = _runner_entry(modules, target, entries)
-        library = next((m.binder_library for m in modules if m.binder_library is not None), None)
-        if library is not None:
-            entries["runner/binder.so"] = library.read_bytes()
-            manifest["binder"] = {"image": "runner/binder.so", "abi": binder.abi()}
+    _native_entries(modules, target, manifest, entries)
     entries["manifest.json"] = json.dumps(manifest, indent=1).encode()
     _write_zip(path, entries)
     return path
 
 
-def load(path: str | Path) -> Module | CompiledProgram:
+def _native_entries(
+    modules: list[Module], target: Target, manifest: dict, entries: dict[str, bytes]
+) -> None:
+    """On the CPU, the command runner and the binder the modules run with."""
+    if target.kind != "cpu":
+        return
+    manifest["runner"] = _runner_entry(modules, target, entries)
+    library = next((m.binder_library for m in modules if m.binder_library is not None), None)
+    if library is not None:
+        entries["runner/binder.so"] = library.read_bytes()
+        manifest["binder"] = {"image": "runner/binder.so", "abi": binder.abi()}
+
+
+def _save_dynamic(module: DynamicModule, path: Path) -> Path:
+    """A module compiled once for every size (kind "dynamic"): its compiled graph and
+    constants, and per step its kernel of symbolic extents, or its group's graph and the
+    modules of the buckets compiled so far (each as a module's entries)."""
+    entries: dict[str, bytes] = {}
+    manifest = _header(module.target)
+    blobs = _graph_entries(module.compiled, "dynamic/", entries)
+    steps, modules = [], []
+    for i, step in enumerate(module.steps):
+        part: dict[str, object] = {
+            "how": step.how, "name": step.name,
+            "inputs": list(step.inputs), "outputs": list(step.outputs),
+        }  # fmt: skip
+        prefix = f"dynamic/steps/{i}/"
+        if step.how == "kernel":
+            part["kernel"] = _kernel_entry(f"{prefix}kernel", step.runner, module.target, entries)
+        elif step.how != "view":
+            runner = step.runner  # a SymbolicModule
+            entries[f"{prefix}group.hexir"] = str(runner.graph).encode()  # type: ignore[attr-defined]
+            part["group"] = f"{prefix}group.hexir"
+            part["buckets"] = []
+            for k, (key, compiled) in enumerate(runner.specializations.items()):  # type: ignore[attr-defined]
+                entry = _module_entries(compiled, f"{prefix}buckets/{k}/", entries)
+                part["buckets"].append({"sizes": [list(kv) for kv in key], "module": entry})  # type: ignore[union-attr]
+                modules.append(compiled)
+        steps.append(part)
+    manifest.update(kind="dynamic", graph="dynamic/graph.hexir", blobs=blobs, steps=steps)
+    if modules:
+        _native_entries(modules, module.target, manifest, entries)
+    entries["manifest.json"] = json.dumps(manifest, indent=1).encode()
+    _write_zip(path, entries)
+    return path
+
+
+def _graph_entries(graph: Graph, prefix: str, entries: dict[str, bytes]) -> dict[str, str]:
+    """Add `graph` (hexir text, constants by name) and its constants' blobs to `entries`
+    under `prefix`; each constant's entry by name."""
+    entries[f"{prefix}graph.hexir"] = str(graph).encode()
+    blobs: dict[str, str] = {}
+    for i, (name, data) in enumerate(graph.constants):
+        blobs[name] = f"{prefix}constants/{i}.npy"
+        entries[blobs[name]] = _npy(data.array)
+    return blobs
+
+
+def _load_dynamic(
+    archive: zipfile.ZipFile,
+    manifest: dict,
+    target: Target,
+    runner_library: Path | None,
+    binder_library: Path | None,
+) -> DynamicModule:
+    from hexir.ops.parse import parse_graph
+    from hexir.runtime.dynamic_module import Step
+    from hexir.runtime.symbolic_module import SymbolicModule
+
+    blobs = {name: _read_npy(archive, entry) for name, entry in manifest["blobs"].items()}
+    compiled = parse_graph(archive.read(manifest["graph"]).decode(), constants=blobs)
+    steps = []
+    for part in manifest["steps"]:
+        how, runner = part["how"], None
+        if how == "kernel":
+            runner = _load_kernel(archive, part["kernel"], target)
+        elif how != "view":
+            group = parse_graph(archive.read(part["group"]).decode(), constants=blobs)
+            runner = SymbolicModule(group, target)
+            for bucket in part["buckets"]:
+                key = tuple((str(n), int(size)) for n, size in bucket["sizes"])
+                runner.specializations[key] = _load_module(
+                    archive, bucket["module"], target, runner_library, binder_library
+                )
+        inputs, outputs = tuple(part["inputs"]), tuple(part["outputs"])
+        steps.append(Step(how, part["name"], inputs, outputs, runner))
+    return DynamicModule.of_steps(compiled, target, steps)
+
+
+def load(path: str | Path) -> Module | CompiledProgram | DynamicModule:
     """The module or compiled program in the artifact at `path`, checked against this hexir
     and this machine."""
     from hexir.runtime.vm import CompiledProgram, Program
@@ -114,6 +208,8 @@ def load(path: str | Path) -> Module | CompiledProgram:
         binder_image = archive.read(entry["image"]) if usable else None
         runner_library = _image_file(runner_image, ".so") if runner_image is not None else None
         binder_library = _image_file(binder_image, ".so") if binder_image is not None else None
+        if manifest["kind"] == "dynamic":
+            return _load_dynamic(archive, manifest, target, runner_library, binder_library)
         modules = [
             _load_module(archive, part, target, runner_library, binder_library)
             for part in manifest["modules"]
@@ -172,11 +268,7 @@ def _header(t: Target) -> dict[str, object]:
 def _module_entries(module: Module, prefix: str, entries: dict[str, bytes]) -> dict[str, object]:
     """Add `module`'s graph, constants and kernels to `entries` under `prefix`; its part of
     the manifest."""
-    entries[f"{prefix}graph.hexir"] = str(module.graph).encode()
-    blobs: dict[str, str] = {}
-    for i, (name, data) in enumerate(module.graph.constants):
-        blobs[name] = f"{prefix}constants/{i}.npy"
-        entries[blobs[name]] = _npy(data.array)
+    blobs = _graph_entries(module.graph, prefix, entries)
     kernels = [
         _kernel_entry(f"{prefix}kernels/{i}", kernel, module.target, entries)
         for i, kernel in enumerate(module.kernels)

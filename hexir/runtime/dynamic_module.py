@@ -33,10 +33,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from hexir.errors import ArtifactError, HexirError
+from hexir.errors import HexirError
 from hexir.graph.evaluate import input_sizes, inputs_by_name
 from hexir.graph.specialize import graph_symbols
 from hexir.ir.dtype import itemsize, numpy_dtype
@@ -87,6 +88,29 @@ class DynamicModule:
             if op.kind == "constant"
         }
         self.steps = [self._step(group, is_view(group)) for group in partition(self.compiled)]
+        self._planned()
+
+    @classmethod
+    def of_steps(
+        cls, compiled: Graph, target: Target, steps: list[Step], database: object = None
+    ) -> DynamicModule:
+        """A module of steps already made (an artifact's, hexir/runtime/artifact.py): its
+        graph is the compiled one, whose inputs and outputs are the original graph's."""
+        module = cls.__new__(cls)
+        module.graph = module.compiled = compiled
+        module.target, module.database = target, database
+        module.symbols = tuple(sorted(graph_symbols(compiled)))
+        module.values = _values(compiled)
+        module.constants = {
+            op.result.name: compiled.constant(str(op.attr("name")))
+            for op in compiled.ops
+            if op.kind == "constant"
+        }
+        module.steps = steps
+        module._planned()
+        return module
+
+    def _planned(self) -> None:
         self.slots, self.slot_of = _plan(self.steps, {v.name for v in self.compiled.outputs})
         self._arena = np.empty(0, np.uint8)
 
@@ -205,12 +229,13 @@ class DynamicModule:
             total += -(-max(max(self._nbytes(n, sizes) for n in members), 1) // ALIGNMENT)
         return total * ALIGNMENT
 
-    def save(self, path: object) -> None:
-        raise ArtifactError(
-            f"a module compiled once for every size of {', '.join(self.symbols)} is not saved "
-            "as an artifact yet (its bucketed steps compile as they run): save a specialization "
-            "of hexir.compile(graph), or compile the graph again where it runs"
-        )
+    def save(self, path: str | Path) -> Path:
+        """Write the module to `path` as one artifact (hexir/runtime/artifact.py): its kernels
+        of symbolic extents, and each bucketed step's graph with the buckets compiled so far;
+        loaded, it runs every size, compiling only a bucket that no run had reached."""
+        from hexir.runtime.artifact import save
+
+        return save(self, path)
 
     def __repr__(self) -> str:
         counts: dict[str, int] = {}

@@ -9,7 +9,7 @@ import pytest
 from test_symbolic_module import _block, _numpy
 
 import hexir
-from hexir.errors import ArtifactError, HexirError, TypeInferenceError
+from hexir.errors import HexirError, TypeInferenceError
 from hexir.frontend.zoo_transformer import gpt2_small
 from hexir.runtime.dynamic_module import DynamicModule
 
@@ -82,5 +82,31 @@ def test_inputs_that_do_not_fit_and_targets_it_does_not_run_on_are_refused(tmp_p
         module.run([np.zeros((2, 7, 32), np.float32), np.zeros((1, 4, 16), np.float32)])
     with pytest.raises(HexirError, match="runs on the CPU"):
         hexir.compile(graph, target="cuda", dynamic=True)
-    with pytest.raises(ArtifactError, match="compiled once"):
-        module.save(tmp_path / "m.hxa")
+
+
+def test_an_artifact_runs_every_size_without_compiling_what_it_holds(tmp_path, monkeypatch):
+    rng = np.random.default_rng()
+    graph, weights = _block(rng)
+    module = hexir.compile(graph, dynamic=True)
+    x = rng.standard_normal((1, 17, 32)).astype(np.float32)
+    p = rng.standard_normal((1, 5, 16)).astype(np.float32)
+    (before,) = module.run([x, p])  # compiles the contraction's bucket of 17: 32
+    path = module.save(tmp_path / "block.hxa")
+    loaded = hexir.runtime.load(path)
+    assert isinstance(loaded, DynamicModule) and loaded.symbols == ("past", "seq")
+    assert [s.how for s in loaded.steps] == [s.how for s in module.steps]
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled after loading")
+
+    with monkeypatch.context() as m:
+        m.setattr("hexir.runtime.executor.compile", no_compile)
+        m.setattr("hexir.runtime.build.compile_c", no_compile)
+        (after,) = loaded.run([x, p])
+        np.testing.assert_array_equal(after, before)
+        x30 = rng.standard_normal((1, 30, 32)).astype(np.float32)  # the same bucket
+        (out,) = loaded.run([x30, p[:, :2]])
+        np.testing.assert_allclose(out, _numpy(x30, p[:, :2], *weights), rtol=1e-4, atol=1e-5)
+    x200 = rng.standard_normal((1, 200, 32)).astype(np.float32)  # a new bucket compiles
+    (out,) = loaded.run([x200, p])
+    np.testing.assert_allclose(out, _numpy(x200, p, *weights), rtol=1e-4, atol=1e-5)
