@@ -293,32 +293,51 @@ def _issue_mix(body, threads: dict[Var, str], lanes):  # noqa: ANN001, ANN202
 
 @dataclass(frozen=True)
 class _Update:
-    block: Block
-    bindings: dict  # the block's iter vars -> their bindings in loop vars
+    block: Block | BufferStore  # a block, or a store outside blocks (the flash nest's)
+    bindings: dict  # the enclosing blocks' iter vars -> their bindings in loop vars
 
 
-def _update(stmt, loops: list[For], bound: dict | None = None):  # noqa: ANN001, ANN202
-    bound = bound or {}
+def _update(stmt, loops: list[For]):  # noqa: ANN001, ANN202
+    """The contraction's update (a block, or a store outside blocks, whose value multiplies
+    two loads, at least one from shared or global memory, the other maybe a register) and
+    the loops around it; of several (the flash nest's scores, values and output), the one
+    that runs the most times: the kernel's inner loop."""
+    found = list(_updates(stmt, loops, {}))
+    return max(found, key=lambda f: math.prod(lp.extent for lp in f[1]), default=None)
+
+
+def _updates(stmt, loops: list[For], bound: dict):  # noqa: ANN001, ANN202
     if isinstance(stmt, For):
-        return _update(stmt.body, [*loops, stmt], bound)
+        yield from _updates(stmt.body, [*loops, stmt], bound)
+        return
     if isinstance(stmt, Block):
         bound = bound | {iv.var: substitute(iv.binding, bound) for iv in stmt.iter_vars}
         if len(_memory_loads(stmt)) >= 2:
             if any(isinstance(n, Binary) and n.op == "*" for n in walk(stmt.body)):
-                return _Update(stmt, bound), loops
+                yield _Update(stmt, bound), loops
+                return
+    if isinstance(stmt, BufferStore) and _multiplies_memory(stmt.value):
+        yield _Update(stmt, bound), loops
     for child in sub_stmts(stmt):
-        found = _update(child, loops, bound)
-        if found is not None:
-            return found
-    return None
+        yield from _updates(child, loops, bound)
 
 
-def _memory_loads(block: Block | _Update) -> list[BufferLoad]:
+def _multiplies_memory(value: Expr) -> bool:
+    """Whether `value` multiplies two loads, one of them from shared or global memory."""
+    for n in walk(value):
+        if isinstance(n, Binary) and n.op == "*":
+            loads = [x for x in (n.a, n.b) if isinstance(x, BufferLoad)]
+            if len(loads) == 2 and any(x.buffer.scope != "local" for x in loads):
+                return True
+    return False
+
+
+def _memory_loads(block: Block | BufferStore | _Update) -> list[BufferLoad]:
     """The distinct loads of `block` from shared or global memory (not registers)."""
     if isinstance(block, _Update):
         block = block.block
     loads: dict[tuple, BufferLoad] = {}
-    for n in walk(block.body):
+    for n in walk(block.body if isinstance(block, Block) else block.value):
         if isinstance(n, BufferLoad) and n.buffer.scope in ("shared", "global"):
             loads.setdefault((n.buffer.name, n.indices), n)
     return list(loads.values())
