@@ -63,6 +63,12 @@ def add_parsers(verbs: argparse._SubParsersAction, parent: argparse.ArgumentPars
         "--report", choices=("text", "json"), default="text",
         help="json: the build report as one JSON object on stdout",
     )  # fmt: skip
+    p.add_argument(
+        "--dynamic", action="store_true",
+        help="compile once for every size of the model's symbolic dims (an .onnx model's "
+        "dim_params not given by --dim, a .hexir's {seq}): kernels that take the sizes at run "
+        "time, contractions per bucket of them (`hexir run FILE --dim NAME=SIZE` runs it)",
+    )  # fmt: skip
     add_dim_argument(p)
     p.set_defaults(handler=cmd_build)
 
@@ -94,8 +100,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     import hexir
 
     target = resolve_target(args.target)
-    subject = load_graph(args.model, "build", args.dim)
+    subject = load_graph(args.model, "build", args.dim, symbolic=args.dynamic)
     output = Path(args.output or f"{subject.stem}.hxa")
+    if args.dynamic:
+        return _build_dynamic(subject, target, output, args)
     # An explicit --db must exist; the default one is used where a tune made it.
     db = require_database(args.db) if args.db else open_database(DEFAULT_DB, create=False)
     before = _record_count(db)
@@ -130,6 +138,48 @@ def cmd_build(args: argparse.Namespace) -> int:
         f"{tuned} of {len(tasks)} tasks tuned, {len(tasks) - tuned} default; "
         f"{len(module.kernels)} kernels, {len(module.commands)} commands; no search, "
         f"{'no' if after == before else after - before} measurements"
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+def _build_dynamic(subject, target, output: Path, args: argparse.Namespace) -> int:  # noqa: ANN001
+    """`hexir build --dynamic`: a DynamicModule, saved; its steps summed up."""
+    import hexir
+    from hexir.errors import HexirError
+    from hexir.graph.specialize import graph_symbols
+
+    if not graph_symbols(subject.model):
+        raise HexirError(
+            f"{subject.text} has no symbolic dims (every size is fixed, or given by --dim), so "
+            "there is nothing to compile for every size: drop --dynamic"
+        )
+    db = require_database(args.db) if args.db else open_database(DEFAULT_DB, create=False)
+    module = hexir.compile(subject.model, target, database=db, dynamic=True)
+    path = module.save(output)
+    counts = {
+        how: sum(s.how == how for s in module.steps) for how in ("kernel", "buckets", "exact")
+    }
+    summary = {
+        "model": subject.text,
+        "target": str(target),
+        "symbols": list(module.symbols),
+        "kernels": counts["kernel"],
+        "bucketed": counts["buckets"],
+        "exact": counts["exact"],
+        "memory_slots": len(module.slots),
+        "output": str(path),
+    }
+    if args.report == "json":
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(
+        f"built {subject.text} for {target} ({target.key}), dynamic in {', '.join(module.symbols)}"
+    )
+    print(
+        f"{counts['kernel']} kernels compiled once for every size; {counts['buckets']} "
+        f"contraction groups compiled per bucket of their sizes as they run, "
+        f"{counts['exact']} per exact size; {len(module.slots)} memory slots"
     )
     print(f"wrote {path}")
     return 0

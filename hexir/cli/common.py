@@ -123,6 +123,7 @@ def load_subject(
     text: str,
     dims: list[tuple[str, int]] | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
+    symbolic: bool = False,
 ) -> Subject:
     """A model (zoo name, .hexir, .onnx; an .onnx's symbolic dims sized by `dims` and
     `input_shapes`, see `hexir.frontend.onnx_import`) or a workload spec."""
@@ -139,9 +140,10 @@ def load_subject(
     twice = sorted({n for n in named if named.count(n) > 1})
     if twice:
         raise HexirError(f"--dim sizes {', '.join(twice)} more than once: give each dim once")
-    return Subject(
-        text, graph=hexir.load_model(text, dims=dict(dims or ()), input_shapes=input_shapes)
+    graph = hexir.load_model(
+        text, dims=dict(dims or ()), input_shapes=input_shapes, symbolic=symbolic
     )
+    return Subject(text, graph=graph)
 
 
 def load_graph(
@@ -149,6 +151,7 @@ def load_graph(
     verb: str,
     dims: list[tuple[str, int]] | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
+    symbolic: bool = False,
 ) -> Subject:
     """A model, refusing a workload spec (verbs that compile or export a whole graph)."""
     if is_workload_spec(text):
@@ -158,7 +161,7 @@ def load_graph(
             f"schedule with `hexir show {text} --schedule best`, and run it with the tuned "
             f"schedule with `hexir run {text} --db URL`."
         )
-    return load_subject(text, dims, input_shapes)
+    return load_subject(text, dims, input_shapes, symbolic)
 
 
 def default_target() -> str:

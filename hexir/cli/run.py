@@ -93,7 +93,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_flags(args)
     if is_workload_spec(args.what):
         return _run_workload(args)
+    from hexir.runtime.dynamic_module import DynamicModule
+
     module = _module(args)
+    if isinstance(module, DynamicModule):  # an artifact compiled once for every size
+        return _run_dynamic(module, args)
     inputs = _graph_inputs(module.graph, args)
     outputs = module.run(inputs)
     tuned = sum(r.schedule == "tuned" for r in module.report)
@@ -144,9 +148,12 @@ def _module(args: argparse.Namespace) -> Module:
                 "model (not the artifact) to compile it again"
             )
         import hexir.runtime
+        from hexir.runtime.dynamic_module import DynamicModule
         from hexir.runtime.module import Module
 
         loaded = hexir.runtime.load(path)
+        if isinstance(loaded, DynamicModule):
+            return loaded  # type: ignore[return-value]
         if not isinstance(loaded, Module):
             count = len(loaded.modules())
             raise HexirError(
@@ -162,6 +169,61 @@ def _module(args: argparse.Namespace) -> Module:
     subject = load_graph(args.what, "run", args.dim, _input_shapes(args))
     db = require_database(args.db) if args.db else None
     return hexir.compile(subject.model, target, database=db)
+
+
+def _run_dynamic(module, args: argparse.Namespace) -> int:  # noqa: ANN001
+    """An artifact `hexir build --dynamic` wrote: run at the sizes --dim gives its symbols
+    (or the --inputs' shapes give them)."""
+    from hexir.graph.specialize import specialize
+    from hexir.ir.symbolic import Sym
+
+    if args.profile:
+        raise HexirError(
+            f"{args.what} is compiled once for every size of {', '.join(module.symbols)}; "
+            "--profile times a module of fixed sizes: use --bench, or build and profile the "
+            "model at its sizes (hexir run MODEL --dim NAME=SIZE --profile)"
+        )
+    sizes = dict(args.dim)
+    if args.inputs is None:
+        missing = [s for s in module.symbols if s not in sizes]
+        if missing:
+            dims = " ".join(f"--dim {s}=SIZE" for s in missing)
+            raise HexirError(
+                f"{args.what} runs at any size of {', '.join(module.symbols)}: give the "
+                f"sizes to run at ({dims}), or the inputs (--inputs FILE.npz)"
+            )
+        rng = np.random.default_rng(args.seed)
+        inputs = [
+            random_array(
+                tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in v.type.shape),
+                v.type.dtype,
+                rng,
+            )
+            for v in module.graph.inputs
+        ]
+    else:
+        inputs = read_inputs(args.inputs, [v.name for v in module.graph.inputs])
+    outputs = module.run(inputs)
+    from hexir.graph.evaluate import input_sizes
+
+    sizes = input_sizes(module.graph, inputs)
+    counts = {how: sum(s.how == how for s in module.steps) for how in ("kernel", "buckets")}
+    print(f"model      {module.graph.name} ({args.what})")
+    print(f"target     {module.target} ({module.target.key})")
+    print(
+        f"dynamic    {counts['kernel']} kernels compiled once, {counts['buckets']} contraction "
+        f"groups per bucket; run at {', '.join(f'{k} = {v}' for k, v in sorted(sizes.items()))}"
+    )
+    print(f"inputs     {args.inputs or f'random, seed {args.seed}'}")
+    for value, array in zip(module.graph.outputs, outputs, strict=True):
+        print(f"output     {value.name}  {summary(array)}")
+    ok = True
+    if args.check:
+        ok = _check(specialize(module.graph, sizes), inputs, outputs)
+    if args.bench:
+        seconds = bench(module, inputs, args.repeats or 10)
+        print(f"bench      {seconds * 1e3:.3f} ms end to end (median of {args.repeats or 10})")
+    return 0 if ok else 1
 
 
 def _input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:

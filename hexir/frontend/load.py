@@ -22,10 +22,12 @@ def load_model(
     *,
     dims: Mapping[str, int] | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    symbolic: bool = False,
 ) -> Graph:
     """A zoo model by name (`resnet18`, ...; see `hexir.frontend.zoo`), or a `.hexir` or
-    `.onnx` file. `dims` and `input_shapes` fix an ONNX model's symbolic dims (`import_onnx`);
-    the zoo's models and .hexir files have static shapes, and refuse them."""
+    `.onnx` file. `dims` and `input_shapes` fix an ONNX model's symbolic dims (`import_onnx`),
+    `symbolic` keeps those they leave free; the zoo's models and .hexir files have the shapes
+    their text gives, and refuse `dims`."""
     text = os.fspath(name_or_path)
     name = _zoo_name(text)
     path = Path(text)
@@ -33,7 +35,7 @@ def load_model(
     if suffix == ".onnx":
         from hexir.frontend.onnx_import import import_onnx
 
-        return import_onnx(path, dims=dims, input_shapes=input_shapes)
+        return import_onnx(path, dims=dims, input_shapes=input_shapes, symbolic=symbolic)
     if dims or input_shapes:
         given = ", ".join([*(dims or {}), *(input_shapes or {})])
         raise ModelError(

@@ -35,6 +35,7 @@ def test_one_compile_runs_every_size_of_two_symbols():
     assert [step.runner for step in module.steps if step.how == "kernel"] == kernels
 
 
+@pytest.mark.slow  # two compiles of a 2-layer GPT-2 and three buckets each: 6.6 s
 def test_a_small_gpt2_compiled_once_computes_what_the_bucketed_module_does():
     graph = gpt2_small(seq="seq", layers=2, hidden=64, heads=4, vocab=300)
     dynamic, bucketed = hexir.compile(graph, dynamic=True), hexir.compile(graph)

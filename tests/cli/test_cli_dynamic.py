@@ -1,0 +1,61 @@
+"""`hexir build MODEL --dynamic`: a model with symbolic dims compiled once into an artifact
+that `hexir run FILE --dim NAME=SIZE` runs at any size; what it cannot do is refused in a
+paragraph, without a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import run_hexir, save_tiny_mlp
+
+import hexir
+from hexir.frontend.load import save_model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """block.hexir: x [1, {seq}, 64] -> matmul -> softmax -> layer_norm, built --dynamic into
+    block.hxa; tiny.hexir, a model of fixed sizes."""
+    folder = tmp_path_factory.mktemp("dynamic")
+    rng = np.random.default_rng(0)
+    b = hexir.GraphBuilder("block")
+    x = b.input("x", (1, "seq", 64))
+    w = b.constant(rng.standard_normal((64, 64)).astype(np.float32))
+    gamma, beta = (b.constant(rng.standard_normal(64).astype(np.float32)) for _ in range(2))
+    y = b.softmax(b.matmul(b.reshape(x, (-1, 64)), w))
+    save_model(b.build(b.layer_norm(y, gamma, beta, epsilon=1e-5)), folder / "block.hexir")
+    save_tiny_mlp(folder)
+    done = run_hexir(folder, "build", "block.hexir", "--dynamic", "--target", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert "dynamic in seq" in done.stdout and "wrote block.hxa" in done.stdout
+    assert "2 kernels compiled once for every size; 1 contraction groups" in done.stdout
+    return folder
+
+
+@pytest.mark.slow  # three runs in subprocesses, each compiling a bucket: 2-3 s
+def test_the_artifact_runs_any_size_and_matches_numpy(folder):
+    for n in (17, 300):
+        done = run_hexir(folder, "run", "block.hxa", "--dim", f"seq={n}", "--check")
+        assert done.returncode == 0, done.stderr
+        assert f"run at seq = {n}" in done.stdout and "matches numpy" in done.stdout
+        assert f"{n}x64 float32" in done.stdout
+    np.savez(folder / "in.npz", x=np.random.default_rng().random((1, 5, 64), np.float32))
+    done = run_hexir(folder, "run", "block.hxa", "--inputs", "in.npz", "--check", "--bench")
+    assert done.returncode == 0, done.stderr
+    assert "run at seq = 5" in done.stdout and "bench" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "block.hxa"], "runs at any size of seq: give the sizes to run at (--dim seq"),
+        (["run", "block.hxa", "--dim", "seq=4", "--profile"], "--profile times a module of"),
+        (["build", "tiny.hexir", "--dynamic"], "has no symbolic dims"),
+    ],
+)
+def test_what_a_dynamic_build_cannot_do_is_refused_in_a_paragraph(folder, args, message):
+    done = run_hexir(folder, *args)
+    assert done.returncode != 0
+    assert message in done.stderr and "Traceback" not in done.stderr
