@@ -129,8 +129,13 @@ class CpuKernel:
             return {}
         params = self.func.params
         shapes = [getattr(a, "shape", ()) for a in arrays]
-        known = {n: s for n, s in (known or {}).items() if n in self._symbols}
-        sizes, problems = bind_sizes([(b.name, b.shape) for b in params], shapes, known)
+        if known is not None and all(known.get(n, 0) >= 1 for n in self._symbols):
+            # Every size given (a DynamicModule's run): the arrays' shapes are checked against
+            # the extents at those sizes by the caller (`_check`), without binding them again.
+            sizes, problems = {n: int(known[n]) for n in self._symbols}, []
+        else:
+            known = {n: s for n, s in (known or {}).items() if n in self._symbols}
+            sizes, problems = bind_sizes([(b.name, b.shape) for b in params], shapes, known)
         for buffer, shape in zip(params, shapes, strict=True):
             if not problems and math.prod(shape) > 2**31 - 1:
                 problems.append(f"{buffer.name} has {math.prod(shape)} elements, past 2^31 - 1")
