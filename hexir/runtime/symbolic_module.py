@@ -18,8 +18,10 @@ A symbol the graph reads across (a mean over it, a concat along it) runs at its 
 sizes. Each size the module runs at is compiled on its first run there: the graph
 specialized, then `hexir.compile` as for any graph (the database's records for those
 workloads, which are the bucket's, else default schedules; kernels from the build cache).
-A kernel with symbolic extents, compiled once for every size, is the step after this
-(issue 16). A module with symbols is not saved as an artifact: save a specialization.
+Kernels of symbolic extents, compiled once for every size, are the other way to run such a
+graph: `hexir.compile(graph, dynamic=True)`, a DynamicModule (hexir/runtime/dynamic_module.py),
+which runs its own contractions through SymbolicModules of their groups. A SymbolicModule is
+not saved as an artifact: save a specialization (or the DynamicModule).
 """
 
 from __future__ import annotations
