@@ -101,21 +101,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     inputs = _graph_inputs(module.graph, args)
     outputs = module.run(inputs)
     tuned = sum(r.schedule == "tuned" for r in module.report)
-    print(f"model      {module.graph.name} ({args.what})")
-    print(f"target     {module.target} ({module.target.key})")
-    print(
+    line = (
         f"kernels    {len(module.kernels)} for {len(module.commands)} commands; schedules: "
         f"{tuned} tuned, {len(module.report) - tuned} default"
     )
-    print(f"inputs     {args.inputs or f'random, seed {args.seed}'}")
-    for value, array in zip(module.graph.outputs, outputs, strict=True):
-        print(f"output     {value.name}  {summary(array)}")
-    ok = True
-    if args.check:
-        ok = _check(module.graph, inputs, outputs)
-    if args.bench:
-        seconds = bench(module, inputs, args.repeats or 10)
-        print(f"bench      {seconds * 1e3:.3f} ms end to end (median of {args.repeats or 10})")
+    ok = _report_run(module, args, line, inputs, outputs, module.graph)
     if args.profile:
         print()
         print(module.profile(inputs, repeats=args.repeats or 10))
@@ -208,22 +198,36 @@ def _run_dynamic(module, args: argparse.Namespace) -> int:  # noqa: ANN001
 
     sizes = input_sizes(module.graph, inputs)
     counts = {how: sum(s.how == how for s in module.steps) for how in ("kernel", "buckets")}
-    print(f"model      {module.graph.name} ({args.what})")
-    print(f"target     {module.target} ({module.target.key})")
-    print(
+    line = (
         f"dynamic    {counts['kernel']} kernels compiled once, {counts['buckets']} contraction "
         f"groups per bucket; run at {', '.join(f'{k} = {v}' for k, v in sorted(sizes.items()))}"
     )
+    ok = _report_run(module, args, line, inputs, outputs, specialize(module.graph, sizes))
+    return 0 if ok else 1
+
+
+def _report_run(
+    module,  # noqa: ANN001 - a Module or a DynamicModule
+    args: argparse.Namespace,
+    line: str,
+    inputs: list[np.ndarray],
+    outputs: list[np.ndarray],
+    reference: Graph,
+) -> bool:
+    """Print a run: the model, its target, `line` (how it is compiled), the inputs and each
+    output; with --check, against numpy's evaluation of `reference`; with --bench, timed.
+    Whether the check passed (True without one)."""
+    print(f"model      {module.graph.name} ({args.what})")
+    print(f"target     {module.target} ({module.target.key})")
+    print(line)
     print(f"inputs     {args.inputs or f'random, seed {args.seed}'}")
     for value, array in zip(module.graph.outputs, outputs, strict=True):
         print(f"output     {value.name}  {summary(array)}")
-    ok = True
-    if args.check:
-        ok = _check(specialize(module.graph, sizes), inputs, outputs)
+    ok = _check(reference, inputs, outputs) if args.check else True
     if args.bench:
         seconds = bench(module, inputs, args.repeats or 10)
         print(f"bench      {seconds * 1e3:.3f} ms end to end (median of {args.repeats or 10})")
-    return 0 if ok else 1
+    return ok
 
 
 def _input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:

@@ -168,8 +168,7 @@ def _load_dynamic(
     from hexir.runtime.dynamic_module import Step
     from hexir.runtime.symbolic_module import SymbolicModule
 
-    blobs = {name: _read_npy(archive, entry) for name, entry in manifest["blobs"].items()}
-    compiled = parse_graph(archive.read(manifest["graph"]).decode(), constants=blobs)
+    compiled, blobs = _read_graph(archive, manifest)
     steps = []
     for part in manifest["steps"]:
         how, runner = part["how"], None
@@ -227,10 +226,7 @@ def _load_module(
     runner_library: Path | None,
     binder_library: Path | None,
 ) -> Module:
-    from hexir.ops.parse import parse_graph
-
-    blobs = {name: _read_npy(archive, entry) for name, entry in part["blobs"].items()}
-    graph = parse_graph(archive.read(part["graph"]).decode(), constants=blobs)
+    graph, _ = _read_graph(archive, part)
     kernels = [_load_kernel(archive, k, target) for k in part["kernels"]]
     commands = [Command(int(k), tuple(args), int(n)) for k, args, n in part["commands"]]
     constants = {
@@ -406,6 +402,15 @@ def _check_target(data: dict, path: Path) -> Target:
             f"for target 'cuda -arch={arch}'"
         )
     return Target(str(data["text"]))
+
+
+def _read_graph(archive: zipfile.ZipFile, part: dict) -> tuple[Graph, dict[str, np.ndarray]]:
+    """The graph a part of the manifest names (`graph`, its constants' `blobs`), and the
+    blobs by constant name."""
+    from hexir.ops.parse import parse_graph
+
+    blobs = {name: _read_npy(archive, entry) for name, entry in part["blobs"].items()}
+    return parse_graph(archive.read(part["graph"]).decode(), constants=blobs), blobs
 
 
 def _read_npy(archive: zipfile.ZipFile, entry: str) -> np.ndarray:
