@@ -94,10 +94,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if is_workload_spec(args.what):
         return _run_workload(args)
     from hexir.runtime.dynamic_module import DynamicModule
+    from hexir.runtime.symbolic_module import SymbolicModule
 
     module = _module(args)
     if isinstance(module, DynamicModule):  # an artifact compiled once for every size
         return _run_dynamic(module, args)
+    if isinstance(module, SymbolicModule):  # sizes neither given by --dim nor by --inputs
+        dims = " ".join(f"--dim {s}=SIZE" for s in module.symbols)
+        raise HexirError(
+            f"{args.what} has symbolic dims ({', '.join(module.symbols)}): give the sizes to run "
+            f"at ({dims}) or the inputs (--inputs FILE.npz), or build it for every size "
+            f"(hexir build {args.what} --dynamic)"
+        )
     inputs = _graph_inputs(module.graph, args)
     outputs = module.run(inputs)
     tuned = sum(r.schedule == "tuned" for r in module.report)
@@ -231,14 +239,20 @@ def _report_run(
 
 
 def _input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
-    """An .onnx model run on --inputs: each input's shape, from its array; they size the
-    model's symbolic dims (hexir.frontend.onnx_import)."""
+    """An .onnx or .hexir model run on --inputs: each input's shape, from its array; they
+    size the model's symbolic dims (hexir.frontend.load)."""
     path = Path(args.what)
-    if args.inputs is None or path.suffix.lower() != ".onnx" or not path.is_file():
+    suffix = path.suffix.lower()
+    if args.inputs is None or suffix not in (".onnx", ".hexir") or not path.is_file():
         return None
-    from hexir.frontend.onnx_import import input_names
+    if suffix == ".hexir":
+        import hexir
 
-    names = input_names(path)
+        names = [v.name for v in hexir.load_model(path).inputs]
+    else:
+        from hexir.frontend.onnx_import import input_names
+
+        names = input_names(path)
     return {n: a.shape for n, a in zip(names, read_inputs(args.inputs, names), strict=True)}
 
 

@@ -26,8 +26,9 @@ def load_model(
 ) -> Graph:
     """A zoo model by name (`resnet18`, ...; see `hexir.frontend.zoo`), or a `.hexir` or
     `.onnx` file. `dims` and `input_shapes` fix an ONNX model's symbolic dims (`import_onnx`),
-    `symbolic` keeps those they leave free; the zoo's models and .hexir files have the shapes
-    their text gives, and refuse `dims`."""
+    `symbolic` keeps those they leave free. A .hexir file with symbolic dims (`{seq}`) is
+    specialized to the sizes `dims` and `input_shapes` give its symbols, all of them (or kept
+    symbolic without any); the zoo's models have fixed shapes, and refuse them."""
     text = os.fspath(name_or_path)
     name = _zoo_name(text)
     path = Path(text)
@@ -36,6 +37,8 @@ def load_model(
         from hexir.frontend.onnx_import import import_onnx
 
         return import_onnx(path, dims=dims, input_shapes=input_shapes, symbolic=symbolic)
+    if suffix == ".hexir" and name is None:
+        return _sized(load_hexir(path), text, dims or {}, input_shapes or {})
     if dims or input_shapes:
         given = ", ".join([*(dims or {}), *(input_shapes or {})])
         raise ModelError(
@@ -52,6 +55,40 @@ def load_model(
             "of file (by their suffix) and the zoo's models by name."
         )
     raise ModelError(_unknown(text))
+
+
+def _sized(
+    graph: Graph, text: str, dims: Mapping[str, int], shapes: Mapping[str, Sequence[int]]
+) -> Graph:
+    """A .hexir model at the sizes given to its symbols (as it is without any)."""
+    from hexir.graph.specialize import graph_symbols, specialize, symbol_sizes
+
+    if not dims and not shapes:
+        return graph
+    symbols = graph_symbols(graph)
+    if not symbols:
+        given = ", ".join([*dims, *shapes])
+        raise ModelError(
+            f"{text} has static shapes: sizes for symbolic dims or input shapes ({given}) apply "
+            "only to a model with symbolic dims (an .onnx exported with dynamic axes, a .hexir "
+            "with {seq}); drop them"
+        )
+    sizes = dict(dims)
+    if shapes:
+        missing = [v.name for v in graph.inputs if v.name not in shapes]
+        if missing:
+            raise ModelError(f"{text}: no input shape for {', '.join(missing)}")
+        sizes.update(symbol_sizes(graph, shapes))
+    unknown = sorted(set(sizes) - symbols)
+    missing = sorted(symbols - set(sizes))
+    if unknown or missing:
+        raise ModelError(
+            f"{text} has the symbolic dims {', '.join(sorted(symbols))}: "
+            + (f"it has no {', '.join(unknown)}; " if unknown else "")
+            + (f"give {' '.join(f'--dim {m}=SIZE' for m in missing)}" if missing else "")
+            + " (every one of them, or none with `hexir build --dynamic`)"
+        )
+    return specialize(graph, sizes)
 
 
 def _zoo_name(text: str) -> str | None:

@@ -47,10 +47,24 @@ def test_the_artifact_runs_any_size_and_matches_numpy(folder):
     assert "run at seq = 5" in done.stdout and "bench" in done.stdout
 
 
+@pytest.mark.slow  # two compiles in subprocesses: 2-3 s
+def test_the_model_file_itself_runs_at_the_sizes_given(folder):
+    done = run_hexir(folder, "run", "block.hexir", "--dim", "seq=6", "--check")
+    assert done.returncode == 0, done.stderr
+    assert "6x64 float32" in done.stdout and "matches numpy" in done.stdout
+    np.savez(folder / "in3.npz", x=np.random.default_rng().random((1, 3, 64), np.float32))
+    done = run_hexir(folder, "run", "block.hexir", "--inputs", "in3.npz", "--check")
+    assert done.returncode == 0, done.stderr
+    assert "3x64 float32" in done.stdout and "matches numpy" in done.stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["run", "block.hxa"], "runs at any size of seq: give the sizes to run at (--dim seq"),
+        (["run", "block.hexir"], "has symbolic dims (seq): give the sizes to run at (--dim seq"),
+        (["run", "block.hexir", "--dim", "len=3"], "has the symbolic dims seq: it has no len"),
+        (["run", "tiny.hexir", "--dim", "seq=3"], "tiny.hexir has static shapes"),
         (["run", "block.hxa", "--dim", "seq=4", "--profile"], "--profile times a module of"),
         (["build", "tiny.hexir", "--dynamic"], "has no symbolic dims"),
     ],
