@@ -42,7 +42,7 @@ from hexir.graph.evaluate import input_sizes, inputs_by_name
 from hexir.graph.specialize import graph_symbols
 from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, Value
-from hexir.ir.symbolic import Dim, Sym
+from hexir.ir.symbolic import Dim, Sym, SymbolicError, format_dim
 from hexir.runtime.target import Target
 
 __all__ = ["DynamicModule"]
@@ -236,6 +236,38 @@ class DynamicModule:
         from hexir.runtime.artifact import save
 
         return save(self, path)
+
+    def program(self) -> str:
+        """The module as it runs, one line a step: each value it writes, with its shape (a
+        shape function of the symbols) and, for an intermediate, its memory slot; then each
+        slot's size, the largest of its members' (evaluated at every run)."""
+        lines = [f"dynamic module @{self.graph.name} ({', '.join(self.symbols)})"]
+        for i, step in enumerate(self.steps):
+            outs = ", ".join(f"%{n}" for n in step.outputs)
+            args = ", ".join(f"%{n}" for n in step.inputs if n not in self.constants)
+            where = [
+                f"%{n}: {'x'.join(map(format_dim, self.values[n].type.shape))}"
+                + (f" @slot{self.slot_of[n]}" if n in self.slot_of else "")
+                for n in step.outputs
+            ]
+            lines.append(
+                f"  {i:>3}  {step.how:<7} {outs} = {step.name}({args})  {'; '.join(where)}"
+            )
+        for k, members in enumerate(self.slots):
+            sizes = ", ".join(self._bytes(n) for n in members)
+            lines.append(f"  slot{k}: max({sizes}) bytes")
+        return "\n".join(lines)
+
+    def _bytes(self, name: str) -> str:
+        """A value's bytes as an expression of the symbols."""
+        t = self.values[name].type
+        total: Dim = itemsize(t.dtype)
+        try:
+            for d in t.shape:
+                total = total * d
+        except SymbolicError:  # a product of two symbols: written out
+            return "*".join([str(itemsize(t.dtype)), *(str(d) for d in t.shape)])
+        return str(total)
 
     def __repr__(self) -> str:
         counts: dict[str, int] = {}

@@ -23,6 +23,9 @@ def test_one_compile_runs_every_size_of_two_symbols():
     # the sum {past + seq} is computed at run time by the concat and layer_norm kernels
     assert hows["concat"] == hows["layer_norm"] == hows["softmax"] == "kernel"
     assert hows["matmul_relu"] == "buckets"  # a contraction: tiled at the bucket's sizes
+    program = module.program()  # the steps, their values' shapes, the slots' sizes
+    assert "kernel  %5 = concat(%past, %4)  %5: 1x{past + seq}x16 @slot1" in program
+    assert "slot1: max(64*past + 64*seq) bytes" in program
     kernels = [step.runner for step in module.steps if step.how == "kernel"]
     for seq, past in [(1, 3), (17, 5), (200, 1), (30, 2)]:
         x = rng.standard_normal((1, seq, 32)).astype(np.float32)
