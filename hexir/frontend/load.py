@@ -66,8 +66,10 @@ def _sized(
     if not dims and not shapes:
         return graph
     symbols = graph_symbols(graph)
+    if not symbols and not dims:  # the inputs' shapes alone: checked when it runs
+        return graph
     if not symbols:
-        given = ", ".join([*dims, *shapes])
+        given = ", ".join(dims)
         raise ModelError(
             f"{text} has static shapes: sizes for symbolic dims or input shapes ({given}) apply "
             "only to a model with symbolic dims (an .onnx exported with dynamic axes, a .hexir "

@@ -19,6 +19,7 @@ from tuned_rule import expected_schedule
 
 import hexir
 from hexir.database import Database
+from hexir.graph.fusion import fused_kernels
 
 pytestmark = pytest.mark.slow
 
@@ -115,7 +116,13 @@ def test_run_a_model_with_the_database_and_given_inputs(tuned, tmp_path, rng):
     done = run_hexir(folder, "run", "tiny.hexir", "--target", "cpu", "--db", url,
                      "--inputs", str(tmp_path / "in.npz"), "--check")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "3 tuned, 0 default" in done.stdout and "matches numpy" in done.stdout
+    # each task tuned unless its default's records stand within the margin of its best (the
+    # tune's timings decide which; tests/tuned_rule.py)
+    graph, db = hexir.load_model(str(folder / "tiny.hexir")), _db(url)
+    keys = {hexir.workload_key(f) for _, f in fused_kernels(graph)[1]}
+    tuned = sum(expected_schedule(db, graph, key)[0] == "tuned" for key in keys)
+    assert len(keys) == 3 and f"{tuned} tuned, {3 - tuned} default" in done.stdout
+    assert "matches numpy" in done.stdout
     line = next(x for x in done.stdout.splitlines() if x.startswith("output"))
     words = line.split()
     assert words[1:3] == ["probs", "4x8"]
