@@ -14,6 +14,10 @@ import hexir
 from hexir.frontend.load import save_model
 
 
+def slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """block.hexir: x [1, {seq}, 64] -> matmul -> softmax -> layer_norm, built --dynamic into
@@ -63,10 +67,11 @@ def test_the_model_file_itself_runs_at_the_sizes_given(folder):
     [
         (["run", "block.hxa"], "runs at any size of seq: give the sizes to run at (--dim seq"),
         (["run", "block.hexir"], "has symbolic dims (seq): give the sizes to run at (--dim seq"),
-        (["run", "block.hexir", "--dim", "len=3"], "has the symbolic dims seq: it has no len"),
-        (["run", "tiny.hexir", "--dim", "seq=3"], "tiny.hexir has static shapes"),
-        (["run", "block.hxa", "--dim", "seq=4", "--profile"], "--profile times a module of"),
-        (["build", "tiny.hexir", "--dynamic"], "has no symbolic dims"),
+        # the rest in the slow suite: a subprocess each, 0.4 s
+        slow(["run", "block.hexir", "--dim", "len=3"], "has the symbolic dims seq: it has no len"),
+        slow(["run", "tiny.hexir", "--dim", "seq=3"], "tiny.hexir has static shapes"),
+        slow(["run", "block.hxa", "--dim", "seq=4", "--profile"], "--profile times a module of"),
+        slow(["build", "tiny.hexir", "--dynamic"], "has no symbolic dims"),
     ],
 )
 def test_what_a_dynamic_build_cannot_do_is_refused_in_a_paragraph(folder, args, message):
