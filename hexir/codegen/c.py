@@ -206,6 +206,14 @@ _DOT_CALLS = {
 }  # fmt: skip
 
 
+# Below this many iterations of its loops in all, a kernel runs on one core: starting and
+# joining the threads of a parallel loop costs about 2 us, more than the work (gpt2-decode's
+# layer_norm over 1x768 and slices of 768: 4-10 us a kernel in parallel; a relu over 3072
+# floats 2.9 us in parallel, 1.0 us on one core). The default schedule applies it at fixed
+# sizes; a loop of symbolic extent asks at run time (an `if` clause of its pragma).
+MIN_PARALLEL_ITERATIONS = 32768
+
+
 def nest_iterations(loop: For) -> Dim:
     """The iterations of `loop`'s nest: its extent times the largest nest inside it (a Sym
     where an extent is symbolic)."""
@@ -612,7 +620,11 @@ class CPrinter:
             return []  # one job: no threads to start
         if loop.kind == "parallel" and not (self._in_parallel or self._in_simd):
             self._uses_omp = self._in_parallel = True
-            return ["#pragma omp parallel for num_threads(hx_num_threads())"]
+            pragma = "#pragma omp parallel for num_threads(hx_num_threads())"
+            iterations = nest_iterations(loop)
+            if isinstance(iterations, Sym):  # too few at run time: no threads to start
+                pragma += f" if({self.dim(iterations)} >= {MIN_PARALLEL_ITERATIONS})"
+            return [pragma]
         if loop.kind == "vectorized" and not self._in_simd:
             # omp simd may not contain another simd or a parallel region.
             self._in_simd = True

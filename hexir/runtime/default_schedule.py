@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import math
 
+from hexir.codegen.c import MIN_PARALLEL_ITERATIONS
 from hexir.codegen.c_prefetch import PREFETCH
 from hexir.errors import HexirError, ScheduleError
 from hexir.ir.dtype import itemsize
@@ -313,13 +314,6 @@ def _inline_into_spatial(sch: Schedule) -> None:
         whole = len(readers) == 1 and all(iv.kind == "reduce" for iv in readers[0].iter_vars)
         if readers and (spatial or whole):
             attempt(functools.partial(_inline, sch, block.name))
-
-
-# Below this many iterations of its blocks in all, a kernel runs on one core: starting and
-# joining the threads of a parallel loop costs about 2 us, more than the work (gpt2-decode's
-# layer_norm over 1x768 and slices of 768: 4-10 us a kernel in parallel; a relu over 3072
-# floats 2.9 us in parallel, 1.0 us on one core).
-MIN_PARALLEL_ITERATIONS = 32768
 
 
 def _worth_sharing(sch: Schedule, names: list[str]) -> bool:

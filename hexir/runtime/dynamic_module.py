@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from hexir.errors import HexirError
+from hexir.graph.buckets import bucket
 from hexir.graph.evaluate import input_sizes, inputs_by_name
 from hexir.graph.specialize import graph_symbols
 from hexir.ir.dtype import itemsize, numpy_dtype
@@ -113,6 +114,7 @@ class DynamicModule:
     def _planned(self) -> None:
         self.slots, self.slot_of = _plan(self.steps, {v.name for v in self.compiled.outputs})
         self._arena = np.empty(0, np.uint8)
+        self._pads: dict[tuple, np.ndarray] = {}  # bucketed steps' padded inputs, kept
 
     # -- compiling ------------------------------------------------------------------------
 
@@ -184,9 +186,50 @@ class DynamicModule:
                 step.runner(*(env[n] for n in step.inputs), *outs, sizes=sizes)  # type: ignore[operator]
                 env.update(zip(step.outputs, outs, strict=True))
             else:
-                results = step.runner.run([env[n] for n in step.inputs])  # type: ignore[attr-defined]
+                results = self._run_group(step, [env[n] for n in step.inputs], sizes)
                 env.update(zip(step.outputs, results, strict=True))
         return [np.array(env[v.name]) for v in self.compiled.outputs]
+
+    def _run_group(
+        self, step: Step, arrays: list[np.ndarray], sizes: Mapping[str, int]
+    ) -> list[np.ndarray]:
+        """A bucketed step at these sizes: its bucket's module run on its inputs padded along
+        their positions (the last repeated) in buffers kept between runs, its outputs cut back
+        (views); the sizes known, nothing is bound again. An exact step runs as it is."""
+        group = step.runner  # a SymbolicModule
+        if step.how != "buckets":
+            return group.run(arrays)  # type: ignore[attr-defined]
+        own = {s: sizes[s] for s in group.symbols}  # type: ignore[attr-defined]
+        run_at = {s: bucket(n) if s in group.padded else n for s, n in own.items()}  # type: ignore[attr-defined]
+        module = group.specialized(run_at)  # type: ignore[attr-defined]
+        feed = list(arrays)
+        for s, axes in group.padded.items():  # type: ignore[attr-defined]
+            if run_at[s] == own[s]:
+                continue
+            for i, v in enumerate(group.graph.inputs):  # type: ignore[attr-defined]
+                if (axis := axes.inputs.get(v.name)) is not None:
+                    feed[i] = self._padded(step, i, feed[i], axis, run_at[s])
+        outputs = module.run(feed)
+        for s, axes in group.padded.items():  # type: ignore[attr-defined]
+            for i, axis in axes.outputs.items():
+                if outputs[i].shape[axis] != own[s]:
+                    cut = outputs[i][(slice(None),) * axis + (slice(0, own[s]),)]
+                    outputs[i] = np.ascontiguousarray(cut)  # a view where the rows lead
+        return outputs
+
+    def _padded(self, step: Step, i: int, array: np.ndarray, axis: int, size: int) -> np.ndarray:
+        """`array` padded to `size` along `axis`, its last position repeated, in a buffer of
+        the step's kept for the next run of that shape."""
+        shape = array.shape[:axis] + (size,) + array.shape[axis + 1 :]
+        key = (id(step), i, shape, array.dtype.str)
+        out = self._pads.get(key)
+        if out is None:
+            out = self._pads[key] = np.empty(shape, array.dtype)
+        n = array.shape[axis]
+        head = (slice(None),) * axis
+        out[head + (slice(0, n),)] = array
+        out[head + (slice(n, size),)] = array[head + (slice(n - 1, n),)]
+        return out
 
     def _shape(self, name: str, sizes: Mapping[str, int]) -> tuple[int, ...]:
         """A value's shape at these sizes: its symbolic type evaluated (its shape function)."""

@@ -114,7 +114,7 @@ class CpuKernel:
             if problem:
                 raise HexirError(
                     f"kernel {self.func.name}: parameter {buffer.name} expects a C-contiguous "
-                    f"{dtype} array of shape {tuple(buffer.shape)}, got {problem}"
+                    f"{dtype} array of shape {shape}, got {problem}"
                 )
         self._check_overlap(arrays)
         return [address(a) for a in arrays] + [sizes[name] for name in self._symbols]
