@@ -173,7 +173,7 @@ def _run_dynamic(module, args: argparse.Namespace) -> int:  # noqa: ANN001
     """An artifact `hexir build --dynamic` wrote: run at the sizes --dim gives its symbols
     (or the --inputs' shapes give them)."""
     from hexir.graph.specialize import specialize
-    from hexir.ir.symbolic import Sym
+    from hexir.ir.symbolic import shape_at
 
     if args.profile:
         raise HexirError(
@@ -192,11 +192,7 @@ def _run_dynamic(module, args: argparse.Namespace) -> int:  # noqa: ANN001
             )
         rng = np.random.default_rng(args.seed)
         inputs = [
-            random_array(
-                tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in v.type.shape),
-                v.type.dtype,
-                rng,
-            )
+            random_array(shape_at(v.type.shape, sizes), v.type.dtype, rng)
             for v in module.graph.inputs
         ]
     else:

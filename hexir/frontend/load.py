@@ -40,11 +40,7 @@ def load_model(
     if suffix == ".hexir" and name is None:
         return _sized(load_hexir(path), text, dims or {}, input_shapes or {})
     if dims or input_shapes:
-        given = ", ".join([*(dims or {}), *(input_shapes or {})])
-        raise ModelError(
-            f"{text} has static shapes: sizes for symbolic dims or input shapes ({given}) apply "
-            "only to an .onnx model exported with dynamic axes; drop them"
-        )
+        raise _static(text, [*(dims or {}), *(input_shapes or {})])
     if name is not None:
         return zoo_model(name)
     if suffix == ".hexir":
@@ -69,12 +65,7 @@ def _sized(
     if not symbols and not dims:  # the inputs' shapes alone: checked when it runs
         return graph
     if not symbols:
-        given = ", ".join(dims)
-        raise ModelError(
-            f"{text} has static shapes: sizes for symbolic dims or input shapes ({given}) apply "
-            "only to a model with symbolic dims (an .onnx exported with dynamic axes, a .hexir "
-            "with {seq}); drop them"
-        )
+        raise _static(text, list(dims))
     sizes = dict(dims)
     if shapes:
         missing = [v.name for v in graph.inputs if v.name not in shapes]
@@ -91,6 +82,14 @@ def _sized(
             + " (every one of them, or none with `hexir build --dynamic`)"
         )
     return specialize(graph, sizes)
+
+
+def _static(text: str, given: list[str]) -> ModelError:
+    return ModelError(
+        f"{text} has static shapes: sizes for symbolic dims or input shapes ({', '.join(given)}) "
+        "apply only to a model with symbolic dims (an .onnx exported with dynamic axes, a "
+        ".hexir with {seq}); drop them"
+    )
 
 
 def _zoo_name(text: str) -> str | None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from hexir.errors import TypeInferenceError
 from hexir.ir.graph import Graph, Op, TensorType, Value
-from hexir.ir.symbolic import Sym, bind_sizes
+from hexir.ir.symbolic import Sym, bind_sizes, shape_at
 from hexir.ops import make_op
 
 __all__ = ["graph_symbols", "require_sizes", "specialize", "symbol_sizes"]
@@ -73,7 +73,7 @@ def specialize(graph: Graph, sizes: Mapping[str, int]) -> Graph:
     values: dict[str, Value] = {}
 
     def concrete(v: Value) -> Value:
-        shape = tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in v.type.shape)
+        shape = shape_at(v.type.shape, sizes)
         return Value(v.name, TensorType(shape, v.type.dtype))
 
     inputs = tuple(concrete(v) for v in graph.inputs)

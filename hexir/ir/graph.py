@@ -128,6 +128,14 @@ class Graph:
                 return data.array
         raise KeyError(f"graph @{self.name} has no constant @{name}")
 
+    def constant_arrays(self) -> dict[str, np.ndarray]:
+        """The data of each constant op, by the name of its result."""
+        return {
+            op.result.name: self.constant(str(op.attr("name")))
+            for op in self.ops
+            if op.kind == "constant"
+        }
+
     def __repr__(self) -> str:
         from hexir.ir.graph_text import print_graph
 

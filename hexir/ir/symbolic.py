@@ -29,7 +29,7 @@ from typing import Union
 
 __all__ = [
     "Dim", "Sym", "SymbolicError", "bind_sizes", "format_dim", "parse_dim", "quotient",
-    "SYMBOL_RE",
+    "shape_at", "SYMBOL_RE",
 ]  # fmt: skip
 
 SYMBOL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -256,6 +256,11 @@ def as_dim(value: object) -> Dim:
     if isinstance(value, str):
         return parse_dim(value)
     return int(value)  # type: ignore[call-overload]
+
+
+def shape_at(dims: Sequence[Dim], sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """A shape of symbolic dimensions at the given sizes of their symbols."""
+    return tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in dims)
 
 
 def bind_sizes(

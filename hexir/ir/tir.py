@@ -439,7 +439,7 @@ class PrimFunc:
 
     A param's extent may be symbolic (`buffer<1x{seq}x768xf32>`): the function is then
     compiled once for every size, and `symbols` (the names its params' extents use, sorted)
-    are extra int32 arguments of the kernel, each read from the arrays it is called with.
+    are extra int64 arguments of the kernel, each read from the arrays it is called with.
     """
 
     name: str

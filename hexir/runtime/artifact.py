@@ -229,11 +229,7 @@ def _load_module(
     graph, _ = _read_graph(archive, part)
     kernels = [_load_kernel(archive, k, target) for k in part["kernels"]]
     commands = [Command(int(k), tuple(args), int(n)) for k, args, n in part["commands"]]
-    constants = {
-        op.result.name: graph.constant(str(op.attr("name")))
-        for op in graph.ops
-        if op.kind == "constant"
-    }
+    constants = graph.constant_arrays()
     plan = MemoryPlan.from_json(json.dumps(part["plan"]))
     report = tuple(_report_from_json(r) for r in part["report"])
     return Module(

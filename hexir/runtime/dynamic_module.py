@@ -38,12 +38,11 @@ from pathlib import Path
 import numpy as np
 
 from hexir.errors import HexirError
-from hexir.graph.buckets import bucket
-from hexir.graph.evaluate import input_sizes, inputs_by_name
-from hexir.graph.specialize import graph_symbols
+from hexir.graph.evaluate import inputs_by_name
+from hexir.graph.specialize import graph_symbols, symbol_sizes
 from hexir.ir.dtype import itemsize, numpy_dtype
 from hexir.ir.graph import Graph, Value
-from hexir.ir.symbolic import Dim, Sym, SymbolicError, format_dim
+from hexir.ir.symbolic import Dim, SymbolicError, format_dim, shape_at
 from hexir.runtime.target import Target
 
 __all__ = ["DynamicModule"]
@@ -80,14 +79,7 @@ class DynamicModule:
                 f"{self.target}; compile without dynamic=True to run per size"
             )
         self.database = database
-        self.symbols = tuple(sorted(graph_symbols(graph)))
-        self.compiled = compiled_graph(graph, self.target)
-        self.values = _values(self.compiled)
-        self.constants = {
-            op.result.name: self.compiled.constant(str(op.attr("name")))
-            for op in self.compiled.ops
-            if op.kind == "constant"
-        }
+        self._compiled(compiled_graph(graph, self.target))
         self.steps = [self._step(group, is_view(group)) for group in partition(self.compiled)]
         self._planned()
 
@@ -98,23 +90,23 @@ class DynamicModule:
         """A module of steps already made (an artifact's, hexir/runtime/artifact.py): its
         graph is the compiled one, whose inputs and outputs are the original graph's."""
         module = cls.__new__(cls)
-        module.graph = module.compiled = compiled
-        module.target, module.database = target, database
-        module.symbols = tuple(sorted(graph_symbols(compiled)))
-        module.values = _values(compiled)
-        module.constants = {
-            op.result.name: compiled.constant(str(op.attr("name")))
-            for op in compiled.ops
-            if op.kind == "constant"
-        }
+        module.graph, module.target, module.database = compiled, target, database
+        module._compiled(compiled)
         module.steps = steps
         module._planned()
         return module
 
+    def _compiled(self, compiled: Graph) -> None:
+        """What the module reads of its compiled graph: its symbols, values and constants."""
+        self.compiled = compiled
+        self.symbols = tuple(sorted(graph_symbols(compiled)))
+        self.values = _values(compiled)
+        self.constants = compiled.constant_arrays()
+        self._constant_ops = {op.result.name: op for op in compiled.ops if op.kind == "constant"}
+
     def _planned(self) -> None:
         self.slots, self.slot_of = _plan(self.steps, {v.name for v in self.compiled.outputs})
         self._arena = np.empty(0, np.uint8)
-        self._pads: dict[tuple, np.ndarray] = {}  # bucketed steps' padded inputs, kept
 
     # -- compiling ------------------------------------------------------------------------
 
@@ -159,7 +151,7 @@ class DynamicModule:
     def _group_graph(self, group) -> Graph:
         """The group as a graph of its own: its non-constant inputs, then its constants as
         constant ops (so that a bucketed group lays its weights out), then its ops."""
-        constant_ops = {op.result.name: op for op in self.compiled.ops if op.kind == "constant"}
+        constant_ops = self._constant_ops
         used = [constant_ops[v.name] for v in group.inputs if v.name in constant_ops]
         names = {str(op.attr("name")) for op in used}
         data = tuple((k, d) for k, d in self.compiled.constants if k in names)
@@ -172,9 +164,9 @@ class DynamicModule:
         """The graph's outputs on `inputs` (a list in graph order or a dict by name), at the
         sizes their shapes give the symbols; fresh output arrays. `plan=False` gives every
         value a buffer of its own (for checking the plan: the same results)."""
-        sizes = input_sizes(self.graph, inputs)
-        env: dict[str, np.ndarray] = dict(self.constants)
         given = inputs_by_name(self.graph, inputs)
+        sizes = symbol_sizes(self.graph, {name: a.shape for name, a in given.items()})
+        env: dict[str, np.ndarray] = dict(self.constants)
         env.update((v.name, np.ascontiguousarray(given[v.name])) for v in self.graph.inputs)
         storage = self._slots_at(sizes) if plan else None
         for step in self.steps:
@@ -185,55 +177,14 @@ class DynamicModule:
                 outs = [self._buffer(name, sizes, storage) for name in step.outputs]
                 step.runner(*(env[n] for n in step.inputs), *outs, sizes=sizes)  # type: ignore[operator]
                 env.update(zip(step.outputs, outs, strict=True))
-            else:
-                results = self._run_group(step, [env[n] for n in step.inputs], sizes)
-                env.update(zip(step.outputs, results, strict=True))
+            else:  # a SymbolicModule of the group's, its bucket's or its exact sizes'
+                group = step.runner.run([env[n] for n in step.inputs], sizes=sizes)  # type: ignore[attr-defined]
+                env.update(zip(step.outputs, group, strict=True))
         return [np.array(env[v.name]) for v in self.compiled.outputs]
-
-    def _run_group(
-        self, step: Step, arrays: list[np.ndarray], sizes: Mapping[str, int]
-    ) -> list[np.ndarray]:
-        """A bucketed step at these sizes: its bucket's module run on its inputs padded along
-        their positions (the last repeated) in buffers kept between runs, its outputs cut back
-        (views); the sizes known, nothing is bound again. An exact step runs as it is."""
-        group = step.runner  # a SymbolicModule
-        if step.how != "buckets":
-            return group.run(arrays)  # type: ignore[attr-defined]
-        own = {s: sizes[s] for s in group.symbols}  # type: ignore[attr-defined]
-        run_at = {s: bucket(n) if s in group.padded else n for s, n in own.items()}  # type: ignore[attr-defined]
-        module = group.specialized(run_at)  # type: ignore[attr-defined]
-        feed = list(arrays)
-        for s, axes in group.padded.items():  # type: ignore[attr-defined]
-            if run_at[s] == own[s]:
-                continue
-            for i, v in enumerate(group.graph.inputs):  # type: ignore[attr-defined]
-                if (axis := axes.inputs.get(v.name)) is not None:
-                    feed[i] = self._padded(step, i, feed[i], axis, run_at[s])
-        outputs = module.run(feed)
-        for s, axes in group.padded.items():  # type: ignore[attr-defined]
-            for i, axis in axes.outputs.items():
-                if outputs[i].shape[axis] != own[s]:
-                    cut = outputs[i][(slice(None),) * axis + (slice(0, own[s]),)]
-                    outputs[i] = np.ascontiguousarray(cut)  # a view where the rows lead
-        return outputs
-
-    def _padded(self, step: Step, i: int, array: np.ndarray, axis: int, size: int) -> np.ndarray:
-        """`array` padded to `size` along `axis`, its last position repeated, in a buffer of
-        the step's kept for the next run of that shape."""
-        shape = array.shape[:axis] + (size,) + array.shape[axis + 1 :]
-        key = (id(step), i, shape, array.dtype.str)
-        out = self._pads.get(key)
-        if out is None:
-            out = self._pads[key] = np.empty(shape, array.dtype)
-        n = array.shape[axis]
-        head = (slice(None),) * axis
-        out[head + (slice(0, n),)] = array
-        out[head + (slice(n, size),)] = array[head + (slice(n - 1, n),)]
-        return out
 
     def _shape(self, name: str, sizes: Mapping[str, int]) -> tuple[int, ...]:
         """A value's shape at these sizes: its symbolic type evaluated (its shape function)."""
-        return tuple(_at(d, sizes) for d in self.values[name].type.shape)
+        return shape_at(self.values[name].type.shape, sizes)
 
     def _buffer(
         self, name: str, sizes: Mapping[str, int], storage: dict[int, np.ndarray] | None
@@ -248,11 +199,7 @@ class DynamicModule:
 
     def _slots_at(self, sizes: Mapping[str, int]) -> dict[int, np.ndarray]:
         """Each slot's bytes in the arena at these sizes (the arena grown if it must)."""
-        nbytes = [max(self._nbytes(n, sizes) for n in members) for members in self.slots]
-        offsets, total = [], 0
-        for n in nbytes:
-            offsets.append(total)
-            total += -(-max(n, 1) // ALIGNMENT) * ALIGNMENT
+        nbytes, offsets, total = self._layout(sizes)
         if self._arena.nbytes < total + ALIGNMENT:
             self._arena = np.empty(total + ALIGNMENT, np.uint8)
         base = -self._arena.ctypes.data % ALIGNMENT
@@ -261,16 +208,23 @@ class DynamicModule:
             for k, (o, n) in enumerate(zip(offsets, nbytes, strict=True))
         }
 
+    def _layout(self, sizes: Mapping[str, int]) -> tuple[list[int], list[int], int]:
+        """(each slot's bytes, its offset in the arena, the arena's bytes) at these sizes:
+        each slot its largest member's bytes, the slots one after another, aligned."""
+        nbytes = [max(self._nbytes(n, sizes) for n in members) for members in self.slots]
+        offsets, total = [], 0
+        for n in nbytes:
+            offsets.append(total)
+            total += -(-max(n, 1) // ALIGNMENT) * ALIGNMENT
+        return nbytes, offsets, total
+
     def _nbytes(self, name: str, sizes: Mapping[str, int]) -> int:
         t = self.values[name].type
         return int(np.prod(self._shape(name, sizes), dtype=np.int64)) * itemsize(t.dtype)
 
     def arena_bytes(self, sizes: Mapping[str, int]) -> int:
         """The arena's bytes at these sizes of the symbols (the plan evaluated)."""
-        total = 0
-        for members in self.slots:
-            total += -(-max(max(self._nbytes(n, sizes) for n in members), 1) // ALIGNMENT)
-        return total * ALIGNMENT
+        return self._layout(sizes)[2]
 
     def save(self, path: str | Path) -> Path:
         """Write the module to `path` as one artifact (hexir/runtime/artifact.py): its kernels
@@ -329,10 +283,6 @@ def _values(graph: Graph) -> dict[str, Value]:
     return found
 
 
-def _at(d: Dim, sizes: Mapping[str, int]) -> int:
-    return d.evaluate(sizes) if isinstance(d, Sym) else d
-
-
 def _plan(steps: list[Step], outputs: set[str]) -> tuple[list[list[str]], dict[str, int]]:
     """Slots of the intermediates kernel steps write (not graph outputs): (each slot's
     members, the slot of each), a value sharing a slot whose members are all dead before the
@@ -352,8 +302,8 @@ def _plan(steps: list[Step], outputs: set[str]) -> tuple[list[list[str]], dict[s
     for i, step in enumerate(steps):
         if step.how != "kernel":
             continue
-        for name in step.outputs:
-            if name in outputs or root.get(name, name) in outputs:
+        for name in step.outputs:  # a kernel's: storage of its own, never a view
+            if name in outputs:
                 continue
             end = last.get(name, i)
             k = next((k for k, f in enumerate(free_at) if f <= i), None)

@@ -129,11 +129,7 @@ def compile(
         report.append(TaskReport(func.name, key, how, trace, built[candidate], task.ops))
     kernels = build_all(to_build, target)
     plan = plan_module(graph, commands, [t.inplace for t in tasks])
-    constants = {
-        op.result.name: graph.constant(str(op.attr("name")))
-        for op in graph.ops
-        if op.kind == "constant"
-    }
+    constants = graph.constant_arrays()
     return Module(graph, target, kernels, commands, constants, plan, tuple(report))
 
 

@@ -21,7 +21,7 @@ from hexir.codegen.c import kernel_symbol
 from hexir.errors import HexirError
 from hexir.ir.arrays import address
 from hexir.ir.dtype import numpy_dtype
-from hexir.ir.symbolic import Sym, bind_sizes
+from hexir.ir.symbolic import bind_sizes, shape_at
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 
@@ -109,7 +109,7 @@ class CpuKernel:
             )
         sizes = self._sizes(arrays, known)
         for buffer, dtype, array in zip(params, self._dtypes, arrays, strict=True):
-            shape = tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in buffer.shape)
+            shape = shape_at(buffer.shape, sizes)
             problem = _problem(array, shape, dtype)
             if problem:
                 raise HexirError(

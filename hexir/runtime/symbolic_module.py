@@ -58,6 +58,7 @@ class SymbolicModule:
         axes = position_axes(graph) if buckets else {}
         self.padded = {s: a for s, a in axes.items() if a.why is None}
         self.exact = {s: a.why for s, a in axes.items() if a.why is not None}
+        self._pads: dict[tuple, np.ndarray] = {}  # padded inputs, kept for the next run
 
     def specialized(self, sizes: Mapping[str, int]):  # -> Module
         """The module compiled for these sizes of the symbols (compiled on first use)."""
@@ -75,9 +76,13 @@ class SymbolicModule:
         """The specialization that runs these inputs (a padded symbol's: its bucket's)."""
         return self._bound(inputs)[0]
 
-    def run(self, inputs: Inputs, *, plan: bool = True) -> list[np.ndarray]:
-        """As `Module.run`, at the sizes the inputs' shapes give the symbols."""
-        module, feed, cut = self._bound(inputs)
+    def run(
+        self, inputs: Inputs, *, plan: bool = True, sizes: Mapping[str, int] | None = None
+    ) -> list[np.ndarray]:
+        """As `Module.run`, at the sizes the inputs' shapes give the symbols; `sizes`, where
+        the caller has already read them (a DynamicModule's step), saves reading them again
+        (the module that runs still checks the inputs against its shapes)."""
+        module, feed, cut = self._bound(inputs, sizes)
         return cut(module.run(feed, plan=plan))
 
     def run_timed(self, inputs: Inputs) -> tuple[list[np.ndarray], list[float]]:
@@ -89,10 +94,13 @@ class SymbolicModule:
         module, feed, _ = self._bound(inputs)
         return module.profile(feed, repeats=repeats, warmup=warmup)
 
-    def _bound(self, inputs: Inputs):
+    def _bound(self, inputs: Inputs, sizes: Mapping[str, int] | None = None):
         """The module that runs `inputs`, the inputs it takes (padded to its buckets) and the
         function that cuts its outputs back to the inputs' sizes."""
-        sizes = input_sizes(self.graph, inputs)
+        if sizes is None:
+            sizes = input_sizes(self.graph, inputs)
+        else:
+            sizes = {s: sizes[s] for s in self.symbols}
         if not self.padded:
             return self.specialized(sizes), inputs, lambda outputs: outputs
         run_at = {s: bucket(n) if s in self.padded else n for s, n in sizes.items()}
@@ -101,9 +109,7 @@ class SymbolicModule:
         for s, axes in self.padded.items():
             for i, v in enumerate(self.graph.inputs):
                 if (a := axes.inputs.get(v.name)) is not None and run_at[s] > sizes[s]:
-                    widths = [(0, 0)] * feed[i].ndim
-                    widths[a] = (0, run_at[s] - sizes[s])
-                    feed[i] = np.pad(feed[i], widths, mode="edge")
+                    feed[i] = self._padded(i, feed[i], a, run_at[s])
 
         def cut(outputs: list[np.ndarray]) -> list[np.ndarray]:
             outputs = list(outputs)
@@ -115,6 +121,18 @@ class SymbolicModule:
             return outputs
 
         return self.specialized(run_at), feed, cut
+
+    def _padded(self, i: int, array: np.ndarray, axis: int, size: int) -> np.ndarray:
+        """Input `i` padded to `size` along `axis`, its last position repeated, in a buffer
+        kept for the next run of that shape (a fresh one a run faults its pages in)."""
+        shape = array.shape[:axis] + (size,) + array.shape[axis + 1 :]
+        out = self._pads.get(key := (i, shape, array.dtype.str))
+        if out is None:
+            out = self._pads[key] = np.empty(shape, array.dtype)
+        n, head = array.shape[axis], (slice(None),) * axis
+        out[head + (slice(0, n),)] = array
+        out[head + (slice(n, size),)] = array[head + (slice(n - 1, n),)]
+        return out
 
     def save(self, path: object) -> None:
         raise ArtifactError(

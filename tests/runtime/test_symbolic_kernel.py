@@ -8,7 +8,7 @@ import hexir
 from hexir.errors import BuildError, HexirError
 from hexir.graph.lower import lower
 from hexir.graph.specialize import specialize
-from hexir.ir.symbolic import Sym
+from hexir.ir.symbolic import Sym, shape_at
 from hexir.ir.tir_parse import parse_func
 from hexir.ir.tir_text import print_func
 from hexir.runtime.build import build, c_source
@@ -41,9 +41,7 @@ def _dense():
 
 def _inputs(graph, sizes, rng):
     return {
-        v.name: rng.standard_normal(
-            tuple(d.evaluate(sizes) if isinstance(d, Sym) else d for d in v.type.shape)
-        ).astype(np.float32)
+        v.name: rng.standard_normal(shape_at(v.type.shape, sizes)).astype(np.float32)
         for v in graph.inputs
     }
 
