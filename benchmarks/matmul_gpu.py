@@ -2,7 +2,7 @@
 
     python benchmarks/matmul_gpu.py [--size 4096] [--op matmul|dense] [--rounds 3]
                                     [--dtype float32|float16] [--tiling 8,32,8,4,64]
-                                    [--summary FILE]
+                                    [--summary FILE] [--peer auto|cublas|cupy|torch]
 
 float16 runs the tensor-core schedule (`hexir.schedule.handwritten_mma`: mma.sync and
 ldmatrix, float32 accumulation) against cuBLAS's float16 GEMM (float32 accumulation too).
@@ -10,16 +10,18 @@ ldmatrix, float32 accumulation) against cuBLAS's float16 GEMM (float32 accumulat
 The schedule is `hexir.schedule.handwritten.gpu_schedule` (the public primitives: a thread
 block's output tile in a `local` accumulator, each operand's tile for a reduction step in
 `shared` memory fetched cooperatively with float4 loads, threads over ty x tx, mi x nj outputs
-per thread). The peer is cuBLAS through CuPy (float32, no TF32) or, without CuPy, through
-PyTorch. Both are timed with CUDA events, in alternating rounds, on the same inputs; the hexir
-result is checked against the peer's. The last line is `ratio <hexir TFLOP/s / peer TFLOP/s>`;
-`--summary FILE` also writes the figures as JSON (scripts/gpu_check.sh reads it). Without a
-GPU it says why and exits 1.
+per thread). The peer is cuBLAS (float32, no TF32), called through ctypes from the
+nvidia-cublas wheel where it is installed (no CuPy or PyTorch needed), else through CuPy,
+else through PyTorch. Both are timed with CUDA events, in alternating rounds, on the same
+inputs; the hexir result is checked against the peer's. The last line is
+`ratio <hexir TFLOP/s / peer TFLOP/s>`; `--summary FILE` also writes the figures as JSON
+(scripts/gpu_check.sh reads it). Without a GPU it says why and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
@@ -29,18 +31,96 @@ import numpy as np
 
 import hexir
 from hexir import knobs
+from hexir.runtime import cuda_driver
 from hexir.runtime.cuda_kernel import CudaKernel, gpu_unavailable_reason
 from hexir.schedule.handwritten import Tiling, gpu_schedule
 from hexir.schedule.handwritten_mma import MmaTiling
 
 
-def vendor_peer(a: np.ndarray, b: np.ndarray) -> tuple[str, Callable[[], float], np.ndarray]:
-    """(name, a function timing one product in seconds, the product) from the first vendor
-    library found: cuBLAS through CuPy, else through PyTorch."""
+def vendor_peer(
+    a: np.ndarray, b: np.ndarray, peer: str = "auto"
+) -> tuple[str, Callable[[], float], np.ndarray]:
+    """(name, a function timing one product in seconds, the product) from cuBLAS: called
+    directly from the nvidia-cublas wheel where it is installed ("cublas"), else through CuPy,
+    else through PyTorch ("auto"; or the one `peer` names)."""
+    order = {"auto": (_cublas_peer, _cupy_peer, _torch_peer), "cublas": (_cublas_peer,),
+             "cupy": (_cupy_peer,), "torch": (_torch_peer,)}[peer]  # fmt: skip
+    missing = []
+    for make in order:
+        try:
+            return make(a, b)
+        except ImportError as e:
+            missing.append(str(e))
+    sys.exit(f"matmul_gpu.py: no cuBLAS to compare with ({'; '.join(missing)})")
+
+
+# cuBLAS's enums, from cublas_api.h and library_types.h.
+CUBLAS_OP_N = 0
+CUDA_R_16F = 2
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_GEMM_DEFAULT = -1
+
+
+def _cublas_peer(a: np.ndarray, b: np.ndarray) -> tuple[str, Callable[[], float], np.ndarray]:
+    """cuBLAS's GEMM through ctypes, on buffers of Hexir's driver binding, in the device's
+    primary context (the one cuBLAS's runtime uses), timed with the same CUDA events."""
     try:
-        import cupy as cp
-    except ImportError:
-        return _torch_peer(a, b)
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        lib = ctypes.CDLL(load_nvidia_dynamic_lib("cublas").abs_path)
+    except Exception as e:  # noqa: BLE001 - no wheel, or no such library in it
+        raise ImportError(f"cannot load libcublas from the nvidia-cublas wheel: {e}") from e
+    driver = cuda_driver.load()
+    device = driver.device()
+    (m, k), n = a.shape, b.shape[1]
+    c = np.empty((m, n), a.dtype)
+    handle = ctypes.c_void_p()
+    version = ctypes.c_int()
+    with driver.current(device):
+        pa, pb, pc = (ctypes.c_void_p(driver.alloc(x.nbytes)) for x in (a, b, c))
+        driver.htod(pa.value, a)
+        driver.htod(pb.value, b)
+        _cublas(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        _cublas(lib.cublasGetVersion_v2(handle, ctypes.byref(version)), "cublasGetVersion")
+        start, end = driver.event(), driver.event()  # in the context, as every driver call
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    one, zero = ctypes.byref(alpha), ctypes.byref(beta)
+
+    def gemm() -> None:
+        # Row-major C = A B is column-major C^T = B^T A^T: B first, then A.
+        if a.dtype == np.float32:  # the default math mode: float32 throughout, no TF32
+            status = lib.cublasSgemm_v2(
+                handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, one, pb, n, pa, k, zero, pc, n
+            )
+        else:  # float16 operands and result, float32 sums: tensor cores
+            status = lib.cublasGemmEx(
+                handle, CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, one, pb, CUDA_R_16F, n, pa,
+                CUDA_R_16F, k, zero, pc, CUDA_R_16F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT,
+            )  # fmt: skip
+        _cublas(status, "cublasGemm")
+
+    def run() -> float:
+        with driver.current(device):
+            driver.record(start)
+            gemm()
+            driver.record(end)
+            return driver.elapsed(start, end)
+
+    run()
+    with driver.current(device):
+        driver.dtoh(c, pc.value)
+    v = version.value
+    return f"cuBLAS {v // 10000}.{v // 100 % 100}.{v % 100} (ctypes)", run, c
+
+
+def _cublas(status: int, call: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{call} failed: cublasStatus_t {status}")
+
+
+def _cupy_peer(a: np.ndarray, b: np.ndarray) -> tuple[str, Callable[[], float], np.ndarray]:
+    import cupy as cp
+
     da, db = cp.asarray(a), cp.asarray(b)
     dc = cp.empty((a.shape[0], b.shape[1]), a.dtype)
     start, end = cp.cuda.Event(), cp.cuda.Event()
@@ -57,10 +137,8 @@ def vendor_peer(a: np.ndarray, b: np.ndarray) -> tuple[str, Callable[[], float],
 
 
 def _torch_peer(a: np.ndarray, b: np.ndarray) -> tuple[str, Callable[[], float], np.ndarray]:
-    try:
-        import torch
-    except ImportError:
-        sys.exit("matmul_gpu.py: no vendor library to compare with: install CuPy (or PyTorch)")
+    import torch
+
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 against float32
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False  # sums in float32
     ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
@@ -100,6 +178,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     parser.add_argument("--tiling", help="ty,tx,mi,nj,bk (default: the schedule's own)")
     parser.add_argument("--summary", help="write the figures to this JSON file")
+    parser.add_argument("--peer", choices=("auto", "cublas", "cupy", "torch"), default="auto",
+                        help="how cuBLAS is called (auto: directly where the nvidia-cublas "
+                        "wheel is installed, else CuPy, else PyTorch)")  # fmt: skip
     args = parser.parse_args()
     reason = gpu_unavailable_reason()
     if reason is not None:
@@ -119,7 +200,7 @@ def main() -> None:
     a = rng.standard_normal((n, n), dtype=np.float32).astype(args.dtype)
     b = rng.standard_normal((n, n), dtype=np.float32).astype(args.dtype)
     c = np.full((n, n), np.nan, args.dtype)
-    vendor, vendor_run, expect = vendor_peer(a, b if args.op == "matmul" else b.T.copy())
+    vendor, vendor_run, expect = vendor_peer(a, b if args.op == "matmul" else b.T.copy(), args.peer)
     kernel(a, b, c)
     # K products of unit normals: |c| ~ sqrt(K); summation orders differ between the two, and
     # float16 results round to 11 bits.

@@ -8,6 +8,7 @@
         driver.launch(function, grid, block, shared_bytes, [ptr, ...])
         start, end = driver.event(), driver.event(); driver.record(start); ...
         driver.record(end); driver.elapsed(start, end)   # seconds
+        driver.memset(ptr, nbytes, 0)    # device.l2_bytes: what a flush before timing writes
 
 pycuda (the `cuda` extra) is the runner where it is installed; cuda-bindings (a dependency of
 Hexir already, for NVRTC) runs the same kernels through the driver API where pycuda is not,
@@ -51,6 +52,7 @@ class Device:
     context: Any  # the primary context, retained once per process
     arch: str  # "sm_90"
     name: str
+    l2_bytes: int = 0  # the L2 cache's size, which a flush before timing writes twice over
 
 
 def load() -> Driver:
@@ -113,6 +115,7 @@ class Driver:
     def htod(self, pointer: int, array: np.ndarray) -> None: ...
     def dtoh(self, array: np.ndarray, pointer: int) -> None: ...
     def synchronize(self) -> None: ...
+    def memset(self, pointer: int, nbytes: int, value: int) -> None: ...
     def load_function(self, cubin: bytes, name: str, params: int, dynamic_shared: int) -> Any: ...
     def launch(
         self,
@@ -124,7 +127,7 @@ class Driver:
         stream: Any = None,
     ) -> Any: ...
     def event(self) -> Any: ...
-    def record(self, event: Any) -> None: ...
+    def record(self, event: Any, stream: Any = None) -> None: ...
     def elapsed(self, start: Any, end: Any) -> float: ...
 
     # CUDA graphs, where the binding has them (`supports_graphs`): launches captured once on
@@ -137,6 +140,15 @@ class Driver:
 
     def replay(self, graph: Any) -> None:
         """Runs a captured graph and waits for it."""
+        self.launch_graph(graph)
+        self.wait(graph)
+
+    def launch_graph(self, graph: Any) -> None:
+        """Queues a captured graph on its stream (`graph.stream`) and returns at once."""
+        raise NotImplementedError(f"{self.name} does not capture CUDA graphs")
+
+    def wait(self, graph: Any) -> None:
+        """Waits for what was queued on the graph's stream."""
         raise NotImplementedError(f"{self.name} does not capture CUDA graphs")
 
 
@@ -181,7 +193,8 @@ class _PyCuda(Driver):
         device = self._init()
         major, minor = device.compute_capability()
         context = device.retain_primary_context()
-        return Device(device, context, f"sm_{major}{minor}", device.name())
+        l2 = device.get_attribute(self.cuda.device_attribute.L2_CACHE_SIZE)
+        return Device(device, context, f"sm_{major}{minor}", device.name(), l2)
 
     def _push(self, context: Any) -> None:
         context.push()
@@ -215,6 +228,10 @@ class _PyCuda(Driver):
         with self._errors():
             self.cuda.Context.synchronize()
 
+    def memset(self, pointer: int, nbytes: int, value: int) -> None:
+        with self._errors():
+            self.cuda.memset_d8(pointer, value, nbytes)
+
     def load_function(self, cubin: bytes, name: str, params: int, dynamic_shared: int) -> Any:
         with self._errors():
             function = self.cuda.module_from_buffer(cubin).get_function(name)  # keeps it alive
@@ -242,9 +259,9 @@ class _PyCuda(Driver):
     def event(self) -> Any:
         return self.cuda.Event()
 
-    def record(self, event: Any) -> None:
+    def record(self, event: Any, stream: Any = None) -> None:
         with self._errors():
-            event.record()
+            event.record(stream)
 
     def elapsed(self, start: Any, end: Any) -> float:
         with self._errors():
@@ -298,8 +315,9 @@ class _Bindings(Driver):
                            device)  # fmt: skip
         name = self._call("cuDeviceGetName", 256, device)
         name = name.split(b"\0", 1)[0].decode()
+        l2 = self._call("cuDeviceGetAttribute", a.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, device)
         context = self._call("cuDevicePrimaryCtxRetain", device)
-        return Device(device, context, f"sm_{major}{minor}", name)
+        return Device(device, context, f"sm_{major}{minor}", name, l2)
 
     def _push(self, context: Any) -> None:
         self._call("cuCtxPushCurrent", context)
@@ -328,6 +346,9 @@ class _Bindings(Driver):
 
     def synchronize(self) -> None:
         self._call("cuCtxSynchronize")
+
+    def memset(self, pointer: int, nbytes: int, value: int) -> None:
+        self._call("cuMemsetD8", self.cu.CUdeviceptr(pointer), value, nbytes)
 
     def load_function(self, cubin: bytes, name: str, params: int, dynamic_shared: int) -> Any:
         image = np.frombuffer(cubin, np.uint8)
@@ -366,15 +387,17 @@ class _Bindings(Driver):
             graph = self._call("cuStreamEndCapture", stream)
         return _Graph(self, stream, graph, self._call("cuGraphInstantiate", graph, 0))
 
-    def replay(self, graph: Any) -> None:
+    def launch_graph(self, graph: Any) -> None:
         self._call("cuGraphLaunch", graph.executable, graph.stream)
+
+    def wait(self, graph: Any) -> None:
         self._call("cuStreamSynchronize", graph.stream)
 
     def event(self) -> Any:
         return _Event(self, self._call("cuEventCreate", self.cu.CUevent_flags.CU_EVENT_DEFAULT))
 
-    def record(self, event: Any) -> None:
-        self._call("cuEventRecord", event.handle, self._stream)
+    def record(self, event: Any, stream: Any = None) -> None:
+        self._call("cuEventRecord", event.handle, stream or self._stream)
 
     def elapsed(self, start: Any, end: Any) -> float:
         self._call("cuEventSynchronize", end.handle)

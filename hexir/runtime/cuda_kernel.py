@@ -2,7 +2,7 @@
 
     kernel = hexir.build(func, target="cuda -arch=sm_90")   # NVRTC: works without a GPU
     kernel(a, b, c)         # copies in, launches, copies out: outputs are written in place
-    kernel.time(a, b, c)    # median seconds per launch, CUDA events, after warm-up
+    kernel.time(a, b, c)    # median seconds per launch: CUDA events, the L2 flushed, a graph
     kernel.resources        # {"registers", "spill_bytes", "shared_bytes", "stack_bytes"}
 
 The driver is reached on the first call, not at build, through pycuda or cuda-bindings
@@ -70,22 +70,26 @@ class CudaKernel:
             launch()
 
     def time(self, *arrays: np.ndarray) -> float:
-        """Median seconds per launch, measured with CUDA events after the knobs' warm-up
-        launches, over at least `timing_repeats` launches and `timing_min_seconds` in all.
-        The outputs hold the kernel's result afterwards, as after a call."""
+        """Median seconds per launch, after the knobs' warm-up launches: `timing_repeats`
+        repeats, each `number` launches between two CUDA events after the L2 cache was
+        flushed (twice its size written), with `number` chosen so that the repeats take
+        `timing_min_seconds` in all. Where the driver binding captures CUDA graphs, a
+        repeat replays one graph of the `number` launches, so that no launch waits on
+        Python: a kernel of a few microseconds is timed, not the host's launch rate. The
+        outputs hold the kernel's result afterwards, as after a call."""
         k = knobs.get()
         self._check(arrays)
         with _launcher(self, arrays) as launch:
             for _ in range(k.timing_warmup):
                 launch()
-            driver = _gpu().driver
-            start, end = driver.event(), driver.event()
-            times: list[float] = []
-            while len(times) < max(k.timing_repeats, 1) or sum(times) < k.timing_min_seconds:
-                driver.record(start)
-                launch()
-                driver.record(end)
-                times.append(driver.elapsed(start, end))
+            gpu = _gpu()
+            repeats = max(k.timing_repeats, 1)
+            once = _timed(gpu, launch, 1)
+            number = min(MAX_LAUNCHES, max(1, math.ceil(k.timing_min_seconds / repeats / once)))
+            graph = None
+            if gpu.driver.supports_graphs and number > 1:
+                graph = gpu.driver.capture(lambda stream: [launch(stream) for _ in range(number)])
+            times = [_timed(gpu, launch, number, graph) for _ in range(repeats)]
         return statistics.median(times)
 
     def _check(self, arrays: tuple[np.ndarray, ...]) -> None:
@@ -180,7 +184,7 @@ def _runs_on(binary_arch: str, device_arch: str) -> bool:
 
 
 @contextlib.contextmanager
-def _launcher(kernel: CudaKernel, arrays: tuple[np.ndarray, ...]) -> Iterator[Callable[[], None]]:
+def _launcher(kernel: CudaKernel, arrays: tuple[np.ndarray, ...]) -> Iterator[Callable[..., None]]:
     """Inside: device buffers hold copies of the arrays (outputs too, so a kernel that skips an
     element leaves what the caller put there), and the function launches the kernel on them.
     On leaving: the outputs are copied back and the buffers freed."""
@@ -200,8 +204,10 @@ def _launcher(kernel: CudaKernel, arrays: tuple[np.ndarray, ...]) -> Iterator[Ca
                 pointers.append(driver.alloc(array.nbytes))
                 driver.htod(pointers[-1], array)
 
-            def launch() -> None:
-                driver.launch(function, kernel.grid, kernel.block, kernel.shared_bytes, pointers)
+            def launch(stream: Any = None) -> None:
+                driver.launch(
+                    function, kernel.grid, kernel.block, kernel.shared_bytes, pointers, stream
+                )
 
             yield launch
             driver.synchronize()
@@ -212,6 +218,40 @@ def _launcher(kernel: CudaKernel, arrays: tuple[np.ndarray, ...]) -> Iterator[Ca
             for pointer in pointers:
                 with contextlib.suppress(DriverError):  # keep the error that got us here
                     driver.free(pointer)
+
+
+# Launches a timing repeat makes at most (a kernel of a microsecond at the default knobs).
+MAX_LAUNCHES = 1000
+
+
+def _timed(gpu: _Gpu, launch: Callable[..., None], number: int, graph: Any = None) -> float:
+    """Seconds per launch of `number` launches between two events, after an L2 flush: the
+    launches one by one, or `graph`, a capture of them."""
+    driver = gpu.driver
+    start, end = driver.event(), driver.event()
+    _flush_l2(gpu)
+    stream = graph.stream if graph is not None else None
+    driver.record(start, stream)
+    if graph is not None:
+        driver.launch_graph(graph)
+    else:
+        for _ in range(number):
+            launch()
+    driver.record(end, stream)
+    return driver.elapsed(start, end) / number
+
+
+_flush_buffers: dict[str, int] = {}  # per driver binding: a device buffer, kept
+
+
+def _flush_l2(gpu: _Gpu) -> None:
+    """Writes twice the L2 cache's size, so that the next launch reads its inputs from DRAM,
+    as a kernel does in a model after the kernels before it."""
+    nbytes = 2 * max(gpu.device.l2_bytes, 1 << 20)
+    pointer = _flush_buffers.get(gpu.driver.name)
+    if pointer is None:
+        pointer = _flush_buffers[gpu.driver.name] = gpu.driver.alloc(nbytes)
+    gpu.driver.memset(pointer, nbytes, 0)
 
 
 def _load(kernel: CudaKernel, driver: Driver) -> Any:

@@ -70,7 +70,7 @@ def gpu_schedule(func: PrimFunc, tiling: Tiling | None = None) -> Schedule:
             return mma_schedule(func)
         except ScheduleError:  # a stage it cannot fold (a producer fused before the product)
             pass
-    contraction = [b for b in blocks if _reduces(b) and _spatial(b) >= 2]
+    contraction = [b for b in blocks if _reduces(b) and _spatial(b) >= 2 and _operands(b) >= 2]
     if contraction:
         return _tiled(func, contraction[0], tiling)
     vector = [b for b in blocks if _matrix_vector(b)]
@@ -88,9 +88,14 @@ def _matrix_vector(block: Block) -> bool:
     if not _reduces(block) or _spatial(block) != 1:
         return False
     spatial = [iv for iv in block.iter_vars if iv.kind == "spatial"]
+    return len(spatial) >= 2 and spatial[-1].dom >= VECTOR_MIN_COLUMNS and _operands(block) >= 2
+
+
+def _operands(block: Block) -> int:
+    """How many of the block's reads the reduction indexes: two for a contraction (a matmul's
+    A and B), one for a row reduction (softmax's max over the rows of a 3-D tensor)."""
     reduce = {iv.var for iv in block.iter_vars if iv.kind == "reduce"}
-    operands = [r for r in block.reads if reduce & region_vars(r)]
-    return len(spatial) >= 2 and spatial[-1].dom >= VECTOR_MIN_COLUMNS and len(operands) >= 2
+    return sum(1 for r in block.reads if reduce & region_vars(r))
 
 
 def _reduces(block: Block) -> bool:

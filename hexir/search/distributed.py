@@ -329,9 +329,8 @@ class NodeRunner:
         return dataclasses.replace(result, build_info=info)
 
     def close(self) -> None:
-        """End the CPU worker process and remove the shipped libraries."""
-        if isinstance(self._runner, CpuRunner):
-            self._runner.close()
+        """End the worker process and remove the shipped libraries."""
+        self._runner.close()
         self._dir.cleanup()
 
     def _local(self, shipped: ShippedBuild) -> BuildResult:

@@ -2,7 +2,8 @@
 
     with CpuRunner() as runner:                 # a worker process, replaced when it dies
         results = runner.run(candidates, builds)
-    results = CudaRunner().run(candidates, builds)   # in this process, the kernel's time()
+    with CudaRunner() as runner:                # the same, its worker holding a GPU context
+        results = runner.run(candidates, builds)
 
 Each candidate's outputs are poisoned, computed once and compared with the unscheduled
 kernel's on the workload's random inputs before it is timed: a wrong result is an error
@@ -18,11 +19,11 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from hexir import knobs
-from hexir.errors import HexirError, MeasureError
-from hexir.search.check import Arrays, mismatch, poisoned_outputs, reference
+from hexir.errors import MeasureError
+from hexir.runtime.target import Target
 from hexir.search.measure import BuildResult, Candidate, MeasureResult
 from hexir.search.worker import (
     MeasureRequest,
@@ -34,8 +35,8 @@ from hexir.search.worker import (
 )
 
 
-class CpuRunner:
-    """Measures CPU candidates in a separate worker process, one at a time. A candidate that
+class _WorkerRunner:
+    """Measures candidates in a separate worker process, one at a time. A candidate that
     crashes the worker costs one "crash" record, one that runs past the `measure_timeout`
     knob one "timeout" record; the worker is replaced and the next candidate measured.
     Use it as a context manager, or `close()` it, to end the worker."""
@@ -52,28 +53,38 @@ class CpuRunner:
         workload's unscheduled kernel (the reference) cannot be run."""
         _check_lengths(candidates, builds)
         if not self._finalizer.alive:
-            raise RuntimeError("this CpuRunner is closed; make a new one")
+            raise RuntimeError(f"this {type(self).__name__} is closed; make a new one")
         return [self._run_one(c, b) for c, b in zip(candidates, builds, strict=True)]
 
     def close(self) -> None:
         """End the worker process and remove the reference files."""
         self._finalizer()
 
-    def __enter__(self) -> CpuRunner:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _request(self, ref: ReferenceRequest, candidate: Candidate, build: BuildResult):
+        """The worker's MeasureRequest for a built candidate."""
+        raise NotImplementedError
+
+    def _what(self, build: BuildResult) -> str:
+        """The candidate's build, named in an error record."""
+        raise NotImplementedError
+
+    def _reference_target(self, candidate: Candidate) -> Target:
+        """Where the workload's unscheduled kernel, the reference, runs."""
+        return candidate.target
+
     def _run_one(self, candidate: Candidate, build: BuildResult) -> MeasureResult:
         if not build.ok:
             return MeasureResult.from_build(build)
-        if build.path is None:
-            raise ValueError("the CPU runner measures shared libraries: the build has no path")
         ref = self._reference_request(candidate)
+        request = self._request(ref, candidate, build)
         worker = self._prepared(ref)
         info: dict[str, Any] = {**build.info, "worker_pid": worker.pid, "run_start": time.time()}
-        request = MeasureRequest(ref, candidate.func, build.source, build.path, candidate.cutoff)
         timeout = knobs.get().measure_timeout
         try:
             reply = worker.call(request, timeout)
@@ -82,19 +93,21 @@ class CpuRunner:
             info["run_end"] = time.time()
             message = (
                 f"the candidate ran past the {timeout:g} s timeout (HEXIR_MEASURE_TIMEOUT) and "
-                f"was killed; library {build.path}, its C source beside it"
+                f"was killed; {self._what(build)}"
             )
             return MeasureResult.error("timeout", message, info)
         except WorkerDied as e:
             self._worker = None
             info["run_end"] = time.time()
             message = (
-                f"the candidate crashed the measurement worker ({e.how}); library "
-                f"{build.path}, its C source beside it"
+                f"the candidate crashed the measurement worker ({e.how}); {self._what(build)}"
                 + (f"\nworker stderr:\n{e.log}" if e.log else "")
             )
             return MeasureResult.error("crash", message, info)
         info["run_end"] = time.time()
+        return self._replied(reply, info)
+
+    def _replied(self, reply: Reply, info: dict[str, Any]) -> MeasureResult:
         return _result(reply, info)
 
     def _reference_request(self, candidate: Candidate) -> ReferenceRequest:
@@ -102,7 +115,8 @@ class CpuRunner:
         # One file per workload and target: the same workload may be measured for two CPUs.
         name = hashlib.sha256(f"{key} {candidate.target.key}".encode()).hexdigest()[:32]
         file = Path(self._dir.name) / f"{name}.npz"
-        return ReferenceRequest(key, candidate.workload, candidate.target, str(file), knobs.get())
+        target = self._reference_target(candidate)
+        return ReferenceRequest(key, candidate.workload, target, str(file), knobs.get())
 
     def _prepared(self, ref: ReferenceRequest) -> WorkerProcess:
         """A live worker that holds the reference of `ref`'s workload."""
@@ -125,45 +139,48 @@ class CpuRunner:
         return worker
 
 
-class CudaRunner:
-    """Measures CUDA candidates in this process, one at a time, with each built kernel's own
-    `time()` (CUDA events). The reference is the unscheduled kernel built for the CPU. Nothing
-    here isolates a crash or a hang: a GPU fault ends the process."""
+class CpuRunner(_WorkerRunner):
+    """Measures CPU candidates (shared libraries) in a worker process (`_WorkerRunner`)."""
 
-    def __init__(self) -> None:
-        self._references: dict[str, tuple[Arrays, Arrays]] = {}
+    def _request(
+        self, ref: ReferenceRequest, candidate: Candidate, build: BuildResult
+    ) -> MeasureRequest:
+        if build.path is None:
+            raise ValueError("the CPU runner measures shared libraries: the build has no path")
+        return MeasureRequest(ref, candidate.func, build.source, build.path, candidate.cutoff)
 
-    def run(
-        self, candidates: Sequence[Candidate], builds: Sequence[BuildResult]
-    ) -> list[MeasureResult]:
-        """One MeasureResult per candidate, in order (latencies: the kernel's median)."""
-        _check_lengths(candidates, builds)
-        return [self._run_one(c, b) for c, b in zip(candidates, builds, strict=True)]
+    def _what(self, build: BuildResult) -> str:
+        return f"library {build.path}, its C source beside it"
 
-    def _run_one(self, candidate: Candidate, build: BuildResult) -> MeasureResult:
-        if not build.ok:
-            return MeasureResult.from_build(build)
-        kernel: Any = build.kernel
-        if kernel is None:
-            raise ValueError("the CUDA runner measures loaded kernels: the build has none")
-        key = candidate.workload_key
-        if key not in self._references:
-            self._references[key] = reference(candidate.workload, key, "cpu")
-        inputs, expected = self._references[key]
-        info: dict[str, Any] = {**build.info, "run_start": time.time()}
-        outputs = poisoned_outputs(candidate.func)
-        k = knobs.get()
-        try:
-            kernel(*inputs, *outputs)
-            problem = mismatch(outputs, expected, k.measure_rtol, k.measure_atol)
-            latency = None if problem else float(kernel.time(*inputs, *outputs))
-        except HexirError as e:
-            info["run_end"] = time.time()
-            return MeasureResult.error("run", str(e), info)
-        info["run_end"] = time.time()
-        if latency is None:
-            return MeasureResult.error("wrong_result", problem or "", info)
-        return MeasureResult((latency,), build_info=info)
+
+class CudaRunner(_WorkerRunner):
+    """Measures CUDA candidates in a worker process (`_WorkerRunner`) that holds a GPU
+    context of its own: a kernel that faults (an illegal address) poisons that context, so a
+    candidate whose run fails on the GPU ends the worker and the next one gets a new one; a
+    kernel that hangs is killed at the `measure_timeout` knob. The reference is the
+    unscheduled kernel built for the CPU; timing is `CudaKernel.time` (the L2 flushed before
+    each repeat)."""
+
+    def _request(
+        self, ref: ReferenceRequest, candidate: Candidate, build: BuildResult
+    ) -> MeasureRequest:
+        if build.kernel is None:
+            raise ValueError("the CUDA runner measures built kernels: the build has none")
+        return MeasureRequest(
+            ref, candidate.func, build.source, None, candidate.cutoff, kernel=build.kernel
+        )
+
+    def _what(self, build: BuildResult) -> str:
+        return "its CUDA C in the record's source"
+
+    def _reference_target(self, candidate: Candidate) -> Target:
+        return Target("cpu")
+
+    def _replied(self, reply: Reply, info: dict[str, Any]) -> MeasureResult:
+        if reply.error_kind == "run" and self._worker is not None:
+            self._worker.close()  # its context may hold the fault's sticky error
+            self._worker = None
+        return _result(reply, info)
 
 
 def _result(reply: Reply, info: dict[str, Any]) -> MeasureResult:

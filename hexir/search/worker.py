@@ -1,7 +1,10 @@
-"""The CPU measurement worker: a separate process that loads, checks and times one candidate at
+"""The measurement worker: a separate process that loads, checks and times one candidate at
 a time, so that a candidate that crashes or hangs takes down the worker, never the search.
+The CPU runner's worker loads shared libraries; the CUDA runner's loads CUBINs into the GPU's
+context of its own, which a faulting kernel poisons for that process alone (the runner then
+starts another).
 
-Parent side (the CpuRunner):
+Parent side (CpuRunner, CudaRunner):
 
     worker = WorkerProcess()                       # python -m hexir.search.worker <fd>
     reply = worker.call(request, timeout=30.0)     # a Reply, or WorkerDied / WorkerTimedOut
@@ -40,6 +43,8 @@ from hexir import knobs
 from hexir.errors import HexirError
 from hexir.ir.arrays import aligned_empty
 from hexir.ir.tir import PrimFunc
+from hexir.runtime.cuda_driver import DriverError
+from hexir.runtime.cuda_kernel import CudaKernel
 from hexir.runtime.kernel import CpuKernel
 from hexir.runtime.target import Target
 from hexir.search.calibration import Calibration
@@ -65,13 +70,15 @@ class ReferenceRequest:
 
 @dataclass(frozen=True)
 class MeasureRequest:
-    """Load a built candidate, check its output against the reference, then time it."""
+    """Load a built candidate, check its output against the reference, then time it: the
+    shared library at `path`, or `kernel`, a CUDA candidate (its CUBIN travels with it)."""
 
     reference: ReferenceRequest
     func: PrimFunc
     source: str
-    path: str
+    path: str | None
     cutoff: float | None = None  # Candidate.cutoff
+    kernel: CudaKernel | None = None
 
 
 @dataclass(frozen=True)
@@ -271,8 +278,11 @@ def _save(file: Path, outputs: Arrays) -> None:
 
 
 def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
+    if request.kernel is not None:
+        return _measure_cuda(request.kernel, ref)
     inputs, expected = ref
     target = request.reference.target
+    assert request.path is not None, "a CPU candidate is measured from its library"
     try:
         kernel = CpuKernel(request.func, request.source, Path(request.path), target)
     except OSError as e:
@@ -294,6 +304,24 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     if k.measure_calibration_threshold > 0:
         info["calibration"] = _calibration(target).ratio()
     return Reply(latencies=tuple(latencies), info=info)
+
+
+def _measure_cuda(kernel: CudaKernel, ref: tuple[Arrays, Arrays]) -> Reply:
+    """Check then time a CUDA candidate (`CudaKernel.time`: the L2 flushed before each
+    repeat). A driver error is a "run" reply; the runner then ends this worker, whose
+    context such an error may have poisoned."""
+    inputs, expected = ref
+    outputs = [poison(np.empty(e.shape, e.dtype)) for e in expected]
+    k = knobs.get()
+    try:
+        kernel(*inputs, *outputs)
+        problem = mismatch(outputs, expected, k.measure_rtol, k.measure_atol)
+        if problem is not None:
+            return Reply(error_kind="wrong_result", error_message=problem)
+        latency = float(kernel.time(*inputs, *outputs))
+    except DriverError as e:  # one the kernel's own calls did not name (a context pop)
+        return Reply(error_kind="run", error_message=f"kernel {kernel.name!r}: {e}")
+    return Reply(latencies=(latency,), info={"worker_pid": os.getpid()})
 
 
 _calibrations: dict[str, Calibration] = {}

@@ -1,15 +1,19 @@
-"""CUDA candidates measured on the GPU, in-process and on a Ray cluster's GPU runners."""
+"""CUDA candidates measured on the GPU: by the CudaRunner's worker process, which a faulting or
+hanging kernel costs one record, and on a Ray cluster's GPU runners."""
 
 from __future__ import annotations
 
 import pytest
 
 import hexir
+from hexir import knobs
 from hexir.ir.keys import candidate_key
 from hexir.ir.tir import PrimFunc
 from hexir.ops.parse import parse
+from hexir.runtime.cuda_kernel import CudaKernel
+from hexir.runtime.nvrtc import compile_cuda
 from hexir.schedule import Schedule, Trace
-from hexir.search import Candidate, CudaBuilder, CudaRunner, measure
+from hexir.search import BuildResult, Candidate, CudaBuilder, CudaRunner, measure
 
 pytestmark = pytest.mark.gpu
 
@@ -39,6 +43,41 @@ def test_cuda_candidates_are_checked_and_timed():
     assert len(results) == 2
     assert results[0].ok and results[0].median is not None and results[0].median > 0
     assert results[1].error_kind == "wrong_result"
+
+
+# A kernel that writes where no memory is (an illegal address: the context's sticky error),
+# and one that never ends; both take the place of WORKLOAD's kernel.
+FAULT = """extern "C" __global__ void matmul(const float* A, const float* B, float* C) {
+  float* wild = (float*)(0x10ull + 4096ull * threadIdx.x);
+  *wild = A[0];
+}
+"""
+HANG = """extern "C" __global__ void matmul(const float* A, const float* B, float* C) {
+  volatile float* c = C;
+  for (;;) c[threadIdx.x] = c[threadIdx.x] + 1.0f;
+}
+"""
+
+
+def hand_written(good: BuildResult, source: str) -> BuildResult:
+    kernel = good.kernel
+    binary = compile_cuda(source, kernel.target, "matmul")
+    bad = CudaKernel(kernel.func, source, binary, kernel.target, "matmul", (1,), (32,))
+    return BuildResult(source=source, kernel=bad)
+
+
+def test_a_faulting_or_hanging_kernel_costs_one_record_and_the_next_is_measured():
+    good = candidates()[0]
+    (build,) = CudaBuilder().build([good])
+    builds = [build, hand_written(build, FAULT), build, hand_written(build, HANG), build]
+    with knobs.scope(measure_timeout=5.0), CudaRunner() as runner:
+        results = runner.run([good] * 5, builds)
+    kinds = [r.error_kind for r in results]
+    assert kinds == [None, "run", None, "timeout", None], [r.error_message for r in results]
+    assert "ILLEGAL_ADDRESS" in results[1].error_message
+    assert all(r.median is not None and r.median > 0 for r in results[::2])
+    pids = [r.build_info["worker_pid"] for r in results]
+    assert pids[0] != pids[2] != pids[4]  # a new worker after the fault, and after the hang
 
 
 def test_cuda_candidates_are_measured_on_gpu_runners():

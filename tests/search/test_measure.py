@@ -17,6 +17,7 @@ from hexir.ir.keys import candidate_key
 from hexir.ir.tir import PrimFunc
 from hexir.ops.parse import parse
 from hexir.runtime import cc
+from hexir.runtime.cuda_kernel import gpu_unavailable_reason
 from hexir.runtime.target import Target
 from hexir.schedule import Schedule, Trace
 from hexir.search import (
@@ -245,7 +246,22 @@ def test_cuda_builder_compiles_with_nvrtc_without_a_gpu(tmp_path):
         assert b.kernel is not None and "__global__" in b.source
         assert "registers" in b.info["resources"]
         json.dumps(b.info)
-    assert CudaRunner().run([], []) == []
+    with CudaRunner() as runner:
+        assert runner.run([], []) == []
+
+
+def test_the_cuda_runner_says_there_is_no_gpu_in_each_record(tmp_path):
+    # Its worker process, not this one, reaches the driver: where there is none, each built
+    # candidate is a "run" error that says so, and the runner goes on to the next.
+    if gpu_unavailable_reason() is None:
+        pytest.skip("this machine has a GPU: tests/gpu measures there")
+    candidates = gpu_candidates()
+    with knobs.scope(cache_dir=str(tmp_path)):
+        builds = CudaBuilder(workers=1).build(candidates)
+        with CudaRunner() as runner:
+            results = runner.run(candidates, builds)
+    assert [r.error_kind for r in results] == ["run", "run"]
+    assert all("no GPU to run on" in r.error_message for r in results)
 
 
 def test_a_cuda_candidate_that_spills_is_a_resource_error_not_a_measurement(tmp_path):
