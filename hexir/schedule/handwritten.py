@@ -30,7 +30,7 @@ from hexir.ir.tir import Block, PrimFunc, Var
 from hexir.schedule.common import all_blocks, index_vars, region_vars
 from hexir.schedule.handwritten_mma import mma_schedule, mma_tiling
 from hexir.schedule.schedule import Schedule
-from hexir.schedule.trace import BlockRV, LoopRV
+from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
 
 BANKS = 32  # shared memory banks of 4 bytes
 ROW_THREADS = 128  # threads per row of a row reduction
@@ -140,16 +140,17 @@ def _tiled(
     across = [column is not None and _rows_across_lanes(node, n, column) for n in range(reads)]
     if any(across) and tiling is None:  # its padded rows take shared memory: a shorter step
         t = Tiling(t.ty, t.tx, t.mi, t.nj, max(t.bk // 2, 1))
-    by, ty, ii = sch.split(i, [None, t.ty, t.mi])
+    (_, ty_n, _), (by, ty, ii) = _tiles(sch, i, [t.ty, t.mi])
     if any(across):  # a thread's columns tx, tx + t.tx, ...: a warp reads adjacent W rows
-        bx, ji, tx = sch.split(j, [None, t.nj, t.tx])
+        (_, _, tx_n), (bx, ji, tx) = _tiles(sch, j, [t.nj, t.tx])
     else:  # a thread's columns adjacent: its B reads merge into a vector load
-        bx, tx, ji = sch.split(j, [None, t.tx, t.nj])
+        (_, tx_n, _), (bx, tx, ji) = _tiles(sch, j, [t.tx, t.nj])
+    threads = (ty_n, tx_n)
     # A step of the reduction: bk of one reduce axis; a convolution's channels in steps of
     # about bk / (R * S) with its window (r, s) whole inside, so that a step's image tile is a
     # few channels of a few rows (fusing c, r and s first would make it the whole image).
     steps = [sch.get(lp).extent for lp in reduce[1:]]  # type: ignore[union-attr]
-    k0, k1 = sch.split(reduce[0], [None, _pow2_at_most(max(t.bk // math.prod(steps), 1))])
+    _, (k0, k1) = _tiles(sch, reduce[0], [_pow2_at_most(max(t.bk // math.prod(steps), 1))])
     sch.reorder(*outer, by, bx, k0, ty, tx, k1, *reduce[1:], ii, ji)
     if outer:
         sch.bind(outer[0], "blockIdx.z")
@@ -162,7 +163,7 @@ def _tiled(
         if padded:  # W[n][k] of a dense: each row padded by a word, fetched word by word
             rank = len(sch.get(fetch).writes[0].buffer.shape)  # type: ignore[union-attr]
             sch.storage_align(fetch, 0, rank - 2, BANKS, 1)
-        _cooperative_fetch(sch, fetch, k0, t, vector=not padded)
+        _cooperative_fetch(sch, fetch, k0, t, threads, vector=not padded)
     sch.unroll(ii)
     sch.unroll(ji)
     sch.decompose_reduction(mm, k0)  # the zeroing keeps the thread loops' kinds
@@ -170,11 +171,11 @@ def _tiled(
     loops = sch.get_loops(c_local)  # the write-back, thread by thread
     own = loops[[sch.get(lp) for lp in loops].index(sch.get(bx)) + 1 :]
     if any(across):
-        c1, c0 = sch.split(own[-1], [None, t.tx])
+        c1, c0 = sch.split(own[-1], [None, tx_n])
     else:
-        c0, c1 = sch.split(own[-1], [t.tx, None])
+        c0, c1 = sch.split(own[-1], [tx_n, None])
     if len(own) >= 2:
-        r0, r1 = sch.split(own[-2], [t.ty, None])
+        r0, r1 = sch.split(own[-2], [ty_n, None])
         sch.reorder(r0, c0, r1, c1)
         sch.bind(r0, "threadIdx.y")
         sch.unroll(r1)
@@ -182,6 +183,23 @@ def _tiled(
     sch.bind(c0, "threadIdx.x")
     sch.unroll(c1)
     return sch
+
+
+def _tiles(
+    sch: Schedule, loop: LoopRV, inner: list[int]
+) -> tuple[list[ExprRV | int], list[LoopRV]]:
+    """`loop` split into the rest of its extent and the `inner` factors. Where they divide
+    the extent the factors are a drawn tile's decision (`sample_perfect_tile`), so that the
+    search moves them: the schedule's neighbours are a tile factor away, and every use of a
+    factor (the fetch's and the write-back's thread splits) moves with it; a ragged tile
+    keeps plain factors."""
+    extent = sch.get(loop).extent  # type: ignore[union-attr]
+    if extent % math.prod(inner):
+        return [None, *inner], sch.split(loop, [None, *inner])  # type: ignore[return-value]
+    decision = [extent // math.prod(inner), *inner]
+    factors = sch.sample_perfect_tile(loop, n=len(decision), max_innermost_factor=0,
+                                      decision=decision)  # fmt: skip
+    return list(factors), sch.split(loop, factors)
 
 
 def _fit(t: Tiling, rows: int, cols: int, outer: int = 1) -> Tiling:
@@ -248,10 +266,17 @@ def _rows_across_lanes(block: Block, n: int, column: Var) -> bool:
 
 
 def _cooperative_fetch(
-    sch: Schedule, fetch: BlockRV, at: LoopRV, t: Tiling, vector: bool = True
+    sch: Schedule,
+    fetch: BlockRV,
+    at: LoopRV,
+    t: Tiling,
+    threads: tuple[ExprRV | int, ExprRV | int] | None = None,
+    vector: bool = True,
 ) -> None:
-    """The copy's loops (under `at`) fused, split over the block's threads (ty, tx), the
-    innermost four lanes vectorized when the copied rows allow float4 (and `vector`)."""
+    """The copy's loops (under `at`) fused, split over the block's threads (ty, tx: `t`'s,
+    or `threads`, the drawn factors that are), the innermost four lanes vectorized when the
+    copied rows allow float4 (and `vector`)."""
+    ty, tx = threads or (t.ty, t.tx)
     loops = sch.get_loops(fetch)
     names = [sch.describe(lp) for lp in loops]
     loops = loops[names.index(sch.describe(at)) + 1 :]
@@ -263,10 +288,10 @@ def _cooperative_fetch(
     whole = vector and row % 4 == 0 and len(loops) == rank
     lanes = 4 if whole and extent % (4 * t.ty * t.tx) == 0 else 1
     if lanes > 1:
-        _, y, x, v = sch.split(fused, [None, t.ty, t.tx, lanes])
+        _, y, x, v = sch.split(fused, [None, ty, tx, lanes])
         sch.vectorize(v)
     else:
-        _, y, x = sch.split(fused, [None, t.ty, t.tx])
+        _, y, x = sch.split(fused, [None, ty, tx])
     sch.bind(y, "threadIdx.y")
     sch.bind(x, "threadIdx.x")
 

@@ -624,6 +624,28 @@ def test_a_gpu_softmax_over_a_3d_tensor_runs_a_thread_block_per_row(rng):
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize("op", ["matmul", "dense"])
+def test_the_gpu_default_of_a_contraction_is_one_tile_step_from_its_neighbours(op, rng):
+    # Its tiles are drawn decisions, so the search's climb (mutators.neighbours) moves them
+    # from the default: each neighbour a valid kernel computing the same values, the thread
+    # splits of its fetches and write-back moving with the tile.
+    from hexir.search.evolutionary import replay
+    from hexir.search.mutators import neighbours, sites
+
+    func = hexir.workload(op, M=64, N=128, K=64)
+    target = hexir.Target("cuda -arch=sm_90")
+    sch = default_schedule(func, target)
+    assert len(sites(sch.trace).tiles) == 3  # rows (block, threads, each thread's), cols, depth
+    assert hexir.Trace.from_json(sch.trace.to_json()).apply(func, target=target).func == sch.func
+    made = [replay(func, step, target) for step in neighbours(sch.trace)]
+    valid = [c for c in made if c is not None]
+    assert len(valid) >= len(made) // 2 >= 3
+    launches = {verify_gpu(compact_buffers(c.func), target) for c in valid}
+    assert len(launches) > 1  # the threads moved, not only each thread's share
+    for c in valid[:3]:
+        check_on_cpu(func, c.func, rng)
+
+
 @pytest.mark.parametrize("block", [8, 16])
 def test_a_conv_of_a_blocked_weight_takes_panels_of_one_block(block, rng):
     # A 3x3 conv's weight laid out in blocks of b filters ([K/b, C, R, S, b]) is contiguous
