@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one command to run on a machine with an NVIDIA GPU, no package registry needed:
 #
-#   scripts/gpu_check.sh WHEELHOUSE [--dry-run] [--build-pycuda] [--model NAME]
+#   scripts/gpu_check.sh WHEELHOUSE [--dry-run] [--build-pycuda] [--model NAME]...
+#                        [--tune SECONDS] [--tune-model NAME]
 #
 # WHEELHOUSE: a folder made by scripts/make_wheelhouse.sh (it may be empty where the machine
 # has numpy, cuda-bindings with NVRTC, and pytest). What is missing is installed from it into a
@@ -14,8 +15,10 @@
 # else), benchmarks/matmul_gpu.py in float32 and float16 (cuBLAS through CuPy or PyTorch;
 # float16 on tensor cores) and `hexir run MODEL
 # --target cuda --profile --check` for each --model (default: mlp, bert-base, gpt2-decode; its
-# end-to-end time replays a CUDA graph, beside the time of launching kernel by kernel), and
-# prints a short table last. Exit status 0 only when every step passed; a skipped test fails the check,
+# end-to-end time replays a CUDA graph, beside the time of launching kernel by kernel), then
+# tunes --tune-model (default bert-base) on the GPU for --tune SECONDS (default 60; 0: no tune;
+# it needs sqlalchemy and xgboost, from the wheelhouse where missing) and times it end to end
+# with its default and its tuned schedules, and prints a short table last. Exit status 0 only when every step passed; a skipped test fails the check,
 # except the one test of Ray's GPU runners where Ray is not installed (its row says so).
 # --dry-run, on any machine: installs from WHEELHOUSE into a scratch folder, checks that
 # everything imports and that NVRTC compiles for the GPU archs, and prints the plan.
@@ -25,6 +28,7 @@ set -uo pipefail
 
 usage() {
     echo "usage: scripts/gpu_check.sh WHEELHOUSE [--dry-run] [--build-pycuda] [--model NAME]..." >&2
+    echo "                           [--tune SECONDS] [--tune-model NAME]" >&2
     echo "  (WHEELHOUSE: a folder made by scripts/make_wheelhouse.sh)" >&2
     exit 2
 }
@@ -32,12 +36,16 @@ wheelhouse=""
 dry_run=0
 build_pycuda=0
 models=()
+tune=60
+tune_model=bert-base
 while (($#)); do
     case "$1" in
         --dry-run) dry_run=1; shift ;;
         --build-pycuda) build_pycuda=1; shift ;;
         --model) (($# > 1)) || usage; models+=("$2"); shift 2 ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        --tune) (($# > 1)) && [[ "$2" =~ ^[0-9]+$ ]] || usage; tune="$2"; shift 2 ;;
+        --tune-model) (($# > 1)) || usage; tune_model="$2"; shift 2 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         -*) usage ;;
         *) [[ -z "$wheelhouse" ]] || usage; wheelhouse="$1"; shift ;;
     esac
@@ -140,6 +148,8 @@ PYTEST_NEEDS=(iniconfig:iniconfig pluggy:pluggy packaging:packaging)
 PYCUDA_NEEDS=(pytools:pytools platformdirs:platformdirs mako:mako markupsafe:markupsafe
     siphash24:siphash24 typing_extensions:typing-extensions)
 BINDINGS_NEEDS=(cuda.pathfinder:cuda-pathfinder)
+# A tune's database and cost model (xgboost-cpu: XGBoost without its CUDA build, 6 MB).
+TUNE_NEEDS=(sqlalchemy:sqlalchemy xgboost:xgboost-cpu typing_extensions:typing-extensions)
 
 missing_of() {  # module:distribution pairs -> the distributions whose module does not import
     local pair
@@ -172,8 +182,17 @@ setup() {
         note="$note, nvidia-cuda-nvrtc"
     fi
     "$py" -c 'import numpy, pytest, cuda.bindings.driver, cuda.bindings.nvrtc' || return 1
+    if ((tune)); then  # where the wheelhouse lacks them, the tune is reported as not run
+        mapfile -t missing < <(missing_of "${TUNE_NEEDS[@]}")
+        if ((${#missing[@]})) && install --no-deps "${missing[@]}" 2>/dev/null; then
+            [[ "$note" == "nothing to install" ]] && note="installed" || note="$note,"
+            note="$note ${missing[*]}"
+        fi
+    fi
     echo "$note ($((SECONDS - step)) s)"
 }
+
+can_tune() { importable sqlalchemy && importable xgboost; }
 
 if ((dry_run)); then  # a scratch site: nothing this machine has kept from a real run
     site="$work/site"
@@ -210,6 +229,13 @@ PYEOF
 )" && row "NVRTC" "$compiled" || failed "NVRTC" "$(tail -n 1 <<<"$compiled")"
     row "plan" "tests/runtime/test_nvrtc.py tests/runtime/test_cuda_kernel.py, -m gpu tests/gpu"
     row "" "benchmarks/matmul_gpu.py; hexir run {${models[*]}} --target cuda --profile --check"
+    if ((tune == 0)); then
+        row "" "no tune (--tune 0)"
+    elif can_tune; then
+        row "" "hexir tune $tune_model --target cuda --time-budget ${tune}s, default vs tuned"
+    else
+        failed "tune" "sqlalchemy or xgboost neither installed nor in the wheelhouse"
+    fi
     table
     exit "$status"
 fi
@@ -310,6 +336,28 @@ for model in "${models[@]}"; do  # a whole model: built, checked against numpy, 
         failed "model $model" "$(tail -n 1 "$log" | cut -c 1-90)"
     fi
 done
+
+if ((tune)) && ! can_tune; then
+    row "tune $tune_model" "not run: sqlalchemy or xgboost not installed (scripts/make_wheelhouse.sh)"
+elif ((tune)); then  # the search on the GPU: the model end to end, default and tuned schedules
+    echo "== hexir tune $tune_model --target cuda --time-budget ${tune}s"
+    db="sqlite:///$work/tune.db"
+    log="$work/tune.log"
+    timeout $((tune + 120)) "$py" -m hexir tune "$tune_model" --target cuda --no-ray \
+        --time-budget "${tune}s" --db "$db" >"$log" 2>&1
+    code=$?
+    tail -n 20 "$log"
+    bench() { timeout 120 "$py" -m hexir run "$tune_model" --target cuda --bench --repeats 100 \
+        "$@" 2>&1 | awk '/^bench /{print $2}'; }
+    default="$(bench)" tuned="$(bench --db "$db")"
+    trials="$(awk '/^tuned /{for (i = 1; i < NF; i++) if ($(i + 1) == "trials") print $i}' "$log")"
+    if ((code == 0)) && [[ -n "$default" && -n "$tuned" ]]; then
+        row "tune $tune_model (${tune} s)" "$(awk -v d="$default" -v t="$tuned" -v n="${trials:-?}" \
+            'BEGIN {printf "%s trials: %s ms default, %s ms tuned end to end (%.2fx)", n, d, t, d / t}')"
+    else
+        failed "tune $tune_model" "exit status $code (see above)"
+    fi
+fi
 
 table
 exit "$status"
