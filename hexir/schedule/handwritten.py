@@ -187,7 +187,7 @@ def _tiled(
 
 def _tiles(
     sch: Schedule, loop: LoopRV, inner: list[int]
-) -> tuple[list[ExprRV | int], list[LoopRV]]:
+) -> tuple[list[ExprRV | int | None], list[LoopRV]]:
     """`loop` split into the rest of its extent and the `inner` factors. Where they divide
     the extent the factors are a drawn tile's decision (`sample_perfect_tile`), so that the
     search moves them: the schedule's neighbours are a tile factor away, and every use of a
@@ -195,7 +195,7 @@ def _tiles(
     keeps plain factors."""
     extent = sch.get(loop).extent  # type: ignore[union-attr]
     if extent % math.prod(inner):
-        return [None, *inner], sch.split(loop, [None, *inner])  # type: ignore[return-value]
+        return [None, *inner], sch.split(loop, [None, *inner])
     decision = [extent // math.prod(inner), *inner]
     factors = sch.sample_perfect_tile(loop, n=len(decision), max_innermost_factor=0,
                                       decision=decision)  # fmt: skip

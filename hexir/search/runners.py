@@ -66,7 +66,9 @@ class _WorkerRunner:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, ref: ReferenceRequest, candidate: Candidate, build: BuildResult):
+    def _request(
+        self, ref: ReferenceRequest, candidate: Candidate, build: BuildResult
+    ) -> MeasureRequest:
         """The worker's MeasureRequest for a built candidate."""
         raise NotImplementedError
 

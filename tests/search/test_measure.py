@@ -250,6 +250,7 @@ def test_cuda_builder_compiles_with_nvrtc_without_a_gpu(tmp_path):
         assert runner.run([], []) == []
 
 
+@pytest.mark.slow  # a worker process started for each record
 def test_the_cuda_runner_says_there_is_no_gpu_in_each_record(tmp_path):
     # Its worker process, not this one, reaches the driver: where there is none, each built
     # candidate is a "run" error that says so, and the runner goes on to the next.
