@@ -58,8 +58,16 @@ class Tiling:
 
 
 # ... with one row per block, a thread per column and a deep reduction step: as many blocks
-# as the columns allow, each step's weight tile fetched by all threads at once.
+# as the columns allow, each step's weight tile fetched by all threads at once. (The fallback
+# of a matrix-vector product whose columns or depth `_split_reduction` cannot divide.)
 VECTOR_TILING = Tiling(ty=1, tx=64, mi=1, nj=1, bk=64)
+# A matrix-vector product's block (`_split_reduction`): GEMV_THREADS threads, a few columns
+# each shared by many threads along the reduction, each thread summing GEMV_MIN_STEPS products
+# or more. A warp reads whole 32-byte sectors of the weight: 8 adjacent columns ([K][N]) or
+# 32 adjacent depths ([N][K]).
+GEMV_THREADS = 256
+GEMV_MIN_STEPS = 8
+GEMV_COLUMNS = (32, 16, 8)
 
 
 def gpu_schedule(func: PrimFunc, tiling: Tiling | None = None) -> Schedule:
@@ -75,7 +83,8 @@ def gpu_schedule(func: PrimFunc, tiling: Tiling | None = None) -> Schedule:
         return _tiled(func, contraction[0], tiling)
     vector = [b for b in blocks if _matrix_vector(b)]
     if vector:
-        return _tiled(func, vector[0], tiling, VECTOR_TILING)
+        split = _split_reduction(func, vector[0]) if tiling is None else None
+        return split or _tiled(func, vector[0], tiling, VECTOR_TILING)
     if any(_reduces(b) for b in blocks):
         return _rows(func)
     return _flat(func)
@@ -182,6 +191,68 @@ def _tiled(
     # else one row per block (a matrix-vector product): its row loop has gone
     sch.bind(c0, "threadIdx.x")
     sch.unroll(c1)
+    return sch
+
+
+# ---------------------------------------------------------------------------------------------
+# Matrix-vector products: the reduction shared by a block's threads
+
+
+def _split_reduction(func: PrimFunc, block: Block) -> Schedule | None:
+    """A one-row contraction (GPT-2's decode step: 1 x 768 by 768 x 3072) with its reduction
+    split across each block's threads: a block takes a few columns, its threads each sum a
+    share of the depth into a shared partial (rfactor), and one thread per column adds the
+    partials and writes the column with its epilogue. A thread per column over the whole
+    depth (VECTOR_TILING) left most multiprocessors idle: 768 columns made 12 blocks of 64
+    threads for an H100's 132 multiprocessors. Lanes run along the weight's contiguous axis:
+    the columns of a [K][N] weight, the depth of an [N][K] one (a dense). None where the
+    columns or the depth do not divide."""
+    sch = Schedule(func)
+    _inline_elementwise(sch, func, keep={block.name})
+    mm = sch.get_block(block.name)
+    c_local = sch.cache_write(mm, 0, "local")
+    _inline_consumers(sch, func, block.name)
+    loops = sch.get_loops(mm)
+    node = sch.get(mm)
+    assert isinstance(node, Block)
+    spatial = [lp for lp, iv in zip(loops, node.iter_vars, strict=True) if iv.kind == "spatial"]
+    reduce = [lp for lp, iv in zip(loops, node.iter_vars, strict=True) if iv.kind == "reduce"]
+    if len(reduce) != 1:
+        return None
+    columns, depth = (sch.get(lp).extent for lp in (spatial[-1], reduce[0]))  # type: ignore[union-attr]
+    column = node.iter_vars[loops.index(spatial[-1])].var
+    across = any(_rows_across_lanes(node, n, column) for n in range(len(node.reads)))
+    if across:  # W[n][k]: a warp's lanes along k, a few columns per block
+        lanes = BANKS
+        width = GEMV_THREADS // lanes
+    else:  # W[k][n]: lanes along the columns, the most blocks the columns allow
+        fits = [c for c in GEMV_COLUMNS if columns % c == 0]
+        wide = [c for c in fits if columns // c >= MIN_BLOCKS]
+        width = (wide or fits[-1:] or [0])[0]
+        lanes = GEMV_THREADS // max(width, 1)
+    while lanes > 1 and (depth % lanes or depth // lanes < GEMV_MIN_STEPS):
+        lanes //= 2
+    if not width or columns % width or lanes < 2:
+        return None
+    jo, jc = sch.split(spatial[-1], [None, width])
+    if across:  # k = step * lanes + lane: adjacent lanes, adjacent depths
+        kk, kt = sch.split(reduce[0], [None, lanes])
+    else:  # k = lane * steps + step: each lane one stretch of rows
+        kt, kk = sch.split(reduce[0], [lanes, None])
+    sch.reorder(*spatial[:-1], jo, kt, jc, kk)
+    # The partials, a per-block buffer (shared memory), with the lanes' axis innermost where
+    # the lanes run along the depth and outermost where they run along the columns: a warp's
+    # partials are adjacent words either way.
+    sch.rfactor(kt, len(spatial) if across else 0)
+    axes = ("threadIdx.y", "threadIdx.x") if across else ("threadIdx.x", "threadIdx.y")
+    bx = sch.fuse(*spatial[:-1], jo) if spatial[:-1] else jo
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(jc, axes[0])
+    sch.bind(kt, axes[1])
+    kw, jw = sch.get_loops(mm)[-2:]  # the sum of the partials: a thread per column
+    sch.reorder(jw, kw)
+    sch.bind(jw, axes[0])
+    sch.reverse_compute_at(c_local, jw)
     return sch
 
 

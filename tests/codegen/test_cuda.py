@@ -109,18 +109,24 @@ def test_matmul_tile_has_no_spills_and_vector_fetches(arch):
 
 
 @pytest.mark.parametrize(
-    "name,shape",
-    [("matmul", dict(M=1, N=600, K=96)), ("dense", dict(M=1, N=300, K=130, bias=True))],
-)
-def test_a_one_row_contraction_spreads_its_columns_over_blocks_and_threads(name, shape, rng):
+    "name,shape,grid,block",
+    [
+        # the depth shared by 8 threads of each column (tests/runtime/test_default_schedule.py)
+        ("matmul", dict(M=1, N=600, K=96), (75, 1, 1), (8, 8, 1)),
+        # 300 columns in no block of 8 (W[n][k]): a thread per column, VECTOR_TILING
+        ("dense", dict(M=1, N=300, K=130, bias=True), (-(-300 // VECTOR_TILING.tx), 1, 1),
+         (VECTOR_TILING.tx, 1, 1)),
+    ],
+)  # fmt: skip
+def test_a_one_row_contraction_spreads_its_columns_over_blocks_and_threads(
+    name, shape, grid, block, rng
+):
     """GPT-2's decode step multiplies one row by each weight: the columns go to blocks of
     threads (a row reduction's schedule would loop over every column in one block)."""
     func = hexir.workload(name, **shape)
     sch = gpu_schedule(func)
     cuda = generate_cuda(sch.func, Target("cuda -arch=sm_90"))
-    threads = VECTOR_TILING.tx * VECTOR_TILING.nj
-    assert cuda.block == (VECTOR_TILING.tx, 1, 1)
-    assert cuda.grid == (-(-shape["N"] // threads), 1, 1)
+    assert (cuda.grid, cuda.block) == (grid, block)
     _run_cpu(func, sch.func, rng)
 
 

@@ -624,6 +624,35 @@ def test_a_gpu_softmax_over_a_3d_tensor_runs_a_thread_block_per_row(rng):
     check_on_cpu(func, sch.func, rng)
 
 
+@pytest.mark.parametrize(
+    "weight, N, K, grid, block",
+    [
+        ("KN", 768, 768, 96, (8, 32, 1)),  # GPT-2 decode: 8 columns, 32 lanes of 24 rows each
+        ("KN", 3072, 768, 384, (8, 32, 1)),
+        ("KN", 768, 3072, 96, (8, 32, 1)),
+        ("NK", 768, 768, 96, (32, 8, 1)),  # a dense's W[n][k]: lanes along k
+        ("KN", 600, 96, 75, (8, 8, 1)),  # a shallow depth: 8 lanes of 12 rows
+    ],
+)
+def test_a_gpu_matrix_vector_product_shares_each_columns_depth_among_threads(
+    weight, N, K, grid, block, rng
+):
+    # With its epilogue (bias, GELU) in the write-back; a warp reads whole sectors of W.
+    b = hexir.GraphBuilder("g")
+    x = b.input("x", (1, K))
+    w = b.input("w", (K, N) if weight == "KN" else (N, K))
+    y = b.matmul(x, w) if weight == "KN" else b.dense(x, w)
+    (group,) = partition(b.build(b.gelu(b.bias_add(y, b.input("bias", (N,))))))
+    func = hexir.lower(group.graph())
+    target = hexir.Target("cuda -arch=sm_90")
+    sch = default_schedule(func, target)
+    launch = verify_gpu(compact_buffers(sch.func), target)
+    assert (launch.grid, launch.block) == ((grid, 1, 1), block)
+    kernel = hexir.build(sch.func, target)
+    assert kernel.resources["spill_bytes"] == 0 and kernel.resources["shared_bytes"] > 0
+    check_on_cpu(func, sch.func, rng)
+
+
 @pytest.mark.parametrize("op", ["matmul", "dense"])
 def test_the_gpu_default_of_a_contraction_is_one_tile_step_from_its_neighbours(op, rng):
     # Its tiles are drawn decisions, so the search's climb (mutators.neighbours) moves them
