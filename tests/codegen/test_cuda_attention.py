@@ -125,6 +125,7 @@ def test_tiles_changed_in_the_trace_compile_and_compute_numpy(rng):
     np.testing.assert_allclose(_on_cpu(sch.func, inputs), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # 1.7 s: the quick suite stays under 3 minutes
 def test_causal_attention_skips_the_key_tiles_a_block_hides(rng):
     """Keys 64..127 are hidden from queries 0..63: their block never reads their values (NaN
     here), so those rows stay finite and right; a block that read them would multiply a
@@ -195,7 +196,11 @@ def _paged_inputs(func: hexir.PrimFunc, lengths: list[int], rng) -> list[np.ndar
 
 
 @pytest.mark.parametrize(
-    "new, lengths", [pytest.param(False, [37, 100], marks=pytest.mark.slow), (True, [0, 70])]
+    "new, lengths",
+    [
+        pytest.param(False, [37, 100], marks=pytest.mark.slow),
+        pytest.param(True, [0, 70], marks=pytest.mark.slow),  # 2.3 s each
+    ],
 )
 def test_decode_over_the_paged_cache_is_the_flash_nest_of_one_query(new, lengths, rng):
     """One thread block per (sequence, head); the current token, where given, is the key

@@ -125,6 +125,7 @@ def test_causal_attention_runs_as_blocks_of_queries_over_the_keys_they_see(rng, 
     )
 
 
+@pytest.mark.slow  # 1.9 s: the quick suite stays under 3 minutes
 def test_a_long_gpt2_block_plans_no_sequence_by_sequence_buffer(rng):
     seq, heads = MIN_KEYS, 2
     graph = gpt2(seq=seq, hidden=32, heads=heads)
