@@ -13,7 +13,12 @@ A schedule is chosen by the kinds of the blocks' iter vars, not their names:
   (cache_write), each operand's tile for a step of the reduction in `shared` memory
   (cache_read), fetched cooperatively (the copy's loops fused and bound to the threads,
   innermost four lanes vectorized where the rows allow float4), elementwise consumers inlined
-  into the write-back;
+  into the write-back; its tiles are drawn decisions where they divide the loops, so the
+  search steps from this schedule one tile factor at a time;
+- a one-row contraction (a decode step's matrix-vector product) gets a few columns per block,
+  each column's depth shared by the block's threads and their partials summed in shared
+  memory (`_split_reduction`), or, where its columns or depth do not divide, a thread per
+  column (VECTOR_TILING);
 - other reductions (softmax, layer_norm, reduce_sum: rows) get one thread block per row, each
   reduction a cross-thread one over threadIdx.x (rfactor first where the reduction is the
   whole function), elementwise stages inlined or bound to the same threads;
