@@ -8,13 +8,13 @@ the defaults until the search (a later issue) finds better ones.
 A schedule is chosen by the kinds of the blocks' iter vars, not their names:
 - a contraction of float16 or bfloat16 operands into float32 whose shape divides a tiling
   (multiples of 32 x 64 x 32) gets warps of tensor-core instructions (handwritten_mma.py);
-- any other reduction with two or more spatial iter vars (matmul, batch_matmul, dense, conv2d) gets
-  block/thread tiling: the output tile of a thread block in a `local` accumulator
-  (cache_write), each operand's tile for a step of the reduction in `shared` memory
-  (cache_read), fetched cooperatively (the copy's loops fused and bound to the threads,
-  innermost four lanes vectorized where the rows allow float4), elementwise consumers inlined
-  into the write-back; its tiles are drawn decisions where they divide the loops, so the
-  search steps from this schedule one tile factor at a time;
+- any other reduction of two operands with two or more spatial iter vars (matmul,
+  batch_matmul, dense, conv2d) gets block/thread tiling: the output tile of a thread block in
+  a `local` accumulator (cache_write), each operand's tile for a step of the reduction in
+  `shared` memory (cache_read), fetched cooperatively (the copy's loops fused and bound to
+  the threads, innermost four lanes vectorized where the rows allow float4), elementwise
+  consumers inlined into the write-back; its tiles are drawn decisions where they divide the
+  loops, so the search steps from this schedule one tile factor at a time;
 - a one-row contraction (a decode step's matrix-vector product) gets a few columns per block,
   each column's depth shared by the block's threads and their partials summed in shared
   memory (`_split_reduction`), or, where its columns or depth do not divide, a thread per
