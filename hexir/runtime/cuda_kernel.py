@@ -83,13 +83,14 @@ class CudaKernel:
             for _ in range(k.timing_warmup):
                 launch()
             gpu = _gpu()
+            events = (gpu.driver.event(), gpu.driver.event())
             repeats = max(k.timing_repeats, 1)
-            once = _timed(gpu, launch, 1)
+            once = _timed(gpu, events, launch, 1)
             number = min(MAX_LAUNCHES, max(1, math.ceil(k.timing_min_seconds / repeats / once)))
             graph = None
             if gpu.driver.supports_graphs and number > 1:
                 graph = gpu.driver.capture(lambda stream: [launch(stream) for _ in range(number)])
-            times = [_timed(gpu, launch, number, graph) for _ in range(repeats)]
+            times = [_timed(gpu, events, launch, number, graph) for _ in range(repeats)]
         return statistics.median(times)
 
     def _check(self, arrays: tuple[np.ndarray, ...]) -> None:
@@ -224,11 +225,17 @@ def _launcher(kernel: CudaKernel, arrays: tuple[np.ndarray, ...]) -> Iterator[Ca
 MAX_LAUNCHES = 1000
 
 
-def _timed(gpu: _Gpu, launch: Callable[..., None], number: int, graph: Any = None) -> float:
-    """Seconds per launch of `number` launches between two events, after an L2 flush: the
-    launches one by one, or `graph`, a capture of them."""
+def _timed(
+    gpu: _Gpu,
+    events: tuple[Any, Any],
+    launch: Callable[..., None],
+    number: int,
+    graph: Any = None,
+) -> float:
+    """Seconds per launch of `number` launches between the two `events`, after an L2 flush:
+    the launches one by one, or `graph`, a capture of them."""
     driver = gpu.driver
-    start, end = driver.event(), driver.event()
+    start, end = events
     _flush_l2(gpu)
     stream = graph.stream if graph is not None else None
     driver.record(start, stream)

@@ -311,7 +311,7 @@ def _measure_cuda(kernel: CudaKernel, ref: tuple[Arrays, Arrays]) -> Reply:
     repeat). A driver error is a "run" reply; the runner then ends this worker, whose
     context such an error may have poisoned."""
     inputs, expected = ref
-    outputs = [poison(np.empty(e.shape, e.dtype)) for e in expected]
+    outputs = [poison(aligned_empty(e.shape, e.dtype)) for e in expected]  # as a CPU one's
     k = knobs.get()
     try:
         kernel(*inputs, *outputs)
