@@ -1,8 +1,9 @@
 """matmul 4096^3 on the GPU: a hand schedule against cuBLAS, side by side in one run.
 
     python benchmarks/matmul_gpu.py [--size 4096] [--op matmul|dense] [--rounds 3]
-                                    [--dtype float32|float16] [--tiling 8,32,8,4,64]
-                                    [--summary FILE] [--peer auto|cublas|cupy|torch]
+                                    [--dtype float32|float16] [--tiling 8,32,8,8,32]
+                                    [--also 8,32,8,4,64 ...] [--summary FILE]
+                                    [--peer auto|cublas|cupy|torch]
 
 float16 runs the tensor-core schedule (`hexir.schedule.handwritten_mma`: mma.sync and
 ldmatrix, float32 accumulation) against cuBLAS's float16 GEMM (float32 accumulation too).
@@ -177,6 +178,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     parser.add_argument("--tiling", help="ty,tx,mi,nj,bk (default: the schedule's own)")
+    parser.add_argument("--also", action="append", default=[], metavar="TILING",
+                        help="also time the hand schedule with this tiling (float32)")  # fmt: skip
     parser.add_argument("--summary", help="write the figures to this JSON file")
     parser.add_argument("--peer", choices=("auto", "cublas", "cupy", "torch"), default="auto",
                         help="how cuBLAS is called (auto: directly where the nvidia-cublas "
@@ -190,32 +193,53 @@ def main() -> None:
     flop = 2.0 * n**3
     extra = {"bias": False} if args.op == "dense" else {}
     func = hexir.workload(args.op, M=n, N=n, K=n, dtype=args.dtype, **extra)
-    sch = gpu_schedule(func, parse_tiling(args.tiling))
-    print(sch.trace, end="\n\n")
-    kernel = hexir.build(sch.func, target="cuda")  # the visible GPU's arch
-    assert isinstance(kernel, CudaKernel)
-    print(f"{kernel}: {kernel.resources}")
+    kernels = {}  # label -> kernel: the schedule's (or --tiling's) first, then each --also
+    for text in [args.tiling, *(args.also if args.dtype == "float32" else [])]:
+        sch = gpu_schedule(func, parse_tiling(text))
+        print(sch.trace, end="\n\n")
+        kernel = hexir.build(sch.func, target="cuda")  # the visible GPU's arch
+        assert isinstance(kernel, CudaKernel)
+        print(f"{kernel}: {kernel.resources}")
+        kernels[label(args.dtype, text, kernel)] = kernel
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32).astype(args.dtype)
     b = rng.standard_normal((n, n), dtype=np.float32).astype(args.dtype)
     c = np.full((n, n), np.nan, args.dtype)
     vendor, vendor_run, expect = vendor_peer(a, b if args.op == "matmul" else b.T.copy(), args.peer)
-    kernel(a, b, c)
     # K products of unit normals: |c| ~ sqrt(K); summation orders differ between the two, and
     # float16 results round to 11 bits.
     tol = 1e-3 if args.dtype == "float32" else 2e-3
-    c32, expect32 = c.astype(np.float32), expect.astype(np.float32)
-    np.testing.assert_allclose(c32, expect32, rtol=tol, atol=tol * np.sqrt(n))
-    print(f"hexir matches {vendor} (max abs difference {np.abs(c32 - expect32).max():.2e})")
+    expect32 = expect.astype(np.float32)
+    for name, kernel in kernels.items():
+        c[...] = np.nan
+        kernel(a, b, c)
+        c32 = c.astype(np.float32)
+        np.testing.assert_allclose(c32, expect32, rtol=tol, atol=tol * np.sqrt(n))
+        print(f"{name} matches {vendor} (max abs difference {np.abs(c32 - expect32).max():.2e})")
 
-    hexir_times, vendor_times = [], []
+    times: dict[str, list[float]] = {vendor: [], **{name: [] for name in kernels}}
     with knobs.scope(timing_warmup=3, timing_repeats=10, timing_min_seconds=0.0):
-        for _ in range(args.rounds):  # alternate, so clock drift hits both
-            vendor_times.append(median_of(vendor_run))
-            hexir_times.append(kernel.time(a, b, c))
-    seconds = {vendor: statistics.median(vendor_times), "hexir": statistics.median(hexir_times)}
-    report(args, kernel, vendor, seconds, flop)
+        for _ in range(args.rounds):  # alternate, so clock drift hits all
+            times[vendor].append(median_of(vendor_run))
+            for name, kernel in kernels.items():
+                times[name].append(kernel.time(a, b, c))
+    seconds = {name: statistics.median(t) for name, t in times.items()}
+    report(args, next(iter(kernels.values())), vendor, seconds, flop)
+
+
+def label(dtype: str, tiling: str | None, kernel: CudaKernel) -> str:
+    if dtype == "float16":
+        m = MmaTiling()
+        return (
+            f"hexir, mma.sync ({m.block[0]}x{m.block[1]} a block, {m.warp[0]}x{m.warp[1]} a warp)"
+        )
+    t = parse_tiling(tiling)
+    threads = f"{kernel.block[1]}x{kernel.block[0]} threads"
+    if t is None:
+        blocks = f"{kernel.grid[0]}x{kernel.grid[1]} blocks"
+        return f"hexir, hand schedule (its own tiles: {threads}, {blocks})"
+    return f"hexir, hand schedule ({threads}, {t.mi}x{t.nj} per thread, bk {t.bk})"
 
 
 def report(
@@ -225,32 +249,33 @@ def report(
     seconds: dict[str, float],
     flop: float,
 ) -> None:
+    """The table (the vendor first, then each hexir kernel); the summary and the `ratio`
+    line are the first hexir kernel's (the schedule's own, or --tiling's)."""
     tflops = {name: flop / s / 1e12 for name, s in seconds.items()}
-    ratio = tflops["hexir"] / tflops[vendor]
-    t = parse_tiling(args.tiling) or Tiling()
-    label = f"hexir, hand schedule ({t.ty}x{t.tx} threads, {t.mi}x{t.nj} per thread, bk {t.bk})"
-    if args.dtype == "float16":
-        m = MmaTiling()
-        label = (
-            f"hexir, mma.sync ({m.block[0]}x{m.block[1]} a block, {m.warp[0]}x{m.warp[1]} a warp)"
-        )
+    first = next(name for name in seconds if name != vendor)
+    ratio = tflops[first] / tflops[vendor]
     gpu = kernel.target.arch
     print(f"\n{args.dtype} {args.op} {args.size}^3 on {gpu}, medians of CUDA-event timings")
-    print(f"{'':58} {'ms':>8} {'TFLOP/s':>8} {'x cuBLAS':>9}")
-    for name, shown in ((vendor, vendor), ("hexir", label)):
-        s, tf = seconds[name], tflops[name]
-        print(f"{shown:58} {s * 1e3:8.3f} {tf:8.2f} {tf / tflops[vendor]:9.3f}")
+    print(f"{'':70} {'ms':>8} {'TFLOP/s':>8} {'x cuBLAS':>9}")
+    for name, s in seconds.items():
+        tf = tflops[name]
+        print(f"{name:70} {s * 1e3:8.3f} {tf:8.2f} {tf / tflops[vendor]:9.3f}")
     if args.summary:
         summary = {
             "size": f"{args.size}^3",
             "dtype": args.dtype,
             "arch": gpu,
-            "hexir_ms": seconds["hexir"] * 1e3,
-            "hexir_tflops": tflops["hexir"],
+            "hexir_ms": seconds[first] * 1e3,
+            "hexir_tflops": tflops[first],
             "vendor": vendor,
             "vendor_ms": seconds[vendor] * 1e3,
             "vendor_tflops": tflops[vendor],
             "ratio": ratio,
+            "also": {
+                name: tflops[name] / tflops[vendor]
+                for name in seconds
+                if name not in (vendor, first)
+            },  # fmt: skip
         }
         with open(args.summary, "w") as f:
             json.dump(summary, f, indent=1)

@@ -305,7 +305,10 @@ fi
 
 for dtype in float32 float16; do  # float16: tensor cores (mma.sync) against cuBLAS's
     echo "== benchmarks/matmul_gpu.py --dtype $dtype"
-    if timeout 150 "$py" benchmarks/matmul_gpu.py --dtype "$dtype" --summary "$work/bench.json"; then
+    also=()  # float32: the tile the default replaced (8x4 outputs a thread), timed beside it
+    [[ $dtype == float32 ]] && also=(--also 8,32,8,4,64)
+    if timeout 150 "$py" benchmarks/matmul_gpu.py --dtype "$dtype" "${also[@]}" \
+        --summary "$work/bench.json"; then
         while IFS= read -r line; do rows+=("$line"); done < <("$py" - "$work/bench.json" <<'PYEOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -313,6 +316,8 @@ name = f"hand matmul {s['size']} {s['dtype']}"
 print(f"{name:36} {s['hexir_tflops']:.1f} TFLOP/s ({s['hexir_ms']:.2f} ms)")
 print(f"{s['vendor']:36} {s['vendor_tflops']:.1f} TFLOP/s ({s['vendor_ms']:.2f} ms)")
 print(f"{'ratio (hand / vendor)':36} {s['ratio']:.3f}")
+for name, ratio in s.get("also", {}).items():
+    print(f"{'ratio, ' + name.split('(')[-1].rstrip(')'):36} {ratio:.3f}")
 PYEOF
 )
     else

@@ -28,16 +28,18 @@ A schedule is chosen by the kinds of the blocks' iter vars, not their names:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hexir.errors import ScheduleError
 from hexir.ir.tir import Block, PrimFunc, Var
+from hexir.runtime.target import STATIC_SHARED_BYTES
 from hexir.schedule.common import all_blocks, index_vars, region_vars
 from hexir.schedule.handwritten_mma import mma_schedule, mma_tiling
 from hexir.schedule.schedule import Schedule
 from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
 
 BANKS = 32  # shared memory banks of 4 bytes
+VECTOR = 4  # floats in one vector (float4) shared read
 ROW_THREADS = 128  # threads per row of a row reduction
 VECTOR_MIN_COLUMNS = 256  # a one-row contraction this wide is tiled over its columns
 FLAT_THREADS = 256  # threads per block of an elementwise kernel
@@ -50,15 +52,19 @@ MIN_THREADS = 64
 @dataclass(frozen=True)
 class Tiling:
     """A contraction's tiles: threads per block (ty, tx), outputs per thread (mi, nj) and
-    the reduction step held in shared memory (bk). The default, a 64 x 128 output tile with
-    64-deep operand tiles (48 KB of shared memory), was the fastest of 20 tilings swept on an
-    H200 for float32 4096^3 (0.76x cuBLAS, against 0.54x for 16 x 16 threads of 8 x 8 and a
-    step of 8; README, "On a GPU")."""
+    the reduction step held in shared memory (bk, shortened by the schedule until both tiles
+    fit 48 KB). The default: 8 x 32 threads of 8 x 8 outputs, a thread's columns in two runs
+    of four 128 apart (each run one conflict-free float4 read of B, A's eight reads broadcast
+    to the warp): 64 FMAs a warp per 16 shared wavefronts, which the static analyzer reads as
+    100% of FP32 peak; a 64 x 256 output tile, stepped 32 deep (40 KB). Not yet timed on a
+    GPU: the tile it replaced (8 x 4 outputs a thread, 64 deep: 8 FMA clocks per 12
+    wavefronts, 67%) ran float32 4096^3 at 0.76x cuBLAS on an H200 and an H100, the fastest
+    of 20 tilings swept then (`benchmarks/matmul_gpu.py --also 8,32,8,4,64` times both)."""
 
     ty: int = 8
     tx: int = 32
     mi: int = 8
-    nj: int = 4
+    nj: int = 8
     bk: int = 64
 
 
@@ -153,19 +159,25 @@ def _tiled(
     node = sch.get(mm)
     across = [column is not None and _rows_across_lanes(node, n, column) for n in range(reads)]
     if any(across) and tiling is None:  # its padded rows take shared memory: a shorter step
-        t = Tiling(t.ty, t.tx, t.mi, t.nj, max(t.bk // 2, 1))
+        t = replace(t, bk=max(t.bk // 2, 1))
+    while tiling is None and t.bk > 1 and _tile_bytes(t, any(across)) > STATIC_SHARED_BYTES:
+        t = replace(t, bk=t.bk // 2)  # the deepest step whose tiles fit static shared memory
     (_, ty_n, _), (by, ty, ii) = _tiles(sch, i, [t.ty, t.mi])
     if any(across):  # a thread's columns tx, tx + t.tx, ...: a warp reads adjacent W rows
         (_, _, tx_n), (bx, ji, tx) = _tiles(sch, j, [t.nj, t.tx])
+    elif t.nj > VECTOR:  # a thread's columns in runs of four, tx * 4 apart: a float4 of B each
+        (_, groups, tx_n, _), (bx, jg, tx, ji) = _tiles(sch, j, [t.nj // VECTOR, t.tx, VECTOR])
     else:  # a thread's columns adjacent: its B reads merge into a vector load
         (_, tx_n, _), (bx, tx, ji) = _tiles(sch, j, [t.tx, t.nj])
+    grouped = t.nj > VECTOR and not any(across)
     threads = (ty_n, tx_n)
     # A step of the reduction: bk of one reduce axis; a convolution's channels in steps of
     # about bk / (R * S) with its window (r, s) whole inside, so that a step's image tile is a
     # few channels of a few rows (fusing c, r and s first would make it the whole image).
     steps = [sch.get(lp).extent for lp in reduce[1:]]  # type: ignore[union-attr]
     _, (k0, k1) = _tiles(sch, reduce[0], [_pow2_at_most(max(t.bk // math.prod(steps), 1))])
-    sch.reorder(*outer, by, bx, k0, ty, tx, k1, *reduce[1:], ii, ji)
+    per_thread = [ii, jg, ji] if grouped else [ii, ji]
+    sch.reorder(*outer, by, bx, k0, ty, tx, k1, *reduce[1:], *per_thread)
     if outer:
         sch.bind(outer[0], "blockIdx.z")
     sch.bind(by, "blockIdx.y")
@@ -178,24 +190,31 @@ def _tiled(
             rank = len(sch.get(fetch).writes[0].buffer.shape)  # type: ignore[union-attr]
             sch.storage_align(fetch, 0, rank - 2, BANKS, 1)
         _cooperative_fetch(sch, fetch, k0, t, threads, vector=not padded)
-    sch.unroll(ii)
-    sch.unroll(ji)
+    for loop in per_thread:
+        sch.unroll(loop)
     sch.decompose_reduction(mm, k0)  # the zeroing keeps the thread loops' kinds
     sch.reverse_compute_at(c_local, bx)
     loops = sch.get_loops(c_local)  # the write-back, thread by thread
     own = loops[[sch.get(lp) for lp in loops].index(sch.get(bx)) + 1 :]
     if any(across):
         c1, c0 = sch.split(own[-1], [None, tx_n])
+        columns = [c1]
+    elif grouped:
+        cg, c0, c1 = sch.split(own[-1], [groups, tx_n, None])
+        columns = [cg, c1]
     else:
         c0, c1 = sch.split(own[-1], [tx_n, None])
+        columns = [c1]
     if len(own) >= 2:
         r0, r1 = sch.split(own[-2], [ty_n, None])
-        sch.reorder(r0, c0, r1, c1)
+        sch.reorder(r0, c0, r1, *columns)
         sch.bind(r0, "threadIdx.y")
         sch.unroll(r1)
-    # else one row per block (a matrix-vector product): its row loop has gone
+    elif grouped:  # one row per block (a matrix-vector product): its row loop has gone
+        sch.reorder(c0, *columns)
     sch.bind(c0, "threadIdx.x")
-    sch.unroll(c1)
+    for loop in columns:
+        sch.unroll(loop)
     return sch
 
 
@@ -278,6 +297,13 @@ def _tiles(
     return list(factors), sch.split(loop, factors)
 
 
+def _tile_bytes(t: Tiling, padded: bool) -> int:
+    """Shared memory of a step's two operand tiles (ty * mi rows and tx * nj columns of bk
+    float32 elements, an upper bound for narrower types; padded: the columns' rows a word
+    longer)."""
+    return 4 * (t.ty * t.mi * t.bk + t.tx * t.nj * (t.bk + padded))
+
+
 def _fit(t: Tiling, rows: int, cols: int, outer: int = 1) -> Tiling:
     """`t` shrunk (powers of two) until a block's tile fits the output, so that small problems
     still get several threads per row and column; then, while the grid has fewer than
@@ -287,8 +313,8 @@ def _fit(t: Tiling, rows: int, cols: int, outer: int = 1) -> Tiling:
     ty, mi, tx, nj = t.ty, t.mi, t.tx, t.nj
     while ty * mi > rows and (ty > 1 or mi > 1):
         ty, mi = (ty // 2, mi) if ty >= mi else (ty, mi // 2)
-    while tx * nj > cols and (tx > 1 or nj > 1):
-        tx, nj = (tx // 2, nj) if tx >= nj else (tx, nj // 2)
+    while tx * nj > cols and (tx > 1 or nj > 1):  # runs of four columns go first
+        tx, nj = (tx, nj // 2) if nj > VECTOR or tx < nj else (tx // 2, nj)
     ty, mi, tx, nj = max(ty, 1), max(mi, 1), max(tx, 1), max(nj, 1)
     while ty * tx < t.ty * t.tx and 2 * ty * mi <= rows:  # narrow columns (a 7-wide image):
         ty *= 2  # the threads they cannot take go to the rows (the channels)

@@ -8,6 +8,7 @@ and read the diff before committing it.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -127,6 +128,26 @@ def test_a_one_row_contraction_spreads_its_columns_over_blocks_and_threads(
     sch = gpu_schedule(func)
     cuda = generate_cuda(sch.func, Target("cuda -arch=sm_90"))
     assert (cuda.grid, cuda.block) == (grid, block)
+    _run_cpu(func, sch.func, rng)
+
+
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("matmul", dict(M=16, N=128, K=24)),
+        ("dense", dict(M=16, N=128, K=24, bias=True)),  # W[n][k]: columns every tx-th
+        ("batch_matmul", dict(B=2, M=8, N=128, K=16)),
+    ],
+)
+def test_a_thread_takes_its_columns_in_runs_of_four(name, shape, rng):
+    """Eight columns a thread: two runs of four, tx * 4 apart, each one float4 read of B's
+    tile (the write-back takes the same columns); numerics on the CPU path."""
+    func = hexir.workload(name, **shape)
+    sch = gpu_schedule(func, Tiling(ty=2, tx=8, mi=4, nj=8, bk=8))
+    cuda = generate_cuda(sch.func, Target("cuda -arch=sm_90"))
+    assert cuda.block == (8, 2, 1) and re.search(r"float \w+_local\[32\];", cuda.source)
+    if name != "dense":
+        assert re.search(r"B_shared\[.*_2 \* 4\)\) \+ 32\]", cuda.source)  # 8 threads x 4 on
     _run_cpu(func, sch.func, rng)
 
 
