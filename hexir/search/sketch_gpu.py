@@ -32,12 +32,16 @@ import itertools
 import math
 import random
 
+import numpy as np
+
 from hexir.errors import ScheduleError
-from hexir.ir.tir import Block, Var
-from hexir.ir.visit import free_vars
-from hexir.runtime.target import Target
+from hexir.ir.arith import affine_coefficients
+from hexir.ir.dtype import numpy_dtype
+from hexir.ir.tir import Block, Buffer, Range, Var
+from hexir.ir.visit import free_vars, substitute
+from hexir.runtime.target import STATIC_SHARED_BYTES, Target
 from hexir.schedule import BlockRV, ExprRV, LoopRV, Schedule
-from hexir.schedule.common import region_vars
+from hexir.schedule.common import index_vars, region_vars
 from hexir.schedule.handwritten_attention import flash, is_attention
 from hexir.schedule.handwritten_mma import Tiles, mma_operands, tile_tensor_cores
 from hexir.schedule.sampling import divisors
@@ -73,6 +77,7 @@ MAX_BLOCK_TILE = 128
 THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)
 CROSS_THREAD_PROBABILITY = 0.75  # else one thread per output, reducing serially
 TILE_TRIES = 64
+FETCH_WIDTHS = (1, 2, 4)  # adjacent elements a thread copies at a time into `shared`
 MAX_THREADS_Z = 64
 
 
@@ -97,10 +102,11 @@ def gpu_sketch(sch: Schedule, target: Target) -> None:
         block = sch.get_block(name)
         if _has_tensor_cores(target) and mma_operands(sch.get(block)) is not None:  # type: ignore[arg-type]
             tile_mma(sch, block)
-            fetches |= {b.name for b in leaf_blocks(sch.func)} - before
         else:
             tile_gpu(sch, block, target)
-        done |= {b.name for b in leaf_blocks(sch.func)} - before
+        made = {b.name for b in leaf_blocks(sch.func)} - before
+        done |= made
+        fetches |= made  # its shared tiles are copies, which inlining would undo
     auto_inline(sch, keep=fetches)
     threads: dict[str, ExprRV] = {}  # per blockIdx loop: the threads every stage under it uses
     for block in reversed(leaf_blocks(sch.func)):
@@ -138,9 +144,9 @@ def tile_gpu(sch: Schedule, block: BlockRV, target: Target) -> None:
     unit = [lp for lp, e in zip(loops, extents, strict=True) if e == 1]
     spatial = [n for n, role in enumerate(roles) if role != "reduce" and extents[n] > 1]
     reduce_ = [n for n, role in enumerate(roles) if role == "reduce" and extents[n] > 1]
-    s_dec = _spatial_tiles(sch.rng, [extents[n] for n in spatial], target)
+    s_dec, r_dec = _draw_tiles(sch, block, target, extents, spatial, reduce_)
     s_split = [_split(sch, loops[n], d) for n, d in zip(spatial, s_dec, strict=True)]
-    r = [_split(sch, loops[n], _reduce_tile(sch.rng, extents[n]))[1] for n in reduce_]
+    r = [_split(sch, loops[n], d)[1] for n, d in zip(reduce_, r_dec, strict=True)]
     tiles = [rvs for rvs, _ in s_split]
     s = [lps for _, lps in s_split]
     if not r:
@@ -222,6 +228,57 @@ def thread_axes(tiles: list[list[int]]) -> list[tuple[int, str]]:
     return [(d, f"threadIdx.{'xyz'[n]}") for n, d in enumerate(reversed(used))][::-1]
 
 
+def _draw_tiles(
+    sch: Schedule,
+    block: BlockRV,
+    target: Target,
+    extents: list[int],
+    spatial: list[int],
+    reduce_: list[int],
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Tiles of the spatial and the reduction loops (by position among the block's loops)
+    whose step fits the target's shared memory: the reused reads' tiles of one step (each
+    read's footprint over the block's tile of every loop) within its static limit, drawn up
+    to TILE_TRIES times, else the last draw (which the build then refuses). A batched or
+    convolved operand's tile grows with more loops than a matmul's two, so the per-axis
+    budgets alone overflowed it (14 of 32 batch_matmul draws; the conv's image tile with
+    its halo)."""
+    node = sch.get(block)
+    assert isinstance(node, Block)
+    loop_vars = [loop_of(sch, lp).var for lp in sch.get_loops(block)]
+    limit = target.max_shared_memory_per_block or STATIC_SHARED_BYTES
+    for _ in range(TILE_TRIES):
+        s_dec = _spatial_tiles(sch.rng, [extents[n] for n in spatial], target)
+        r_dec = _reduce_tiles(sch.rng, [extents[n] for n in reduce_])
+        tile = {loop_vars[n]: math.prod(d[1:]) for n, d in zip(spatial, s_dec, strict=True)}
+        tile |= {loop_vars[n]: math.prod(d[1:]) for n, d in zip(reduce_, r_dec, strict=True)}
+        if _step_bytes(node, tile) <= limit:
+            break
+    return s_dec, r_dec
+
+
+def _step_bytes(node: Block, tile: dict[Var, int]) -> int:
+    """Bytes of the reused reads' tiles for one step: each index's extent over the loops'
+    tiles (affine: the sum of |coefficient| x (tile - 1), plus 1; an index it cannot read
+    counts 1)."""
+    bindings = {iv.var: iv.binding for iv in node.iter_vars}
+    total = 0
+    for n in reused_reads(node):
+        read = node.reads[n]
+        size = _itemsize(read.buffer)
+        for index in read.region:
+            start = index.start if isinstance(index, Range) else index
+            coeffs = affine_coefficients(substitute(start, bindings), tile)
+            if coeffs is not None:
+                size *= 1 + sum(abs(c) * (tile[v] - 1) for v, c in coeffs.items() if v is not None)
+        total += size
+    return total
+
+
+def _itemsize(buffer: Buffer) -> int:
+    return int(np.dtype(numpy_dtype(buffer.dtype)).itemsize)
+
+
 def _spatial_tiles(rng: random.Random, extents: list[int], target: Target) -> list[list[int]]:
     """Five-level tiles of the spatial loops within the target's thread, vthread and register
     limits: drawn until one fits (decisions given to sample_perfect_tile, so they replay)."""
@@ -267,12 +324,14 @@ def _draw_within(rng: random.Random, extents: list[int], limit: int) -> list[lis
     return tiles
 
 
-def _reduce_tile(rng: random.Random, extent: int) -> list[int]:
+def _reduce_tiles(rng: random.Random, extents: list[int]) -> list[list[int]]:
+    """Three-level tiles of the reduction loops whose inner levels together (the depth of one
+    shared step: a conv's channels x window) stay within MAX_INNER_REDUCE."""
     for _ in range(TILE_TRIES):
-        tile = _draw(rng, extent, R_LEVELS)
-        if tile[1] * tile[2] <= MAX_INNER_REDUCE:
-            return tile
-    return [extent, 1, 1]
+        tiles = [_draw(rng, extent, R_LEVELS) for extent in extents]
+        if math.prod(t[1] * t[2] for t in tiles) <= MAX_INNER_REDUCE:
+            return tiles
+    return [[extent, 1, 1] for extent in extents]
 
 
 def _draw(rng: random.Random, extent: int, n: int) -> list[int]:
@@ -336,13 +395,38 @@ def _cooperative_fetch(
     sch: Schedule, copy: BlockRV, r0: LoopRV, threads: list[tuple[ExprRV, str]]
 ) -> None:
     """The copy's loops fused and split by the block's thread extents, each part bound to its
-    thread axis: all the block's threads fetch together."""
+    thread axis: all the block's threads fetch together, each `width` adjacent elements at a
+    time, a drawn width (`sample_categorical` among FETCH_WIDTHS, where the copy's rows and
+    the threads divide) vectorized: float2/float4 loads and stores where the CUDA printer
+    finds them contiguous and aligned, else an unrolled loop."""
     loops = _loops_below(sch, copy, r0)
     if not loops:  # one element per step: nothing to share out
         return
-    parts = sch.split(fuse_or_one(sch, loops), [None, *(t for t, _ in threads)])
+    row = _row(sch, copy, loops[-1])
+    fused = fuse_or_one(sch, loops)
+    extent = loop_of(sch, fused).extent
+    lanes = math.prod(sch.get(t) for t, _ in threads)  # type: ignore[misc]
+    widths = [w for w in FETCH_WIDTHS if row % w == 0 and extent % (lanes * w) == 0]
+    if len(widths) > 1:
+        width = sch.sample_categorical(widths, [1.0] * len(widths))
+        parts = sch.split(fused, [None, *(t for t, _ in threads), width])
+        sch.vectorize(parts[-1])
+        parts = parts[:-1]
+    else:
+        parts = sch.split(fused, [None, *(t for t, _ in threads)])
     for loop, (_, axis) in zip(parts[1:], threads, strict=True):
         sch.bind(loop, axis)
+
+
+def _row(sch: Schedule, copy: BlockRV, inner: LoopRV) -> int:
+    """The extent of the copy's innermost loop where it walks the last axis of the tile it
+    writes (adjacent elements), else 1."""
+    node = sch.get(copy)
+    assert isinstance(node, Block)
+    last = index_vars(node.writes[0].region[-1])
+    loop = loop_of(sch, inner)
+    walks = any(loop.var in free_vars(iv.binding) for iv in node.iter_vars if iv.var in last)
+    return loop.extent if walks else 1
 
 
 def _loops_below(sch: Schedule, block: BlockRV, loop: LoopRV) -> list[LoopRV]:

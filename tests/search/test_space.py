@@ -103,6 +103,51 @@ def test_gpu_matmul_sketch_has_shared_fetch_and_local_accumulator():
     assert kinds.count("cache_read") == 2 and "decompose_reduction" in kinds
 
 
+def test_every_gpu_draw_of_a_matmul_fetches_its_tiles_into_shared_memory_some_as_vectors():
+    """The sketch's shared fetches are stages of their own: the inlining after tiling used to
+    fold them back into the product (most draws then read A and B from global memory). Each
+    fetch's width is drawn: float2/float4 copies where the rows allow."""
+    from hexir.codegen.cuda import generate_cuda
+
+    func = hexir.workload("matmul", M=64, N=64, K=64)
+    target = Target("cuda -arch=sm_90")
+    schedules = SearchSpace().sample_schedules(func, target, random.Random(5), 12)
+    vector = []
+    for sch in schedules:
+        source = generate_cuda(sch.func, target).source
+        assert source.count("__shared__") == 2, sch.trace
+        drawn = [(dict(i.attrs)["candidates"], i.decision) for i in sch.trace
+                 if i.kind == "sample_categorical"]  # fmt: skip
+        widths = [options[d] for options, d in drawn if options[0] == 1]  # not unroll steps
+        if max(widths, default=1) > 1:  # a fetch of 2 or 4 elements a thread drawn
+            vector.append(sch)
+            assert "float2" in source or "float4" in source, sch.trace
+    assert vector, "no draw fetched with vectors"
+    for k, sch in enumerate(vector[:2]):
+        assert_computes_reference(func, sch.func, seed=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name,shape",
+    [
+        ("batch_matmul", dict(B=12, M=128, N=128, K=64)),  # BERT's attention scores
+        ("conv2d", dict(N=1, C=64, H=56, W=56, K=64, R=3, S=3, padding=1)),
+    ],
+)
+def test_gpu_draws_size_their_step_to_shared_memory(name, shape):
+    """A batched or convolved operand's shared tile spans more loops than a matmul's: the
+    sketch draws tiles until one step's tiles fit 48 KB (14 of 32 batch_matmul draws and a
+    fifth of the conv's overflowed before)."""
+    func = hexir.workload(name, **shape)
+    target = Target("cuda -arch=sm_90")
+    rng = random.Random(1)
+    for _ in range(20):
+        sch = SearchSpace().sample_schedule(func, target, rng)  # ResourceError if it overflows
+        assert sum(a.buffer.scope == "shared" for a in walk(compact_buffers(sch.func).body)
+                   if isinstance(a, Allocate)) == 2  # fmt: skip
+
+
 def test_gpu_reductions_are_cross_thread_in_one_kernel():
     func = WORKLOADS["softmax"]()
     for sch in SearchSpace().sample_schedules(func, "cuda -arch=sm_90", random.Random(4), 5):
