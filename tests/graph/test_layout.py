@@ -434,6 +434,7 @@ def test_the_planned_layouts_compute_what_nchw_everywhere_does(name, rng):
         assert 0 == moved["nchw"] < moved["auto"] == moved["nhwc"]
 
 
+@pytest.mark.slow  # 1.7 s
 def test_the_layout_knob_keeps_activations_in_nchw_between_kernels(rng):
     # Under "nchw" the 1x1 conv stays a matmul over NCHW pixels and each Winograd conv
     # transforms its own input and output: a layout_transform to NHWC is read only by the

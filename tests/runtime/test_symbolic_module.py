@@ -56,7 +56,8 @@ def test_the_reference_evaluates_a_symbolic_graph_at_its_inputs_sizes():
     x = rng.standard_normal((1, 9, 32)).astype(np.float32)
     p = rng.standard_normal((1, 2, 16)).astype(np.float32)
     (out,) = hexir.reference(graph, [x, p])
-    np.testing.assert_allclose(out, _numpy(x, p, *weights), rtol=1e-5, atol=1e-6)
+    # float32 sums of 32 products and a layer norm, in two summation orders: a few ulps
+    np.testing.assert_allclose(out, _numpy(x, p, *weights), rtol=1e-5, atol=1e-5)
 
 
 def test_specialize_gives_the_graph_at_fixed_sizes():
