@@ -214,6 +214,17 @@ _DOT_CALLS = {
 MIN_PARALLEL_ITERATIONS = 32768
 
 
+def auto_unrolled(loop: For, step: int) -> bool:
+    """Whether a serial `loop` is unrolled under an enclosing AUTO_UNROLL_KEY of `step` (see
+    `CPrinter.auto_unrolls`; the CUDA printer and the GPU analyzer share the rule)."""
+    if loop.kind != "serial":
+        return False
+    iterations = nest_iterations(loop)
+    if isinstance(iterations, Sym):
+        return False
+    return 1 < iterations <= step and iterations * nodes(loop.body) <= AUTO_UNROLL_MAX_NODES
+
+
 def nest_iterations(loop: For) -> Dim:
     """The iterations of `loop`'s nest: its extent times the largest nest inside it (a Sym
     where an extent is symbolic)."""
@@ -596,14 +607,7 @@ class CPrinter:
         AUTO_UNROLL_KEY: its nest makes at most that many iterations, and its copies stay
         within AUTO_UNROLL_MAX_NODES (8 x 6 x 4 nested pragmas around 8 `omp simd` loops, 127
         lines of C, took GCC over a minute)."""
-        if loop.kind != "serial":
-            return False
-        iterations = nest_iterations(loop)
-        if isinstance(iterations, Sym):
-            return False
-        return 1 < iterations <= self._unroll_step and (
-            iterations * nodes(loop.body) <= AUTO_UNROLL_MAX_NODES
-        )
+        return auto_unrolled(loop, self._unroll_step)
 
     @contextmanager
     def bind_ranges(self, extents: dict[Var, Dim]) -> Iterator[None]:

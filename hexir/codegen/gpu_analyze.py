@@ -18,12 +18,14 @@ The model (documented, not measured):
   256), shared memory (static plus dynamic plus 1 KB the driver reserves per block), threads
   and blocks per multiprocessor of the arch.
 - Predicted peak: in one iteration of the innermost loop that is not unrolled around the
-  contraction's update (its unrolled loops enumerated), FMAs per warp take FMAs / 4 clocks of
-  a multiprocessor (128 FP32 lanes), the distinct loads take their wavefronts at one a clock
-  (a shared load its banks' wavefronts, a global one, through L1, a wavefront per 128-byte
-  line); unrolled loads of consecutive words, aligned, count as one vector load (ptxas emits
-  LDS.64/LDS.128 for them). Predicted = FMA clocks / max(FMA clocks, memory clocks). L2 and
-  DRAM bandwidth and latency are left out: a ceiling of the issue mix, not a time.
+  contraction's update (its unrolled loops enumerated: `unroll`ed ones, and serial ones the
+  printer unrolls under an enclosing `pragma_auto_unroll_max_step`), FMAs per warp take
+  FMAs / 4 clocks of a multiprocessor (128 FP32 lanes), the distinct loads take their
+  wavefronts at one a clock (a shared load its banks' wavefronts, a global one, through L1,
+  a wavefront per 128-byte line); unrolled loads of consecutive words, aligned, count as one
+  vector load (ptxas emits LDS.64/LDS.128 for them). Predicted = FMA clocks / max(FMA clocks,
+  memory clocks). L2 and DRAM bandwidth and latency are left out: a ceiling of the issue
+  mix, not a time.
 """
 
 from __future__ import annotations
@@ -34,10 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hexir.codegen.c import auto_unrolled
 from hexir.codegen.cuda_mma import ldsm_kind, ldsm_rows
 from hexir.ir import arith
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import (
+    AUTO_UNROLL_KEY,
     Binary,
     Block,
     Buffer,
@@ -264,9 +268,11 @@ def _issue_mix(body, threads: dict[Var, str], lanes):  # noqa: ANN001, ANN202
     if found is None:
         return 0.0, 0.0, {}
     update, loops = found
-    rolled = [n for n, lp in enumerate(loops) if lp.kind in ("serial", "parallel")]
+    unrolls = _unrolled(loops)
+    rolled = [n for n, lp in enumerate(loops) if lp.kind in ("serial", "parallel")
+              and lp not in unrolls]  # fmt: skip
     inner = loops[rolled[-1] + 1 :] if rolled else loops
-    unrolled = [lp for lp in inner if lp.kind in ("unrolled", "vthread")]
+    unrolled = [lp for lp in inner if lp.kind in ("unrolled", "vthread") or lp in unrolls]
     space = [range(lp.extent) for lp in unrolled]
     fmas = math.prod(lp.extent for lp in unrolled)
     clocks = 0.0
@@ -289,6 +295,19 @@ def _issue_mix(body, threads: dict[Var, str], lanes):  # noqa: ANN001, ANN202
             wavefronts = len({w // BANKS for a in addresses for w in range(a, a + width)})
         clocks += len(values) // width * wavefronts
     return fmas * WARP / FMA_LANES_PER_CLOCK, clocks, accesses
+
+
+def _unrolled(loops: list[For]) -> list[For]:
+    """The serial loops of `loops` (outermost first) that the printer unrolls under the
+    nearest enclosing AUTO_UNROLL_KEY (a sampled schedule's `pragma_auto_unroll_max_step`)."""
+    step, found = 0, []
+    for lp in loops:
+        value = dict(lp.annotations).get(AUTO_UNROLL_KEY)
+        if isinstance(value, int) and not isinstance(value, bool):
+            step = value
+        if auto_unrolled(lp, step):
+            found.append(lp)
+    return found
 
 
 @dataclass(frozen=True)

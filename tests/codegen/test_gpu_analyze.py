@@ -82,6 +82,28 @@ def test_occupancy_follows_registers_shared_memory_and_threads():
     assert report.blocks_per_sm == expected and report.occupancy == expected * warps / 64
 
 
+def test_the_issue_mix_counts_the_loops_auto_unroll_unrolls():
+    """A sampled kernel's thread tile is serial loops under `pragma_auto_unroll_max_step`,
+    which the printer unrolls (`#pragma unroll`) where the nest fits the step: the analyzer
+    enumerates them as it does `unroll`ed loops; with the step 0 the same kernel's innermost
+    rolled loop holds one multiply-add."""
+    func = hexir.workload("matmul", M=1024, N=1024, K=1024)
+    target = hexir.Target(SM90)
+    rng = random.Random(3)
+    step = next(  # a draw whose unroll step is the largest (512)
+        s for s in (SearchSpace().sample_schedule(func, target, rng) for _ in range(40))
+        if [i.decision for i in s.trace if i.kind == "sample_categorical"][-1] == 3
+    )  # fmt: skip
+    index = [n for n, i in enumerate(step.trace) if i.kind == "sample_categorical"][-1]
+    rolled = step.trace.with_decision(index, 0).apply(func, target=target)
+    unrolled_report = analyze(hexir.build(step.func, target))
+    rolled_report = analyze(hexir.build(rolled.func, target))
+    assert "#pragma unroll" in hexir.build(step.func, target).source
+    assert rolled_report.fma_clocks == 32 / 128  # one FMA a warp: 1/4 clock
+    assert unrolled_report.fma_clocks > rolled_report.fma_clocks
+    assert unrolled_report.predicted > rolled_report.predicted
+
+
 def test_the_analyzer_reads_every_sampled_kernel():
     """Any kernel the search space draws: every shared access evaluated, nothing raised."""
     func = hexir.workload("matmul", M=1024, N=1024, K=1024)
