@@ -135,6 +135,7 @@ def test_a_one_row_contraction_spreads_its_columns_over_blocks_and_threads(
     "name,shape",
     [
         ("matmul", dict(M=16, N=128, K=24)),
+        ("matmul", dict(M=14, N=300, K=20)),  # ragged: guarded rows, columns and steps
         ("dense", dict(M=16, N=128, K=24, bias=True)),  # W[n][k]: columns every tx-th
         ("batch_matmul", dict(B=2, M=8, N=128, K=16)),
     ],
