@@ -32,12 +32,10 @@ import itertools
 import math
 import random
 
-import numpy as np
-
 from hexir.errors import ScheduleError
 from hexir.ir.arith import affine_coefficients
-from hexir.ir.dtype import numpy_dtype
-from hexir.ir.tir import Block, Buffer, Range, Var
+from hexir.ir.dtype import itemsize
+from hexir.ir.tir import Block, Range, Var
 from hexir.ir.visit import free_vars, substitute
 from hexir.runtime.target import STATIC_SHARED_BYTES, Target
 from hexir.schedule import BlockRV, ExprRV, LoopRV, Schedule
@@ -265,7 +263,7 @@ def _step_bytes(node: Block, tile: dict[Var, int]) -> int:
     total = 0
     for n in reused_reads(node):
         read = node.reads[n]
-        size = _itemsize(read.buffer)
+        size = itemsize(read.buffer.dtype)
         for index in read.region:
             start = index.start if isinstance(index, Range) else index
             coeffs = affine_coefficients(substitute(start, bindings), tile)
@@ -273,10 +271,6 @@ def _step_bytes(node: Block, tile: dict[Var, int]) -> int:
                 size *= 1 + sum(abs(c) * (tile[v] - 1) for v, c in coeffs.items() if v is not None)
         total += size
     return total
-
-
-def _itemsize(buffer: Buffer) -> int:
-    return int(np.dtype(numpy_dtype(buffer.dtype)).itemsize)
 
 
 def _spatial_tiles(rng: random.Random, extents: list[int], target: Target) -> list[list[int]]:
