@@ -275,27 +275,48 @@ def _reduce_fed(stmt: Stmt, tainted: set[Var]) -> tuple[Block, Var] | None:
 def accesses(stmt: Stmt, env: Mapping[Var, Expr] | None = None) -> Iterator[BufferLoad]:
     """Every buffer access under `stmt` (stores as loads of the same element), with block iter
     vars replaced by their bindings, so indices are in terms of loop vars."""
+    for load, _ in guarded_accesses(stmt, env):
+        yield load
+
+
+def guarded_accesses(
+    stmt: Stmt, env: Mapping[Var, Expr] | None = None, guards: tuple[Expr, ...] = ()
+) -> Iterator[tuple[BufferLoad, tuple[Expr, ...]]]:
+    """As `accesses`, each with the conditions it runs under (the blocks' predicates and the
+    `if`s around it, in terms of loop vars): a split's `f1 * 8 + f2 < 128`."""
     env = dict(env or {})
     match stmt:
         case Block():
+            if stmt.predicate is not None:
+                guards = (*guards, subst(stmt.predicate, env))
             for iv in stmt.iter_vars:
                 env[iv.var] = subst(iv.binding, env)
             for child in sub_stmts(stmt):
-                yield from accesses(child, env)
+                yield from guarded_accesses(child, env, guards)
             return
         case BufferStore(buffer, indices, value):
-            yield BufferLoad(buffer, tuple(subst(i, env) for i in indices))
+            yield BufferLoad(buffer, tuple(subst(i, env) for i in indices)), guards
             exprs: tuple[Expr, ...] = (*indices, value)
-        case IfThenElse(cond=cond):
-            exprs = (cond,)
+        case IfThenElse(cond=cond, then=then, else_=other):
+            yield from _loads(cond, env, guards)
+            yield from guarded_accesses(then, env, (*guards, subst(cond, env)))
+            if other is not None:
+                yield from guarded_accesses(other, env, guards)
+            return
         case _:
             exprs = ()
     for e in exprs:
-        for n in walk(e):
-            if isinstance(n, BufferLoad):
-                yield BufferLoad(n.buffer, tuple(subst(i, env) for i in n.indices))
+        yield from _loads(e, env, guards)
     for child in sub_stmts(stmt):
-        yield from accesses(child, env)
+        yield from guarded_accesses(child, env, guards)
+
+
+def _loads(
+    expr: Expr, env: Mapping[Var, Expr], guards: tuple[Expr, ...]
+) -> Iterator[tuple[BufferLoad, tuple[Expr, ...]]]:
+    for n in walk(expr):
+        if isinstance(n, BufferLoad):
+            yield BufferLoad(n.buffer, tuple(subst(i, env) for i in n.indices)), guards
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from hexir.ir import arith
 from hexir.ir.symbolic import Dim, Sym
 from hexir.ir.tir import (
     Allocate,
+    Binary,
     Block,
     Buffer,
     BufferLoad,
@@ -40,7 +41,7 @@ from hexir.schedule.cache import (
     replace_buffer,
     writes_buffer,
 )
-from hexir.schedule.common import accesses, all_blocks, all_loops, child_blocks
+from hexir.schedule.common import all_blocks, all_loops, child_blocks, conjuncts, guarded_accesses
 
 
 def compact_buffers(func: PrimFunc) -> PrimFunc:
@@ -136,9 +137,15 @@ def _compact(buf: Buffer, scope: list[Stmt]) -> tuple[Buffer, Callable[[int, Exp
         for loop in all_loops(s)
         if isinstance(loop.extent, int)
     }
-    found = [a.indices for s in scope for a in accesses(s) if a.buffer == buf]
+    found = [
+        (a.indices, _guarded_ranges(inner, guards))
+        for s in scope
+        for a, guards in guarded_accesses(s)
+        if a.buffer == buf
+    ]
     windows: list[Window] = [
-        _window([idx[d] for idx in found], n, inner) for d, n in enumerate(buf.shape)
+        _window([(idx[d], ranges) for idx, ranges in found], n, inner)
+        for d, n in enumerate(buf.shape)
     ]
     shape = tuple(size for _, size, _ in windows)
     for b in (b for s in scope for b in all_blocks(s)):
@@ -154,15 +161,40 @@ def _compact(buf: Buffer, scope: list[Stmt]) -> tuple[Buffer, Callable[[int, Exp
     return replace(buf, shape=shape), index
 
 
-def _window(exprs: list[Expr], extent: Dim, inner: dict[Var, int]) -> Window:
-    """The window of one axis; a symbolic extent (a size known at run time) is taken as more
-    than any window the accesses span."""
+def _guarded_ranges(inner: dict[Var, int], guards: tuple[Expr, ...]) -> dict[Var, int]:
+    """The loop extents `inner` narrowed by the guards an access runs under: from a conjunct
+    `sum(c * v) + c0 < 0` over loops of `inner` alone (all of them from 0), each v of c > 0 is
+    below (-c0 - the others' least sum) / c. A split's cooperative fetch `f1 * 8 + f2 < 128`
+    with f1 over 64 threads touches rows of f1 < 16 only, not the 64 its loop spans."""
+    ranges = dict(inner)
+    for cond in (c for g in guards for c in conjuncts(g)):
+        if not (isinstance(cond, Binary) and cond.op in ("<", "<=")):
+            continue
+        diff = cond.a - cond.b if cond.op == "<" else cond.a - cond.b - IntImm(1, cond.a.dtype)
+        used = free_vars(diff)
+        if not used or not used <= ranges.keys():
+            continue
+        coeffs = arith.affine_coefficients(diff, list(used))
+        if coeffs is None:
+            continue
+        least = {v: min(c * (ranges[v] - 1), 0) for v, c in coeffs.items() if v is not None}
+        for v, c in coeffs.items():
+            if v is not None and c > 0:
+                room = -coeffs[None] - (sum(least.values()) - least[v])  # c * v < room
+                ranges[v] = max(min(ranges[v], -(-room // c)), 1)
+    return ranges
+
+
+def _window(exprs: list[tuple[Expr, dict[Var, int]]], extent: Dim, inner: dict[Var, int]) -> Window:
+    """The window of one axis over its accesses (each index with the loop extents it runs
+    over: `inner`, narrowed by its guards); a symbolic extent (a size known at run time) is
+    taken as more than any window the accesses span."""
     if not exprs:
         return (0, extent, None)
-    exprs = [arith.simplify(e, inner) for e in exprs]
+    exprs = [(arith.simplify(e, ranges), ranges) for e, ranges in exprs]
     zero: dict[Var, Expr] = {v: IntImm(0) for v in inner}
-    ref = arith.simplify(substitute(exprs[0], zero))  # type: ignore[arg-type]
-    spans = [arith.bound(arith.simplify(e - ref, inner), inner) for e in exprs]
+    ref = arith.simplify(substitute(exprs[0][0], zero))  # type: ignore[arg-type]
+    spans = [arith.bound(arith.simplify(e - ref, ranges), ranges) for e, ranges in exprs]
     los = [s.lo for s in spans if s.lo is not None]
     his = [s.hi for s in spans if s.hi is not None]
     if len(los) < len(spans) or len(his) < len(spans):

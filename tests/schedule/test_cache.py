@@ -501,3 +501,25 @@ def test_cache_then_compute_at_then_compact():
     }
     assert shapes == {"A_shared": (8, 32), "C_local": (8, 8)}
     assert_same_numerics(before, compact)
+
+
+def test_a_guarded_copy_compacts_to_the_rows_it_writes():
+    """A cooperative fetch of a 2 x 16 tile split over more threads than it has elements
+    (64 x 8 for 32 elements) is guarded by its split: `f1 * 8 + f2 < 32` holds f1 below 4, so
+    the copy writes 2 rows per step, and the shared tile is 2 x 16, not the 8 x 16 its
+    unguarded loops would span (a ring of 4 steps)."""
+    before = hexir.workload("matmul", M=16, N=16, K=16)
+    sch = Schedule(before, seed=0)
+    mm = sch.get_block("matmul")
+    i, j, k = sch.get_loops(mm)
+    k0, k1 = sch.split(k, [None, 2])
+    sch.reorder(k0, i, j, k1)
+    b = sch.cache_read(mm, 1, "shared")
+    sch.compute_at(b, k0)
+    *_, rows, cols = sch.get_loops(b)
+    sch.split(sch.fuse(rows, cols), [None, 64, 8])
+    compact = compact_buffers(sch.func)
+    verify(compact)
+    shapes = {n.buffer.name: n.buffer.shape for n in walk(compact.body) if isinstance(n, Allocate)}
+    assert shapes == {"B_shared": (2, 16)}
+    assert_same_numerics(before, compact)
