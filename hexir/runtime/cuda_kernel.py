@@ -69,13 +69,15 @@ class CudaKernel:
         with _launcher(self, arrays) as launch:
             launch()
 
-    def time(self, *arrays: np.ndarray) -> float:
+    def time(self, *arrays: np.ndarray, cutoff: float | None = None) -> float:
         """Median seconds per launch, after the knobs' warm-up launches: `timing_repeats`
         repeats, each `number` launches between two CUDA events after the L2 cache was
         flushed (twice its size written), with `number` chosen so that the repeats take
         `timing_min_seconds` in all. Where the driver binding captures CUDA graphs, a
         repeat replays one graph of the `number` launches, so that no launch waits on
-        Python: a kernel of a few microseconds is timed, not the host's launch rate. The
+        Python: a kernel of a few microseconds is timed, not the host's launch rate. A kernel
+        whose first timed launch takes more than `cutoff` seconds (a tune's bound: the
+        `measure_cutoff` knob times its task's best) is timed by that launch alone. The
         outputs hold the kernel's result afterwards, as after a call."""
         k = knobs.get()
         self._check(arrays)
@@ -86,6 +88,8 @@ class CudaKernel:
             events = (gpu.driver.event(), gpu.driver.event())
             repeats = max(k.timing_repeats, 1)
             once = _timed(gpu, events, launch, 1)
+            if cutoff is not None and once > cutoff:
+                return once
             number = min(MAX_LAUNCHES, max(1, math.ceil(k.timing_min_seconds / repeats / once)))
             graph = None
             if gpu.driver.supports_graphs and number > 1:

@@ -279,7 +279,7 @@ def _save(file: Path, outputs: Arrays) -> None:
 
 def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     if request.kernel is not None:
-        return _measure_cuda(request.kernel, ref)
+        return _measure_cuda(request.kernel, ref, request.cutoff)
     inputs, expected = ref
     target = request.reference.target
     assert request.path is not None, "a CPU candidate is measured from its library"
@@ -306,10 +306,12 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     return Reply(latencies=tuple(latencies), info=info)
 
 
-def _measure_cuda(kernel: CudaKernel, ref: tuple[Arrays, Arrays]) -> Reply:
+def _measure_cuda(
+    kernel: CudaKernel, ref: tuple[Arrays, Arrays], cutoff: float | None = None
+) -> Reply:
     """Check then time a CUDA candidate (`CudaKernel.time`: the L2 flushed before each
-    repeat). A driver error is a "run" reply; the runner then ends this worker, whose
-    context such an error may have poisoned."""
+    repeat; one launch where it is slower than `cutoff`). A driver error is a "run" reply;
+    the runner then ends this worker, whose context such an error may have poisoned."""
     inputs, expected = ref
     outputs = [poison(aligned_empty(e.shape, e.dtype)) for e in expected]  # as a CPU one's
     k = knobs.get()
@@ -318,10 +320,13 @@ def _measure_cuda(kernel: CudaKernel, ref: tuple[Arrays, Arrays]) -> Reply:
         problem = mismatch(outputs, expected, k.measure_rtol, k.measure_atol)
         if problem is not None:
             return Reply(error_kind="wrong_result", error_message=problem)
-        latency = float(kernel.time(*inputs, *outputs))
+        latency = float(kernel.time(*inputs, *outputs, cutoff=cutoff))
     except DriverError as e:  # one the kernel's own calls did not name (a context pop)
         return Reply(error_kind="run", error_message=f"kernel {kernel.name!r}: {e}")
-    return Reply(latencies=(latency,), info={"worker_pid": os.getpid()})
+    info: dict[str, Any] = {"worker_pid": os.getpid()}
+    if cutoff is not None and latency > cutoff:
+        info["cut"] = True  # slower than the cutoff: timed by one launch
+    return Reply(latencies=(latency,), info=info)
 
 
 _calibrations: dict[str, Calibration] = {}

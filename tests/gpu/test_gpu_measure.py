@@ -3,6 +3,8 @@ hanging kernel costs one record, and on a Ray cluster's GPU runners."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import hexir
@@ -43,6 +45,17 @@ def test_cuda_candidates_are_checked_and_timed():
     assert len(results) == 2
     assert results[0].ok and results[0].median is not None and results[0].median > 0
     assert results[1].error_kind == "wrong_result"
+
+
+def test_a_cuda_candidate_slower_than_its_cutoff_is_timed_by_one_launch():
+    """As on the CPU: past the tune's cutoff (the `measure_cutoff` knob times its task's
+    best) a candidate is timed by one warm launch and its record says so."""
+    good = candidates()[0]
+    (full,) = measure([good], CudaBuilder(), CudaRunner())
+    assert full.ok and "cut" not in full.build_info
+    cut = dataclasses.replace(good, cutoff=full.median / 100)
+    (result,) = measure([cut], CudaBuilder(), CudaRunner())
+    assert result.ok and result.build_info["cut"] is True and len(result.latencies) == 1
 
 
 # A kernel that writes where no memory is (an illegal address: the context's sticky error),

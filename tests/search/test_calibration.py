@@ -79,20 +79,23 @@ def test_the_calibration_kernel_runs_slower_under_load(cache):
 
 @pytest.mark.slow
 def test_a_tune_measures_again_what_it_timed_under_load(cache, tmp_path):
-    db = Database(f"sqlite:///{tmp_path / 'loaded.db'}")
     func = hexir.workload("matmul", M=64, N=64, K=64)
-    with busy() as procs:
-        # The first round (12 trials: the load hits some of them) runs under load; the load
-        # ends when the round is reported.
-        settings = dict(search_measure_per_round=12, search_population=24, search_generations=1,
-                        timing_repeats=3, timing_min_seconds=0.002, tune_first_round_share=1.0,
-                        measure_calibration_threshold=THRESHOLD)  # fmt: skip
-        with hexir.knobs.scope(**settings):
-            result = tune(func, "cpu", trials=20, database=db, seed=0,
-                          callbacks=[lambda _: stop(procs)])  # fmt: skip
-    records = db.records(hexir.workload_key(func), "cpu")
-    timed = [r for r in records if r.is_valid]
-    suspect = [r for r in timed if r.build_info["calibration"] > THRESHOLD]
+    settings = dict(search_measure_per_round=12, search_population=24, search_generations=1,
+                    timing_repeats=3, timing_min_seconds=0.002, tune_first_round_share=1.0,
+                    measure_calibration_threshold=THRESHOLD)  # fmt: skip
+    # The first round (12 trials) runs under load, which ends when the round is reported. The
+    # load hits a calibration now and then, not always: a tune whose round it missed (one CI
+    # run in many: every batch calibrated at 1.1-1.3) is tried again, up to three times.
+    for attempt in range(3):
+        db = Database(f"sqlite:///{tmp_path / f'loaded{attempt}.db'}")
+        with busy() as procs, hexir.knobs.scope(**settings):
+            result = tune(func, "cpu", trials=20, database=db, seed=attempt,
+                          callbacks=[lambda _, procs=procs: stop(procs)])  # fmt: skip
+        records = db.records(hexir.workload_key(func), "cpu")
+        timed = [r for r in records if r.is_valid]
+        suspect = [r for r in timed if r.build_info["calibration"] > THRESHOLD]
+        if suspect:
+            break
     assert suspect, [r.build_info["calibration"] for r in timed]
     assert result.trials == 20 and result.remeasured >= len({r.candidate_key for r in suspect})
     for record in suspect:

@@ -142,7 +142,7 @@ def test_gpu_draws_size_their_step_to_shared_memory(name, shape):
     func = hexir.workload(name, **shape)
     target = Target("cuda -arch=sm_90")
     rng = random.Random(1)
-    for _ in range(20):
+    for _ in range(12):
         sch = SearchSpace().sample_schedule(func, target, rng)  # ResourceError if it overflows
         assert sum(a.buffer.scope == "shared" for a in walk(compact_buffers(sch.func).body)
                    if isinstance(a, Allocate)) == 2  # fmt: skip
