@@ -10,9 +10,11 @@ A schedule is chosen by the kinds of the blocks' iter vars, not their names:
   (multiples of 32 x 64 x 32) gets warps of tensor-core instructions (handwritten_mma.py);
 - any other reduction of two operands with two or more spatial iter vars (matmul,
   batch_matmul, dense, conv2d) gets block/thread tiling: the output tile of a thread block in
-  a `local` accumulator (cache_write), each operand's tile for a step of the reduction in
-  `shared` memory (cache_read), fetched cooperatively (the copy's loops fused and bound to
-  the threads, innermost four lanes vectorized where the rows allow float4), elementwise
+  a `local` accumulator (cache_write), a thread's columns in runs of four (one float4 read of
+  B's tile each, the runs tx * 4 apart, so a warp's reads are conflict-free), each operand's
+  tile for a step of the reduction in `shared` memory (cache_read), fetched cooperatively
+  (the copy's loops fused and bound to the threads, innermost four lanes vectorized where
+  the rows allow float4), elementwise
   consumers inlined into the write-back; its tiles are drawn decisions where they divide the
   loops, so the search steps from this schedule one tile factor at a time;
 - a one-row contraction (a decode step's matrix-vector product) gets a few columns per block,
@@ -39,7 +41,7 @@ from hexir.schedule.schedule import Schedule
 from hexir.schedule.trace import BlockRV, ExprRV, LoopRV
 
 BANKS = 32  # shared memory banks of 4 bytes
-VECTOR = 4  # floats in one vector (float4) shared read
+RUN = 4  # a thread's adjacent columns read as one float4 of B (more go in runs, tx * RUN apart)
 ROW_THREADS = 128  # threads per row of a row reduction
 VECTOR_MIN_COLUMNS = 256  # a one-row contraction this wide is tiled over its columns
 FLAT_THREADS = 256  # threads per block of an elementwise kernel
@@ -165,11 +167,11 @@ def _tiled(
     (_, ty_n, _), (by, ty, ii) = _tiles(sch, i, [t.ty, t.mi])
     if any(across):  # a thread's columns tx, tx + t.tx, ...: a warp reads adjacent W rows
         (_, _, tx_n), (bx, ji, tx) = _tiles(sch, j, [t.nj, t.tx])
-    elif t.nj > VECTOR:  # a thread's columns in runs of four, tx * 4 apart: a float4 of B each
-        (_, groups, tx_n, _), (bx, jg, tx, ji) = _tiles(sch, j, [t.nj // VECTOR, t.tx, VECTOR])
+    elif t.nj > RUN:  # a thread's columns in runs of four, tx * 4 apart: a float4 of B each
+        (_, groups, tx_n, _), (bx, jg, tx, ji) = _tiles(sch, j, [t.nj // RUN, t.tx, RUN])
     else:  # a thread's columns adjacent: its B reads merge into a vector load
         (_, tx_n, _), (bx, tx, ji) = _tiles(sch, j, [t.tx, t.nj])
-    grouped = t.nj > VECTOR and not any(across)
+    grouped = t.nj > RUN and not any(across)
     threads = (ty_n, tx_n)
     # A step of the reduction: bk of one reduce axis; a convolution's channels in steps of
     # about bk / (R * S) with its window (r, s) whole inside, so that a step's image tile is a
@@ -314,7 +316,7 @@ def _fit(t: Tiling, rows: int, cols: int, outer: int = 1) -> Tiling:
     while ty * mi > rows and (ty > 1 or mi > 1):
         ty, mi = (ty // 2, mi) if ty >= mi else (ty, mi // 2)
     while tx * nj > cols and (tx > 1 or nj > 1):  # runs of four columns go first
-        tx, nj = (tx, nj // 2) if nj > VECTOR or tx < nj else (tx // 2, nj)
+        tx, nj = (tx, nj // 2) if nj > RUN or tx < nj else (tx // 2, nj)
     ty, mi, tx, nj = max(ty, 1), max(mi, 1), max(tx, 1), max(nj, 1)
     while ty * tx < t.ty * t.tx and 2 * ty * mi <= rows:  # narrow columns (a 7-wide image):
         ty *= 2  # the threads they cannot take go to the rows (the channels)
