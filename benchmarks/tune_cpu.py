@@ -47,6 +47,7 @@ import hexir
 from hexir import knobs
 from hexir.costmodel import RandomModel, XGBModel
 from hexir.ir.analysis import flop_count
+from hexir.ir.arrays import aligned_copy
 from hexir.runtime.default_schedule import default_schedule
 from hexir.search.tune import TuneResult, tune
 
@@ -181,9 +182,11 @@ def inputs(func: hexir.PrimFunc) -> list[np.ndarray]:
 
 
 def kernel_time(func: hexir.PrimFunc, args: list[np.ndarray], once: bool = False) -> float:
-    """Median seconds of `func`'s kernel on fresh copies of `args` (placement matters)."""
+    """Median seconds of `func`'s kernel on fresh copies of `args`, each starting on a 64-byte
+    boundary as a model's buffers and the tuner's inputs do (numpy's own large arrays start
+    16 bytes into a page, and a kernel's 512-bit loads of them split cache lines)."""
     kernel = hexir.build(func, "cpu")
-    copies = [a.copy() for a in args]
+    copies = [aligned_copy(a) for a in args]
     if once:
         with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
             return kernel.time(*copies)
@@ -225,15 +228,17 @@ def report_workload(
     # OpenBLAS's AVX-512 kernel dies of SIGILL on a CPU without AVX-512.
     coretypes = ("Haswell", "SkylakeX") if has_avx512() else ("Haswell",)
     peers = {t: numpy_subprocess(w.name, t) for t in coretypes}
-    numpy_times, tuned_times = [], []
-    for _ in range(rounds):  # alternate, so drift on a shared machine hits both
+    default = default_schedule(w.func, "cpu").func
+    numpy_times, default_times, tuned_times = [], [], []
+    for _ in range(rounds):  # alternate, so drift on a shared machine hits all three
         numpy_times.append(numpy_subprocess(w.name))
+        default_times.append(kernel_time(default, args))
         tuned_times.append(kernel_time(tuned, args))
     rows = {
         "numpy, default environment": statistics.median(numpy_times),
         **{f"numpy, OPENBLAS_CORETYPE={t} ({WIDTH[t]})": peers[t] for t in coretypes},
         "hexir, unscheduled": kernel_time(w.func, args, once=True),
-        "hexir, default schedule": kernel_time(default_schedule(w.func, "cpu").func, args),
+        "hexir, default schedule": statistics.median(default_times),
         f"hexir, tuned ({result.trials} trials)": statistics.median(tuned_times),
     }
     if peer is not None:

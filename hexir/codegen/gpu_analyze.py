@@ -2,6 +2,7 @@
 and the fraction of FP32 peak its innermost loop's issue mix allows.
 
     report = analyze(kernel)        # a CudaKernel: hexir.build(func, "cuda -arch=sm_90")
+    reading = read_schedule(func, target)   # before a build: conflicts and issue mix only
     report.accesses                 # each shared access: wavefronts per warp request vs ideal
     report.conflict_free            # no access needs more wavefronts than its width
     report.occupancy                # resident warps per multiprocessor / the most it holds
@@ -38,7 +39,9 @@ import numpy as np
 
 from hexir.codegen.c import auto_unrolled
 from hexir.codegen.cuda_mma import ldsm_kind, ldsm_rows
+from hexir.codegen.gpu_verify import launch_shape
 from hexir.ir import arith
+from hexir.ir.arith_eval import evaluate
 from hexir.ir.dtype import numpy_dtype
 from hexir.ir.tir import (
     AUTO_UNROLL_KEY,
@@ -49,11 +52,12 @@ from hexir.ir.tir import (
     BufferStore,
     Expr,
     For,
-    IntImm,
+    PrimFunc,
     Var,
 )
-from hexir.ir.visit import free_vars, substitute, walk
+from hexir.ir.visit import substitute, walk
 from hexir.runtime.cuda_kernel import CudaKernel
+from hexir.runtime.target import Target
 from hexir.schedule.common import sub_stmts
 from hexir.schedule.compact import compact_buffers
 from hexir.schedule.tensorize import INTRINSICS, TENSORIZE, MmaMatch, WarpMma, match_mma
@@ -125,13 +129,50 @@ class Report:
         )
 
 
+@dataclass(frozen=True)
+class Reading:
+    """The part of a Report the schedule alone decides."""
+
+    accesses: tuple[Access, ...]
+    fma_clocks: float
+    memory_clocks: float
+    predicted: float
+    tensor_cores: bool
+
+    @property
+    def worst(self) -> float:
+        return max((a.degree for a in self.accesses), default=1.0)
+
+
 def analyze(kernel: CudaKernel) -> Report:
     """The static reading of a built CUDA kernel (see the module docstring)."""
-    func = compact_buffers(kernel.func)
+    reading = _read(compact_buffers(kernel.func), kernel.block, kernel.binary.arch)
+    blocks, occupancy = _occupancy(kernel)
+    return Report(
+        kernel.name,
+        reading.accesses,
+        kernel.resources.get("registers", 0),
+        kernel.resources.get("spill_bytes", 0),
+        blocks,
+        occupancy,
+        reading.fma_clocks,
+        reading.memory_clocks,
+        reading.predicted,
+        tensor_cores=reading.tensor_cores,
+    )
+
+
+def read_schedule(func: PrimFunc, target: Target) -> Reading:
+    """What a scheduled `func` says before it is built (the cost model's GPU columns): its
+    shared accesses' conflicts and its inner loop's issue mix, for the launch its thread
+    bindings describe on `target`'s arch. Registers and occupancy need the build (`analyze`)."""
+    func = compact_buffers(func)
+    return _read(func, launch_shape(func).block, target.arch)
+
+
+def _read(func: PrimFunc, block: tuple[int, ...], arch: str) -> Reading:
     threads = _thread_vars(func.body)
-    block = kernel.block
     lanes = [_lane(n, block) for n in range(min(WARP, math.prod(block)))]
-    arch = kernel.binary.arch
     mma = _mma_mix(func.body, threads, lanes, arch)
     fma, memory, inner = mma or _issue_mix(func.body, threads, lanes)
     accesses = [  # the update's loads as the inner loop issues them (merged into vectors)
@@ -139,19 +180,12 @@ def analyze(kernel: CudaKernel) -> Report:
         for indices, node, loops in _shared_accesses(func.body, [])
         if node not in inner
     ]
-    blocks, occupancy = _occupancy(kernel)
-    predicted = fma / max(fma, memory) if fma else 0.0
-    return Report(
-        kernel.name,
+    return Reading(
         tuple(a for a in [*accesses, *inner.values()] if a is not None),
-        kernel.resources.get("registers", 0),
-        kernel.resources.get("spill_bytes", 0),
-        blocks,
-        occupancy,
         fma,
         memory,
-        predicted,
-        tensor_cores=mma is not None,
+        fma / max(fma, memory) if fma else 0.0,
+        mma is not None,
     )
 
 
@@ -189,9 +223,20 @@ def _shared_accesses(stmt, loops: list[For], bound: dict | None = None):  # noqa
         yield from _shared_accesses(child, loops, bound)
 
 
+class _Zeros(dict):
+    """An environment in which every var it does not name is 0 (its loop's first iteration)."""
+
+    def __missing__(self, var: Var) -> int:
+        return 0
+
+
 def _value(expr: Expr, env: dict[Var, int]) -> int | None:
-    done = arith.simplify(substitute(expr, {v: IntImm(env.get(v, 0)) for v in free_vars(expr)}))
-    return done.value if isinstance(done, IntImm) else None
+    """`expr`'s integer value, other vars at 0; None where it reads memory (a gathered index)."""
+    try:
+        value = evaluate(expr, _Zeros(env))
+    except ValueError:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _access(

@@ -103,14 +103,17 @@ STORE = ADDITIVE + SHAPE + tuple(f"{b}.{n}" for b in BUFFER_SLOTS for n in BUFFE
 # Kernel-wide: stores, blocks, barriers and root loop nests; allocations per scope (count and
 # bytes of their footprint, the size compact_buffers will give them); float operations per
 # unique byte of the parameters; the share of float operations in vectorized stores and of
-# iterations under a parallel loop; the CUDA resource report when a build gave one; the
-# estimated cycles by bound over the kernel's ideal cycles (estimate.TIME_COLUMNS; 0 off the
-# CPU).
+# iterations under a parallel loop; the CUDA resource report when a build gave one; on a GPU,
+# the static analyzer's reading of the schedule (its worst shared-memory bank conflict, as
+# wavefronts over the conflict-free count, and the fraction of peak its inner loop's issue
+# mix allows: hexir/codegen/gpu_analyze.py; 1 and 0 off the GPU); the estimated cycles by
+# bound over the kernel's ideal cycles (estimate.TIME_COLUMNS; 0 off the CPU).
 KERNEL = (
     "stores", "blocks", "barriers", "root_nests",
     *(f"alloc.{s}.{what}" for s in SCOPES[1:] for what in ("count", "bytes")),
     "intensity.params", "share.vectorized_flops", "share.parallel_trips", *REGISTER_COLUMNS,
     "cuda.has_resources", "cuda.registers", "cuda.spill_bytes", "cuda.shared_bytes",
+    "cuda.worst_conflict", "cuda.predicted_peak",
     *TIME_COLUMNS,
 )  # fmt: skip
 
@@ -132,7 +135,8 @@ _STORE_LOG = frozenset(
 )
 _KERNEL_LOG = frozenset(
     {"stores", "blocks", "barriers", "root_nests", "intensity.params", "cuda.registers"}
-    | {"cuda.spill_bytes", "cuda.shared_bytes", *REGISTER_COLUMNS, *TIME_COLUMNS}
+    | {"cuda.spill_bytes", "cuda.shared_bytes", "cuda.worst_conflict", *REGISTER_COLUMNS}
+    | set(TIME_COLUMNS)
     | {f"alloc.{s}.{w}" for s in SCOPES[1:] for w in ("count", "bytes")}
 )
 LOG_COLUMNS = np.array(
@@ -171,7 +175,7 @@ def extract(func: PrimFunc, target: Target, resources: dict | None = None) -> np
             *(empty if main is None else stores[main]),
             *(empty if aux is None else stores[aux]),
             *total,
-            *_kernel_columns(kernel, flops, params, target, resources),
+            *_kernel_columns(kernel, func, flops, params, target, resources),
             *times,
         ]
     )
@@ -363,6 +367,7 @@ def _reuse(acc: Access, extents: list[int], size: int) -> tuple[float, float, fl
 
 def _kernel_columns(
     kernel: KernelWalk,
+    func: PrimFunc,
     flops: list[float],
     params: frozenset[Buffer],
     target: Target,
@@ -389,8 +394,19 @@ def _kernel_columns(
         float(res.get("registers", 0)),
         float(res.get("spill_bytes", 0)),
         float(res.get("shared_bytes", 0)),
+        *_gpu_reading(func, target),
     ]  # fmt: skip
     return columns
+
+
+def _gpu_reading(func: PrimFunc, target: Target) -> tuple[float, float]:
+    """The analyzer's worst bank conflict and predicted fraction of peak; (1, 0) off the GPU."""
+    if target.kind != "cuda":
+        return 1.0, 0.0
+    from hexir.codegen.gpu_analyze import read_schedule  # the CUDA modules load for CUDA only
+
+    reading = read_schedule(func, target)
+    return reading.worst, reading.predicted
 
 
 def _has_kind(store: Store, kind: str) -> bool:

@@ -10,6 +10,7 @@ primitive: it records nothing in a trace.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -59,7 +60,25 @@ def compact_buffers(func: PrimFunc) -> PrimFunc:
     the window (the layout is then the tile's own), else the window's size (any window of at
     most that many elements maps one to one). `storage_align` paddings are applied again.
     """
-    return replace(func, body=_place(func.body))
+    with _recent_lock:
+        hit = _recent.get(id(func))
+    if hit is not None and hit[0] is func:
+        return hit[1]
+    compacted = replace(func, body=_place(func.body))
+    with _recent_lock:
+        if len(_recent) >= RECENT:
+            del _recent[next(iter(_recent))]
+        _recent[id(func)] = (func, compacted)
+    return compacted
+
+
+# The last few functions compacted, by identity (each held, so its id is not reused while it
+# is here): a GPU candidate is compacted where its resources are checked, where the cost
+# model reads it (the analyzer's columns), and where it is printed (by builder threads),
+# about 10 ms each time.
+RECENT = 256
+_recent: dict[int, tuple[PrimFunc, PrimFunc]] = {}
+_recent_lock = threading.Lock()
 
 
 def _place(stmt: Stmt) -> Stmt:

@@ -152,3 +152,26 @@ def test_gpu_schedules_fill_the_binding_columns_and_resources():
     assert column(vec, "kernel.cuda.has_resources") == 1
     assert raw(vec, "kernel.cuda.registers") == 40
     assert raw(vec, "kernel.cuda.shared_bytes") == 8192
+
+
+def test_gpu_schedules_carry_the_analyzers_reading_before_a_build():
+    """`kernel.cuda.worst_conflict` and `kernel.cuda.predicted_peak` are the static analyzer's
+    reading of the schedule, the same as the built kernel's report: the conflict-free reference
+    tile and a 16 x 16 thread block whose A reads are 2-way tell apart; off the GPU, 1 and 0."""
+    from hexir.codegen.gpu_analyze import analyze
+    from hexir.schedule.handwritten import Tiling, gpu_schedule
+
+    target = Target("cuda -arch=sm_90")
+    func = hexir.workload("matmul", M=4096, N=4096, K=4096)
+    readings = []
+    for tiling in (None, Tiling(16, 16, 8, 8, 8)):
+        scheduled = gpu_schedule(func, tiling).func
+        vec = extract(scheduled, target)
+        report = analyze(hexir.build(scheduled, target))
+        assert raw(vec, "kernel.cuda.worst_conflict") == pytest.approx(report.worst)
+        assert column(vec, "kernel.cuda.predicted_peak") == pytest.approx(report.predicted)
+        readings.append((report.worst, report.predicted))
+    assert readings == [(1, 1.0), (2, pytest.approx(16 / 24))]
+    cpu = extract(tiled(8, 16), CPU)
+    assert raw(cpu, "kernel.cuda.worst_conflict") == 1
+    assert column(cpu, "kernel.cuda.predicted_peak") == 0
