@@ -85,7 +85,8 @@ def test_a_tune_measures_again_what_it_timed_under_load(cache, tmp_path):
                     measure_calibration_threshold=THRESHOLD)  # fmt: skip
     # The first round (12 trials) runs under load, which ends when the round is reported. The
     # load hits a calibration now and then, not always: a tune whose round it missed (one CI
-    # run in many: every batch calibrated at 1.1-1.3) is tried again, up to three times.
+    # run in many: every batch calibrated at 1.1-1.3), or whose re-measurement a busy host hit
+    # too (once, on a host running at half its speed), is tried again, up to three times.
     for attempt in range(3):
         db = Database(f"sqlite:///{tmp_path / f'loaded{attempt}.db'}")
         with busy() as procs, hexir.knobs.scope(**settings):
@@ -94,14 +95,19 @@ def test_a_tune_measures_again_what_it_timed_under_load(cache, tmp_path):
         records = db.records(hexir.workload_key(func), "cpu")
         timed = [r for r in records if r.is_valid]
         suspect = [r for r in timed if r.build_info["calibration"] > THRESHOLD]
-        if suspect:
+        later = {
+            r.candidate_key: [t for t in timed if t.candidate_key == r.candidate_key
+                              and t.created > r.created]
+            for r in suspect
+        }  # fmt: skip
+        if suspect and all(
+            any(t.build_info["calibration"] <= THRESHOLD for t in ts) for ts in later.values()
+        ):
             break
     assert suspect, [r.build_info["calibration"] for r in timed]
     assert result.trials == 20 and result.remeasured >= len({r.candidate_key for r in suspect})
-    for record in suspect:
-        later = [r for r in timed if r.candidate_key == record.candidate_key
-                 and r.created > record.created]  # fmt: skip
-        assert any(r.build_info["calibration"] <= THRESHOLD for r in later)
+    for key, ts in later.items():  # each suspect record measured again, quietly
+        assert any(t.build_info["calibration"] <= THRESHOLD for t in ts), key
     # The records the tune reports are quiet ones.
     (best,) = db.best(hexir.workload_key(func), "cpu", k=1)
     assert best.build_info["calibration"] <= THRESHOLD

@@ -264,7 +264,9 @@ def test_a_confirmed_candidate_whose_two_runs_disagree_is_measured_a_third_time(
     default = records[0].candidate_key
     runs = sorted(r.median for r in records if r.candidate_key == default)
     assert len(runs) == 3 and runs[2] > 5 * runs[0]  # the slow run, the confirmation, a third
-    assert result.tasks[0].default_latency == runs[1] < runs[2] / 4  # not at the slow run
+    # The median of the three, not the slow run (on a noisy host the confirmation itself may
+    # read a few times the quiet run: 41 against 6 us once, so no ratio to the slow one).
+    assert result.tasks[0].default_latency == runs[1] < runs[2]
     # The others twice: three times only where their two runs disagreed too.
     again = [k for k in {r.candidate_key for r in records[6:]} if k != default]
     assert again
