@@ -99,17 +99,14 @@ class Access:
 
 
 @dataclass(frozen=True)
-class Report:
-    kernel: str
+class Reading:
+    """What the schedule alone decides: its shared accesses and its inner loop's issue mix."""
+
     accesses: tuple[Access, ...]
-    registers: int
-    spill_bytes: int
-    blocks_per_sm: int
-    occupancy: float  # resident warps / the most a multiprocessor holds
     fma_clocks: float  # per warp, one iteration of the innermost rolled loop
     memory_clocks: float  # shared wavefronts and L1 lines, same iteration
     predicted: float  # FMA clocks / max(FMA clocks, shared clocks): a ceiling
-    tensor_cores: bool = False  # the clocks and the ceiling are the tensor cores' (mma.sync)
+    tensor_cores: bool  # the clocks and the ceiling are the tensor cores' (mma.sync)
 
     @property
     def conflict_free(self) -> bool:
@@ -118,6 +115,17 @@ class Report:
     @property
     def worst(self) -> float:
         return max((a.degree for a in self.accesses), default=1.0)
+
+
+@dataclass(frozen=True)
+class Report(Reading):
+    """A Reading of a built kernel, with what the build decides: registers and occupancy."""
+
+    kernel: str
+    registers: int
+    spill_bytes: int
+    blocks_per_sm: int
+    occupancy: float  # resident warps / the most a multiprocessor holds
 
     def __str__(self) -> str:
         return (
@@ -129,36 +137,17 @@ class Report:
         )
 
 
-@dataclass(frozen=True)
-class Reading:
-    """The part of a Report the schedule alone decides."""
-
-    accesses: tuple[Access, ...]
-    fma_clocks: float
-    memory_clocks: float
-    predicted: float
-    tensor_cores: bool
-
-    @property
-    def worst(self) -> float:
-        return max((a.degree for a in self.accesses), default=1.0)
-
-
 def analyze(kernel: CudaKernel) -> Report:
     """The static reading of a built CUDA kernel (see the module docstring)."""
     reading = _read(compact_buffers(kernel.func), kernel.block, kernel.binary.arch)
     blocks, occupancy = _occupancy(kernel)
     return Report(
-        kernel.name,
-        reading.accesses,
-        kernel.resources.get("registers", 0),
-        kernel.resources.get("spill_bytes", 0),
-        blocks,
-        occupancy,
-        reading.fma_clocks,
-        reading.memory_clocks,
-        reading.predicted,
-        tensor_cores=reading.tensor_cores,
+        **vars(reading),
+        kernel=kernel.name,
+        registers=kernel.resources.get("registers", 0),
+        spill_bytes=kernel.resources.get("spill_bytes", 0),
+        blocks_per_sm=blocks,
+        occupancy=occupancy,
     )
 
 
