@@ -43,6 +43,7 @@ from hexir import knobs
 from hexir.errors import HexirError
 from hexir.ir.arrays import aligned_empty
 from hexir.ir.tir import PrimFunc
+from hexir.runtime.cache_flush import flush_arrays
 from hexir.runtime.cuda_driver import DriverError
 from hexir.runtime.cuda_kernel import CudaKernel
 from hexir.runtime.kernel import CpuKernel
@@ -340,42 +341,18 @@ def _calibration(target: Target) -> Calibration:
 
 
 MIN_SLOW_REPEATS = 3
-# A kernel whose arrays hold more than COLD_BYTES is timed one call at a time with the caches
-# emptied before each (EVICT_BYTES written): in a model, the kernels between two calls of it
-# evict its weights. ResNet-18's Winograd batch_matmul on 7x7x512 (a 16 MB weight): its tuned
-# schedule timed 0.37 ms warm and 1.97 ms cold, and ran 1.65-1.86 ms in the model; the default
-# 0.53 warm, 0.93 cold. Timed warm, the tune picked the tuned one and the Winograd form, and the
-# tuned model ran slower than the default one.
+# A kernel whose arrays hold more than COLD_BYTES is timed one call at a time, its arrays
+# flushed from the caches before each (hexir/runtime/cache_flush.py): in a model, the kernels
+# between two calls of it evict its weights. ResNet-18's Winograd batch_matmul on 7x7x512 (a
+# 16 MB weight): its tuned schedule timed 0.37 ms warm and 1.97 ms cold, and ran 1.65-1.86 ms
+# in the model; the default 0.53 warm, 0.93 cold. Timed warm, the tune picked the tuned one
+# and the Winograd form, and the tuned model ran slower than the default one.
 COLD_BYTES = 8 << 20
-_evict: np.ndarray | None = None
-
-
-def evict_bytes() -> int:
-    """What `evict_caches` writes: twice the last-level cache the kernel reports, within 64
-    and 256 MiB (an Intel Xeon VM here reports 480 MiB of L3: a 4 MB copy came back from
-    cache after 64 MiB were written, from memory after 128 MiB, 7 ms, and 256 MiB, 16 ms)."""
-    path = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
-    try:
-        text = path.read_text().strip().upper()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        last = int(text.rstrip("KMG")) * scale
-    except (OSError, ValueError):
-        last = 32 << 20
-    return min(max(2 * last, 64 << 20), 256 << 20)
 
 
 def is_cold(arrays: list[np.ndarray]) -> bool:
     """Whether a kernel of `arrays` is timed cold (they hold more than COLD_BYTES)."""
     return sum(a.nbytes for a in arrays) > COLD_BYTES
-
-
-def evict_caches() -> None:
-    """Write `evict_bytes()` (twice the L3), so that what a kernel reads next comes from
-    memory."""
-    global _evict
-    if _evict is None:
-        _evict = np.zeros(evict_bytes() // 4, dtype=np.float32)
-    _evict += 1.0
 
 
 def time_kernel(
@@ -393,7 +370,7 @@ def time_kernel(
     candidate slower than `cutoff` seconds on its first and on one more (warm) call is timed
     by that call alone: a candidate three times slower than the best is told apart by one
     call as well as by ten. A kernel whose arrays hold more than COLD_BYTES is timed cold: one
-    call per latency, each after `evict_caches`."""
+    call per latency, each after its arrays were flushed from the caches (`flush_arrays`)."""
     k = knobs.get()
     if is_cold(arrays):
         return _time_cold(kernel, arrays, first, cutoff), 1
@@ -418,7 +395,7 @@ def time_kernel(
 def _time_cold(
     kernel: CpuKernel, arrays: list[np.ndarray], first: float | None, cutoff: float | None
 ) -> list[float]:
-    """`timing_repeats` single calls, each after `evict_caches` (fewer past
+    """`timing_repeats` single calls, each after `flush_arrays` (fewer past
     `timing_max_seconds`, at least MIN_SLOW_REPEATS); one past `cutoff`."""
     k = knobs.get()
     latencies: list[float] = []
@@ -426,7 +403,7 @@ def _time_cold(
     past_cutoff = cutoff is not None and first is not None and first > cutoff
     with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
         while len(latencies) < max(k.timing_repeats, 1):
-            evict_caches()
+            flush_arrays(arrays)
             latencies.append(kernel.time(*arrays))
             spent += latencies[-1]
             if past_cutoff and latencies[-1] > cutoff:
