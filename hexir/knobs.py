@@ -209,9 +209,10 @@ class Knobs:
     # at other sizes) where the database has few of its own (hexir/search/transfer.py).
     search_transfer: bool = field(default_factory=lambda: _flag("HEXIR_SEARCH_TRANSFER", "1"))
     # A CPU candidate whose C is longer than this (or than twice its default schedule's C,
-    # where that is longer) is not proposed: slow to compile and slow to run; 0: no limit.
+    # where that is longer) is not proposed: slow to compile and slow to run; 0: no limit
+    # (hexir/search/evolutionary.py: SOURCE_LIMIT_FACTOR).
     search_max_source_lines: int = field(
-        default_factory=lambda: _int("HEXIR_SEARCH_MAX_SOURCE_LINES", "2000")
+        default_factory=lambda: _int("HEXIR_SEARCH_MAX_SOURCE_LINES", "400")
     )
     # The share of an informed round's batch taken from the neighbours of the task's best
     # record (one tile factor moved, or one other choice), best scored first.
