@@ -302,6 +302,15 @@ def _breed(
     return _distinct([c if c is not None else slots[n] for n, c in enumerate(children)])
 
 
+def _printed_within(candidate: Candidate, limit: int) -> bool:
+    """Whether `candidate`'s C, printed, is at most `limit` lines (one that does not print
+    counts as fitting: the builder records its error)."""
+    try:
+        return candidate.c_lines <= limit
+    except HexirError:
+        return True
+
+
 def _weights(scores: list[float]) -> list[float]:
     """Selection weights from scores of any sign: shifted to start at 0, with a floor so that
     the worst still has a (small) chance; uniform when the model cannot tell them apart."""
@@ -425,7 +434,7 @@ class EvolutionarySearch:
         ranked = [(s, c) for s, c in ranked if c.candidate_key not in taken]
         if self.source_limit is not None:  # the C `_fits` reads, printed side by side
             with self.profile.timing("building"):
-                print_sources(_distinct([c for _, c in ranked])[: n - len(climb)])
+                self._print_until_fit(_distinct([c for _, c in ranked]), n - len(climb))
         randoms = [c for c in randoms if c.candidate_key not in taken]
         rest = pick(ranked, randoms, n - len(climb), config.epsilon, self.rng, self._fits)
         return climb + rest
@@ -484,21 +493,32 @@ class EvolutionarySearch:
         except HexirError:
             return None
 
+    def _print_until_fit(self, ranked: list[Candidate], n: int) -> None:
+        """Print the C of `ranked`'s first candidates, a slice at a time side by side
+        (`print_sources`), until `n` of them fit `source_limit` or none is left: `pick` then
+        reads each one's size without printing it alone. Each slice is as long as the fitting
+        ones still missing (the first, `n`): where the limit refuses half of a round's best
+        ranked (a conv2d's rounds), they had been printed one at a time in this process."""
+        limit = self.source_limit
+        assert limit is not None
+        start, fitting = 0, 0
+        while fitting < n and start < len(ranked):
+            chunk = ranked[start : start + n - fitting]
+            print_sources(chunk)
+            fitting += sum(1 for c in chunk if _printed_within(c, limit))
+            start += len(chunk)
+
     def _fits(self, candidate: Candidate) -> bool:
         """Whether `candidate` prints within `source_limit` (its C, made here, is what the
         builder then compiles: the time counts as building)."""
         limit = self.source_limit
         if limit is None:
             return True
-        try:
-            with self.profile.timing("building"):
-                lines = candidate.c_lines
-        except HexirError:
-            return True  # the builder records the error
-        if lines > limit:
+        with self.profile.timing("building"):
+            fits = _printed_within(candidate, limit)
+        if not fits:
             self.oversized += 1
-            return False
-        return True
+        return fits
 
     def best_candidates(self, config: SearchConfig | None = None) -> list[Candidate]:
         """The database's best records of this task, replayed (the initial population's

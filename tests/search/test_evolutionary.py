@@ -253,10 +253,11 @@ def test_sampling_stops_halfway_to_a_round_deadline_and_leaves_evolution_the_res
 
 
 @pytest.mark.slow  # 1.6 s
-def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(matmul):
+def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(matmul, monkeypatch):
     from hexir import knobs
     from hexir.costmodel import RandomModel
     from hexir.runtime.default_schedule import default_schedule
+    from hexir.search import evolutionary
     from hexir.search.evolutionary import SOURCE_LIMIT_FACTOR
 
     default = Candidate.from_schedule(matmul, default_schedule(matmul, CPU), CPU)
@@ -272,11 +273,25 @@ def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(mat
     free.source_limit = None
     lines = sorted(c.c_lines for c in free.propose(RandomModel(seed=0), 24))
     cap = lines[len(lines) // 2]  # half of what an unlimited search proposes is longer
+    slices = []
+    printer = evolutionary.print_sources
+    monkeypatch.setattr(evolutionary, "print_sources", lambda cs: [slices.append(cs), printer(cs)])
     capped = EvolutionarySearch(matmul, CPU, rng=random.Random(4), config=config)
     capped.source_limit = cap
     batch = capped.propose(RandomModel(seed=0), 8)  # from 10 samples, those within the cap
     assert batch and all(c.c_lines <= cap for c in batch)
     assert capped.oversized > 0 and len(batch) + capped.oversized <= 10
+    # Printed side by side, a slice at a time, each as long as the fitting ones still missing
+    # (the last cut short where the ranking ends): the refused ones too, none of them alone.
+    assert len(slices) > 1
+    fitting = 0
+    for k, piece in enumerate(slices):
+        assert 0 < len(piece) <= 8 - fitting
+        assert len(piece) == 8 - fitting or k == len(slices) - 1
+        fitting += sum(c.c_lines <= cap for c in piece)
+    printed = [c.candidate_key for piece in slices for c in piece]
+    assert len(set(printed)) == len(printed)
+    assert {c.candidate_key for c in batch} <= set(printed)
     # The builder compiles the very C the search read.
     from hexir.search.builders import CpuBuilder
 
