@@ -28,8 +28,9 @@ measured again once a round ends on a quiet result, and at the end of the tune (
 times at most; `TuneResult.remeasured` counts them), and the database prefers quiet records.
 
 At the end, each task's best few candidates and its default schedule are measured again, one
-after another (`tune_confirm_best`; `TuneResult.confirmed`): the database ranks a candidate by
-the median of its records, so a candidate whose first run was lucky does not stay the best.
+after another, in three rounds (`tune_confirm_best`, CONFIRM_ROUNDS; `TuneResult.confirmed`):
+the database ranks a candidate by the median of its records, so a candidate whose first run
+was lucky does not stay the best.
 
 A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
 of it would not hold another trial at the pace of the tune so far: no round, and no slice of
@@ -83,6 +84,15 @@ SLICE_SHARE = 0.5
 # A confirmed candidate whose two middle runs differ by more than this factor is measured once
 # more (`_Tuner.confirm`): timing the same kernel twice on a quiet machine differs by percents.
 DISAGREE = 1.5
+# Rounds of the confirmation at the end of a tune: each round measures every confirmed
+# candidate once, the default among them, so drift hits them alike. The best got there by the
+# luck of its run as well as by its speed, and a candidate stands at the slower of its two
+# middle runs: after one round the best stood at its one unselected run and the default at the
+# slower of two, which on a noisy host favoured the tuned pick by half the noise (a 200-trial
+# residual conv's pick read 0.80 ms against the default's 1.06 in the tune, and timed within
+# 5% of it, either way, in four alternated runs after). Three rounds make it the median of
+# three runs against the upper middle of four.
+CONFIRM_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -405,10 +415,11 @@ class _Tuner:
                     self.model.update([c for c, _ in done], [r for _, r in done])
 
     def confirm(self) -> None:
-        """Measure again, one after another, the `tune_confirm_best` best candidates of every
-        task this call tuned, and its default schedule: the database ranks a candidate by
-        the median of its records, so a lucky first run is put right before the tune
-        reports (and a build picks) the best. What the time budget has room for."""
+        """Measure again, one after another, in CONFIRM_ROUNDS rounds, the
+        `tune_confirm_best` best candidates of every task this call tuned, and its default
+        schedule: the database ranks a candidate by the median of its records, so a lucky
+        first run is put right before the tune reports (and a build picks) the best. What
+        the time budget has room for."""
         k = knobs.get().tune_confirm_best
         for i, task in enumerate(self.tasks):
             if k <= 0 or self.trials[i] == 0:
@@ -421,7 +432,8 @@ class _Tuner:
             batch = list({c.candidate_key: c for c in batch if c is not None}.values())
             if len(batch) < 2:
                 continue  # nothing to rank against
-            self._confirm(i, batch)
+            for _ in range(CONFIRM_ROUNDS):
+                self._confirm(i, batch)
             # Two runs apart by more than DISAGREE: one was timed under a load the calibration
             # missed (a 0.015 ms kernel read 5.1 ms once); a third run decides where it stands.
             records = self.db.records(task.workload_key, self.target)  # read once, not per run

@@ -14,7 +14,7 @@ from hexir.costmodel import RandomModel, XGBModel
 from hexir.database import Database
 from hexir.frontend.zoo import mlp
 from hexir.graph.evaluate import evaluate
-from hexir.search.tune import DISAGREE, Progress, tune
+from hexir.search.tune import CONFIRM_ROUNDS, DISAGREE, Progress, tune
 
 # A small search and quick timing; these tests count records: no confirmation of the best
 # at the end either (the confirmation's own test turns it on).
@@ -222,12 +222,15 @@ def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
     for r in records:
         runs.setdefault(r.candidate_key, []).append(r.median)
     again = {r.candidate_key for r in records[6:]}
-    # The two fastest of the trials and the default (the first trial), once more each.
+    # The two fastest of the trials and the default (the first trial), in rounds: each of
+    # them once a round.
     fastest = sorted(first, key=lambda r: r.median)[:2]
     assert again == {r.candidate_key for r in fastest} | {first[0].candidate_key}
-    for k in again:  # twice, or three times where those two disagreed (tune.DISAGREE)
-        two = sorted(runs[k][:2])
-        assert len(runs[k]) == (3 if two[1] > DISAGREE * two[0] else 2)
+    n = 1 + CONFIRM_ROUNDS  # once more each round; once more still where the middle two of
+    for k in again:  # those runs disagreed (tune.DISAGREE)
+        first_n = sorted(runs[k][:n])
+        middle = first_n[n // 2 - 1 : n // 2 + 1]
+        assert len(runs[k]) == (n + 1 if middle[1] > DISAGREE * middle[0] else n)
     assert result.confirmed == sum(len(runs[k]) - 1 for k in again)
     # The best now stands at the median of a candidate's runs, the slower of two middle ones.
     (best,) = db.best(hexir.workload_key(func), "cpu", k=1)
@@ -238,21 +241,22 @@ def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
     _check_matmul(best.load_trace())
 
 
-def test_a_confirmed_candidate_whose_two_runs_disagree_is_measured_a_third_time(db):
+def test_a_confirmed_candidate_whose_middle_runs_disagree_is_measured_once_more(db):
     import dataclasses
 
     from hexir.search.executor import LocalExecutor
 
     class Disturbed(LocalExecutor):
-        """The default schedule's first run (the tune's first result) timed 20x too slow,
-        as by a load the calibration missed."""
+        """The default schedule's first two runs (the tune's first result, and its first
+        confirmation) timed 20x too slow, as by a load the calibration missed."""
 
-        first = True
+        default, slowed = None, 0
 
         def measure_each(self, candidates):
-            for r in super().measure_each(candidates):
-                if self.first and r.latencies:
-                    self.first = False
+            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+                self.default = self.default or c.candidate_key  # measured first
+                if c.candidate_key == self.default and self.slowed < 2 and r.latencies:
+                    self.slowed += 1
                     r = dataclasses.replace(r, latencies=tuple(20 * x for x in r.latencies))
                 yield r
 
@@ -263,17 +267,20 @@ def test_a_confirmed_candidate_whose_two_runs_disagree_is_measured_a_third_time(
     records = db.records(hexir.workload_key(func), "cpu")
     default = records[0].candidate_key
     runs = sorted(r.median for r in records if r.candidate_key == default)
-    assert len(runs) == 3 and runs[2] > 5 * runs[0]  # the slow run, the confirmation, a third
-    # The median of the three, not the slow run (on a noisy host the confirmation itself may
-    # read a few times the quiet run: 41 against 6 us once, so no ratio to the slow one).
-    assert result.tasks[0].default_latency == runs[1] < runs[2]
-    # The others twice: three times only where their two runs disagreed too.
+    # Two slow runs and two quiet ones: the middle two disagree, and a fifth run decides.
+    n = 1 + CONFIRM_ROUNDS
+    assert len(runs) == n + 1 and runs[-1] > 5 * runs[0] and runs[-2] > 5 * runs[0]
+    # The median of the five, a quiet run, not a slow one (on a noisy host a quiet run itself
+    # may read a few times another: 41 against 6 us once, so no ratio to the slow ones).
+    assert result.tasks[0].default_latency == runs[n // 2] < runs[-2]
+    # The others once a round: once more only where their middle runs disagreed too.
     again = [k for k in {r.candidate_key for r in records[6:]} if k != default]
     assert again
     for k in again:
-        two = [r.median for r in records if r.candidate_key == k][:2]  # in the order measured
+        first_n = sorted([r.median for r in records if r.candidate_key == k][:n])
+        middle = first_n[n // 2 - 1 : n // 2 + 1]
         ran = sum(r.candidate_key == k for r in records)
-        assert ran == 2 or (ran == 3 and max(two) > DISAGREE * min(two))
+        assert ran == n or (ran == n + 1 and middle[1] > DISAGREE * middle[0])
 
 
 def test_candidates_slower_than_the_cutoff_are_timed_by_one_call(db):
