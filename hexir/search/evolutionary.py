@@ -81,9 +81,9 @@ REPLAY_CACHE = 8192
 # took the C compiled from 58k lines to 39k and the time a trial from 1.71 to 1.28 s. With the
 # knob at 2000, in 64-trial tunes of conv2d, its residual form, matmul 1024³ and dense
 # (2026-12-06), each one's fastest candidates were no longer than its default (254, 199, 498
-# and 454 lines), the 14 fastest convs all of them, while 45 of conv2d's 69 and 15 of the
-# residual conv's 69 were over twice as long: 2-13 s to compile each (0.3-0.9 s for the
-# others), none of them within 1.4x of the best. So the knob, the floor, is now 400 lines.
+# and 454 lines; all of conv2d's 14 fastest), while 45 of conv2d's 69 and 15 of the residual
+# conv's 69 were over twice as long: 2-13 s to compile each (0.3-0.9 s for the others), none
+# of them within 1.4x of the best. So the knob, the floor under twice the default, is now 400.
 SOURCE_LIMIT_FACTOR = 2
 
 # Under a search deadline, sampling fresh schedules stops after this share of the time left,
