@@ -434,8 +434,9 @@ class _Tuner:
                 continue  # nothing to rank against
             for _ in range(CONFIRM_ROUNDS):
                 self._confirm(i, batch)
-            # Two runs apart by more than DISAGREE: one was timed under a load the calibration
-            # missed (a 0.015 ms kernel read 5.1 ms once); a third run decides where it stands.
+            # Middle two runs apart by more than DISAGREE: runs were timed under a load the
+            # calibration missed (a 0.015 ms kernel read 5.1 ms once); one more run decides
+            # where it stands.
             records = self.db.records(task.workload_key, self.target)  # read once, not per run
             split = [c for c in batch if self._split(records, c)]
             if split:
