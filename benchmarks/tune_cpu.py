@@ -8,7 +8,9 @@
 Each workload is tuned from an empty database (a fresh SQLite file) with the XGBoost model,
 then its best kernel is timed beside numpy in one run: numpy in subprocesses (the environment
 as it is, and with OpenBLAS's AVX2 "Haswell" and AVX-512 "SkylakeX" kernels; conv2d as
-im2col + matmul), the unscheduled kernel, the default schedule, and the tuned kernel. The
+im2col + matmul), the unscheduled kernel, the default schedule, and the tuned kernel; the
+last two by single calls taken in turn, `--rounds` times a second, so that the host's shifts
+of speed hit both, and the tuned kernel's gain is the median of the pairs' ratios. The
 tuning wall time is split into the search's own time (sampling, mutation, features,
 prediction, model updates), building, measuring and the database, in all and per trial. The
 tunes build into an empty kernel cache (a fresh HEXIR_CACHE_DIR), as a first tune does.
@@ -100,6 +102,8 @@ bench(lambda: np.maximum(conv() + bias + r, 0))""",
 
 WIDTH = {"Haswell": "AVX2", "SkylakeX": "AVX-512"}
 TVM_VENV_PYTHON = Path("/work/tvmvenv/bin/python")
+# Seconds of the default and the tuned kernel's calls in turn, each round (`alternated_times`).
+ALTERNATED_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,24 @@ def kernel_time(func: hexir.PrimFunc, args: list[np.ndarray], once: bool = False
     return kernel.time(*copies)
 
 
+def alternated_times(
+    funcs: list[hexir.PrimFunc], args: list[np.ndarray], seconds: float
+) -> list[list[float]]:
+    """Single calls of each of `funcs`' kernels in turn, for about `seconds` in all, after one
+    warm-up call each: their times, one list per kernel. This host's speed shifts by a third
+    from one second to the next (the same kernel 0.82 ms, then 1.1); calls taken in turn see
+    the same shifts, where one kernel's runs after the other's need not."""
+    kernels = [hexir.build(f, "cpu") for f in funcs]
+    copies = [aligned_copy(a) for a in args]
+    times: list[list[float]] = [[] for _ in kernels]
+    with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
+        once = sum(k.time(*copies) for k in kernels)
+        for _ in range(max(10, int(seconds / max(once, 1e-9)))):
+            for kernel, column in zip(kernels, times, strict=True):
+                column.append(kernel.time(*copies))
+    return times
+
+
 def check(func: hexir.PrimFunc, workload: hexir.PrimFunc, args: list[np.ndarray]) -> None:
     n_out = workload.num_outputs
     expect = hexir.reference(workload, args[:-n_out])
@@ -212,11 +234,21 @@ def tune_one(w: Workload, trials: int, folder: Path, seed: int, model) -> tuple[
     return result, time.perf_counter() - start
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A workload's figures: the tuned kernel's speed over numpy's default environment's and
+    over its default schedule's (paired calls), the tune's seconds per trial, TVM's result."""
+
+    vs_numpy: float
+    vs_default: float
+    seconds_per_trial: float
+    peer: dict | None
+
+
 def report_workload(
     w: Workload, trials: int, folder: Path, seed: int, rounds: int, tvm_python: str | None
-) -> tuple[float, float, dict | None]:
-    """Tune `w` (and with `tvm_python`, have TVM tune it), print its table; the tuned kernel's
-    ratio to numpy's default environment, the tune's seconds per trial, and TVM's result."""
+) -> Outcome:
+    """Tune `w` (and with `tvm_python`, have TVM tune it), print its table; its Outcome."""
     model = TimedModel(XGBModel(seed=seed))
     result, wall = tune_one(w, trials, folder, seed, model)
     (task,) = result.tasks
@@ -232,8 +264,11 @@ def report_workload(
     numpy_times, default_times, tuned_times = [], [], []
     for _ in range(rounds):  # alternate, so drift on a shared machine hits all three
         numpy_times.append(numpy_subprocess(w.name))
-        default_times.append(kernel_time(default, args))
-        tuned_times.append(kernel_time(tuned, args))
+        d, t = alternated_times([default, tuned], args, ALTERNATED_SECONDS)
+        default_times += d
+        tuned_times += t
+    # The gain: the median of each call pair's ratio, both taken within a millisecond or so.
+    gain = statistics.median(d / t for d, t in zip(default_times, tuned_times, strict=True))
     rows = {
         "numpy, default environment": statistics.median(numpy_times),
         **{f"numpy, OPENBLAS_CORETYPE={t} ({WIDTH[t]})": peers[t] for t in coretypes},
@@ -244,12 +279,15 @@ def report_workload(
     if peer is not None:
         rows[f"TVM MetaSchedule, tuned ({peer['trials']} trials)"] = peer["tuned_ms"] / 1e3
     print_table(w, rows)
+    print(f"tuned over default: {gain:.3f}x faster (the median of {len(tuned_times)} pairs of "
+          "calls, taken in turn)")  # fmt: skip
     print_split(result, wall, model.features_seconds)
     hexir_tuned = rows[f"hexir, tuned ({result.trials} trials)"]
     if peer is not None:
         peer["vs_hexir"] = peer["tuned_ms"] / 1e3 / hexir_tuned
         print_peer(peer, wall / result.trials)
-    return rows["numpy, default environment"] / hexir_tuned, wall / result.trials, peer
+    vs_numpy = rows["numpy, default environment"] / hexir_tuned
+    return Outcome(vs_numpy, gain, wall / result.trials, peer)
 
 
 def tvm_importable(python: str) -> bool:
@@ -336,10 +374,10 @@ def compare_models(ws: list[Workload], trials: int, seeds: int, folder: Path) ->
         print(f"{w.name}: XGBoost {verdict} random on the median")
 
 
-def print_peer_summary(done: dict[str, tuple[float, float, dict | None]]) -> None:
+def print_peer_summary(done: dict[str, Outcome]) -> None:
     """TVM's latency over Hexir's tuned one (above 1: Hexir's kernel is faster), and TVM's
     tuning seconds per trial."""
-    peers = {n: p for n, (_, _, p) in done.items() if p is not None}
+    peers = {n: o.peer for n, o in done.items() if o.peer is not None}
     if not peers:
         return
     ratios = ", ".join(f"{n} {p['vs_hexir']:.2f}" for n, p in peers.items())
@@ -375,8 +413,10 @@ def main() -> None:
                                             tvm_python)
                     for w in chosen}  # fmt: skip
             print("\nx numpy (default environment): "
-                  + ", ".join(f"{n} {r:.2f}" for n, (r, _, _) in done.items()))  # fmt: skip
-            pace = {n: s for n, (_, s, _) in done.items()}
+                  + ", ".join(f"{n} {o.vs_numpy:.2f}" for n, o in done.items()))  # fmt: skip
+            print("tuned over default (paired calls): "
+                  + ", ".join(f"{n} {o.vs_default:.3f}" for n, o in done.items()))  # fmt: skip
+            pace = {n: o.seconds_per_trial for n, o in done.items()}
             print("seconds per trial: " + ", ".join(f"{n} {s:.2f}" for n, s in pace.items())
                   + f"; median {statistics.median(pace.values()):.2f}")  # fmt: skip
             print_peer_summary(done)
