@@ -12,7 +12,9 @@ parameters) it prints two tables:
   planning (unplanned: every intermediate in a buffer of its own, their sum);
 - end-to-end latency (median over `--rounds` rounds that alternate the peer and Hexir, each
   a median of repeats; batch 1 / one sequence) of Hexir with default
-  schedules, Hexir with the database's best schedules, and ONNX Runtime (CPU provider, 2
+  schedules, Hexir with the database's best schedules (the two builds run in turn, a run of
+  each at a time, and "tuned x default" is the median of those pairs' ratios, which the
+  host's shifts of speed hit alike), and ONNX Runtime (CPU provider, 2
   intra-op threads, all graph optimizations) running `hexir.export_onnx` of the same graph,
   whose outputs are compared with Hexir's; ratios are ONNX Runtime's time over Hexir's (above
   1: Hexir is faster).
@@ -66,6 +68,7 @@ class Latency:
     trials: int
     onnxruntime: float | None
     max_error: float | None  # largest |hexir - onnxruntime| over the outputs, relative
+    gain: float | None  # the tuned build over the default one: the median of paired runs' ratios
 
 
 def memory(graph: hexir.Graph, fusion: bool) -> Memory:
@@ -101,6 +104,27 @@ def time_module(module, inputs: list[np.ndarray], min_seconds: float = 1.0) -> f
         times.append(time.perf_counter() - start)
         total += times[-1]
     return statistics.median(times)
+
+
+def alternated_runs(
+    modules: list, inputs: list[np.ndarray], min_seconds: float = 1.0
+) -> list[list[float]]:
+    """Seconds of single runs of `modules` in turn (at least 10 each and `min_seconds` in all,
+    after 3 each): one list per module. This host's speed shifts by a third from one second
+    to the next; runs taken in turn see the same shifts, where one module's runs after the
+    other's need not (a ResNet-18 default build read 8.4 to 16.5 ms in one sitting)."""
+    for _ in range(3):
+        for module in modules:
+            module.run(inputs)
+    times: list[list[float]] = [[] for _ in modules]
+    total = 0.0
+    while len(times[0]) < 10 or total < min_seconds:
+        for module, column in zip(modules, times, strict=True):
+            start = time.perf_counter()
+            module.run(inputs)
+            column.append(time.perf_counter() - start)
+            total += column[-1]
+    return times
 
 
 def tuned_trials(graph: hexir.Graph, db, target: hexir.Target) -> int:
@@ -209,8 +233,10 @@ def bench_model(name: str, args: argparse.Namespace, db) -> tuple[Memory, Memory
     default = hexir.compile(graph, target)
     tuned = hexir.compile(graph, target, database=db) if trials else None
     outputs = [default.run(inputs)] + ([tuned.run(inputs)] if tuned else [])
-    # Rounds alternate the peer and Hexir, so that a noisy spell hits both; medians.
+    # Rounds alternate the peer and Hexir, so that a noisy spell hits both; medians. The two
+    # builds run in turn, one run each at a time, and the gain is the median of the pairs'.
     ort_s: list[float] = []
+    pairs: list[float] = []
     default_s: list[float] = []
     tuned_s: list[float] = []
     ort = None
@@ -219,9 +245,13 @@ def bench_model(name: str, args: argparse.Namespace, db) -> tuple[Memory, Memory
             ort = onnxruntime_run(graph, inputs, Path(tmp))
         if ort:
             ort_s.append(ort[0])
-        default_s.append(time_module(default, inputs))
         if tuned:
-            tuned_s.append(time_module(tuned, inputs))
+            d, t = alternated_runs([default, tuned], inputs)
+            default_s.append(statistics.median(d))
+            tuned_s.append(statistics.median(t))
+            pairs += [a / b for a, b in zip(d, t, strict=True)]
+        else:
+            default_s.append(time_module(default, inputs))
     error = max(relative_error(o, ort[1]) for o in outputs) if ort else None
     latency = Latency(
         statistics.median(default_s),
@@ -229,6 +259,7 @@ def bench_model(name: str, args: argparse.Namespace, db) -> tuple[Memory, Memory
         trials,
         statistics.median(ort_s) if ort_s else None,
         error,
+        statistics.median(pairs) if pairs else None,
     )
     return fused, unfused, latency, ort[2] if ort else "not installed"
 
@@ -261,14 +292,16 @@ def print_latency(rows: dict[str, Latency], version: str) -> None:
     )
     print(
         f"{'model':<12} {'hexir default':>13} {'hexir tuned':>12} {'trials':>7} "
-        f"{'onnxruntime':>12} {'default x ORT':>14} {'tuned x ORT':>12} {'max rel err':>12}"
+        f"{'onnxruntime':>12} {'default x ORT':>14} {'tuned x ORT':>12} {'max rel err':>12} "
+        f"{'tuned x default':>16}"
     )
     for name, r in rows.items():
         error = "-" if r.max_error is None else f"{r.max_error:.1e}"
+        gain = "-" if r.gain is None else f"{r.gain:.3f}"
         print(
             f"{name:<12} {ms(r.default):>13} {ms(r.tuned):>12} {r.trials:>7} "
             f"{ms(r.onnxruntime):>12} {ratio(r.onnxruntime, r.default):>14} "
-            f"{ratio(r.onnxruntime, r.tuned):>12} {error:>12}"
+            f"{ratio(r.onnxruntime, r.tuned):>12} {error:>12} {gain:>16}"
         )
 
 

@@ -151,6 +151,37 @@ class RayExecutor:
                 raise _unwrapped(e) from None
             raise
 
+    def measure_in_turn(self, candidates: Sequence[Candidate]) -> list[MeasureResult]:
+        """`measure` for candidates of one workload, built on the cluster, then checked and
+        timed in turn by one runner (`CpuRunner.run_in_turn`: a call of each, then the next
+        of each; a CUDA runner times them one at a time). Where that runner is lost, each
+        candidate's record says so."""
+        if self._closed:
+            raise RuntimeError("this RayExecutor is closed; make a new one")
+        check_targets(candidates, self.target)
+        if not candidates:
+            return []
+        ray = _ray()
+        try:
+            if self._actors is None:
+                self._actors = self._start_runners()
+            values = ray.put(knobs.get())
+            wire = [dataclasses.replace(c, trace=Trace()) for c in candidates]
+            builds = self._build_all(wire, values)
+            try:
+                return ray.get(self._actors[0].run_in_turn.remote(wire, builds, values))
+            except ray.exceptions.RayActorError as e:
+                self._stop_runners(CLOSE_TIMEOUT)  # the next batch starts new ones
+                return [
+                    _lost_runner(e, b.build) if b.build.ok else MeasureResult.from_build(b.build)
+                    for b in builds
+                ]
+        except BaseException as e:
+            self._reset()
+            if isinstance(e, ray.exceptions.RayError):
+                raise _unwrapped(e) from None
+            raise
+
     def close(self) -> None:
         """End the runners (and their worker processes), then `ray.shutdown()` where this
         executor called `ray.init`; a second call does nothing."""
@@ -320,6 +351,22 @@ class NodeRunner:
         with driver_knobs(values):
             key = check_node(candidate.target)
             (result,) = self._runner.run([candidate], [self._local(shipped)])
+        return self._placed(result, key)
+
+    def run_in_turn(
+        self, candidates: list[Candidate], shipped: list[ShippedBuild], values: knobs.Knobs
+    ) -> list[MeasureResult]:
+        """`run` for candidates of one workload, timed in turn where the runner can
+        (`CpuRunner.run_in_turn`), else one at a time."""
+        with driver_knobs(values):
+            (key,) = {check_node(c.target) for c in candidates}  # one target: check_targets
+            builds = [self._local(s) for s in shipped]
+            run_in_turn = getattr(self._runner, "run_in_turn", self._runner.run)
+            results = run_in_turn(candidates, builds)
+        return [self._placed(r, key) for r in results]
+
+    def _placed(self, result: MeasureResult, key: str) -> MeasureResult:
+        """`result` with where it was timed in its build_info."""
         info = {
             **result.build_info,
             "run_node": socket.gethostname(),

@@ -4,6 +4,7 @@
         results = executor.measure(candidates)        # one MeasureResult each, in order
         for result in executor.measure_each(candidates):   # the same, each once timed
             ...
+        results = executor.measure_in_turn(candidates)     # one workload's, timed in turn
     with RayExecutor("cpu") as executor:              # hexir/search/distributed.py
         results = executor.measure(candidates)
 
@@ -93,6 +94,18 @@ class LocalExecutor:
         check_targets(candidates, self.target)
         if candidates:
             yield from measure_each(candidates, self.builder, self.runner)
+
+    def measure_in_turn(self, candidates: Sequence[Candidate]) -> list[MeasureResult]:
+        """`measure` for candidates of one workload, timed in turn where the runner can
+        (`CpuRunner.run_in_turn`: a call of each, then the next of each), else one at a
+        time: the tune's confirmation of its best against the default."""
+        run_in_turn = getattr(self.runner, "run_in_turn", None)
+        if run_in_turn is None:
+            return self.measure(candidates)
+        if self._closed:
+            raise RuntimeError("this LocalExecutor is closed; make a new one")
+        check_targets(candidates, self.target)
+        return run_in_turn(candidates, self.builder.build(candidates)) if candidates else []
 
     def close(self) -> None:
         """Close the runner (its worker process ends); a second call does nothing."""

@@ -8,7 +8,8 @@
 Each candidate's outputs are poisoned, computed once and compared with the unscheduled
 kernel's on the workload's random inputs before it is timed: a wrong result is an error
 record, never a time. Every result's build_info gains `run_start` and `run_end` (time.time()
-in this process), which never overlap from one candidate to the next.
+in this process), which never overlap from one candidate to the next, except that candidates
+timed in turn (`CpuRunner.run_in_turn`: a call of each, then the next of each) share one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from hexir.errors import MeasureError
 from hexir.runtime.target import Target
 from hexir.search.measure import BuildResult, Candidate, MeasureResult
 from hexir.search.worker import (
+    InTurnRequest,
     MeasureRequest,
     ReferenceRequest,
     Reply,
@@ -153,6 +155,39 @@ class CpuRunner(_WorkerRunner):
 
     def _what(self, build: BuildResult) -> str:
         return f"library {build.path}, its C source beside it"
+
+    def run_in_turn(
+        self, candidates: Sequence[Candidate], builds: Sequence[BuildResult]
+    ) -> list[MeasureResult]:
+        """`run`, but the candidates, of one workload, are checked and then timed in turn, in
+        one request (`time_in_turn` in hexir/search/worker.py): a call of each, then the next
+        call of each, so that the host's shifts of speed hit them alike. Where the worker
+        crashes or runs past the timeout on the batch, each is run on its own (`run`)."""
+        _check_lengths(candidates, builds)
+        built = [(c, b) for c, b in zip(candidates, builds, strict=True) if b.ok]
+        if len({c.workload_key for c, _ in built}) > 1:
+            raise ValueError("candidates timed in turn must be of one workload")
+        if len(built) < 2 or not self._finalizer.alive:
+            return self.run(candidates, builds)
+        ref = self._reference_request(built[0][0])
+        request = InTurnRequest(tuple(self._request(ref, c, b) for c, b in built))
+        worker = self._prepared(ref)
+        start = time.time()
+        try:
+            reply = worker.call(request, knobs.get().measure_timeout * len(built))
+        except (WorkerTimedOut, WorkerDied):
+            self._worker = None
+            return self.run(candidates, builds)
+        span = {"worker_pid": worker.pid, "run_start": start, "run_end": time.time()}
+        if reply.bug is not None:
+            raise RuntimeError(f"the measurement worker failed unexpectedly:\n{reply.bug}")
+        if reply.error_kind is not None:  # a HexirError on the batch: each on its own
+            return self.run(candidates, builds)
+        replies = iter(reply.info["replies"])
+        return [
+            _result(next(replies), {**b.info, **span}) if b.ok else MeasureResult.from_build(b)
+            for b in builds
+        ]
 
 
 class CudaRunner(_WorkerRunner):

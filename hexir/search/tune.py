@@ -27,10 +27,12 @@ calibration.py, past the `measure_calibration_threshold` knob) is suspect: its c
 measured again once a round ends on a quiet result, and at the end of the tune (REMEASURE_TRIES
 times at most; `TuneResult.remeasured` counts them), and the database prefers quiet records.
 
-At the end, each task's best few candidates and its default schedule are measured again, one
-after another, in three rounds (`tune_confirm_best`, CONFIRM_ROUNDS; `TuneResult.confirmed`):
-the database ranks a candidate by the median of its records, so a candidate whose first run
-was lucky does not stay the best.
+At the end, each task's best few candidates and its default schedule are measured again, in
+three rounds (`tune_confirm_best`, CONFIRM_ROUNDS; `TuneResult.confirmed`): the database ranks
+a candidate by the median of its records, so a candidate whose first run was lucky does not
+stay the best. Each round times them in turn where the executor can (`measure_in_turn`: a
+call of each, then the next of each), so that a host whose speed shifts from one second to
+the next (a two-core VM's, by a third) shifts them alike.
 
 A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
 of it would not hold another trial at the pace of the tune so far: no round, and no slice of
@@ -355,15 +357,20 @@ class _Tuner:
         return results
 
     def _committed(
-        self, i: int, chunk: list[Candidate], trials: bool
+        self, i: int, chunk: list[Candidate], trials: bool, in_turn: bool = False
     ) -> Iterator[tuple[Candidate, MeasureResult]]:
         """Measure `chunk` of task `i`, committing each result as soon as it is timed, and
         yield it with its candidate. Its wall time, less committing, is split into building
         and measuring (also where the caller stops early: close it), and counts toward the
-        task's pace where the results are `trials`."""
+        task's pace where the results are `trials`. `in_turn`: timed in turn, a call of each
+        then the next of each, where the executor can (`measure_in_turn`)."""
         began, committing = time.perf_counter(), self.profile.database
         out: list[MeasureResult] = []
-        measuring = self.executor.measure_each(self._cut(i, chunk) if trials else chunk)
+        in_turn_measure = getattr(self.executor, "measure_in_turn", None) if in_turn else None
+        if in_turn_measure is not None:
+            measuring: Iterator[MeasureResult] = iter(in_turn_measure(chunk))
+        else:
+            measuring = self.executor.measure_each(self._cut(i, chunk) if trials else chunk)
         try:
             for c, r in zip(chunk, measuring, strict=False):
                 with self.profile.timing("database"):
@@ -443,7 +450,8 @@ class _Tuner:
                 self._confirm(i, split)
 
     def _confirm(self, i: int, batch: list[Candidate]) -> None:
-        for c, r in self._committed(i, batch[: self.room(len(batch))], trials=False):
+        chunk = batch[: self.room(len(batch))]
+        for c, r in self._committed(i, chunk, trials=False, in_turn=True):
             self.confirmed += 1
             self._watch(i, c, r)
             if not r.suspect(self._threshold()):
@@ -516,12 +524,14 @@ class _Tuner:
             self.best[i] = result.median if best is None else min(best, result.median)
 
     def _account(self, results: list[MeasureResult], wall: float) -> None:
-        """Split a measurement's wall time: running (the runners' own spans) and building."""
-        running = sum(
-            max(0.0, float(r.build_info["run_end"]) - float(r.build_info["run_start"]))
+        """Split a measurement's wall time: running (the runners' own spans, a span that
+        candidates timed in turn share counted once) and building."""
+        spans = {
+            (float(r.build_info["run_start"]), float(r.build_info["run_end"]))
             for r in results
             if "run_start" in r.build_info and "run_end" in r.build_info
-        )
+        }
+        running = sum(max(0.0, end - start) for start, end in spans)
         running = min(running, wall)
         self.profile.measuring += running
         self.profile.building += wall - running

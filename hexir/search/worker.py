@@ -23,6 +23,7 @@ import faulthandler
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,15 @@ class MeasureRequest:
     path: str | None
     cutoff: float | None = None  # Candidate.cutoff
     kernel: CudaKernel | None = None
+
+
+@dataclass(frozen=True)
+class InTurnRequest:
+    """Check several CPU candidates of one workload, then time them in turn: a call of each,
+    then the next call of each, and so on (`time_in_turn`). The reply's info holds one Reply
+    per request under "replies", in order."""
+
+    requests: tuple[MeasureRequest, ...]
 
 
 @dataclass(frozen=True)
@@ -233,6 +243,10 @@ def _answer(request: object, references: OrderedDict[str, tuple[Arrays, Arrays]]
             case MeasureRequest():
                 with _knobs(request.reference.knobs):
                     return _measure(request, _reference(request.reference, references))
+            case InTurnRequest():
+                ref = request.requests[0].reference
+                with _knobs(ref.knobs):
+                    return _measure_in_turn(request, _reference(ref, references))
             case SourceRequest():
                 from hexir.runtime.build import c_source
 
@@ -281,11 +295,52 @@ def _save(file: Path, outputs: Arrays) -> None:
 def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     if request.kernel is not None:
         return _measure_cuda(request.kernel, ref, request.cutoff)
+    checked = _checked(request, ref)
+    if isinstance(checked, Reply):
+        return checked
+    kernel, arrays, first = checked
+    latencies, number = time_kernel(kernel, arrays, first, request.cutoff)
+    info = _info(arrays, number)
+    if request.cutoff is not None and len(latencies) == 1 and latencies[0] > request.cutoff:
+        info["cut"] = True  # slower than the cutoff: timed by one warm call
+    if knobs.get().measure_calibration_threshold > 0:
+        info["calibration"] = _calibration(request.reference.target).ratio()
+    return Reply(latencies=tuple(latencies), info=info)
+
+
+def _measure_in_turn(request: InTurnRequest, ref: tuple[Arrays, Arrays]) -> Reply:
+    """Check each of the request's candidates; time those that pass in turn."""
+    checked = [_checked(r, ref) for r in request.requests]
+    passed = [c for c in checked if not isinstance(c, Reply)]
+    timed = iter(time_in_turn([(kernel, arrays) for kernel, arrays, _ in passed]))
+    target = request.requests[0].reference.target
+    replies = []
+    for c in checked:
+        if isinstance(c, Reply):
+            replies.append(c)
+            continue
+        latencies, number = next(timed)
+        info = {**_info(c[1], number), "in_turn": len(passed)}
+        replies.append(Reply(latencies=tuple(latencies), info=info))
+    if passed and knobs.get().measure_calibration_threshold > 0:
+        ratio = _calibration(target).ratio()  # once, for all of them
+        for r in replies:
+            if r.error_kind is None:
+                r.info["calibration"] = ratio
+    return Reply(info={"replies": replies})
+
+
+def _checked(
+    request: MeasureRequest, ref: tuple[Arrays, Arrays]
+) -> tuple[CpuKernel, list[np.ndarray], float] | Reply:
+    """A CPU candidate loaded, called once on fresh (poisoned) outputs and checked: the
+    kernel, its arrays and that call's seconds; or the error Reply."""
     inputs, expected = ref
-    target = request.reference.target
     assert request.path is not None, "a CPU candidate is measured from its library"
     try:
-        kernel = CpuKernel(request.func, request.source, Path(request.path), target)
+        kernel = CpuKernel(
+            request.func, request.source, Path(request.path), request.reference.target
+        )
     except OSError as e:
         return Reply(error_kind="run", error_message=f"cannot load {request.path}: {e}")
     outputs = [poison(aligned_empty(e.shape, e.dtype)) for e in expected]
@@ -296,15 +351,15 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     problem = mismatch(outputs, expected, k.measure_rtol, k.measure_atol)
     if problem is not None:
         return Reply(error_kind="wrong_result", error_message=problem)
-    latencies, number = time_kernel(kernel, [*inputs, *outputs], first, request.cutoff)
+    return kernel, [*inputs, *outputs], first
+
+
+def _info(arrays: list[np.ndarray], number: int) -> dict[str, Any]:
+    """A CPU measurement's info: the worker, the calls per latency, whether timed cold."""
     info: dict[str, Any] = {"worker_pid": os.getpid(), "calls_per_latency": number}
-    if is_cold([*inputs, *outputs]):
+    if is_cold(arrays):
         info["cold"] = True  # each call after the caches were emptied
-    if request.cutoff is not None and len(latencies) == 1 and latencies[0] > request.cutoff:
-        info["cut"] = True  # slower than the cutoff: timed by one warm call
-    if k.measure_calibration_threshold > 0:
-        info["calibration"] = _calibration(target).ratio()
-    return Reply(latencies=tuple(latencies), info=info)
+    return info
 
 
 def _measure_cuda(
@@ -390,6 +445,46 @@ def time_kernel(
     with knobs.scope(timing_warmup=0, timing_repeats=number, timing_min_seconds=0.0):
         latencies = [kernel.time(*arrays) for _ in range(repeats)]
     return latencies, number
+
+
+def time_in_turn(
+    kernels: list[tuple[CpuKernel, list[np.ndarray]]],
+) -> list[tuple[list[float], int]]:
+    """Time `kernels`, each on its arrays, in turn: a call of each, then the next call of each,
+    and so on, after `timing_warmup` turns. For each, `timing_repeats` latencies (fewer where
+    the turns would pass `timing_max_seconds` a kernel, at least MIN_SLOW_REPEATS), each the
+    median of `number` of its calls, `number` chosen so that all of them together take
+    `timing_min_seconds` a kernel; a cold kernel's arrays (`is_cold`) are flushed before each
+    of its calls. Kernels timed one after the other on a host whose speed shifts from one
+    second to the next read apart for nothing (the default conv and a candidate, equal to
+    1%, read 0.82 and 1.1 ms a second apart on a two-core VM); calls in turn share the shifts."""
+    if not kernels:
+        return []
+    k = knobs.get()
+    cold = [is_cold(arrays) for _, arrays in kernels]
+
+    def turn() -> list[float]:
+        times = []
+        for (kernel, arrays), flush in zip(kernels, cold, strict=True):
+            if flush:
+                flush_arrays(arrays)
+            times.append(kernel.time(*arrays))
+        return times
+
+    with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
+        for _ in range(k.timing_warmup):
+            turn()
+        once = max(sum(turn()), 1e-9)  # a turn's seconds, after the warm-up
+        turns = len(kernels) / once  # the turns that a second of each kernel's calls buys
+        affordable = int(k.timing_max_seconds * turns)
+        repeats = max(min(k.timing_repeats, max(affordable, MIN_SLOW_REPEATS)), 1)
+        number = min(10**6, max(1, math.ceil(k.timing_min_seconds * turns / repeats)))
+        times = [turn() for _ in range(repeats * number)]
+    columns = zip(*times, strict=True)
+    return [
+        ([statistics.median(c[j * number : (j + 1) * number]) for j in range(repeats)], number)
+        for c in columns
+    ]
 
 
 def _time_cold(

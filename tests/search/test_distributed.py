@@ -231,6 +231,24 @@ def test_ray_measures_what_the_local_executor_measures(cluster):
     assert_builds_then_runs(results)
 
 
+def test_ray_times_one_workloads_candidates_in_turn_as_the_local_executor_does(cluster):
+    cands = [*sampled(WORKLOAD, 3, seed=5), wrong_init()]
+    results = cluster.measure_in_turn(cands)
+    with LocalExecutor("cpu") as local:
+        expected = local.measure_in_turn(cands)
+    kinds = [None, None, None, "wrong_result"]
+    assert [r.error_kind for r in expected] == [r.error_kind for r in results] == kinds
+    for r in [*results[:3], *expected[:3]]:
+        assert r.build_info["in_turn"] == 3 and len(r.latencies) == REPEATS
+    # One runner timed them in one span, on this node, its target key theirs.
+    node = ray.get_runtime_context().get_node_id()
+    for key in ("worker_pid", "run_start", "run_end", "run_node_id"):
+        assert len({r.build_info[key] for r in results[:3]}) == 1, key
+    assert results[0].build_info["run_node_id"] == node
+    assert {r.build_info["run_target_key"] for r in results} == {host_key("cpu")}
+    assert cluster.measure_in_turn([]) == []
+
+
 @pytest.mark.slow
 def test_the_drivers_knobs_hold_on_the_workers(cluster):
     cands = sampled(WORKLOAD, 2, seed=3)

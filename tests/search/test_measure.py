@@ -174,6 +174,38 @@ def test_planted_failures_cost_one_record_each(quick, runner):
     assert_one_at_a_time(results)
 
 
+def test_candidates_timed_in_turn_are_checked_first_and_share_one_span(quick, runner):
+    good = schedules()
+    cands = [good[1], wrong_init(), good[2], good[3]]
+    results = runner.run_in_turn(cands, CpuBuilder(workers=2).build(cands))
+    assert [r.error_kind for r in results] == [None, "wrong_result", None, None]
+    timed = [r for r in results if r.ok]
+    for r in timed:
+        assert len(r.latencies) == REPEATS and all(t > 0 for t in r.latencies)
+        assert r.build_info["in_turn"] == 3 and r.build_info["calls_per_latency"] >= 1
+        json.dumps(r.build_info)
+    # One request: one worker, one span, one calibration for the three of them.
+    for key in ("worker_pid", "run_start", "run_end", "calibration"):
+        assert len({r.build_info[key] for r in timed}) == 1, key
+    # Of two workloads, it refuses; one candidate alone is run as `run` runs it.
+    other = Candidate.from_trace(hexir.workload("matmul", M=8, N=8, K=8), Trace(), "cpu")
+    with pytest.raises(ValueError, match="one workload"):
+        runner.run_in_turn([good[1], other], CpuBuilder(workers=1).build([good[1], other]))
+    (alone,) = runner.run_in_turn(good[:1], CpuBuilder(workers=1).build(good[:1]))
+    assert alone.ok and "in_turn" not in alone.build_info
+
+
+@pytest.mark.slow
+def test_a_batch_that_crashes_the_worker_in_turn_is_run_one_at_a_time(quick, runner):
+    good = schedules()
+    cands = [good[1], crashing(), good[2]]
+    results = runner.run_in_turn(cands, CpuBuilder(workers=2).build(cands))
+    assert [r.error_kind for r in results] == [None, "crash", None]
+    assert "SIGSEGV" in (results[1].error_message or "")
+    assert all("in_turn" not in r.build_info for r in results)
+    assert_one_at_a_time(results)
+
+
 def test_a_failed_build_is_a_build_record(quick, runner):
     with knobs.scope(cflags="-O3 -fno-such-flag-for-hexir"):
         builds = CpuBuilder(workers=1).build(schedules()[:1])
@@ -288,6 +320,55 @@ class _Clock:
         n = k.timing_warmup + max(k.timing_repeats, 1)
         self.calls += n
         return self.seconds
+
+
+class _Shifting:
+    """Kernels on a host whose speed halves for a stretch of calls (a two-core VM's shifts),
+    whatever kernel they are: `kernel(seconds)` is one taking `seconds` a call at full speed."""
+
+    def __init__(self, slow: range) -> None:
+        self.slow, self.order = slow, []
+
+    def kernel(self, seconds: float) -> _Clock:
+        host = self
+
+        class Shifted(_Clock):
+            def time(self, *arrays) -> float:  # noqa: ANN002
+                super().time(*arrays)
+                host.order.append(self)
+                return self.seconds * (2 if len(host.order) in host.slow else 1)
+
+        return Shifted(seconds)
+
+
+def test_kernels_timed_in_turn_call_each_in_turn_and_share_the_hosts_shifts(monkeypatch):
+    from hexir.search import worker
+
+    flushed = []
+    monkeypatch.setattr(worker, "flush_arrays", lambda arrays: flushed.append(arrays))
+    big = [np.empty(worker.COLD_BYTES + 1, dtype=np.uint8)]
+    with knobs.scope(timing_warmup=1, timing_repeats=4, timing_min_seconds=0.016):
+        # One after the other, the second kernel timed while the host is slow: it reads
+        # 2.2x the first, for 1.1x.
+        host = _Shifting(slow=range(1000, 2000))
+        a, b = host.kernel(0.001), host.kernel(0.0011)
+        first, _ = worker.time_kernel(a, [], first=0.001)
+        host.order.extend([None] * (1000 - len(host.order)))  # the host slows down here
+        second, _ = worker.time_kernel(b, [], first=0.001)
+        assert np.median(second) / np.median(first) == pytest.approx(2.2)
+        # In turn, through a slow stretch: every turn a call of each, in order, and each
+        # latency group sees the same shifts, so the ratio stands at 1.1.
+        host = _Shifting(slow=range(7, 20))
+        a, b, c = host.kernel(0.001), host.kernel(0.0011), host.kernel(0.001)
+        (la, na), (lb, nb), (lc, nc) = worker.time_in_turn([(a, []), (b, []), (c, big)])
+        assert host.order == [a, b, c] * (len(host.order) // 3)
+        # a turn takes 3.1 ms: 16 ms of each kernel's calls are ~15 turns, ~4 a latency
+        assert na == nb == nc == 4 and len(la) == len(lb) == len(lc) == 4
+        assert len(host.order) == 3 * (1 + 1 + 4 * 4)  # warm-up, sizing, then the turns
+        assert [y / x for x, y in zip(la, lb, strict=True)] == pytest.approx([1.1] * 4)
+        # Only the cold kernel's arrays are flushed, before each of its calls.
+        assert len(flushed) == len(host.order) // 3 and all(f is big for f in flushed)
+        assert worker.time_in_turn([]) == []
 
 
 def test_a_slow_candidate_is_timed_in_fewer_calls():

@@ -232,6 +232,9 @@ def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
         middle = first_n[n // 2 - 1 : n // 2 + 1]
         assert len(runs[k]) == (n + 1 if middle[1] > DISAGREE * middle[0] else n)
     assert result.confirmed == sum(len(runs[k]) - 1 for k in again)
+    # Each round timed them in turn, a call of each then the next of each.
+    rounds = records[6 : 6 + len(again) * CONFIRM_ROUNDS]
+    assert all(r.build_info["in_turn"] == len(again) for r in rounds)
     # The best now stands at the median of a candidate's runs, the slower of two middle ones.
     (best,) = db.best(hexir.workload_key(func), "cpu", k=1)
     standing = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
@@ -253,7 +256,13 @@ def test_a_confirmed_candidate_whose_middle_runs_disagree_is_measured_once_more(
         default, slowed = None, 0
 
         def measure_each(self, candidates):
-            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+            yield from self._disturbed(candidates, super().measure_each(candidates))
+
+        def measure_in_turn(self, candidates):
+            return list(self._disturbed(candidates, super().measure_in_turn(candidates)))
+
+        def _disturbed(self, candidates, results):
+            for c, r in zip(candidates, results, strict=True):
                 self.default = self.default or c.candidate_key  # measured first
                 if c.candidate_key == self.default and self.slowed < 2 and r.latencies:
                     self.slowed += 1
