@@ -124,16 +124,24 @@ class Database:
         return record
 
     def best(
-        self, workload_key: str, target: Target | str, k: int = 1, threshold: float | None = None
+        self,
+        workload_key: str,
+        target: Target | str,
+        k: int = 1,
+        threshold: float | None = None,
+        confirmed_first: bool = True,
     ) -> list[Record]:
         """The k fastest valid candidates, a record each, fastest first: those measured
         quietly first, then those measured under load (`Record.suspect(threshold)`; None: the
-        `measure_calibration_threshold` knob), where the quiet ones are fewer than k. A
-        candidate measured more than once stands at the median of its records (the slower of
-        two middle ones), and the record returned is that one."""
+        `measure_calibration_threshold` knob), where the quiet ones are fewer than k; among
+        each, with `confirmed_first`, those a tune's confirmation timed in turn with the
+        task's best and its default first (`Record.confirmed`). A candidate measured more
+        than once stands at the median of its records (the slower of two middle ones), and
+        the record returned is that one."""
         threshold = _threshold(threshold)
         with self._reading("look up the best records") as session:
-            return queries.best(session, workload_key, target_key(target), k, threshold)
+            key = target_key(target)
+            return queries.best(session, workload_key, key, k, threshold, confirmed_first)
 
     def standing(
         self,

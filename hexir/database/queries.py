@@ -42,27 +42,41 @@ def _for(workload_key: str, target_key: str):  # noqa: ANN202 - a SQL condition
 
 
 def best(
-    session: Session, workload_key: str, target_key: str, k: int, threshold: float = 0.0
+    session: Session,
+    workload_key: str,
+    target_key: str,
+    k: int,
+    threshold: float = 0.0,
+    confirmed_first: bool = True,
 ) -> list[Record]:
     """The k fastest valid candidates, a record each, fastest first: those measured quietly
     first (calibration at most `threshold`, or none), then, where they are fewer than k,
-    those measured under load. A candidate measured more than once stands at the median of
-    its quiet records (of all, where none is quiet), the slower of two middle ones: a lucky
-    run alone does not make it the best once a second measurement says otherwise."""
+    those measured under load; among each, with `confirmed_first`, those a tune confirmed
+    first (a record of theirs has build_info "confirmed": timed in turn with the task's best
+    and its default, hexir/search/tune.py), then the others. A candidate measured more than
+    once stands at the median of its quiet records (of all, where none is quiet), the slower
+    of two middle ones: a lucky run alone does not make it the best once a second
+    measurement says otherwise. Confirmation first, because a host's speed shifts: confirmed
+    in a slow spell, a tune's best few stood behind candidates timed once in a fast one (38
+    of ResNet-18's 69 tasks, 1.4x on the convs)."""
     if k < 1:
         return []
     loaded = _suspect(threshold).label("loaded")
+    confirmed = func.coalesce(RecordRow.build_info["confirmed"].as_boolean(), False)
     columns = (RecordRow.id, RecordRow.candidate_key, RecordRow.median, RecordRow.created, loaded)
     valid = _for(workload_key, target_key) & RecordRow.error_kind.is_(None)
-    rows = session.execute(select(*columns).where(valid & RecordRow.median.is_not(None))).all()
+    query = select(*columns, confirmed.label("confirmed"))
+    query = query.where(valid & RecordRow.median.is_not(None))
+    rows = session.execute(query).all()
     runs: dict[str, list] = {}
     for row in rows:
         runs.setdefault(row.candidate_key, []).append(row)
     ranks = []
     for candidate_runs in runs.values():
         quietest, middle = standing(candidate_runs, [r.loaded for r in candidate_runs])
-        ranks.append((quietest, middle.median, middle.created, middle.id))
-    chosen = [entry[3] for entry in sorted(ranks)[:k]]
+        unconfirmed = int(confirmed_first and not any(r.confirmed for r in candidate_runs))
+        ranks.append((quietest, unconfirmed, middle.median, middle.created, middle.id))
+    chosen = [entry[-1] for entry in sorted(ranks)[:k]]
     by_id = {
         row.id: row for row in session.scalars(select(RecordRow).where(RecordRow.id.in_(chosen)))
     }

@@ -60,6 +60,13 @@ class Record:
     def is_valid(self) -> bool:
         return self.error_kind is None and self.median is not None
 
+    @property
+    def confirmed(self) -> bool:
+        """Whether a tune's confirmation measured it, timed in turn with its task's best few
+        and its default schedule (hexir/search/tune.py): Database.best ranks such candidates
+        first."""
+        return bool(self.build_info.get("confirmed"))
+
     def suspect(self, threshold: float) -> bool:
         """Whether it was measured while something else ran: its calibration passed
         `threshold` (0: never)."""

@@ -27,12 +27,14 @@ calibration.py, past the `measure_calibration_threshold` knob) is suspect: its c
 measured again once a round ends on a quiet result, and at the end of the tune (REMEASURE_TRIES
 times at most; `TuneResult.remeasured` counts them), and the database prefers quiet records.
 
-At the end, each task's best few candidates and its default schedule are measured again, in
-three rounds (`tune_confirm_best`, CONFIRM_ROUNDS; `TuneResult.confirmed`): the database ranks
-a candidate by the median of its records, so a candidate whose first run was lucky does not
-stay the best. Each round times them in turn where the executor can (`measure_in_turn`: a
-call of each, then the next of each), so that a host whose speed shifts from one second to
-the next (a two-core VM's, by a third) shifts them alike.
+At the end, each task's best few candidates (by their runs alone) and its default schedule
+are measured again, in three rounds (`tune_confirm_best`, CONFIRM_ROUNDS;
+`TuneResult.confirmed`). Each round times them in turn where the executor can
+(`measure_in_turn`: a call of each, then the next of each), so that a host whose speed shifts
+from one second to the next (a two-core VM's, by a third to a half) shifts them alike, and
+marks them "confirmed". The database ranks a candidate by the median of its records, and the
+confirmed ahead of the rest (`Database.best`): a candidate whose first run was lucky does not
+stay the best, nor does one timed once in a faster spell than the confirmation's.
 
 A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
 of it would not hold another trial at the pace of the tune so far: no round, and no slice of
@@ -357,18 +359,20 @@ class _Tuner:
         return results
 
     def _committed(
-        self, i: int, chunk: list[Candidate], trials: bool, in_turn: bool = False
+        self, i: int, chunk: list[Candidate], trials: bool, confirming: bool = False
     ) -> Iterator[tuple[Candidate, MeasureResult]]:
         """Measure `chunk` of task `i`, committing each result as soon as it is timed, and
         yield it with its candidate. Its wall time, less committing, is split into building
         and measuring (also where the caller stops early: close it), and counts toward the
-        task's pace where the results are `trials`. `in_turn`: timed in turn, a call of each
-        then the next of each, where the executor can (`measure_in_turn`)."""
+        task's pace where the results are `trials`. `confirming`: timed in turn, a call of
+        each then the next of each, where the executor can (`measure_in_turn`), and marked
+        "confirmed" in their build_info (the database ranks such candidates first)."""
         began, committing = time.perf_counter(), self.profile.database
         out: list[MeasureResult] = []
-        in_turn_measure = getattr(self.executor, "measure_in_turn", None) if in_turn else None
-        if in_turn_measure is not None:
-            measuring: Iterator[MeasureResult] = iter(in_turn_measure(chunk))
+        measuring: Iterator[MeasureResult]
+        if confirming:
+            in_turn = getattr(self.executor, "measure_in_turn", self.executor.measure)
+            measuring = iter([_confirmed(r) for r in in_turn(chunk)])
         else:
             measuring = self.executor.measure_each(self._cut(i, chunk) if trials else chunk)
         try:
@@ -431,7 +435,8 @@ class _Tuner:
         for i, task in enumerate(self.tasks):
             if k <= 0 or self.trials[i] == 0:
                 continue
-            records = self.db.best(task.workload_key, self.target, k=k)
+            # By their runs alone: a candidate found since the last confirmation competes.
+            records = self.db.best(task.workload_key, self.target, k=k, confirmed_first=False)
             batch = [self.searches[i].replay(r.load_trace()) for r in records]
             default = self.searches[i].default
             if default is not None and default.candidate_key in self.searches[i].measured_keys():
@@ -451,7 +456,7 @@ class _Tuner:
 
     def _confirm(self, i: int, batch: list[Candidate]) -> None:
         chunk = batch[: self.room(len(batch))]
-        for c, r in self._committed(i, chunk, trials=False, in_turn=True):
+        for c, r in self._committed(i, chunk, trials=False, confirming=True):
             self.confirmed += 1
             self._watch(i, c, r)
             if not r.suspect(self._threshold()):
@@ -592,6 +597,11 @@ class _Tuner:
             self.remeasured,
             self.confirmed,
         )
+
+
+def _confirmed(result: MeasureResult) -> MeasureResult:
+    """`result` marked as a confirmation's (`Record.confirmed`)."""
+    return dataclasses.replace(result, build_info={**result.build_info, "confirmed": True})
 
 
 def _task_rng(seed: int | None, key: str) -> random.Random:

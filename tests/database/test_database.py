@@ -264,6 +264,27 @@ def test_best_prefers_records_measured_quietly(db) -> None:
         assert db.stats().suspect == 2
 
 
+def test_best_ranks_the_candidates_a_tune_confirmed_first(db) -> None:
+    # A tune's best few, confirmed in a slow spell of the host, read slower than a candidate
+    # timed once in a fast one: the confirmed rank first, the one timed once after them.
+    func, key = tiny_func(), hexir.workload_key(tiny_func())
+    once, confirmed, also = traces(3)
+    db.commit_record(func, "cpu", once, Result((1.0e-3,)))
+    for trace, first, later in [(confirmed, 0.9e-3, 1.5e-3), (also, 0.95e-3, 1.6e-3)]:
+        db.commit_record(func, "cpu", trace, Result((first,)))
+        for _ in range(3):
+            db.commit_record(func, "cpu", trace, Result((later,), build_info={"confirmed": True}))
+    ranked = db.best(key, "cpu", k=3)
+    assert [r.median for r in ranked] == [1.5e-3, 1.6e-3, 1.0e-3]
+    assert ranked[0].confirmed and ranked[1].confirmed and not ranked[2].confirmed
+    # By their runs alone, as a tune picks the candidates to confirm.
+    plain = db.best(key, "cpu", k=3, confirmed_first=False)
+    assert [r.median for r in plain] == [1.0e-3, 1.5e-3, 1.6e-3]
+    # A run under load does not move a confirmed candidate: its quiet runs decide.
+    db.commit_record(func, "cpu", confirmed, Result((1e-4,), build_info={"calibration": 50.0}))
+    assert db.best(key, "cpu", k=1, threshold=2.0)[0].median == 1.5e-3
+
+
 def test_a_candidate_stands_where_best_ranks_it(db) -> None:
     func, key = tiny_func(), hexir.workload_key(tiny_func())
     one, other, never = traces(3)

@@ -235,10 +235,12 @@ def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
     # Each round timed them in turn, a call of each then the next of each.
     rounds = records[6 : 6 + len(again) * CONFIRM_ROUNDS]
     assert all(r.build_info["in_turn"] == len(again) for r in rounds)
-    # The best now stands at the median of a candidate's runs, the slower of two middle ones.
+    # The best is the confirmed one that stands fastest, at the median of its runs (the
+    # slower of two middle ones).
     (best,) = db.best(hexir.workload_key(func), "cpu", k=1)
     standing = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
-    assert best.median == min(standing.values()) == result.tasks[0].best_latency
+    assert best.confirmed and all(r.confirmed for r in records[6:])
+    assert best.median == min(standing[k] for k in again) == result.tasks[0].best_latency
     # The default stands the same way, not at its luckier run.
     assert result.tasks[0].default_latency == standing[first[0].candidate_key]
     _check_matmul(best.load_trace())
@@ -290,6 +292,37 @@ def test_a_confirmed_candidate_whose_middle_runs_disagree_is_measured_once_more(
         middle = first_n[n // 2 - 1 : n // 2 + 1]
         ran = sum(r.candidate_key == k for r in records)
         assert ran == n or (ran == n + 1 and middle[1] > DISAGREE * middle[0])
+
+
+def test_the_best_is_a_confirmed_candidate_though_the_host_slowed_for_the_confirmation(db):
+    import dataclasses
+
+    from hexir.search.executor import LocalExecutor
+
+    class SlowAtTheEnd(LocalExecutor):
+        """The confirmation's rounds timed 1000x slower: a slow spell of the host, larger
+        than life, so that every trial timed once reads faster than the confirmed."""
+
+        def measure_in_turn(self, candidates):
+            slow = super().measure_in_turn(candidates)
+            return [dataclasses.replace(r, latencies=tuple(1000 * x for x in r.latencies))
+                    for r in slow]  # fmt: skip
+
+    func = _matmul()
+    with hexir.knobs.scope(tune_confirm_best=2), SlowAtTheEnd("cpu") as executor:
+        result = tune(func, "cpu", trials=6, database=db, seed=0, model=RandomModel(seed=0),
+                      executor=executor)  # fmt: skip
+    key = hexir.workload_key(func)
+    records = db.records(key, "cpu")
+    confirmed = {r.candidate_key for r in records if r.confirmed}
+    assert confirmed and not any(r.confirmed for r in records[: result.trials])
+    # The trials not confirmed read faster than the confirmed (one run against three runs
+    # 1000x slower); the best is still a confirmed one, the fastest of them.
+    (best,) = db.best(key, "cpu", k=1)
+    assert best.candidate_key in confirmed
+    standings = {k: db.standing(key, "cpu", k).median for k in confirmed}
+    assert best.median == min(standings.values()) == result.tasks[0].best_latency
+    assert db.best(key, "cpu", k=1, confirmed_first=False)[0].candidate_key not in confirmed
 
 
 def test_candidates_slower_than_the_cutoff_are_timed_by_one_call(db):
