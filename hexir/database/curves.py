@@ -23,11 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from hexir.database.record import Record, standing
+from hexir.database.record import Record, confirmed_runs, standing
 
-# Where a candidate stands, as Database.best ranks them: (measured under load, median, the
-# middle record's created and id).
-Standing = tuple[int, float, datetime, str]
+# Where a candidate stands, as Database.best ranks them: (measured under load, not confirmed
+# by a tune, median, the middle record's created and id).
+Standing = tuple[int, int, float, datetime, str]  # loaded, unconfirmed, median, created, id
 
 
 @dataclass(frozen=True)
@@ -98,13 +98,16 @@ class _Standings:
 
     @property
     def best(self) -> float | None:
-        return None if self.top is None else self.top[1]
+        return None if self.top is None else self.top[2]
 
 
 def _standing(runs: list[Record], threshold: float) -> Standing:
+    """As Database.best ranks a candidate: quiet first, then confirmed, by its confirmations
+    alone where it has any (`confirmed_runs`)."""
+    runs = confirmed_runs(runs)
     quietest, middle = standing(runs, [int(r.suspect(threshold)) for r in runs])
     assert middle.median is not None
-    return quietest, middle.median, middle.created, middle.id
+    return quietest, int(not middle.confirmed), middle.median, middle.created, middle.id
 
 
 def first_created(records: Iterable[Sequence[Record]]) -> datetime | None:

@@ -39,6 +39,7 @@ from hexir.database.record import (
     Workload,
     calibration_of,
     check_result,
+    confirmed_runs,
     median_of,
     now,
     standing,
@@ -151,15 +152,18 @@ class Database:
         threshold: float | None = None,
     ) -> Record | None:
         """The record a candidate stands at, as `best` ranks candidates (the median of its
-        quiet valid records, of all where none is quiet, the slower of two middle ones); None
-        where it has no valid record."""
+        quiet valid records, of all where none is quiet, the slower of two middle ones; of its
+        confirmations alone where a tune confirmed it); None where it has no valid record."""
         threshold = _threshold(threshold)
         runs = [
             r
             for r in self.records(workload_key, target)
             if r.candidate_key == candidate_key and r.is_valid
         ]
-        return standing(runs, [int(r.suspect(threshold)) for r in runs])[1] if runs else None
+        if not runs:
+            return None
+        runs = confirmed_runs(runs)
+        return standing(runs, [int(r.suspect(threshold)) for r in runs])[1]
 
     def records(self, workload_key: str, target: Target | str) -> list[Record]:
         """Every record of the workload on the target, errors included, oldest first."""

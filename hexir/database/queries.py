@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from hexir.database.models import RecordRow, WorkloadRow, naive
-from hexir.database.record import Record, Workload, standing
+from hexir.database.record import Record, Workload, confirmed_runs, standing
 
 
 def add_workload(session: Session, workload: Workload) -> bool:
@@ -53,12 +53,15 @@ def best(
     first (calibration at most `threshold`, or none), then, where they are fewer than k,
     those measured under load; among each, with `confirmed_first`, those a tune confirmed
     first (a record of theirs has build_info "confirmed": timed in turn with the task's best
-    and its default, hexir/search/tune.py), then the others. A candidate measured more than
-    once stands at the median of its quiet records (of all, where none is quiet), the slower
-    of two middle ones: a lucky run alone does not make it the best once a second
-    measurement says otherwise. Confirmation first, because a host's speed shifts: confirmed
-    in a slow spell, a tune's best few stood behind candidates timed once in a fast one (38
-    of ResNet-18's 69 tasks, 1.4x on the convs)."""
+    and its default, hexir/search/tune.py), by their confirmations alone, then the others.
+    A candidate measured more than once stands at the median of its quiet records (of all,
+    where none is quiet), the slower of two middle ones: a lucky run alone does not make it
+    the best once a second measurement says otherwise. Confirmation first, and alone,
+    because a host's speed shifts: confirmed in a slow spell, a tune's best few stood behind
+    candidates timed once in a fast one (38 of ResNet-18's 69 tasks, 1.4x on the convs), and
+    a default whose first run fell in a slow spell stood at its slowest confirmation while
+    the pick stood at its middle one (a residual conv's pick 4% slower than its default
+    won)."""
     if k < 1:
         return []
     loaded = _suspect(threshold).label("loaded")
@@ -73,8 +76,10 @@ def best(
         runs.setdefault(row.candidate_key, []).append(row)
     ranks = []
     for candidate_runs in runs.values():
+        if confirmed_first:
+            candidate_runs = confirmed_runs(candidate_runs)
         quietest, middle = standing(candidate_runs, [r.loaded for r in candidate_runs])
-        unconfirmed = int(confirmed_first and not any(r.confirmed for r in candidate_runs))
+        unconfirmed = int(confirmed_first and not candidate_runs[0].confirmed)
         ranks.append((quietest, unconfirmed, middle.median, middle.created, middle.id))
     chosen = [entry[-1] for entry in sorted(ranks)[:k]]
     by_id = {

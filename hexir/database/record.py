@@ -137,6 +137,13 @@ def standing(runs: Sequence[R], loaded: Sequence[int]) -> tuple[int, R]:
     return quietest, kept[len(kept) // 2]
 
 
+def confirmed_runs(runs: Sequence[R]) -> list[R]:
+    """A candidate's runs that a tune's confirmation timed (`.confirmed`), where it has any;
+    else all of them: a confirmed candidate stands at its confirmations alone, which were
+    timed in turn with its rivals, where its other runs were timed alone at other times."""
+    return [r for r in runs if r.confirmed] or list(runs)
+
+
 def median_of(latencies: tuple[float, ...]) -> float | None:
     return statistics.median(latencies) if latencies else None
 

@@ -5,6 +5,7 @@ end appears once every task has a valid trial and ends at Σ weight × best."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
@@ -81,7 +82,9 @@ def test_a_candidate_measured_again_stands_where_the_database_puts_it(db):
     (best,) = db.best(key, "cpu", k=1, threshold=0)
     records = db.records(key, "cpu")
     runs = [r for r in records if r.candidate_key == best.candidate_key]
-    slower = Result(latencies=(10 * max(r.median for r in records if r.is_valid),))
+    # Confirmed again, slower: a candidate a tune confirmed stands at its confirmations.
+    slow = 10 * max(r.median for r in records if r.is_valid)
+    slower = Result(latencies=(slow,), build_info={"confirmed": True})
     for _ in range(len(runs) + 1):  # more slow records than fast ones: its median is slow
         db.commit_record(func, "cpu", best.load_trace(), slower)
     curve = task_curve("matmul", key, db.records(key, "cpu"))
@@ -171,3 +174,12 @@ def test_a_candidate_measured_again_stands_at_its_median_quiet_records_first():
     assert task_curve("f", "w", loaded).best == 1.0  # threshold 0: none is loaded
     mixed = [*loaded, _record(2, 1.5, "l")]  # l's quiet record is what it stands at
     assert task_curve("f", "w", mixed, threshold=2.0).best == 1.5
+    # A tune's confirmation: c's confirmed runs (1.3) put it first, ahead of u timed once at
+    # 1.0, and its run before them (0.9) counts no more, as in Database.best.
+    runs = [
+        _record(0, 0.9, "c"),
+        _record(1, 1.0, "u"),
+        *[_record(2 + i, 1.3, "c") for i in range(3)],
+    ]
+    runs[2:] = [dataclasses.replace(r, build_info={"confirmed": True}) for r in runs[2:]]
+    assert [p.best for p in task_curve("f", "w", runs).points] == [0.9, 0.9, 1.3, 1.3, 1.3]

@@ -283,6 +283,12 @@ def test_best_ranks_the_candidates_a_tune_confirmed_first(db) -> None:
     # A run under load does not move a confirmed candidate: its quiet runs decide.
     db.commit_record(func, "cpu", confirmed, Result((1e-4,), build_info={"calibration": 50.0}))
     assert db.best(key, "cpu", k=1, threshold=2.0)[0].median == 1.5e-3
+    # A confirmed candidate stands at its confirmations alone: runs timed alone, in a slow
+    # spell (four, more than its three confirmations), do not move it.
+    for _ in range(4):
+        db.commit_record(func, "cpu", also, Result((9e-3,)))
+    assert db.standing(key, "cpu", ranked[1].candidate_key).median == 1.6e-3
+    assert [r.median for r in db.best(key, "cpu", k=2)] == [1.5e-3, 1.6e-3]
 
 
 def test_a_candidate_stands_where_best_ranks_it(db) -> None:
