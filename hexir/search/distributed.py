@@ -137,19 +137,9 @@ class RayExecutor:
         check_targets(candidates, self.target)
         if not candidates:
             return
-        ray = _ray()
-        try:
-            if self._actors is None:
-                self._actors = self._start_runners()
-            values = ray.put(knobs.get())
-            wire = [dataclasses.replace(c, trace=Trace()) for c in candidates]
-            builds = self._build_all(wire, values)
+        with self._guarded():
+            wire, builds, values = self._shipped(candidates)
             yield from self._run_all(wire, builds, values)
-        except BaseException as e:
-            self._reset()
-            if isinstance(e, ray.exceptions.RayError):
-                raise _unwrapped(e) from None
-            raise
 
     def measure_in_turn(self, candidates: Sequence[Candidate]) -> list[MeasureResult]:
         """`measure` for candidates of one workload, built on the cluster, then checked and
@@ -162,12 +152,8 @@ class RayExecutor:
         if not candidates:
             return []
         ray = _ray()
-        try:
-            if self._actors is None:
-                self._actors = self._start_runners()
-            values = ray.put(knobs.get())
-            wire = [dataclasses.replace(c, trace=Trace()) for c in candidates]
-            builds = self._build_all(wire, values)
+        with self._guarded():
+            wire, builds, values = self._shipped(candidates)
             try:
                 return ray.get(self._actors[0].run_in_turn.remote(wire, builds, values))
             except ray.exceptions.RayActorError as e:
@@ -176,11 +162,6 @@ class RayExecutor:
                     _lost_runner(e, b.build) if b.build.ok else MeasureResult.from_build(b.build)
                     for b in builds
                 ]
-        except BaseException as e:
-            self._reset()
-            if isinstance(e, ray.exceptions.RayError):
-                raise _unwrapped(e) from None
-            raise
 
     def close(self) -> None:
         """End the runners (and their worker processes), then `ray.shutdown()` where this
@@ -197,6 +178,30 @@ class RayExecutor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """Where what it wraps fails, nothing of this executor keeps running on the cluster
+        (`_reset`), and a Ray error is raised as the error it carries."""
+        ray = _ray()
+        try:
+            yield
+        except BaseException as e:
+            self._reset()
+            if isinstance(e, ray.exceptions.RayError):
+                raise _unwrapped(e) from None
+            raise
+
+    def _shipped(
+        self, candidates: Sequence[Candidate]
+    ) -> tuple[list[Candidate], list[ShippedBuild], Any]:
+        """The candidates as they travel (without their traces), built on the cluster, and
+        the driver's knobs in Ray's object store; the runners started where none run."""
+        if self._actors is None:
+            self._actors = self._start_runners()
+        values = _ray().put(knobs.get())
+        wire = [dataclasses.replace(c, trace=Trace()) for c in candidates]
+        return wire, self._build_all(wire, values), values
 
     def _start_runners(self) -> list[Any]:
         """One runner actor per GPU (CUDA target) or per node with CPUs (CPU target)."""
