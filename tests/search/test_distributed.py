@@ -231,6 +231,7 @@ def test_ray_measures_what_the_local_executor_measures(cluster):
     assert_builds_then_runs(results)
 
 
+@pytest.mark.slow
 def test_ray_times_one_workloads_candidates_in_turn_as_the_local_executor_does(cluster):
     cands = [*sampled(WORKLOAD, 3, seed=5), wrong_init()]
     results = cluster.measure_in_turn(cands)
