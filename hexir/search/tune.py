@@ -32,9 +32,10 @@ are measured again, in three rounds (`tune_confirm_best`, CONFIRM_ROUNDS;
 `TuneResult.confirmed`). Each round times them in turn where the executor can
 (`measure_in_turn`: a call of each, then the next of each), so that a host whose speed shifts
 from one second to the next (a two-core VM's, by a third to a half) shifts them alike, and
-marks them "confirmed". The database ranks a candidate by the median of its records, and the
-confirmed ahead of the rest (`Database.best`): a candidate whose first run was lucky does not
-stay the best, nor does one timed once in a faster spell than the confirmation's.
+marks them "confirmed". The database ranks a candidate by the median of its records, the
+confirmed ahead of the rest and each at its confirmations alone (`Database.best`): a candidate
+whose first run was lucky does not stay the best, nor does one timed once in a faster spell
+than the confirmation's.
 
 A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
 of it would not hold another trial at the pace of the tune so far: no round, and no slice of
@@ -88,14 +89,11 @@ SLICE_SHARE = 0.5
 # A confirmed candidate whose two middle runs differ by more than this factor is measured once
 # more (`_Tuner.confirm`): timing the same kernel twice on a quiet machine differs by percents.
 DISAGREE = 1.5
-# Rounds of the confirmation at the end of a tune: each round measures every confirmed
-# candidate once, the default among them, so drift hits them alike. The best got there by the
-# luck of its run as well as by its speed, and a candidate stands at the slower of its two
-# middle runs: after one round the best stood at its one unselected run and the default at the
-# slower of two, which on a noisy host favoured the tuned pick by half the noise (a 200-trial
-# residual conv's pick read 0.80 ms against the default's 1.06 in the tune, and timed within
-# 5% of it, either way, in four alternated runs after). Three rounds make it the median of
-# three runs against the upper middle of four.
+# Rounds of the confirmation at the end of a tune: each round times every confirmed candidate,
+# the default among them, in turn, and a confirmed candidate stands at the median of its
+# confirmations alone (Database.best). One round would leave a candidate to one run's luck (a
+# 200-trial residual conv's pick read 0.80 ms against the default's 1.06 in a tune, and timed
+# within 5% of it, either way, in four alternated runs after); three make it a median.
 CONFIRM_ROUNDS = 3
 
 
