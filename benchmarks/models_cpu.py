@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from quiet import numpy_matmul_line
+from quiet import in_turn, numpy_matmul_line
 
 import hexir
 from hexir import knobs
@@ -93,38 +93,20 @@ def inputs_of(graph: hexir.Graph, seed: int = 0) -> list[np.ndarray]:
 
 
 def time_module(module, inputs: list[np.ndarray], min_seconds: float = 1.0) -> float:
-    """Median seconds of `module.run(inputs)`: at least 10 runs and `min_seconds`."""
-    for _ in range(3):
-        module.run(inputs)
-    times: list[float] = []
-    total = 0.0  # a running sum: summing the list each round is quadratic in the repeats
-    while len(times) < 10 or total < min_seconds:
-        start = time.perf_counter()
-        module.run(inputs)
-        times.append(time.perf_counter() - start)
-        total += times[-1]
+    """Median seconds of `module.run(inputs)`: at least 10 runs and `min_seconds`, after 3."""
+    (times,) = in_turn([run_seconds(module, inputs)], warmup=3, seconds=min_seconds)
     return statistics.median(times)
 
 
-def alternated_runs(
-    modules: list, inputs: list[np.ndarray], min_seconds: float = 1.0
-) -> list[list[float]]:
-    """Seconds of single runs of `modules` in turn (at least 10 each and `min_seconds` in all,
-    after 3 each): one list per module. This host's speed shifts by a third from one second
-    to the next; runs taken in turn see the same shifts, where one module's runs after the
-    other's need not (a ResNet-18 default build read 8.4 to 16.5 ms in one sitting)."""
-    for _ in range(3):
-        for module in modules:
-            module.run(inputs)
-    times: list[list[float]] = [[] for _ in modules]
-    total = 0.0
-    while len(times[0]) < 10 or total < min_seconds:
-        for module, column in zip(modules, times, strict=True):
-            start = time.perf_counter()
-            module.run(inputs)
-            column.append(time.perf_counter() - start)
-            total += column[-1]
-    return times
+def run_seconds(module, inputs: list[np.ndarray]):  # noqa: ANN001, ANN201
+    """A timer of one `module.run(inputs)` (for `quiet.in_turn`)."""
+
+    def timer() -> float:
+        start = time.perf_counter()
+        module.run(inputs)
+        return time.perf_counter() - start
+
+    return timer
 
 
 def tuned_trials(graph: hexir.Graph, db, target: hexir.Target) -> int:
@@ -246,7 +228,9 @@ def bench_model(name: str, args: argparse.Namespace, db) -> tuple[Memory, Memory
         if ort:
             ort_s.append(ort[0])
         if tuned:
-            d, t = alternated_runs([default, tuned], inputs)
+            # Runs in turn: a ResNet-18 default build read 8.4 to 16.5 ms in one sitting.
+            timers = [run_seconds(m, inputs) for m in (default, tuned)]
+            d, t = in_turn(timers, warmup=3, seconds=1.0)
             default_s.append(statistics.median(d))
             tuned_s.append(statistics.median(t))
             pairs += [a / b for a, b in zip(d, t, strict=True)]

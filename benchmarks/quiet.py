@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 
 import hexir
 
@@ -32,6 +33,26 @@ while len(times) < 10 or sum(times) < 0.3:
 print(statistics.median(times))
 """
 CHILD = SHAPED.format(m=SIZE, n=SIZE, k=SIZE)
+
+
+def in_turn(
+    timers: Sequence[Callable[[], float]], warmup: int, seconds: float, at_least: int = 10
+) -> list[list[float]]:
+    """The seconds each of `timers` reports, called in turn (one call of each, then the next
+    of each) until each was called `at_least` times and all took `seconds` together, after
+    `warmup` calls of each: one list per timer. This host's speed shifts by a third from one
+    second to the next (the same kernel 0.82 ms, then 1.1); calls taken in turn see the same
+    shifts, where one's calls after the other's need not."""
+    for _ in range(warmup):
+        for timer in timers:
+            timer()
+    times: list[list[float]] = [[] for _ in timers]
+    total = 0.0
+    while len(times[0]) < at_least or total < seconds:
+        for timer, column in zip(timers, times, strict=True):
+            column.append(timer())
+            total += column[-1]
+    return times
 
 
 def has_avx512() -> bool:

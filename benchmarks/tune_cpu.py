@@ -33,6 +33,7 @@ kernel is the faster.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -54,7 +55,7 @@ from hexir.runtime.default_schedule import default_schedule
 from hexir.search.tune import TuneResult, tune
 
 sys.path.insert(0, str(Path(__file__).parent))
-from quiet import has_avx512  # noqa: E402 - benchmarks/ on the path first
+from quiet import has_avx512, in_turn  # noqa: E402 - benchmarks/ on the path first
 
 COMMON = """
 import time, statistics, numpy as np
@@ -200,19 +201,13 @@ def kernel_time(func: hexir.PrimFunc, args: list[np.ndarray], once: bool = False
 def alternated_times(
     funcs: list[hexir.PrimFunc], args: list[np.ndarray], seconds: float
 ) -> list[list[float]]:
-    """Single calls of each of `funcs`' kernels in turn, for about `seconds` in all, after one
-    warm-up call each: their times, one list per kernel. This host's speed shifts by a third
-    from one second to the next (the same kernel 0.82 ms, then 1.1); calls taken in turn see
-    the same shifts, where one kernel's runs after the other's need not."""
+    """Single calls of each of `funcs`' kernels in turn (`quiet.in_turn`), for about `seconds`
+    in all, after one warm-up call each: their times, one list per kernel."""
     kernels = [hexir.build(f, "cpu") for f in funcs]
     copies = [aligned_copy(a) for a in args]
-    times: list[list[float]] = [[] for _ in kernels]
+    timers = [functools.partial(k.time, *copies) for k in kernels]
     with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
-        once = sum(k.time(*copies) for k in kernels)
-        for _ in range(max(10, int(seconds / max(once, 1e-9)))):
-            for kernel, column in zip(kernels, times, strict=True):
-                column.append(kernel.time(*copies))
-    return times
+        return in_turn(timers, warmup=1, seconds=seconds)
 
 
 def check(func: hexir.PrimFunc, workload: hexir.PrimFunc, args: list[np.ndarray]) -> None:

@@ -365,9 +365,7 @@ class NodeRunner:
         (`CpuRunner.run_in_turn`), else one at a time."""
         with driver_knobs(values):
             (key,) = {check_node(c.target) for c in candidates}  # one target: check_targets
-            builds = [self._local(s) for s in shipped]
-            run_in_turn = getattr(self._runner, "run_in_turn", self._runner.run)
-            results = run_in_turn(candidates, builds)
+            results = self._runner.run_in_turn(candidates, [self._local(s) for s in shipped])
         return [self._placed(r, key) for r in results]
 
     def _placed(self, result: MeasureResult, key: str) -> MeasureResult:

@@ -58,6 +58,13 @@ class _WorkerRunner:
             raise RuntimeError(f"this {type(self).__name__} is closed; make a new one")
         return [self._run_one(c, b) for c, b in zip(candidates, builds, strict=True)]
 
+    def run_in_turn(
+        self, candidates: Sequence[Candidate], builds: Sequence[BuildResult]
+    ) -> list[MeasureResult]:
+        """`run` for candidates of one workload, to be compared: here one at a time; the CPU
+        runner times them in turn (`CpuRunner.run_in_turn`)."""
+        return self.run(candidates, builds)
+
     def close(self) -> None:
         """End the worker process and remove the reference files."""
         self._finalizer()

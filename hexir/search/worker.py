@@ -313,20 +313,16 @@ def _measure_in_turn(request: InTurnRequest, ref: tuple[Arrays, Arrays]) -> Repl
     checked = [_checked(r, ref) for r in request.requests]
     passed = [c for c in checked if not isinstance(c, Reply)]
     timed = iter(time_in_turn([(kernel, arrays) for kernel, arrays, _ in passed]))
-    target = request.requests[0].reference.target
+    shared: dict[str, Any] = {"in_turn": len(passed)}
+    if passed and knobs.get().measure_calibration_threshold > 0:  # once, for all of them
+        shared["calibration"] = _calibration(request.requests[0].reference.target).ratio()
     replies = []
     for c in checked:
         if isinstance(c, Reply):
             replies.append(c)
             continue
         latencies, number = next(timed)
-        info = {**_info(c[1], number), "in_turn": len(passed)}
-        replies.append(Reply(latencies=tuple(latencies), info=info))
-    if passed and knobs.get().measure_calibration_threshold > 0:
-        ratio = _calibration(target).ratio()  # once, for all of them
-        for r in replies:
-            if r.error_kind is None:
-                r.info["calibration"] = ratio
+        replies.append(Reply(latencies=tuple(latencies), info={**_info(c[1], number), **shared}))
     return Reply(info={"replies": replies})
 
 
