@@ -3,6 +3,7 @@
     hexir run resnet18.hxa --bench            # the artifact `hexir build` wrote, timed end to end
     hexir run resnet18 --db URL --bench       # compiled here with the database's best schedules
     hexir run resnet18 --profile              # per command: time, share, GFLOP/s, of peak
+    hexir run resnet18 --db URL --compare-default   # per command: tuned against default
     hexir run matmul:M=1024,N=1024,K=1024     # one kernel, checked against numpy and timed
 
 Inputs are random (seeded, never zeros) or read from an .npz file by input name.
@@ -34,6 +35,7 @@ from hexir.cli.common import (
 from hexir.errors import HexirError
 
 if TYPE_CHECKING:
+    from hexir.database import Database
     from hexir.ir.graph import Graph
     from hexir.ir.tir import PrimFunc
     from hexir.runtime.module import Module
@@ -79,6 +81,13 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         "the commands against the end-to-end time of the same sitting",
     )  # fmt: skip
     p.add_argument(
+        "--compare-default", action="store_true",
+        help="a model with --db: run its build with the database's schedules and its build "
+        "with default schedules in turn, and print per command the default and tuned medians, "
+        "the median of the paired runs' ratios and the time saved, most saved first; then the "
+        "end-to-end speedup, paired the same way",
+    )  # fmt: skip
+    p.add_argument(
         "--repeats", type=positive_int, metavar="N",
         help="timed runs (default: 10 with --bench or --profile; 3 for a workload)",
     )  # fmt: skip
@@ -117,6 +126,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.profile:
         print()
         print(module.profile(inputs, repeats=args.repeats or 10))
+    if args.compare_default:
+        from hexir.runtime.profile import compare
+
+        print()
+        default = _compiled(args, database=None)
+        print(compare(default, module, inputs, repeats=args.repeats or 10))
     return 0 if ok else 1
 
 
@@ -128,6 +143,8 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"workload, one kernel: `hexir run {args.what}` already times it (add --repeats N), "
             "or profile a model (a zoo name, a .hexir or .onnx file, or an .hxa artifact)."
         )
+    if args.compare_default:
+        _check_compare(args)
     if args.profile and args.bench:
         raise HexirError(
             "--profile and --bench both time the model end to end: the profile's last lines "
@@ -136,9 +153,39 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
 
 
+def _check_compare(args: argparse.Namespace) -> None:
+    """--compare-default runs a model's two builds: refuse what has no two builds."""
+    if is_workload_spec(args.what):
+        raise HexirError(
+            f"--compare-default runs a model's two builds, and {args.what!r} is a single "
+            f"workload: `hexir run {args.what} --db URL` times its best kernel, or tune and "
+            "time it beside numpy with benchmarks/tune_cpu.py"
+        )
+    if _is_artifact(Path(args.what)):
+        raise HexirError(
+            f"{args.what} is an artifact, built once with the schedules chosen then: compare "
+            "the model it was built from (hexir run MODEL --db URL --compare-default)"
+        )
+    if args.db is None:
+        raise HexirError(
+            "--compare-default runs the build with the database's schedules beside the one "
+            "with default schedules: give the database (--db URL)"
+        )
+    if args.profile or args.bench:
+        flag = "--profile" if args.profile else "--bench"
+        raise HexirError(
+            f"--compare-default times both builds, command by command and end to end; "
+            f"{flag} times one: drop one of the two flags"
+        )
+
+
+def _is_artifact(path: Path) -> bool:
+    return path.suffix == ".hxa" or (path.is_file() and zipfile.is_zipfile(path))
+
+
 def _module(args: argparse.Namespace) -> Module:
     path = Path(args.what)
-    if path.suffix == ".hxa" or (path.is_file() and zipfile.is_zipfile(path)):
+    if _is_artifact(path):
         if args.target is not None or args.db is not None:
             raise HexirError(
                 f"{path} is an artifact: it holds its kernels, built for its own target with "
@@ -161,12 +208,16 @@ def _module(args: argparse.Namespace) -> Module:
                 "hexir.runtime.load(path).run({name: array, ...})"
             )
         return loaded
+    return _compiled(args, database=require_database(args.db) if args.db else None)
+
+
+def _compiled(args: argparse.Namespace, database: Database | None) -> Module:
+    """The model compiled for --target with `database`'s schedules (None: default ones)."""
     import hexir
 
     target = resolve_target(args.target)
     subject = load_graph(args.what, "run", args.dim, _input_shapes(args))
-    db = require_database(args.db) if args.db else None
-    return hexir.compile(subject.model, target, database=db)
+    return hexir.compile(subject.model, target, database=database)
 
 
 def _run_dynamic(module, args: argparse.Namespace) -> int:  # noqa: ANN001

@@ -17,6 +17,11 @@ rest is binding the inputs and fresh outputs, and the call from Python, each Pyt
 touched a cache miss after the kernels have swept the caches; on a GPU, the copies in and
 out).
 
+`compare(default, tuned, inputs)` runs two builds of one model in turn (`hexir run MODEL --db
+URL --compare-default`): each command's default and tuned medians and the median of their
+paired runs' ratios, most time saved first, and the end-to-end speedup likewise paired. It
+is the tune's gain as the model sees it, kernel by kernel, in one sitting.
+
 FLOPs come from the ops each command computes (`hexir.ops.op_flops`: 2 per multiply-add of a
 contraction or convolution, one per element of an elementwise op, none for data movement); a
 command that only moves data shows no GFLOP/s. The peak is the target's (`Target.peak()`).
@@ -41,7 +46,15 @@ from hexir.runtime.peak import Peak
 if TYPE_CHECKING:
     from hexir.runtime.module import Command, Module
 
-__all__ = ["Profile", "ProfileRow", "command_ops", "profile"]
+__all__ = [
+    "ComparedRow",
+    "Comparison",
+    "Profile",
+    "ProfileRow",
+    "command_ops",
+    "compare",
+    "profile",
+]
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,168 @@ def command_ops(graph: Graph, command: Command) -> tuple[Op, ...]:
         inside.add(name)
         todo.extend(v.name for v in producers[name].operands)
     return tuple(op for op in graph.ops if op.result.name in inside and op.kind != "constant")
+
+
+# -- a tuned build against the default one ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ComparedRow:
+    """One command of two builds of the same model: its medians in each and the median of
+    its paired runs' ratios (default over tuned: above 1, the tuned kernel is faster)."""
+
+    index: int
+    kernel: str
+    shapes: tuple[tuple[int, ...], ...]
+    default_seconds: float
+    tuned_seconds: float
+    speedup: float
+    schedule: str  # of the tuned build: "tuned" (from the database) or "default"
+
+    @property
+    def saved(self) -> float:
+        return self.default_seconds - self.tuned_seconds
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A tuned build beside the default one, run in turn: per command where the commands are
+    the same (`rows`, most time saved first; empty where a build chose another form of a
+    conv, `forms_differ`), and end to end."""
+
+    model: str
+    target: str
+    rows: tuple[ComparedRow, ...]
+    forms_differ: bool
+    default_end_to_end: float  # median seconds of a plain run
+    tuned_end_to_end: float
+    speedup: float  # median over the pairs of plain runs of default / tuned
+    repeats: int
+
+    def __str__(self) -> str:
+        return format_comparison(self)
+
+
+def compare(
+    default: Module,
+    tuned: Module,
+    inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray],
+    *,
+    repeats: int = 10,
+    warmup: int = 2,
+) -> Comparison:
+    """Two builds of one model (default schedules, and a database's), run in turn `repeats`
+    times after `warmup`: a plain run of each, then a profiled run of each (`run_timed`). The
+    host's speed shifts from one second to the next (a two-core VM's, by a third), so each
+    command's and each run's gain is the median of ratios of runs taken side by side, not a
+    ratio of medians taken apart."""
+    if repeats < 1 or warmup < 0:
+        raise HexirError(
+            f"a comparison takes repeats >= 1 and warmup >= 0, got {repeats}, {warmup}"
+        )
+    for _ in range(warmup):
+        for module in (default, tuned):
+            module.run(inputs)
+            module.run_timed(inputs)
+    plain: tuple[list[float], list[float]] = ([], [])
+    timed: tuple[list[list[float]], list[list[float]]] = ([], [])
+    for _ in range(repeats):
+        for module, times in zip((default, tuned), plain, strict=True):
+            start = time.perf_counter()
+            module.run(inputs)
+            times.append(time.perf_counter() - start)
+        for module, runs in zip((default, tuned), timed, strict=True):
+            runs.append(module.run_timed(inputs)[1])
+    forms_differ = [c.args for c in default.commands] != [c.args for c in tuned.commands]
+    rows = [] if forms_differ else [_compared(tuned, i, timed) for i in range(len(tuned.commands))]
+    rows.sort(key=lambda r: (-r.saved, r.index))
+    return Comparison(
+        tuned.graph.name,
+        f"{tuned.target} ({tuned.target.key})",
+        tuple(rows),
+        forms_differ,
+        statistics.median(plain[0]),
+        statistics.median(plain[1]),
+        statistics.median(d / t for d, t in zip(*plain, strict=True)),
+        repeats,
+    )
+
+
+def _compared(
+    tuned: Module, index: int, timed: tuple[list[list[float]], list[list[float]]]
+) -> ComparedRow:
+    default_runs = [run[index] for run in timed[0]]
+    tuned_runs = [run[index] for run in timed[1]]
+    command = tuned.commands[index]
+    report = tuned.report[index] if index < len(tuned.report) else None
+    return ComparedRow(
+        index=index,
+        kernel=tuned.kernels[command.kernel].func.name,
+        shapes=tuple(tuple(tuned.value_type(n).shape) for n in command.outputs),
+        default_seconds=statistics.median(default_runs),
+        tuned_seconds=statistics.median(tuned_runs),
+        speedup=statistics.median(
+            d / t for d, t in zip(default_runs, tuned_runs, strict=True) if t > 0
+        ),
+        schedule=report.schedule if report is not None else "-",
+    )
+
+
+COMPARED_HEADER = (
+    "#",
+    "kernel",
+    "output",
+    "default ms",
+    "tuned ms",
+    "speedup",
+    "saved ms",
+    "schedule",
+)
+COMPARED_RIGHT = (True, False, False, True, True, True, True, False)
+
+
+def format_comparison(c: Comparison) -> str:
+    """The comparison as aligned text: per command, most time saved first, then the totals
+    and the end-to-end speedup."""
+    body = [
+        (
+            str(r.index),
+            r.kernel,
+            ",".join(_shape(s) for s in r.shapes),
+            _ms(r.default_seconds),
+            _ms(r.tuned_seconds),
+            f"{r.speedup:.3f}",
+            f"{r.saved * 1e3:+.4f}",
+            r.schedule,
+        )
+        for r in c.rows
+    ]
+    default = sum(r.default_seconds for r in c.rows)
+    tuned = sum(r.tuned_seconds for r in c.rows)
+    totals = [
+        ("", "sum of commands", "", _ms(default), _ms(tuned),
+         f"{default / tuned:.3f}" if tuned > 0 else "-", f"{(default - tuned) * 1e3:+.4f}", ""),
+    ] if c.rows else []  # fmt: skip
+    faster = sum(r.speedup > 1 for r in c.rows if r.schedule == "tuned")
+    tuned_rows = sum(r.schedule == "tuned" for r in c.rows)
+    lines = [
+        f"tuned against default schedules, @{c.model} on {c.target}: the two builds run in "
+        f"turn, {c.repeats} runs each; speedup = the median of the paired runs' default / "
+        "tuned (above 1: the tuned build is faster)",
+    ]
+    if c.forms_differ:
+        lines.append(
+            "  the builds compile some convs in different forms (Winograd or direct: the "
+            "database's measurements chose), so their commands do not pair up: end to end only"
+        )
+    else:
+        lines += _align([COMPARED_HEADER, *body, *totals], COMPARED_RIGHT)
+        lines.append(f"tuned commands faster than their default: {faster} of {tuned_rows}")
+    lines.append(
+        f"end to end: default {_ms(c.default_end_to_end)} ms, tuned {_ms(c.tuned_end_to_end)} "
+        f"ms, speedup {c.speedup:.3f} (median of {c.repeats} pairs)"
+    )
+    return "\n".join(lines)
 
 
 # -- the table --------------------------------------------------------------------------------

@@ -86,6 +86,12 @@ CASES = [
     (["export", "matmul:M=4,N=4,K=4"], "is a single workload"),
     (["run", "matmul:M=4,N=4,K=4", "--profile"], "--profile times the commands of a whole model"),
     (["run", "tiny.hexir", "--profile", "--bench"], "--profile and --bench both time the model"),
+    (["run", "matmul:M=4,N=4,K=4", "--compare-default", "--db", DB],
+     "--compare-default runs a model's two builds"),
+    (["run", "tiny.hexir", "--compare-default"], "give the database (--db URL)"),
+    (["run", "tiny.hxa", "--compare-default", "--db", DB], "tiny.hxa is an artifact"),
+    (["run", "tiny.hexir", "--compare-default", "--db", DB, "--bench"],
+     "--bench times one: drop one of the two flags"),
 ]  # fmt: skip
 
 

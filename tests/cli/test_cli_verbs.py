@@ -12,6 +12,7 @@ from cli_helpers import run_hexir, save_tiny_mlp
 
 import hexir
 from hexir.cli import main
+from hexir.database import Database
 
 VERBS = [["tune"], ["build"], ["export"], ["run"], ["show"], ["db"]] + [
     ["db", action] for action in ("list", "best", "stats", "export", "import", "plot")
@@ -96,6 +97,26 @@ def test_run_profile_prints_a_row_per_command(tmp_path):
     assert lines[start + 8].split()[:3] == ["commands,", "a", "run"]
     assert lines[start + 9].split()[:3] == ["end", "to", "end"]
     assert lines[start + 10].startswith("in commands / end to end = ")
+
+
+def test_run_compare_default_pairs_the_commands_of_the_two_builds(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    Database(url).close()  # a database without records: both builds take default schedules
+    assert main(["run", "mlp", "--target", "cpu", "--db", url, "--compare-default",
+                 "--repeats", "2"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("tuned against default"))
+    assert "@mlp on cpu" in lines[start] and "2 runs each" in lines[start]
+    assert lines[start + 1].split() == [
+        "#", "kernel", "output", "default", "ms", "tuned", "ms", "speedup", "saved", "ms",
+        "schedule",
+    ]  # fmt: skip
+    rows = [line.split() for line in lines[start + 2 : start + 6]]
+    assert sorted(row[0] for row in rows) == ["0", "1", "2", "3"]
+    assert all(row[-1] == "default" and float(row[5]) > 0 for row in rows)
+    assert lines[start + 6].split()[:3] == ["sum", "of", "commands"]
+    assert lines[start + 7] == "tuned commands faster than their default: 0 of 0"
+    assert lines[start + 8].startswith("end to end: default ")
 
 
 def test_run_profile_of_an_artifact(tmp_path, capsys):

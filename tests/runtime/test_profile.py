@@ -1,6 +1,6 @@
 """`Module.profile`: every command once, FLOPs counted from the ops, shares that add up, a
-memory plan left as it was; and the target's peak. No test asserts a speed: times only have
-to be positive and finite."""
+memory plan left as it was; and the target's peak. `compare`: a tuned build's commands paired
+with the default build's. No test asserts a speed: times only have to be positive and finite."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hexir.frontend import zoo
 from hexir.graph.evaluate import evaluate
 from hexir.ops import op_flops
 from hexir.runtime import peak as peak_module
-from hexir.runtime.profile import Profile, command_ops
+from hexir.runtime.profile import Profile, command_ops, compare
 from hexir.runtime.target import CUDA_ARCHS
 
 
@@ -264,3 +264,66 @@ def test_the_cuda_peak_comes_from_the_arch_table():
     assert "132 SMs" in peak.how
     for arch in CUDA_ARCHS:
         assert hexir.Target(f"cuda -arch={arch}").peak().flops > 1e12
+
+
+def _tuned_first_dense(graph: hexir.Graph, url: str) -> str:
+    """Record, for the first kernel of `graph` (a dense, as compile builds it), its default
+    schedule and one with the rows split in parallel, the latter far faster: a build with
+    the database then takes it (past TUNED_MARGIN). Its workload key."""
+    from hexir.database import Database
+    from hexir.graph.fusion import fused_kernels
+    from hexir.runtime.default_schedule import default_schedule
+    from hexir.search.measure import MeasureResult
+
+    func = fused_kernels(graph)[1][0][1]
+    sch = hexir.Schedule(func, seed=0)
+    i, _, _ = sch.get_loops(sch.get_block("matmul"))
+    sch.parallel(sch.split(i, [None, 8])[0])
+    db = Database(url)
+    db.commit_record(func, "cpu", default_schedule(func, "cpu").trace, MeasureResult((1e-3,)))
+    db.commit_record(func, "cpu", sch.trace, MeasureResult((1e-4,)))
+    return hexir.workload_key(func)
+
+
+def test_compare_pairs_each_command_of_a_tuned_build_with_the_default_one(rng, tmp_path):
+    graph = zoo.mlp(batch=16, sizes=(64, 32, 8))
+    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    key = _tuned_first_dense(graph, url)
+    default, tuned = hexir.compile(graph, "cpu"), hexir.compile(graph, "cpu", database=url)
+    assert [r.schedule for r in tuned.report].count("tuned") == 1
+    c = compare(default, tuned, _inputs(graph, rng), repeats=3, warmup=1)
+    assert not c.forms_differ and c.repeats == 3
+    assert sorted(r.index for r in c.rows) == list(range(len(tuned.commands)))
+    for row in c.rows:
+        report = tuned.report[row.index]
+        assert row.kernel == report.name and row.schedule == report.schedule
+        assert (report.workload_key == key) == (row.schedule == "tuned")
+        for value in (row.default_seconds, row.tuned_seconds, row.speedup):
+            assert value > 0 and math.isfinite(value)
+        assert row.saved == row.default_seconds - row.tuned_seconds
+    assert [r.saved for r in c.rows] == sorted((r.saved for r in c.rows), reverse=True)
+    assert c.default_end_to_end > 0 and c.tuned_end_to_end > 0 and c.speedup > 0
+    text = str(c)
+    assert text.splitlines()[0].startswith("tuned against default schedules, @mlp on cpu")
+    assert "sum of commands" in text and "tuned commands faster than their default: " in text
+    assert "end to end: default " in text.splitlines()[-1]
+
+
+def test_compare_of_builds_with_other_conv_forms_is_end_to_end_only(rng):
+    g = hexir.GraphBuilder("conv")
+    x = g.input("x", (1, 8, 28, 28))
+    graph = g.build([g.relu(g.conv2d(x, g.constant(_weights(rng, 8, 8, 3, 3)), padding=1))])
+    with knobs.scope(winograd="0"):
+        direct = hexir.compile(graph, "cpu")
+    with knobs.scope(winograd="4"):
+        winograd = hexir.compile(graph, "cpu")
+    assert len(direct.commands) != len(winograd.commands)
+    c = compare(direct, winograd, _inputs(graph, rng), repeats=2, warmup=0)
+    assert c.forms_differ and c.rows == () and c.speedup > 0
+    assert "do not pair up: end to end only" in str(c)
+
+
+def test_compare_refuses_no_runs(rng):
+    module = hexir.compile(convnet(rng), "cpu")
+    with pytest.raises(hexir.HexirError, match="repeats >= 1"):
+        compare(module, module, _inputs(module.graph, rng), repeats=0)
