@@ -11,6 +11,7 @@ import pytest
 from cli_helpers import file_state, run_hexir, save_tiny_mlp
 
 import hexir
+from hexir.cli import main
 from hexir.database import Database
 from hexir.runtime.vm import Call, Program, Run
 
@@ -86,12 +87,6 @@ CASES = [
     (["export", "matmul:M=4,N=4,K=4"], "is a single workload"),
     (["run", "matmul:M=4,N=4,K=4", "--profile"], "--profile times the commands of a whole model"),
     (["run", "tiny.hexir", "--profile", "--bench"], "--profile and --bench both time the model"),
-    (["run", "matmul:M=4,N=4,K=4", "--compare-default", "--db", DB],
-     "--compare-default runs a model's two builds"),
-    (["run", "tiny.hexir", "--compare-default"], "give the database (--db URL)"),
-    (["run", "tiny.hxa", "--compare-default", "--db", DB], "tiny.hxa is an artifact"),
-    (["run", "tiny.hexir", "--compare-default", "--db", DB, "--bench"],
-     "--bench times one: drop one of the two flags"),
 ]  # fmt: skip
 
 
@@ -107,6 +102,27 @@ def test_bad_input_is_one_paragraph_and_leaves_the_database_alone(folder, argv, 
     assert "Traceback" not in done.stderr
     assert {name: file_state(folder / name) for name in files} == before
     assert not (folder / "missing.db").exists() and not (folder / "tuning_logs").exists()
+    assert Database(f"sqlite:///{folder / 'hexir.db'}").stats().records == 0
+
+
+COMPARE_CASES = [
+    (["matmul:M=4,N=4,K=4", "--db", DB], "--compare-default runs a model's two builds"),
+    (["tiny.hexir"], "give the database (--db URL)"),
+    (["tiny.hxa", "--db", DB], "tiny.hxa is an artifact"),
+    (["tiny.hexir", "--db", DB, "--bench"], "--bench times one: drop one of the two flags"),
+    (["tiny.hexir", "--db", DB, "--profile"], "--profile times one: drop one of the two flags"),
+]
+
+
+@pytest.mark.parametrize("argv, message", COMPARE_CASES, ids=[c[1][:24] for c in COMPARE_CASES])
+def test_compare_default_refuses_what_has_no_two_builds_before_compiling(
+    folder, monkeypatch, capsys, argv, message
+):
+    # In this process: the flags are checked before anything is loaded or compiled.
+    monkeypatch.chdir(folder)
+    assert main(["run", *argv, "--compare-default"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hexir: error: ") and message in err and err.count("\n") == 1
     assert Database(f"sqlite:///{folder / 'hexir.db'}").stats().records == 0
 
 
