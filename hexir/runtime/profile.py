@@ -220,6 +220,8 @@ class Comparison:
     tuned_end_to_end: float
     speedup: float  # median over the pairs of plain runs of default / tuned
     repeats: int
+    # median over the pairs of profiled runs of their commands' seconds, default / tuned
+    in_commands_speedup: float
 
     def __str__(self) -> str:
         return format_comparison(self)
@@ -267,6 +269,7 @@ def compare(
         statistics.median(plain[1]),
         statistics.median(d / t for d, t in zip(*plain, strict=True)),
         repeats,
+        statistics.median(sum(d) / sum(t) for d, t in zip(*timed, strict=True)),
     )
 
 
@@ -305,7 +308,8 @@ COMPARED_RIGHT = (True, False, False, True, True, True, True, False)
 
 def format_comparison(c: Comparison) -> str:
     """The comparison as aligned text: per command, most time saved first, then the totals
-    and the end-to-end speedup."""
+    (the sums of the medians, and the median of the paired runs' ratios of their commands'
+    sums) and the end-to-end speedup."""
     body = [
         (
             str(r.index),
@@ -322,8 +326,8 @@ def format_comparison(c: Comparison) -> str:
     default = sum(r.default_seconds for r in c.rows)
     tuned = sum(r.tuned_seconds for r in c.rows)
     totals = [
-        ("", "sum of commands", "", _ms(default), _ms(tuned),
-         f"{default / tuned:.3f}" if tuned > 0 else "-", f"{(default - tuned) * 1e3:+.4f}", ""),
+        ("", "sum of commands", "", _ms(default), _ms(tuned), f"{c.in_commands_speedup:.3f}",
+         f"{(default - tuned) * 1e3:+.4f}", ""),
     ] if c.rows else []  # fmt: skip
     faster = sum(r.speedup > 1 for r in c.rows if r.schedule == "tuned")
     tuned_rows = sum(r.schedule == "tuned" for r in c.rows)
