@@ -30,13 +30,13 @@ and last (benchmarks/quiet.py): quote a run only when both are at the machine's 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,7 @@ from quiet import in_turn, numpy_matmul_line
 
 import hexir
 from hexir import knobs
+from hexir.runtime.profile import run_seconds
 
 MODELS = ("resnet18", "resnet50", "mobilenet-v2", "mlp", "bert-base", "vit", "gpt2", "gpt2-decode")
 # The whole GPT-2 small (124M parameters, 500 MB of weights, a 500 MB ONNX file for the peer):
@@ -94,19 +95,13 @@ def inputs_of(graph: hexir.Graph, seed: int = 0) -> list[np.ndarray]:
 
 def time_module(module, inputs: list[np.ndarray], min_seconds: float = 1.0) -> float:
     """Median seconds of `module.run(inputs)`: at least 10 runs and `min_seconds`, after 3."""
-    (times,) = in_turn([run_seconds(module, inputs)], warmup=3, seconds=min_seconds)
+    (times,) = in_turn([run_timer(module, inputs)], warmup=3, seconds=min_seconds)
     return statistics.median(times)
 
 
-def run_seconds(module, inputs: list[np.ndarray]):  # noqa: ANN001, ANN201
+def run_timer(module, inputs: list[np.ndarray]):  # noqa: ANN001, ANN201
     """A timer of one `module.run(inputs)` (for `quiet.in_turn`)."""
-
-    def timer() -> float:
-        start = time.perf_counter()
-        module.run(inputs)
-        return time.perf_counter() - start
-
-    return timer
+    return functools.partial(run_seconds, module, inputs)
 
 
 def tuned_trials(graph: hexir.Graph, db, target: hexir.Target) -> int:
@@ -229,7 +224,7 @@ def bench_model(name: str, args: argparse.Namespace, db) -> tuple[Memory, Memory
             ort_s.append(ort[0])
         if tuned:
             # Runs in turn: a ResNet-18 default build read 8.4 to 16.5 ms in one sitting.
-            timers = [run_seconds(m, inputs) for m in (default, tuned)]
+            timers = [run_timer(m, inputs) for m in (default, tuned)]
             d, t = in_turn(timers, warmup=3, seconds=1.0)
             default_s.append(statistics.median(d))
             tuned_s.append(statistics.median(t))

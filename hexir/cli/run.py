@@ -356,14 +356,11 @@ def _check(graph: Graph, inputs: list[np.ndarray], outputs: list[np.ndarray]) ->
 
 def bench(module: Module, inputs: list[np.ndarray], repeats: int, warmup: int = 2) -> float:
     """Median seconds of one end-to-end `module.run`."""
+    from hexir.runtime.profile import run_seconds
+
     for _ in range(warmup):
         module.run(inputs)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        module.run(inputs)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(run_seconds(module, inputs) for _ in range(repeats))
 
 
 def _run_workload(args: argparse.Namespace) -> int:

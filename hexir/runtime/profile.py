@@ -54,6 +54,7 @@ __all__ = [
     "command_ops",
     "compare",
     "profile",
+    "run_seconds",
 ]
 
 
@@ -128,9 +129,7 @@ def profile(
     end_to_end: list[float] = []
     outputs: list[np.ndarray] = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        module.run(inputs)
-        end_to_end.append(time.perf_counter() - start)
+        end_to_end.append(run_seconds(module, inputs))
         outputs, seconds = module.run_timed(inputs)
         for times, s in zip(per_command, seconds, strict=True):
             times.append(s)
@@ -149,6 +148,13 @@ def profile(
         peak,
         outputs,
     )
+
+
+def run_seconds(module: Module, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> float:
+    """Seconds of one plain `module.run(inputs)`, end to end."""
+    start = time.perf_counter()
+    module.run(inputs)
+    return time.perf_counter() - start
 
 
 def _row(module: Module, index: int, seconds: float, total: float, peak: Peak) -> ProfileRow:
@@ -252,9 +258,7 @@ def compare(
     timed: tuple[list[list[float]], list[list[float]]] = ([], [])
     for _ in range(repeats):
         for module, times in zip((default, tuned), plain, strict=True):
-            start = time.perf_counter()
-            module.run(inputs)
-            times.append(time.perf_counter() - start)
+            times.append(run_seconds(module, inputs))
         for module, runs in zip((default, tuned), timed, strict=True):
             runs.append(module.run_timed(inputs)[1])
     forms_differ = [c.args for c in default.commands] != [c.args for c in tuned.commands]
