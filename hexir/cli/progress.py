@@ -39,8 +39,9 @@ class DefaultLatencies:
             self.refresh(i)
 
     def refresh(self, i: int) -> float | None:
-        """Task `i`'s default latency, read from the database while it is not known yet."""
-        if i not in self.known and (key := self.keys[i]) is not None:
+        """Task `i`'s default latency, read from the database while it is not known yet
+        (None for a task the tune added: `hexir.search.scheduler.mixed_tasks`)."""
+        if i not in self.known and i < len(self.keys) and (key := self.keys[i]) is not None:
             record = self.db.standing(self.tasks[i].workload_key, self.target, key)
             if record is not None:
                 self.known[i] = record.median
@@ -84,8 +85,7 @@ class _Base:
         """The model's estimated latency, default and best, or how many tasks are unknown:
         over the kernels the rule builds, as the final report's estimate (a conv's other form
         is not in the model as the rule builds it)."""
-        other = {t.workload_key for t in self.tasks if t.alternative}
-        built = [i for i, t in enumerate(progress.tasks) if t.workload_key not in other]
+        built = [i for i, t in enumerate(progress.tasks) if not t.alternative]
         best = {i: progress.tasks[i].best_latency for i in built}
         missing = sum(b is None for b in best.values())
         if missing:

@@ -143,7 +143,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     records_before = db.stats().records
     result, interrupted = _run(args, subject.tunable, target, db, display)
     if result is not None:
-        other = {t.workload_key for t in tasks if t.alternative}
         rows = [
             TaskRow(
                 t.name,
@@ -152,7 +151,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 t.trials,
                 t.default_latency,
                 t.best_latency,
-                t.workload_key in other,
+                t.alternative,
             )  # fmt: skip
             for t in result.tasks
         ]

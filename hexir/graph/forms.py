@@ -11,11 +11,20 @@ without measurements follows. `hexir tune` tunes the kernels of both forms: the 
 (direct where the rule says Winograd; F(2, 3) where it says direct). `hexir.compile` with a
 database gives each conv the form whose kernels' best measured times add up to less
 (`measured_forms`), and the rule's form where the database lacks a time for a kernel of
-either. A tile forced by the `winograd` knob leaves nothing to choose.
+either. Where those picks mix the two variants' forms, the mix has kernels of its own (a
+layout change between a Winograd conv and a direct one: ResNet-18's stride-2 1x1 conv as a
+matmul over NHWC): the mix is built only where the database times each of them and the whole
+build sums lower than either variant's, else the variant that sums lower; `hexir tune` times
+them (`mixed_forms`, hexir/search/scheduler.py `mixed_tasks`). A tile forced by the
+`winograd` knob leaves nothing to choose.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import operator
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +44,7 @@ __all__ = [
     "form_variants",
     "measured_forms",
     "measured_kernels",
+    "mixed_forms",
     "winograd_choices",
 ]
 
@@ -99,59 +109,115 @@ class ConvForms:
 def measured_kernels(
     graph: Graph, target: Target | str, database: _Database
 ) -> tuple[Graph, list[tuple[Group, PrimFunc]]]:
-    """`fused_kernels` of `graph` with each conv in the form `measured_forms` gives it (the
-    rule's variant reused where that is the choice: no third lowering)."""
+    """`fused_kernels` of `graph` with each conv in the form `measured_forms` gives it (a
+    variant tuning lowered reused where that is the choice)."""
+    return _choose(graph, target, database)[1]
+
+
+def measured_forms(graph: Graph, target: Target | str, database: _Database) -> dict[str, int]:
+    """Each conv with two forms -> the tile of the form a build with `database` gives it (0:
+    direct); empty where no conv has two forms. Each conv takes the form whose kernels' best
+    times there sum lower, the rule's where a kernel of either form has no valid time; where
+    that mixes the forms of the two variants tuning measures (`form_variants`), the mix
+    makes kernels of its own (a layout change between a Winograd conv and a direct one):
+    it stands only where the database times every one of them and the whole build sums
+    lower than each variant's, else the variant that sums lower (the rule's where neither
+    is timed in full)."""
+    return _choose(graph, target, database)[0]
+
+
+def mixed_forms(graph: Graph, target: Target | str, database: _Database) -> dict[str, int]:
+    """The forms each conv's own times pick (`measured_forms` before it weighs the whole
+    build), where they mix the variants tuning measures; empty where they do not (no conv
+    with two forms, or the picks are one of the variants). What `hexir tune` times the
+    kernels of after its rounds, so that a build may take the mix."""
+    graph = simplify_graph(graph)
+    variants = form_variants(graph, target)
+    if len(variants) == 1:
+        return {}
+    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
+    picked = {c.name: c.chosen for c in _measure(variants, laid_out, _Times(target, database))}
+    return {} if picked in variants else picked
+
+
+def conv_forms(graph: Graph, target: Target | str, database: _Database) -> list[ConvForms]:
+    """Each conv with two forms, both measured, and the form a build takes
+    (`measured_forms`)."""
+    return _choose(graph, target, database)[2]
+
+
+class _Times:
+    """The best valid time `database` holds for each workload on `target`, read once."""
+
+    def __init__(self, target: Target | str, database: _Database) -> None:
+        self.target, self.database = target, database
+        self.best: dict[str, float | None] = {}
+
+    def __call__(self, key: str) -> float | None:
+        if key not in self.best:
+            records = self.database.best(key, self.target, k=1)
+            medians = [r.median for r in records if r.median is not None]
+            self.best[key] = medians[0] if medians else None
+        return self.best[key]
+
+    def total(self, kernels: list[tuple[Group, PrimFunc]], common: Counter[str]) -> float | None:
+        """The summed best times of `kernels` less the `common` ones (None: one unmeasured)."""
+        total = 0.0
+        for key, count in (Counter(workload_key(f) for _, f in kernels) - common).items():
+            seconds = self(key)
+            if seconds is None:
+                return None
+            total += count * seconds
+        return total
+
+
+_Kernels = tuple[Graph, list[tuple[Group, PrimFunc]]]
+
+
+def _choose(
+    graph: Graph, target: Target | str, database: _Database
+) -> tuple[dict[str, int], _Kernels, list[ConvForms]]:
+    """`measured_forms`, the kernels it lowers to and `conv_forms`."""
     graph = simplify_graph(graph)  # once: each lowering below then finds it simplified
     variants = form_variants(graph, target)
     laid_out = [fused_kernels(graph, target, variant) for variant in variants]
     if len(variants) == 1:
-        return laid_out[0]
-    chosen = {c.name: c.chosen for c in _measure(variants, laid_out, target, database)}
-    for variant, result in zip(variants, laid_out, strict=True):
-        if chosen == variant:
-            return result
-    return fused_kernels(graph, target, chosen)
-
-
-def measured_forms(graph: Graph, target: Target | str, database: _Database) -> dict[str, int]:
-    """Each conv with two forms -> the tile of the form whose kernels' best times in
-    `database` sum lower (0: direct); the rule's tile where a kernel of either form has no
-    valid time there. Empty where no conv has two forms."""
-    return {c.name: c.chosen for c in conv_forms(graph, target, database)}
-
-
-def conv_forms(graph: Graph, target: Target | str, database: _Database) -> list[ConvForms]:
-    """Each conv with two forms, both measured, and the choice (`measured_forms`)."""
-    graph = simplify_graph(graph)
-    variants = form_variants(graph, target)
-    if len(variants) == 1:
-        return []
-    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
-    return _measure(variants, laid_out, target, database)
+        return {}, laid_out[0], []
+    times = _Times(target, database)
+    convs = _measure(variants, laid_out, times)
+    picked = {c.name: c.chosen for c in convs}
+    if picked in variants:
+        return picked, laid_out[variants.index(picked)], convs
+    options = [
+        (picked, fused_kernels(graph, target, picked)),
+        *zip(variants, laid_out, strict=True),
+    ]
+    keys = [Counter(workload_key(f) for _, f in kernels) for _, (_, kernels) in options]
+    common = functools.reduce(operator.and_, keys)  # the kernels every option runs
+    totals = [times.total(kernels, common) for _, (_, kernels) in options]
+    timed = [i for i, total in enumerate(totals) if total is not None]
+    best = min(timed, key=lambda i: totals[i]) if timed else 1  # (1: the rule's variant)
+    chosen, kernels = options[best]
+    convs = [dataclasses.replace(c, chosen=chosen[c.name]) for c in convs]
+    return chosen, kernels, convs
 
 
 def _measure(
-    variants: list[dict[str, int]],
-    laid_out: list[tuple[Graph, list[tuple[Group, PrimFunc]]]],
-    target: Target | str,
-    database: _Database,
+    variants: list[dict[str, int]], laid_out: list[_Kernels], times: _Times
 ) -> list[ConvForms]:
+    """Each conv with two forms, both measured, and the form its own kernels' times pick."""
     # Per variant: each value's producing op, the groups, each group's func.
     producers = [{op.result.name: op for op in g.ops} for g, _ in laid_out]
     groups = [[group for group, _ in kernels] for _, kernels in laid_out]
     funcs = [{id(group): func for group, func in kernels} for _, kernels in laid_out]
-    best: dict[str, float | None] = {}
 
     def seconds(variant: int, mine: list[Group]) -> float | None:
         total = 0.0
         for group in mine:
-            key = workload_key(funcs[variant][id(group)])
-            if key not in best:
-                records = [r for r in database.best(key, target, k=1) if r.median is not None]
-                best[key] = records[0].median if records else None
-            if best[key] is None:
+            best = times(workload_key(funcs[variant][id(group)]))
+            if best is None:
                 return None
-            total += best[key]  # type: ignore[operator]
+            total += best
         return total
 
     convs = []

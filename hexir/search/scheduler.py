@@ -53,6 +53,7 @@ from hexir.ir.keys import workload_key
 from hexir.ir.tir import PrimFunc
 
 if TYPE_CHECKING:
+    from hexir.database import Database
     from hexir.runtime.target import Target
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "TaskScheduler",
     "extract_tasks",
     "first_round",
+    "mixed_tasks",
     "gradient_gains",
     "roofline",
     "traffic_bytes",
@@ -146,6 +148,35 @@ def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu")
             if key not in found:
                 found[key] = Task(f, key, count, flop_count(f), alternative=variant > 0)
     return list(found.values())
+
+
+def mixed_tasks(
+    graph: Graph, target: Target | str, database: Database, known: set[str]
+) -> list[Task]:
+    """The tasks of the kernels that a build with `database` makes where its convs' own
+    times mix the forms of the variants `extract_tasks` lowers (`mixed_forms`): the
+    layout changes between a Winograd conv and a direct one, which neither variant has.
+    Those whose workload keys are not `known` and have no valid time in `database`, each
+    weighted by its count in the mix; empty where the times pick no mix."""
+    from hexir.graph.forms import mixed_forms
+    from hexir.graph.fusion import fused_kernels
+    from hexir.graph.rewrite import simplify_graph
+
+    graph = simplify_graph(graph)  # once: each lowering then finds it simplified
+    forms = mixed_forms(graph, target, database)
+    if not forms:
+        return []
+    counts: dict[str, tuple[PrimFunc, int]] = {}
+    for _, func in fused_kernels(graph, target, forms)[1]:
+        key = workload_key(func)
+        first, count = counts.get(key, (func, 0))
+        counts[key] = (first, count + 1)
+    timed = {k for k in counts if any(r.median is not None for r in database.best(k, target, k=1))}
+    return [
+        Task(func, key, count, flop_count(func), alternative=True)
+        for key, (func, count) in counts.items()
+        if key not in known | timed
+    ]
 
 
 def first_round(
@@ -263,6 +294,25 @@ class TaskScheduler:
         no_valid = not self.histories[i] or math.isinf(self.histories[i][-1])
         # A task that never measured a valid candidate gets `window` rounds, then none.
         return not (no_valid and self.rounds[i] >= max(1, self.window))
+
+    @property
+    def in_first_rounds(self) -> bool:
+        """Whether a first round is still to come."""
+        return bool(self._pending)
+
+    def add(self, weight: float, floor: float | None = None) -> int:
+        """A task found during the tune (`mixed_tasks`): its index. Its first round, as
+        short as the shortest of the others', comes next."""
+        i = len(self.weights)
+        self.weights.append(weight)
+        if self.floors is not None:
+            self.floors.append(0.0 if floor is None else floor)
+        self.histories.append([])
+        self.rounds.append(0)
+        self.exhausted.append(False)
+        self._first.append(min((n for n in self._first if n > 0), default=1))
+        self._pending.append(i)
+        return i
 
     def record(self, task: int, measured: int, best: float | None) -> None:
         """A round of `task` measured `measured` candidates; its best latency is now `best`."""

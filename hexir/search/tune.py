@@ -42,6 +42,14 @@ of it would not hold another trial at the pace of the tune so far: no round, and
 one, starts that the budget has no room for, and a slice stops as soon as the budget is spent.
 What was measured is committed; `TuneResult.out_of_time` says the budget ended it.
 
+A model whose convs have two forms (Winograd and direct, hexir/graph/forms.py) is tuned in
+both; where each conv's own best times then pick a mix of the two, the mix has kernels of its
+own (a layout change between a Winograd conv and a direct one), which a build may only take
+once they are timed (`measured_forms`). After the first rounds, and then at every
+MIX_CHECKS-th of the budget, the tune looks at the mix its measurements pick, and those of its
+kernels that no task covers and the database has no time for join the tune as tasks
+(`mixed_tasks`: a first round, then their share of the gradient phase).
+
 Progress: every callback is called after every round with a `Progress` (trials done, the
 budget, each task's best latency and trials, elapsed seconds, an estimate of the seconds left).
 A KeyboardInterrupt (Ctrl-C, or raised by a callback) stops the tune after closing what it
@@ -95,6 +103,9 @@ DISAGREE = 1.5
 # 200-trial residual conv's pick read 0.80 ms against the default's 1.06 in a tune, and timed
 # within 5% of it, either way, in four alternated runs after); three make it a median.
 CONFIRM_ROUNDS = 3
+# How often, over the budget, a tune of a model looks for kernels of the mix of conv forms its
+# measurements pick (see the module): the lowering it takes is seconds for ResNet-18.
+MIX_CHECKS = 8
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class TaskProgress:
     flops: int
     best_latency: float | None
     trials: int
+    alternative: bool = False  # a kernel of other conv forms than the rule's (scheduler.Task)
 
 
 @dataclass(frozen=True)
@@ -146,6 +158,7 @@ class TaskResult:
     best_latency: float | None
     default_latency: float | None
     trials: int
+    alternative: bool = False  # a kernel of other conv forms than the rule's (scheduler.Task)
 
 
 @dataclass(frozen=True)
@@ -204,7 +217,12 @@ def tune(
     own = executor is None
     executor = executor if executor is not None else _executor(target, ray_address)
     try:
-        tuner = _Tuner(tasks, target, db, executor, model, seed, tuple(callbacks), time_budget)
+        # A model with two forms of its convs: the mix its measurements pick is looked for.
+        mixes = isinstance(func_or_graph, Graph) and any(t.alternative for t in tasks)
+        graph = func_or_graph if mixes else None
+        tuner = _Tuner(
+            tasks, target, db, executor, model, seed, tuple(callbacks), time_budget, graph
+        )
         return tuner.run(trials)
     finally:
         if own:
@@ -252,23 +270,19 @@ class _Tuner:
         seed: int | None,
         callbacks: tuple[ProgressCallback, ...],
         time_budget: float | None = None,
+        graph: Graph | None = None,
     ) -> None:
-        self.tasks, self.target, self.db = tasks, target, db
+        self.tasks, self.target, self.db = list(tasks), target, db
         self.executor, self.model, self.callbacks = executor, model, callbacks
         self.profile = SearchProfile()
-        self.searches = [
-            EvolutionarySearch(
-                t.func,
-                target,
-                rng=_task_rng(seed, t.workload_key),
-                database=db,
-                profile=self.profile,
-            )  # fmt: skip
-            for t in tasks
-        ]
+        self.seed = seed
+        self.searches = [self._search(t) for t in tasks]
         self.best = [self._db_best(t) for t in tasks]
         self.trials = [0] * len(tasks)
         self.measure_seconds = [0.0] * len(tasks)  # building and timing this call's trials
+        # The model whose convs' mixed forms are looked for (see the module), and when next.
+        self.graph = graph
+        self.next_mix_check = 0.0
         # Suspect results (task, candidate) to measure again, the tries of each candidate,
         # whether the last result was timed quietly, and the measurements made again.
         self.suspects: list[tuple[int, Candidate]] = []
@@ -290,6 +304,8 @@ class _Tuner:
         while (step := scheduler.next()) is not None:
             i, n = step
             measured = self.round(i, n, first=scheduler.rounds[i] == 0)
+            if measured and self._mix_due(scheduler):
+                self.add_mixed(scheduler)
             if measured:
                 scheduler.record(i, measured, self.best[i])
                 self._report(i, scheduler)
@@ -303,6 +319,39 @@ class _Tuner:
             self.confirm()
             self.remeasure()  # what is still suspect, one last time
         return self.result()
+
+    def _search(self, task: Task) -> EvolutionarySearch:
+        rng = _task_rng(self.seed, task.workload_key)
+        return EvolutionarySearch(task.func, self.target, rng=rng, database=self.db,
+                                  profile=self.profile)  # fmt: skip
+
+    def _mix_due(self, scheduler: TaskScheduler) -> bool:
+        """Whether to look for the kernels of mixed conv forms now: a model with two forms,
+        past the first rounds, at the next MIX_CHECKS-th of the budget."""
+        if self.graph is None or scheduler.in_first_rounds:
+            return False
+        spent = scheduler.used / scheduler.trials if self.bounded else 0.0
+        if self.deadline is not None and self.time_budget:
+            spent = max(spent, (time.perf_counter() - self.start) / self.time_budget)
+        if spent < self.next_mix_check:
+            return False
+        self.next_mix_check = spent + 1.0 / MIX_CHECKS
+        return True
+
+    def add_mixed(self, scheduler: TaskScheduler) -> None:
+        """The kernels of the mix of conv forms the measurements pick that no task covers
+        and the database has no time for, as new tasks (see the module)."""
+        from hexir.search.scheduler import mixed_tasks
+
+        assert self.graph is not None
+        known = {t.workload_key for t in self.tasks}
+        for task in mixed_tasks(self.graph, self.target, self.db, known):
+            self.tasks.append(task)
+            self.searches.append(self._search(task))
+            self.best.append(None)
+            self.trials.append(0)
+            self.measure_seconds.append(0.0)
+            scheduler.add(task.weight, roofline(task, self.target))
 
     def round(self, i: int, n: int, first: bool) -> int:
         """One round of task `i`: propose up to `n` candidates, measure and commit them, and
@@ -557,7 +606,7 @@ class _Tuner:
 
     def _progress(self) -> tuple[TaskProgress, ...]:
         return tuple(
-            TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, n)
+            TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, n, t.alternative)
             for t, b, n in zip(self.tasks, self.best, self.trials, strict=True)
         )
 
@@ -583,6 +632,7 @@ class _Tuner:
                     latency,
                     default,
                     n,
+                    task.alternative,
                 )  # fmt: skip
             )
         elapsed = time.perf_counter() - self.start

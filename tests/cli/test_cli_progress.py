@@ -35,7 +35,7 @@ def setup(tmp_path, rng):
 
 def _progress(tasks, best, done, task):
     rows = tuple(
-        TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, 4 if b else 0)
+        TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, 4 if b else 0, t.alternative)
         for t, b in zip(tasks, best, strict=True)
     )
     return Progress(done, 12, rows, elapsed=3.0, eta=6.0, task=task)

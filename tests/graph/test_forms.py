@@ -119,3 +119,87 @@ def test_the_tune_report_estimates_the_model_without_the_other_forms(rng):
     chosen = {rows[-1].workload_key: 3}  # one kernel of the other forms, run three times
     assert estimate(rows, "best_latency", chosen) == pytest.approx(3 * rows[-1].best_latency)
     assert estimate(rows, "best_latency", {"not a workload": 1}) is None
+
+
+def _chain(rng: np.random.Generator) -> hexir.Graph:
+    # A 28x28 conv (the rule's F(4, 3)), a 4x4 max pool, a 7x7 conv (the rule's direct): with
+    # both convs direct, the second reads the first's layout, a kernel neither variant has.
+    b = GraphBuilder("chain")
+    first = _conv(b, b.input("x", (1, 8, 28, 28)), rng, 8)
+    return b.build(_conv(b, b.max_pool2d(first, 4, 4), rng, 8))
+
+
+def _record(db: Database, func: hexir.PrimFunc, seconds: float) -> None:
+    from hexir.runtime.default_schedule import default_schedule
+    from hexir.search.measure import MeasureResult
+
+    db.commit_record(func, "cpu", default_schedule(func, "cpu").trace, MeasureResult((seconds,)))
+
+
+def _variants_recorded(graph: hexir.Graph, db: Database, seconds: float) -> None:
+    """Records of every kernel of both variants: `seconds` for each kernel only one variant
+    has, a tenth of it for the kernels both have."""
+    from hexir.graph.fusion import fused_kernels
+    from hexir.ir.keys import workload_key
+
+    kernels = [
+        {workload_key(f): f for _, f in fused_kernels(graph, "cpu", forms)[1]}
+        for forms in form_variants(graph)
+    ]
+    both = kernels[0].keys() & kernels[1].keys()
+    for key, func in (kernels[0] | kernels[1]).items():
+        _record(db, func, seconds / 10 if key in both else seconds)
+
+
+def test_a_mix_of_forms_stands_only_once_its_own_kernels_are_timed(rng, tmp_path):
+    from hexir.graph.forms import conv_forms, mixed_forms
+    from hexir.search.scheduler import mixed_tasks
+
+    graph = _chain(rng)
+    big, small = _conv_names(graph)
+    db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
+    _variants_recorded(graph, db, 1e-3)
+    # Each conv's own kernels pick direct (the big conv's five Winograd kernels against one
+    # direct; the small conv's one direct kernel against its F(2, 3) ones): a mix.
+    assert mixed_forms(graph, "cpu", db) == {big: 0, small: 0}
+    (task,) = mixed_tasks(graph, "cpu", db, known=set())
+    assert task.name == "fused_conv2d_bias_add_relu" and task.alternative and task.weight == 1
+    # Untimed, the mix's own conv is not built: the variant that sums lower is, the rule's.
+    assert measured_forms(graph, "cpu", db) == {big: 4, small: 0}
+    assert [c.chosen for c in conv_forms(graph, "cpu", db)] == [4, 0]
+    assert {r.schedule for r in hexir.compile(graph, "cpu", database=db).report} == {"tuned"}
+    # Timed slower than what it saves, the rule's forms still stand; timed fast, the mix does.
+    slow = Database(f"sqlite:///{tmp_path / 'slow.db'}")
+    _variants_recorded(graph, slow, 1e-3)
+    _record(slow, task.func, 1e-2)
+    assert measured_forms(graph, "cpu", slow) == {big: 4, small: 0}
+    _record(db, task.func, 1e-5)
+    assert mixed_tasks(graph, "cpu", db, known=set()) == []
+    assert measured_forms(graph, "cpu", db) == {big: 0, small: 0}
+    module = hexir.compile(graph, "cpu", database=db)
+    assert {r.schedule for r in module.report} == {"tuned"}
+    assert not any(r.ops[0] == "winograd_input" for r in module.report)
+    x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
+    (want,) = evaluate(graph, [x])
+    np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_tune_times_the_kernels_of_the_mix_its_measurements_pick(rng, tmp_path):
+    from tests.small_search import SMALL_SEARCH
+
+    graph = _chain(rng)
+    db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
+    # Times no candidate beats, that pick the mix (the test above); the tune finds its kernel.
+    _variants_recorded(graph, db, 1e-9)
+    tasks = extract_tasks(graph, "cpu")
+    with knobs.scope(**SMALL_SEARCH):
+        result = tune(graph, "cpu", trials=len(tasks) + 2, database=db, seed=0,
+                      model=RandomModel(0))  # fmt: skip
+    added = result.tasks[len(tasks) :]
+    assert [(t.name, t.alternative) for t in added] == [("fused_conv2d_bias_add_relu", True)]
+    assert added[0].trials >= 1 and added[0].best_latency is not None
+    assert sum(t.trials for t in result.tasks) <= len(tasks) + 2
+    # Every kernel a build with the database compiles has a time there.
+    module = hexir.compile(graph, "cpu", database=db)
+    assert all(db.best(r.workload_key, "cpu", k=1) for r in module.report)
