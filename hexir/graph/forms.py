@@ -14,16 +14,16 @@ database gives each conv the form whose kernels' best measured times add up to l
 either. Where those picks mix the two variants' forms, the mix has kernels of its own (a
 layout change between a Winograd conv and a direct one: ResNet-18's stride-2 1x1 conv as a
 matmul over NHWC): the mix is built only where the database times each of them and the whole
-build sums lower than either variant's, else the variant that sums lower; `hexir tune` times
-them (`mixed_forms`, hexir/search/scheduler.py `mixed_tasks`). A tile forced by the
+build sums lower than either variant's; else, from the variant that sums lower, each conv's
+pick alone where its kernels are timed and save time (the picks that save most first).
+`hexir tune` times the mix's own kernels (`mixed_forms`, hexir/search/scheduler.py
+`mixed_tasks`). A tile forced by the
 `winograd` knob leaves nothing to choose.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import operator
 from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
@@ -121,8 +121,8 @@ def measured_forms(graph: Graph, target: Target | str, database: _Database) -> d
     that mixes the forms of the two variants tuning measures (`form_variants`), the mix
     makes kernels of its own (a layout change between a Winograd conv and a direct one):
     it stands only where the database times every one of them and the whole build sums
-    lower than each variant's, else the variant that sums lower (the rule's where neither
-    is timed in full)."""
+    lower than each variant's; else the variant that sums lower (the rule's where either is
+    not timed in full), with each conv's own pick where that alone is timed and faster."""
     return _choose(graph, target, database)[0]
 
 
@@ -136,7 +136,9 @@ def mixed_forms(graph: Graph, target: Target | str, database: _Database) -> dict
     if len(variants) == 1:
         return {}
     laid_out = [fused_kernels(graph, target, variant) for variant in variants]
-    picked = {c.name: c.chosen for c in _measure(variants, laid_out, _Times(target, database))}
+    shapes = {op.result.name: op.result.type.shape for op in graph.ops}
+    convs = _measure(variants, laid_out, _Times(target, database), shapes)
+    picked = {c.name: c.chosen for c in convs}
     return {} if picked in variants else picked
 
 
@@ -160,10 +162,18 @@ class _Times:
             self.best[key] = medians[0] if medians else None
         return self.best[key]
 
-    def total(self, kernels: list[tuple[Group, PrimFunc]], common: Counter[str]) -> float | None:
-        """The summed best times of `kernels` less the `common` ones (None: one unmeasured)."""
+    def faster(self, a: _Kernels, b: _Kernels) -> bool:
+        """Whether the kernels of `a` take less time than those of `b`: each that one runs
+        and the other does not is timed (as often as it runs), and they sum lower."""
+        keys = [Counter(workload_key(f) for _, f in kernels) for _, kernels in (a, b)]
+        common = keys[0] & keys[1]
+        totals = [self.total(k - common) for k in keys]
+        return None not in totals and totals[0] < totals[1]  # type: ignore[operator]
+
+    def total(self, keys: Counter[str]) -> float | None:
+        """The summed best times of the workloads `keys` counts (None: one untimed)."""
         total = 0.0
-        for key, count in (Counter(workload_key(f) for _, f in kernels) - common).items():
+        for key, count in keys.items():
             seconds = self(key)
             if seconds is None:
                 return None
@@ -184,26 +194,35 @@ def _choose(
     if len(variants) == 1:
         return {}, laid_out[0], []
     times = _Times(target, database)
-    convs = _measure(variants, laid_out, times)
+    # (by the graph's names: a layout pass may rename a conv in either form, `4` to `4_nhwc`)
+    shapes = {op.result.name: op.result.type.shape for op in graph.ops}
+    convs = _measure(variants, laid_out, times, shapes)
     picked = {c.name: c.chosen for c in convs}
     if picked in variants:
         return picked, laid_out[variants.index(picked)], convs
-    options = [
-        (picked, fused_kernels(graph, target, picked)),
-        *zip(variants, laid_out, strict=True),
-    ]
-    keys = [Counter(workload_key(f) for _, f in kernels) for _, (_, kernels) in options]
-    common = functools.reduce(operator.and_, keys)  # the kernels every option runs
-    totals = [times.total(kernels, common) for _, (_, kernels) in options]
-    timed = [i for i, total in enumerate(totals) if total is not None]
-    best = min(timed, key=lambda i: totals[i]) if timed else 1  # (1: the rule's variant)
-    chosen, kernels = options[best]
+    # A mix: from the variant that sums lower (the rule's where either is untimed), the whole
+    # mix where it is timed and faster, else each conv's pick alone where that is, the
+    # picks that save most first.
+    rule, other = zip(variants, laid_out, strict=True)
+    chosen, kernels = other if times.faster(other[1], rule[1]) else rule
+    saving = {c.name: abs((c.rule.seconds or 0.0) - (c.other.seconds or 0.0)) for c in convs}
+    flips = sorted(picked, key=lambda name: -saving[name])
+    for step in [picked, *({name: picked[name]} for name in flips)]:
+        trial = chosen | step
+        if trial == chosen:
+            continue
+        lowered = fused_kernels(graph, target, trial)
+        if times.faster(lowered, kernels):
+            chosen, kernels = trial, lowered
     convs = [dataclasses.replace(c, chosen=chosen[c.name]) for c in convs]
     return chosen, kernels, convs
 
 
 def _measure(
-    variants: list[dict[str, int]], laid_out: list[_Kernels], times: _Times
+    variants: list[dict[str, int]],
+    laid_out: list[_Kernels],
+    times: _Times,
+    shapes: dict[str, tuple[int, ...]],
 ) -> list[ConvForms]:
     """Each conv with two forms, both measured, and the form its own kernels' times pick."""
     # Per variant: each value's producing op, the groups, each group's func.
@@ -230,9 +249,7 @@ def _measure(
         chosen = rule.tile
         if rule.seconds is not None and other.seconds is not None and other.seconds < rule.seconds:
             chosen = other.tile
-        # (the direct form keeps the conv's value; the Winograd form's may have sunk away)
-        shape = next(p[name] for p in producers if name in p).result.type.shape
-        convs.append(ConvForms(name, shape, rule, other, chosen))
+        convs.append(ConvForms(name, shapes[name], rule, other, chosen))
     return convs
 
 

@@ -10,7 +10,7 @@ from hexir import knobs
 from hexir.costmodel import RandomModel
 from hexir.database import Database
 from hexir.graph.evaluate import evaluate
-from hexir.graph.forms import form_variants, measured_forms, winograd_choices
+from hexir.graph.forms import form_variants, measured_forms, mixed_forms, winograd_choices
 from hexir.ops.builder import GraphBuilder
 from hexir.search.scheduler import extract_tasks
 from hexir.search.tune import tune
@@ -136,9 +136,11 @@ def _record(db: Database, func: hexir.PrimFunc, seconds: float) -> None:
     db.commit_record(func, "cpu", default_schedule(func, "cpu").trace, MeasureResult((seconds,)))
 
 
-def _variants_recorded(graph: hexir.Graph, db: Database, seconds: float) -> None:
-    """Records of every kernel of both variants: `seconds` for each kernel only one variant
-    has, a tenth of it for the kernels both have."""
+def _variants_recorded(
+    graph: hexir.Graph, db: Database, seconds: float, times: dict[str, float] | None = None
+) -> None:
+    """Records of every kernel of both variants: its time in `times` (by workload key), else
+    `seconds` for each kernel only one variant has, a tenth of it for the kernels both have."""
     from hexir.graph.fusion import fused_kernels
     from hexir.ir.keys import workload_key
 
@@ -148,11 +150,12 @@ def _variants_recorded(graph: hexir.Graph, db: Database, seconds: float) -> None
     ]
     both = kernels[0].keys() & kernels[1].keys()
     for key, func in (kernels[0] | kernels[1]).items():
-        _record(db, func, seconds / 10 if key in both else seconds)
+        default = seconds / 10 if key in both else seconds
+        _record(db, func, (times or {}).get(key, default))
 
 
 def test_a_mix_of_forms_stands_only_once_its_own_kernels_are_timed(rng, tmp_path):
-    from hexir.graph.forms import conv_forms, mixed_forms
+    from hexir.graph.forms import conv_forms
     from hexir.search.scheduler import mixed_tasks
 
     graph = _chain(rng)
@@ -203,3 +206,42 @@ def test_a_tune_times_the_kernels_of_the_mix_its_measurements_pick(rng, tmp_path
     # Every kernel a build with the database compiles has a time there.
     module = hexir.compile(graph, "cpu", database=db)
     assert all(db.best(r.workload_key, "cpu", k=1) for r in module.report)
+
+
+def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_path):
+    from hexir.graph.fusion import fused_kernels
+    from hexir.graph.rewrite import simplify_graph
+    from hexir.ir.keys import workload_key
+
+    # The chain, then a third conv with a residual add (kernels of its own): moving it alone
+    # to F(2, 3) makes no kernel that neither variant has; moving the first conv does.
+    b = GraphBuilder("chain3")
+    first = _conv(b, b.input("x", (1, 8, 28, 28)), rng, 8)
+    second = _conv(b, b.max_pool2d(first, 4, 4), rng, 8)
+    graph = simplify_graph(b.build(b.add(_conv(b, second, rng, 8), second)))
+    big, middle, third = _conv_names(graph)
+    rule, other = form_variants(graph)
+
+    def keys(forms: dict[str, int]) -> set[str]:
+        return {workload_key(f) for _, f in fused_kernels(graph, "cpu", forms)[1]}
+
+    alone = rule | {third: 2}
+    third_winograd = keys(alone) - keys(rule)
+    # The first conv direct saves most, the third in F(2, 3) saves too, and the middle conv's
+    # own F(2, 3) kernels are slow, so the other variant sums higher than the rule's.
+    times = dict.fromkeys(third_winograd, 1e-5)
+    times |= dict.fromkeys(keys(rule | {middle: 2}) - keys(rule) - third_winograd, 1e-2)
+    times |= dict.fromkeys(keys(rule | {big: 0}) & keys(other) - keys(rule), 5e-4)
+    db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
+    _variants_recorded(graph, db, 1e-3, times)
+    # The picks: {big: 0, middle: 0, third: 2}, whose middle conv after a direct first one
+    # is a kernel no variant has, untimed; the first conv alone makes it too; the third
+    # alone stands.
+    assert mixed_forms(graph, "cpu", db) == {big: 0, middle: 0, third: 2}
+    assert measured_forms(graph, "cpu", db) == alone
+    module = hexir.compile(graph, "cpu", database=db)
+    assert all(db.best(r.workload_key, "cpu", k=1) for r in module.report)
+    assert sum(r.ops[0] == "winograd_input" for r in module.report) == 2
+    x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
+    (want,) = evaluate(graph, [x])
+    np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
