@@ -85,7 +85,9 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
         help="a model with --db: run its build with the database's schedules and its build "
         "with default schedules in turn, and print per command the default and tuned medians, "
         "the median of the paired runs' ratios and the time saved, most saved first; then the "
-        "end-to-end speedup, paired the same way",
+        "end-to-end speedup, paired the same way. Where the database gives some convs their "
+        "other form (Winograd or direct), the two builds pair end to end only, and a third, "
+        "default schedules in the tuned build's forms, pairs command by command",
     )  # fmt: skip
     p.add_argument(
         "--repeats", type=positive_int, metavar="N",
@@ -131,7 +133,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         print()
         default = _compiled(args, database=None)
-        print(compare(default, module, inputs, repeats=args.repeats or 10))
+        comparison = compare(default, module, inputs, repeats=args.repeats or 10)
+        print(comparison)
+        if comparison.forms_differ:  # the schedules' part, command by command
+            print()
+            print("the default schedules in the forms the tuned build takes:")
+            in_forms = _compiled(args, database=None, forms_of=require_database(args.db))
+            print(compare(in_forms, module, inputs, repeats=args.repeats or 10))
     return 0 if ok else 1
 
 
@@ -211,13 +219,18 @@ def _module(args: argparse.Namespace) -> Module:
     return _compiled(args, database=require_database(args.db) if args.db else None)
 
 
-def _compiled(args: argparse.Namespace, database: Database | None) -> Module:
-    """The model compiled for --target with `database`'s schedules (None: default ones)."""
+def _compiled(
+    args: argparse.Namespace, database: Database | None, forms_of: Database | None = None
+) -> Module:
+    """The model compiled for --target with `database`'s schedules (None: default ones), its
+    convs in the forms a build with `forms_of` takes (hexir/graph/forms.py) where given."""
     import hexir
+    from hexir.graph.forms import measured_forms
 
     target = resolve_target(args.target)
     subject = load_graph(args.what, "run", args.dim, _input_shapes(args))
-    return hexir.compile(subject.model, target, database=database)
+    forms = None if forms_of is None else measured_forms(subject.model, target, forms_of)
+    return hexir.compile(subject.model, target, database=database, forms=forms)
 
 
 def _run_dynamic(module, args: argparse.Namespace) -> int:  # noqa: ANN001

@@ -21,7 +21,7 @@ a database trace that no longer replays falls back to the default too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -82,6 +82,7 @@ def compile(
     database: TuningDatabase | str | None = None,
     *,
     dynamic: bool = False,
+    forms: Mapping[str, int] | None = None,
 ) -> Module:
     """Compile `graph` for `target` into a Module (see the module docstring for the steps).
 
@@ -90,6 +91,10 @@ def compile(
     dimensions gives a SymbolicModule, which compiles this way per size of its symbols (per
     bucket of sizes where it can), or with `dynamic=True` a DynamicModule, compiled once: its
     kernels take the sizes as arguments (hexir/runtime/dynamic_module.py).
+
+    `forms` gives the convs with a Winograd and a direct form theirs (result name -> tile, 0:
+    direct; hexir/graph/forms.py) instead of the rule's or the database's choice: the
+    default schedules of a tuned build's kernels (`hexir run --compare-default`).
     """
     from hexir.graph.forms import measured_kernels
     from hexir.graph.fusion import fused_kernels
@@ -106,7 +111,9 @@ def compile(
 
         return SymbolicModule(graph, target, database)  # type: ignore[return-value]
     db = _open_database(database)
-    if db is None:
+    if forms is not None:
+        graph, kernels_of_groups = fused_kernels(graph, target, forms)
+    elif db is None:
         graph, kernels_of_groups = fused_kernels(graph, target)
     else:  # each conv with two forms in the one its measured kernels make faster
         graph, kernels_of_groups = measured_kernels(graph, target, db)

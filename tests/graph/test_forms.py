@@ -208,13 +208,15 @@ def test_a_tune_times_the_kernels_of_the_mix_its_measurements_pick(rng, tmp_path
     assert all(db.best(r.workload_key, "cpu", k=1) for r in module.report)
 
 
-def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_path):
+def _third_alone(rng: np.random.Generator, db: Database) -> tuple[hexir.Graph, dict[str, int]]:
+    """A chain of three convs, the third with a residual add, and records in `db` under
+    which a build gives the third conv alone its other form (F(2, 3)): the graph and those
+    forms. Moving the third conv alone makes no kernel that neither variant has; moving the
+    first conv does."""
     from hexir.graph.fusion import fused_kernels
     from hexir.graph.rewrite import simplify_graph
     from hexir.ir.keys import workload_key
 
-    # The chain, then a third conv with a residual add (kernels of its own): moving it alone
-    # to F(2, 3) makes no kernel that neither variant has; moving the first conv does.
     b = GraphBuilder("chain3")
     first = _conv(b, b.input("x", (1, 8, 28, 28)), rng, 8)
     second = _conv(b, b.max_pool2d(first, 4, 4), rng, 8)
@@ -232,8 +234,14 @@ def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_pa
     times = dict.fromkeys(third_winograd, 1e-5)
     times |= dict.fromkeys(keys(rule | {middle: 2}) - keys(rule) - third_winograd, 1e-2)
     times |= dict.fromkeys(keys(rule | {big: 0}) & keys(other) - keys(rule), 5e-4)
-    db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
     _variants_recorded(graph, db, 1e-3, times)
+    return graph, alone
+
+
+def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_path):
+    db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
+    graph, alone = _third_alone(rng, db)
+    big, middle, third = _conv_names(graph)
     # The picks: {big: 0, middle: 0, third: 2}, whose middle conv after a direct first one
     # is a kernel no variant has, untimed; the first conv alone makes it too; the third
     # alone stands.
@@ -245,3 +253,35 @@ def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_pa
     x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
     (want,) = evaluate(graph, [x])
     np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_takes_the_forms_it_is_given(rng, tmp_path):
+    db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
+    graph, alone = _third_alone(rng, db)
+    x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
+    (want,) = evaluate(graph, [x])
+    for forms, winograd in [(alone, 2), (dict.fromkeys(alone, 0), 0)]:
+        module = hexir.compile(graph, "cpu", forms=forms)  # default schedules, these forms
+        assert {r.schedule for r in module.report} == {"default"}
+        assert sum(r.ops[0] == "winograd_input" for r in module.report) == winograd
+        np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_compare_default_pairs_the_commands_of_the_tuned_forms(rng, tmp_path, capsys):
+    from hexir.cli import main
+    from hexir.frontend.load import save_model
+
+    url = f"sqlite:///{tmp_path / 'mix.db'}"
+    graph, _ = _third_alone(rng, Database(url))
+    save_model(graph, tmp_path / "chain3.hexir")
+    assert main(["run", str(tmp_path / "chain3.hexir"), "--target", "cpu", "--db", url,
+                 "--compare-default", "--repeats", "2"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    first, second = out.split("the default schedules in the forms the tuned build takes:")
+    assert "do not pair up: end to end only" in first
+    lines = second.strip().splitlines()
+    assert lines[0].startswith("tuned against default schedules, @chain3 on cpu")
+    assert lines[1].split()[:2] == ["#", "kernel"]
+    commands = len(hexir.compile(graph, "cpu", database=url).commands)
+    assert lines[2 + commands].split()[:3] == ["sum", "of", "commands"]
+    assert lines[-1].startswith("end to end: default ")
