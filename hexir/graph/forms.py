@@ -17,8 +17,7 @@ matmul over NHWC): the mix is built only where the database times each of them a
 build sums lower than either variant's; else, from the variant that sums lower, each conv's
 pick alone where its kernels are timed and save time (the picks that save most first).
 `hexir tune` times the mix's own kernels (`mixed_forms`, hexir/search/scheduler.py
-`mixed_tasks`). A tile forced by the
-`winograd` knob leaves nothing to choose.
+`mixed_tasks`). A tile forced by the `winograd` knob leaves nothing to choose.
 """
 
 from __future__ import annotations
@@ -131,15 +130,9 @@ def mixed_forms(graph: Graph, target: Target | str, database: _Database) -> dict
     build), where they mix the variants tuning measures; empty where they do not (no conv
     with two forms, or the picks are one of the variants). What `hexir tune` times the
     kernels of after its rounds, so that a build may take the mix."""
-    graph = simplify_graph(graph)
-    variants = form_variants(graph, target)
-    if len(variants) == 1:
-        return {}
-    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
-    shapes = {op.result.name: op.result.type.shape for op in graph.ops}
-    convs = _measure(variants, laid_out, _Times(target, database), shapes)
+    _, variants, _, convs, _ = _picks(graph, target, database)
     picked = {c.name: c.chosen for c in convs}
-    return {} if picked in variants else picked
+    return {} if len(variants) == 1 or picked in variants else picked
 
 
 def conv_forms(graph: Graph, target: Target | str, database: _Database) -> list[ConvForms]:
@@ -184,19 +177,29 @@ class _Times:
 _Kernels = tuple[Graph, list[tuple[Group, PrimFunc]]]
 
 
+def _picks(
+    graph: Graph, target: Target | str, database: _Database
+) -> tuple[Graph, list[dict[str, int]], list[_Kernels], list[ConvForms], _Times]:
+    """The graph simplified, its variants (`form_variants`) lowered, each conv with two
+    forms and the form its own kernels' times pick, and the times read."""
+    graph = simplify_graph(graph)  # once: each lowering then finds it simplified
+    variants = form_variants(graph, target)
+    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
+    times = _Times(target, database)
+    if len(variants) == 1:
+        return graph, variants, laid_out, [], times
+    # (by the graph's names: a layout pass may rename a conv in either form, `4` to `4_nhwc`)
+    shapes = {op.result.name: op.result.type.shape for op in graph.ops}
+    return graph, variants, laid_out, _measure(variants, laid_out, times, shapes), times
+
+
 def _choose(
     graph: Graph, target: Target | str, database: _Database
 ) -> tuple[dict[str, int], _Kernels, list[ConvForms]]:
     """`measured_forms`, the kernels it lowers to and `conv_forms`."""
-    graph = simplify_graph(graph)  # once: each lowering below then finds it simplified
-    variants = form_variants(graph, target)
-    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
+    graph, variants, laid_out, convs, times = _picks(graph, target, database)
     if len(variants) == 1:
         return {}, laid_out[0], []
-    times = _Times(target, database)
-    # (by the graph's names: a layout pass may rename a conv in either form, `4` to `4_nhwc`)
-    shapes = {op.result.name: op.result.type.shape for op in graph.ops}
-    convs = _measure(variants, laid_out, times, shapes)
     picked = {c.name: c.chosen for c in convs}
     if picked in variants:
         return picked, laid_out[variants.index(picked)], convs

@@ -189,7 +189,7 @@ def test_a_mix_of_forms_stands_only_once_its_own_kernels_are_timed(rng, tmp_path
 
 @pytest.mark.slow
 def test_a_tune_times_the_kernels_of_the_mix_its_measurements_pick(rng, tmp_path):
-    from tests.small_search import SMALL_SEARCH
+    from small_search import SMALL_SEARCH
 
     graph = _chain(rng)
     db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
