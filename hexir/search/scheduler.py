@@ -61,8 +61,8 @@ __all__ = [
     "TaskScheduler",
     "extract_tasks",
     "first_round",
-    "mixed_tasks",
     "gradient_gains",
+    "mixed_tasks",
     "roofline",
     "traffic_bytes",
 ]
