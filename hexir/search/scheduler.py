@@ -139,15 +139,21 @@ def extract_tasks(func_or_graph: PrimFunc | Graph, target: Target | str = "cpu")
     # then the convs' other forms (hexir/graph/forms.py), which compile may choose instead.
     found: dict[str, Task] = {}
     for variant, funcs in enumerate(variants):
-        counts: dict[str, tuple[PrimFunc, int]] = {}
-        for func in funcs:
-            key = workload_key(func)
-            first, count = counts.get(key, (func, 0))
-            counts[key] = (first, count + 1)
-        for key, (f, count) in counts.items():
+        for key, (f, count) in _workloads(funcs).items():
             if key not in found:
                 found[key] = Task(f, key, count, flop_count(f), alternative=variant > 0)
     return list(found.values())
+
+
+def _workloads(funcs: Sequence[PrimFunc]) -> dict[str, tuple[PrimFunc, int]]:
+    """The distinct workloads of `funcs`, in order of first occurrence: key -> (the first
+    func with it, how many have it)."""
+    counts: dict[str, tuple[PrimFunc, int]] = {}
+    for func in funcs:
+        key = workload_key(func)
+        first, count = counts.get(key, (func, 0))
+        counts[key] = (first, count + 1)
+    return counts
 
 
 def mixed_tasks(
@@ -166,16 +172,12 @@ def mixed_tasks(
     forms = mixed_forms(graph, target, database)
     if not forms:
         return []
-    counts: dict[str, tuple[PrimFunc, int]] = {}
-    for _, func in fused_kernels(graph, target, forms)[1]:
-        key = workload_key(func)
-        first, count = counts.get(key, (func, 0))
-        counts[key] = (first, count + 1)
-    timed = {k for k in counts if any(r.median is not None for r in database.best(k, target, k=1))}
+    counts = _workloads([func for _, func in fused_kernels(graph, target, forms)[1]])
     return [
         Task(func, key, count, flop_count(func), alternative=True)
         for key, (func, count) in counts.items()
-        if key not in known | timed
+        if key not in known
+        and not any(r.median is not None for r in database.best(key, target, k=1))
     ]
 
 
