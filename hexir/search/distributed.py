@@ -61,6 +61,7 @@ from hexir.errors import MeasureError
 from hexir.runtime.target import Target, host_key
 from hexir.schedule import Trace
 from hexir.search.builders import CpuBuilder, CudaBuilder
+from hexir.search.calibration import Calibration
 from hexir.search.executor import check_targets
 from hexir.search.measure import BuildResult, Candidate, MeasureResult
 from hexir.search.runners import CpuRunner, CudaRunner
@@ -109,6 +110,10 @@ class RayExecutor:
         self._closed = False
         self._actors: list[Any] | None = None
         self._in_flight: dict[Any, int] = {}
+        if self.target.kind == "cpu" and knobs.get().measure_calibration_threshold > 0:
+            # The calibration's quiet time, settled here before the cluster's start loads the
+            # machine, where none is kept yet; the runners on this machine read it.
+            Calibration(self.target, knobs.get().cache_dir)
         self._owns_connection = _connect(address, num_cpus, runtime_env)
         try:
             cpus = int(_ray().cluster_resources().get("CPU", 0))

@@ -5,6 +5,7 @@ candidate again once the machine is quiet. The load is real: busy processes on e
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -75,6 +76,33 @@ def test_the_calibration_kernel_runs_slower_under_load(cache):
     # Its quiet time is kept for the next process, keyed by the kernel's source.
     again = Calibration(hexir.Target("cpu"), cache.file.parents[1])
     assert again.file == cache.file and again.quiet == cache.quiet
+
+
+def test_a_new_calibration_settles_its_quiet_time(tmp_path):
+    calibration = Calibration(hexir.Target("cpu"), tmp_path)
+    kept = json.loads(calibration.file.read_text())["quiet_seconds"]
+    assert kept == calibration.quiet and calibration.ratio() >= 1.0
+    # One kept is taken as it is, not timed again.
+    calibration.file.write_text(json.dumps({"quiet_seconds": 1e-9}))
+    assert Calibration(hexir.Target("cpu"), tmp_path).quiet == 1e-9
+
+
+def test_a_ray_executor_settles_the_quiet_time_before_its_cluster_starts(tmp_path, monkeypatch):
+    """The first candidates are timed while the cluster's workers start: a quiet time read
+    then would be a loaded one. The executor settles it before it starts the cluster."""
+    from hexir.search import distributed
+
+    seen = []
+
+    def connect(*args):
+        seen.append(list((tmp_path / "calibration").glob("*.json")))
+        raise KeyboardInterrupt  # the order is what is tested: no cluster is needed
+
+    monkeypatch.setattr(distributed, "_connect", connect)
+    with hexir.knobs.scope(cache_dir=str(tmp_path)), pytest.raises(KeyboardInterrupt):
+        distributed.RayExecutor("cpu")
+    assert len(seen) == 1 and len(seen[0]) == 1
+    assert json.loads(seen[0][0].read_text())["quiet_seconds"] > 0
 
 
 @pytest.mark.slow
