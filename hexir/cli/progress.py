@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 class DefaultLatencies:
-    """Each task's default schedule's latency in the database, looked up until found."""
+    """Each task's default schedule's latency as the database stands, looked up again at each
+    of the task's rounds: a first reading timed under load, measured again quietly, moves."""
 
     def __init__(self, db: Database, tasks: list[Task], target: Target) -> None:
         from hexir.errors import HexirError
@@ -39,9 +40,9 @@ class DefaultLatencies:
             self.refresh(i)
 
     def refresh(self, i: int) -> float | None:
-        """Task `i`'s default latency, read from the database while it is not known yet
-        (None for a task the tune added: `hexir.search.scheduler.mixed_tasks`)."""
-        if i not in self.known and i < len(self.keys) and (key := self.keys[i]) is not None:
+        """Task `i`'s default latency, read from the database (None while it has no valid
+        record, and for a task the tune added: `hexir.search.scheduler.mixed_tasks`)."""
+        if i < len(self.keys) and (key := self.keys[i]) is not None:
             record = self.db.standing(self.tasks[i].workload_key, self.target, key)
             if record is not None:
                 self.known[i] = record.median

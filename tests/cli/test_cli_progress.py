@@ -47,6 +47,20 @@ def test_default_latencies_come_from_the_database(setup):
     assert defaults.get(0) == pytest.approx(seconds) and defaults.get(1) is None
 
 
+def test_a_default_first_timed_under_load_moves_once_measured_quietly(setup):
+    db, tasks, target, seconds = setup
+    sch = default_schedule(tasks[1].func, target)
+    loaded = MeasureResult(latencies=(50 * seconds,), build_info={"calibration": 9.0})
+    db.commit_record(
+        tasks[1].func, target, sch.trace, loaded, candidate_key=candidate_key(sch.func)
+    )
+    defaults = DefaultLatencies(db, tasks, target)
+    assert defaults.get(1) == pytest.approx(50 * seconds)
+    quiet = MeasureResult(latencies=(seconds,), build_info={"calibration": 1.1})
+    db.commit_record(tasks[1].func, target, sch.trace, quiet, candidate_key=candidate_key(sch.func))
+    assert defaults.refresh(1) == pytest.approx(seconds) == defaults.get(1)
+
+
 def test_a_plain_line_per_round_with_speedup_and_eta(setup):
     db, tasks, target, seconds = setup
     out = io.StringIO()
