@@ -6,6 +6,12 @@ them), and are skipped cleanly where CUDA kernels cannot run. The probe is cheap
 pycuda, initialize the driver, count devices; no context) and runs once per session; on the
 GPU machine gpu_check.sh fails on any skip, so a skip cannot pass for a success there.
 
+Serial tests: the suite runs on two xdist workers, `pytest -n 2 -m "not serial"`, then the
+tests marked `serial` alone, `pytest -m serial`. A serial test times kernels and asserts on the
+times (an OpenMP kernel beside another busy process can read a hundred times its time), loads
+the machine itself or starts a Ray cluster; `-n` without `-m "not serial"` is a usage error,
+not a flaky run.
+
 Random inputs: the `rng` fixture is a numpy Generator seeded from the test's node id (crc32,
 so a test draws the same inputs in every run and alone or in the suite); module-level
 helpers get the same generator from `seeding.current_rng()` (tests/seeding.py). The
@@ -49,6 +55,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=reason.split(". ")[0])
     for item in gpu_items:
         item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and "not serial" not in (config.option.markexpr or ""):
+        raise pytest.UsageError(
+            f"-n {workers} would run the tests marked serial beside other xdist workers, which "
+            'disturb what they time: run `pytest -n 2 -m "not serial"`, then `pytest -m serial`'
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -139,6 +139,7 @@ def drivers(folder: Path) -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_tune_joins_a_running_cluster_and_records_its_measurements(head, tmp_path, monkeypatch):
     address, folder = head
     assert drivers(folder) == []
@@ -158,6 +159,7 @@ def test_tune_joins_a_running_cluster_and_records_its_measurements(head, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_tune_on_two_nodes_of_this_machine_measures_on_both_under_their_key(
     tmp_path, monkeypatch
 ):
@@ -205,6 +207,7 @@ def alive_nodes(address: str, count: int) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["token", None])
+@pytest.mark.serial
 def test_a_cluster_that_asks_for_a_token_this_driver_lacks_is_one_paragraph(
     head, tmp_path, monkeypatch, mode
 ):

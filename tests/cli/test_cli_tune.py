@@ -210,6 +210,7 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_continues(tmp_path):
         assert len({r.candidate_key for r in records}) == len(records)
 
 
+@pytest.mark.serial
 def test_a_time_budget_alone_ends_the_tune_and_keeps_every_measurement(tmp_path):
     url = f"sqlite:///{tmp_path / 'budget.db'}"
     began = time.monotonic()
@@ -228,6 +229,7 @@ def test_a_time_budget_alone_ends_the_tune_and_keeps_every_measurement(tmp_path)
     assert report["elapsed"] < 6.0 + 3.0 and took < 60
 
 
+@pytest.mark.serial
 def test_tune_on_a_local_ray_cluster_by_default(tmp_path):
     url = f"sqlite:///{tmp_path / 'ray.db'}"
     done = run_hexir(tmp_path, "tune", "softmax:M=8,N=64", "--trials", "3", "--target", "cpu",

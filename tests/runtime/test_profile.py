@@ -221,6 +221,7 @@ def test_the_cpu_peak_is_derived_from_a_clock_measured_once(tmp_path, monkeypatc
     assert 0 < first.flops < math.inf and "measured now" in first.how and "cached" in second.how
 
 
+@pytest.mark.serial
 def test_the_cpu_bandwidth_is_measured_once(tmp_path, monkeypatch):
     target = hexir.Target("cpu")
     first = peak_module.bandwidth(target, str(tmp_path))
@@ -239,6 +240,7 @@ def test_the_cpu_bandwidth_is_measured_once(tmp_path, monkeypatch):
     assert gpu.bytes_per_s == pytest.approx(3.35e12) and "GB/s" in str(gpu)
 
 
+@pytest.mark.serial
 def test_the_memory_bandwidth_is_a_copy_past_the_caches_measured_once(tmp_path, monkeypatch):
     target = hexir.Target("cpu")
     sizes = []

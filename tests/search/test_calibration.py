@@ -66,6 +66,7 @@ def cache(tmp_path, monkeypatch):
         yield calibration
 
 
+@pytest.mark.serial
 def test_the_calibration_kernel_runs_slower_under_load(cache):
     quiet = min(cache.ratio() for _ in range(3))
     loaded = []
@@ -106,6 +107,7 @@ def test_a_ray_executor_settles_the_quiet_time_before_its_cluster_starts(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_tune_measures_again_what_it_timed_under_load(cache, tmp_path):
     func = hexir.workload("matmul", M=64, N=64, K=64)
     settings = dict(search_measure_per_round=12, search_population=24, search_generations=1,

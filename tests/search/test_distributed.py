@@ -124,6 +124,7 @@ def assert_builds_then_runs(results: list[MeasureResult]) -> None:
         assert start >= end
 
 
+@pytest.mark.serial
 def test_local_executor_builds_then_runs_in_order():
     cands = [*sampled(WORKLOAD, 2, seed=0), wrong_init()]
     executor: MeasureExecutor
@@ -141,6 +142,7 @@ def test_local_executor_builds_then_runs_in_order():
         executor.measure(cands)
 
 
+@pytest.mark.serial
 def test_a_library_missing_on_the_runners_node_is_written_from_its_bytes(tmp_path):
     # What a runner on another node than the builder sees: the path of a library it lacks.
     (cand,) = sampled(WORKLOAD, 1, seed=8)
@@ -166,6 +168,7 @@ def another_cpu() -> Target:
     return Target(f"cpu -features={other} -cores=64")
 
 
+@pytest.mark.serial
 def test_a_node_of_another_cpu_refuses_the_candidates_naming_both_keys():
     # What a node of the cluster whose CPU is not the candidates' does: it probes its own and
     # refuses, where timing them would record this machine's times under the other's key.
@@ -204,6 +207,7 @@ def test_a_cuda_build_crosses_the_cluster_with_its_cubin():
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_ray_measures_what_the_local_executor_measures(cluster):
     cands, kinds = mixed()
     results = cluster.measure(cands)
@@ -232,6 +236,7 @@ def test_ray_measures_what_the_local_executor_measures(cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_ray_times_one_workloads_candidates_in_turn_as_the_local_executor_does(cluster):
     cands = [*sampled(WORKLOAD, 3, seed=5), wrong_init()]
     results = cluster.measure_in_turn(cands)
@@ -251,6 +256,7 @@ def test_ray_times_one_workloads_candidates_in_turn_as_the_local_executor_does(c
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_the_drivers_knobs_hold_on_the_workers(cluster):
     cands = sampled(WORKLOAD, 2, seed=3)
     with knobs.scope(cflags="-O3 -fno-such-flag-for-hexir"):
@@ -263,6 +269,7 @@ def test_the_drivers_knobs_hold_on_the_workers(cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_an_error_raised_on_a_worker_is_raised_as_itself(cluster):
     # The workload itself crashes: nothing can be checked, the runner actor raises.
     bad = crashing().func
@@ -275,6 +282,7 @@ def test_an_error_raised_on_a_worker_is_raised_as_itself(cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_keyboard_interrupt_leaves_no_runner_behind(cluster):
     cand = hanging()
     library = library_of(cand)
@@ -303,6 +311,7 @@ def test_keyboard_interrupt_leaves_no_runner_behind(cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_runner_lost_mid_measure_costs_its_candidate_one_crash_record(cluster):
     # What a node that leaves the cluster does to the driver: the runner actor's process
     # ends while it times a candidate (here the hanging one, so it surely is timing it).
@@ -379,6 +388,7 @@ def runners(expected: int) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_cuda_target_needs_a_gpu_in_the_cluster(cluster):
     if ray.cluster_resources().get("GPU"):
         pytest.skip("this cluster has a GPU")
@@ -388,6 +398,7 @@ def test_a_cuda_target_needs_a_gpu_in_the_cluster(cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_executors_close_cleanly_and_start_again(cluster):
     # A second executor uses the running cluster, and leaves it running when it closes.
     with RayExecutor("cpu") as second:

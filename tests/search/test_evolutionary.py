@@ -226,6 +226,7 @@ def test_a_deadline_stops_sampling_and_evolution_where_it_passes(matmul):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_sampling_stops_halfway_to_a_round_deadline_and_leaves_evolution_the_rest(
     matmul, monkeypatch
 ):

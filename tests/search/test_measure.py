@@ -117,6 +117,7 @@ def assert_one_at_a_time(results: list[MeasureResult]) -> None:
         assert start >= end
 
 
+@pytest.mark.serial
 def test_real_schedules_are_checked_and_timed(quick, runner):
     cands = schedules()
     assert len({c.candidate_key for c in cands}) == len(cands)
@@ -153,6 +154,7 @@ def test_builds_run_in_parallel(quick, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_planted_failures_cost_one_record_each(quick, runner):
     good = schedules()
     cands = [good[1], crashing(), good[2], hanging(), good[3], wrong_init(), half_written()]
@@ -174,6 +176,7 @@ def test_planted_failures_cost_one_record_each(quick, runner):
     assert_one_at_a_time(results)
 
 
+@pytest.mark.serial
 def test_candidates_timed_in_turn_are_checked_first_and_share_one_span(quick, runner):
     good = schedules()
     cands = [good[1], wrong_init(), good[2], good[3]]
@@ -196,6 +199,7 @@ def test_candidates_timed_in_turn_are_checked_first_and_share_one_span(quick, ru
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_batch_that_crashes_the_worker_in_turn_is_run_one_at_a_time(quick, runner):
     good = schedules()
     cands = [good[1], crashing(), good[2]]
@@ -215,6 +219,7 @@ def test_a_failed_build_is_a_build_record(quick, runner):
     assert result.median is None and result.latencies == ()
 
 
+@pytest.mark.serial
 def test_a_reference_that_fails_raises(quick, runner):
     # The workload itself crashes: nothing can be checked, so the runner refuses.
     bad = crashing().func
@@ -420,6 +425,7 @@ def test_a_kernel_of_large_arrays_is_timed_cold_one_call_at_a_time(monkeypatch):
 
 
 @pytest.mark.parametrize("how", ["lines", "everything"])
+@pytest.mark.serial
 def test_emptying_the_caches_slows_a_kernel_whose_data_fit_in_them(how):
     import platform
 
@@ -451,6 +457,7 @@ def _timed(f) -> float:  # noqa: ANN001
     return time.perf_counter() - start
 
 
+@pytest.mark.serial
 def test_the_runner_cuts_a_slow_candidate_short(quick, runner):
     import dataclasses
 

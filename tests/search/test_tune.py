@@ -49,6 +49,7 @@ def _keys(db, func):
     return [r.candidate_key for r in db.records(hexir.workload_key(func), "cpu")]
 
 
+@pytest.mark.serial
 def test_a_tiny_tune_end_to_end_in_this_process(db, rng):
     # The quick loop's (`-m "not slow"`) one whole tune: search, build, check, time, record,
     # then the best record replayed and compiled into a model. No Ray: LocalExecutor.
@@ -131,6 +132,7 @@ def test_a_stopped_tune_resumes_without_measuring_anything_twice(db):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_seeded_tune_proposes_the_same_candidates(tmp_path):
     def run(name):
         db = Database(f"sqlite:///{tmp_path / name}")
@@ -141,6 +143,7 @@ def test_a_seeded_tune_proposes_the_same_candidates(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_tune_on_a_local_ray_cluster(db):
     result = tune(_matmul(), "cpu", trials=6, database=db, seed=0, ray_address="local")
     (task,) = result.tasks
@@ -149,6 +152,7 @@ def test_tune_on_a_local_ray_cluster(db):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_time_budget_ends_the_tune_where_it_has_no_room_for_another_trial(db):
     func = _matmul()
     seen: list[Progress] = []
@@ -247,6 +251,7 @@ def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
     _check_matmul(best.load_trace())
 
 
+@pytest.mark.serial
 def test_a_confirmed_candidate_whose_middle_runs_disagree_is_measured_once_more(db):
     import dataclasses
 
@@ -295,6 +300,7 @@ def test_a_confirmed_candidate_whose_middle_runs_disagree_is_measured_once_more(
         assert ran == n or (ran == n + 1 and middle[1] > DISAGREE * middle[0])
 
 
+@pytest.mark.serial
 def test_the_best_is_a_confirmed_candidate_though_the_host_slowed_for_the_confirmation(db):
     import dataclasses
 
