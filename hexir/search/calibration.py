@@ -7,12 +7,16 @@ time measured while something else ran on the machine is known for what it is.
 A candidate is an OpenMP kernel on every core: while another process runs, its threads are
 descheduled and it can take ten times its quiet time (a 128^3 matmul recorded at 4.4 ms, for
 tens of microseconds). The calibration kernel, timed right after the candidate, is slowed by
-the same load; its quiet time is the fastest it was ever timed on this machine (kept in
-`<cache_dir>/calibration/`, keyed by its C source, so a new codegen starts over). Where none is
-kept yet, the first Calibration made settles it, the fastest of SETTLE_READINGS readings; a Ray
-executor makes one in the driver before its cluster starts (hexir/search/distributed.py), since
-the first candidates are timed while the workers start up: a quiet time read then is a loaded
-one, and the loaded times it is compared with look quiet. A result
+the same load. Its quiet time is the fastest it was timed on this machine, kept in
+`<cache_dir>/calibration/` (keyed by its C source, so a new codegen starts over) for the
+processes of a tune, and settled again where none is kept or the one kept has not been
+bettered for STALE_SECONDS: the first Calibration made then takes the fastest of
+SETTLE_READINGS readings. A machine's speed drifts (a virtual machine's neighbours, its clock;
+this 2-core host's numpy matmul reads 150 to 490 GFLOP/s from one hour to the next), and a
+quiet time from a faster hour would call every time of a slower one loaded. A Ray executor
+makes one in the driver before its cluster starts (hexir/search/distributed.py): the first
+candidates are timed while the workers start up, and a quiet time read then would be a loaded
+one, against which the loaded times look quiet. A result
 whose ratio passes the `measure_calibration_threshold` knob is suspect: the tune measures it
 again later, and the database prefers the quiet records (hexir/search/tune.py,
 hexir/database/queries.py).
@@ -41,6 +45,8 @@ REPEAT_SECONDS = 0.0005
 # The readings that settle a quiet time where none is kept (its first calls also warm the
 # thread pool up).
 SETTLE_READINGS = 10
+# A quiet time not bettered for this long is settled again (see the module).
+STALE_SECONDS = 600.0
 
 
 class Calibration:
@@ -61,8 +67,8 @@ class Calibration:
             self.settle()
 
     def settle(self, readings: int = SETTLE_READINGS) -> float:
-        """Time the kernel `readings` times and keep the fastest as the quiet time where it is
-        faster than the one kept; return the quiet time."""
+        """Time the kernel `readings` times and keep the fastest as the quiet time where none
+        is kept or it is faster than the one kept; return the quiet time."""
         fastest = min(self.seconds() for _ in range(readings))
         if self.quiet is None or fastest < self.quiet:
             self.quiet = fastest
@@ -88,16 +94,21 @@ class Calibration:
 
 
 def _load(file: Path) -> float | None:
+    """The quiet time kept in `file`; None where there is none, or it is stale."""
     try:
-        value = json.loads(file.read_text())["quiet_seconds"]
+        data = json.loads(file.read_text())
+        value, settled = data["quiet_seconds"], data["settled"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return float(value) if isinstance(value, int | float) and value > 0 else None
+    numbers = all(isinstance(v, int | float) for v in (value, settled))
+    if not numbers or value <= 0 or time.time() - settled > STALE_SECONDS:
+        return None
+    return float(value)
 
 
 def _save(file: Path, seconds: float) -> None:
-    """Write the quiet time atomically (several workers may write at once)."""
+    """Write the quiet time, and when, atomically (several workers may write at once)."""
     file.parent.mkdir(parents=True, exist_ok=True)
     partial = file.with_name(f"{file.name}.{os.getpid()}.{time.monotonic_ns()}")
-    partial.write_text(json.dumps({"quiet_seconds": seconds}))
+    partial.write_text(json.dumps({"quiet_seconds": seconds, "settled": time.time()}))
     os.replace(partial, file)

@@ -8,13 +8,14 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
 import hexir
 from hexir.database import Database
-from hexir.search.calibration import Calibration
+from hexir.search.calibration import STALE_SECONDS, Calibration
 from hexir.search.tune import tune
 
 THRESHOLD = 2.0
@@ -83,9 +84,23 @@ def test_a_new_calibration_settles_its_quiet_time(tmp_path):
     calibration = Calibration(hexir.Target("cpu"), tmp_path)
     kept = json.loads(calibration.file.read_text())["quiet_seconds"]
     assert kept == calibration.quiet and calibration.ratio() >= 1.0
-    # One kept is taken as it is, not timed again.
-    calibration.file.write_text(json.dumps({"quiet_seconds": 1e-9}))
+    # One kept is taken as it is, not timed again, while it is recent.
+    calibration.file.write_text(json.dumps({"quiet_seconds": 1e-9, "settled": time.time()}))
     assert Calibration(hexir.Target("cpu"), tmp_path).quiet == 1e-9
+
+
+def test_a_quiet_time_not_bettered_for_long_is_settled_again(tmp_path):
+    """A machine's speed drifts: a quiet time from a faster hour would call every later time
+    loaded."""
+    first = Calibration(hexir.Target("cpu"), tmp_path)
+    old = time.time() - STALE_SECONDS - 1
+    first.file.write_text(json.dumps({"quiet_seconds": 1e-9, "settled": old}))
+    again = Calibration(hexir.Target("cpu"), tmp_path)
+    kept = json.loads(again.file.read_text())
+    assert again.quiet > 1e-9 and kept["quiet_seconds"] == again.quiet and kept["settled"] > old
+    # A file without the time it was settled (written before it was kept) is settled again too.
+    first.file.write_text(json.dumps({"quiet_seconds": 1e-9}))
+    assert Calibration(hexir.Target("cpu"), tmp_path).quiet > 1e-9
 
 
 def test_a_ray_executor_settles_the_quiet_time_before_its_cluster_starts(tmp_path, monkeypatch):
