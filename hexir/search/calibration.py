@@ -16,10 +16,9 @@ this 2-core host's numpy matmul reads 150 to 490 GFLOP/s from one hour to the ne
 quiet time from a faster hour would call every time of a slower one loaded. A Ray executor
 makes one in the driver before its cluster starts (hexir/search/distributed.py): the first
 candidates are timed while the workers start up, and a quiet time read then would be a loaded
-one, against which the loaded times look quiet. A result
-whose ratio passes the `measure_calibration_threshold` knob is suspect: the tune measures it
-again later, and the database prefers the quiet records (hexir/search/tune.py,
-hexir/database/queries.py).
+one, against which the loaded times look quiet. A result whose ratio passes the
+`measure_calibration_threshold` knob is suspect: the tune measures it again later, and the
+database prefers the quiet records (hexir/search/tune.py, hexir/database/queries.py).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class RayExecutor:
         self._in_flight: dict[Any, int] = {}
         if self.target.kind == "cpu" and knobs.get().measure_calibration_threshold > 0:
             # The calibration's quiet time, settled here before the cluster's start loads the
-            # machine, where none is kept yet; the runners on this machine read it.
+            # machine where none is kept (or the one kept is stale); the runners here read it.
             Calibration(self.target, knobs.get().cache_dir)
         self._owns_connection = _connect(address, num_cpus, runtime_env)
         try:
