@@ -48,7 +48,11 @@ own (a layout change between a Winograd conv and a direct one), which a build ma
 once they are timed (`measured_forms`). After the first rounds, and then at every
 MIX_CHECKS-th of the budget, the tune looks at the mix its measurements pick, and those of its
 kernels that no task covers and the database has no time for join the tune as tasks
-(`mixed_tasks`: a first round, then their share of the gradient phase).
+(`mixed_tasks`: a first round, then their share of the gradient phase). The confirmation at
+the end can move the picks, so the tune looks once more after it: each added task still
+without a time (added then, or too late in the budget for a round) has its default schedule
+timed, no search and not a trial, so that a build can judge the mix
+(`TuneResult.mix_timed` counts them).
 
 Progress: every callback is called after every round with a `Progress` (trials done, the
 budget, each task's best latency and trials, elapsed seconds, an estimate of the seconds left).
@@ -174,6 +178,7 @@ class TuneResult:
     out_of_time: bool = False
     remeasured: int = 0  # suspect results measured again (not trials: no new candidate)
     confirmed: int = 0  # the best candidates measured again at the end (not trials either)
+    mix_timed: int = 0  # default schedules of the mix's kernels timed at the end (neither)
 
     @property
     def latency(self) -> float | None:
@@ -283,6 +288,8 @@ class _Tuner:
         # The model whose convs' mixed forms are looked for (see the module), and when next.
         self.graph = graph
         self.next_mix_check = 0.0
+        self.rule_tasks = len(self.tasks)  # the tasks after these joined for the mix
+        self.mix_timed = 0
         # Suspect results (task, candidate) to measure again, the tries of each candidate,
         # whether the last result was timed quietly, and the measurements made again.
         self.suspects: list[tuple[int, Candidate]] = []
@@ -318,6 +325,7 @@ class _Tuner:
         if not self.out_of_time:
             self.confirm()
             self.remeasure()  # what is still suspect, one last time
+            self.time_mix(scheduler)
         return self.result()
 
     def _search(self, task: Task) -> EvolutionarySearch:
@@ -352,6 +360,22 @@ class _Tuner:
             self.trials.append(0)
             self.measure_seconds.append(0.0)
             scheduler.add(task.weight, roofline(task, self.target))
+
+    def time_mix(self, scheduler: TaskScheduler) -> None:
+        """The mix the confirmed times pick, timed: its kernels no task covers as tasks, and
+        the default schedule of each added task without a time (see the module)."""
+        if self.graph is None:
+            return
+        self.add_mixed(scheduler)
+        for i in range(self.rule_tasks, len(self.tasks)):
+            default = self.searches[i].default
+            if self.best[i] is not None or default is None or self.room(1) == 0:
+                continue
+            for c, r in self._committed(i, [default], trials=False):
+                self.mix_timed += 1
+                self._watch(i, c, r)
+                if not r.suspect(self._threshold()):
+                    self._improve(i, r)
 
     def round(self, i: int, n: int, first: bool) -> int:
         """One round of task `i`: propose up to `n` candidates, measure and commit them, and
@@ -644,6 +668,7 @@ class _Tuner:
             self.out_of_time,
             self.remeasured,
             self.confirmed,
+            self.mix_timed,
         )
 
 

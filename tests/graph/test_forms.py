@@ -208,6 +208,26 @@ def test_a_tune_times_the_kernels_of_the_mix_its_measurements_pick(rng, tmp_path
     assert all(db.best(r.workload_key, "cpu", k=1) for r in module.report)
 
 
+@pytest.mark.slow
+def test_a_mix_picked_when_the_budget_is_spent_has_its_kernels_timed_at_the_end(rng, tmp_path):
+    from small_search import SMALL_SEARCH
+
+    graph = _chain(rng)
+    db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
+    _variants_recorded(graph, db, 1e-9)  # as above: the measurements pick the mix
+    tasks = extract_tasks(graph, "cpu")
+    with knobs.scope(**SMALL_SEARCH):  # the first rounds spend the budget: no round is left
+        result = tune(graph, "cpu", trials=len(tasks), database=db, seed=0,
+                      model=RandomModel(0))  # fmt: skip
+    added = result.tasks[len(tasks) :]
+    assert [(t.name, t.trials) for t in added] == [("fused_conv2d_bias_add_relu", 0)]
+    assert result.trials == len(tasks) and result.mix_timed == 1
+    (record,) = db.records(added[0].workload_key, "cpu")
+    assert record.is_valid and added[0].best_latency == record.median
+    module = hexir.compile(graph, "cpu", database=db)
+    assert all(db.best(r.workload_key, "cpu", k=1) for r in module.report)
+
+
 def _third_alone(rng: np.random.Generator, db: Database) -> tuple[hexir.Graph, dict[str, int]]:
     """A chain of three convs, the third with a residual add, and records in `db` under
     which a build gives the third conv alone its other form (F(2, 3)): the graph and those
