@@ -52,7 +52,7 @@ kernels that no task covers and the database has no time for join the tune as ta
 the end can move the picks, so the tune looks once more after it: each added task still
 without a time (added then, or too late in the budget for a round) has its default schedule
 timed, no search and not a trial, so that a build can judge the mix
-(`TuneResult.mix_timed` counts them).
+(`TuneResult.mix_timed` counts them), before the last re-measurement of suspect results.
 
 Progress: every callback is called after every round with a `Progress` (trials done, the
 budget, each task's best latency and trials, elapsed seconds, an estimate of the seconds left).
@@ -324,8 +324,8 @@ class _Tuner:
                 self.remeasure()
         if not self.out_of_time:
             self.confirm()
-            self.remeasure()  # what is still suspect, one last time
             self.time_mix(scheduler)
+            self.remeasure()  # what is still suspect, one last time
         return self.result()
 
     def _search(self, task: Task) -> EvolutionarySearch:
