@@ -234,13 +234,7 @@ def _measure(
     funcs = [{id(group): func for group, func in kernels} for _, kernels in laid_out]
 
     def seconds(variant: int, mine: list[Group]) -> float | None:
-        total = 0.0
-        for group in mine:
-            best = times(workload_key(funcs[variant][id(group)]))
-            if best is None:
-                return None
-            total += best
-        return total
+        return times.total(Counter(workload_key(funcs[variant][id(g)]) for g in mine))
 
     convs = []
     for name in variants[0]:
