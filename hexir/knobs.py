@@ -264,6 +264,9 @@ class Knobs:
     # At the end of a tune, measure again each task's best this many candidates and its default
     # schedule (the database ranks a candidate by the median of its records); 0: none.
     tune_confirm_best: int = field(default_factory=lambda: _int("HEXIR_TUNE_CONFIRM_BEST", "3"))
+    # A result faster than its task's best by more than this factor is timed again in turn with
+    # the candidate that holds the best before the tune credits the gain; 0: credited as read.
+    tune_check_gain: float = field(default_factory=lambda: _float("HEXIR_TUNE_CHECK_GAIN", "1.03"))
     # Measure each task's default schedule in its first round (the baseline a tune must beat).
     tune_measure_default: bool = field(
         default_factory=lambda: _flag("HEXIR_TUNE_MEASURE_DEFAULT", "1")

@@ -27,6 +27,18 @@ calibration.py, past the `measure_calibration_threshold` knob) is suspect: its c
 measured again once a round ends on a quiet result, and at the end of the tune (REMEASURE_TRIES
 times at most; `TuneResult.remeasured` counts them), and the database prefers quiet records.
 
+A result that reads faster than its task's best by more than the `tune_check_gain` knob
+(1.03) claims a gain, which is checked before the tune credits it: a two-core VM's speed shifts
+by a third from one second to the next, and the fastest of many single reads is the luckiest
+(BERT's 768x768 projection: candidates read 0.46-0.56 ms against the default's 0.70, and all
+0.69-0.72 timed in turn with it; credited as read, those gains drew 68 of 200 trials to a task
+that had none). After its round, a task's claims (CHECKED_CLAIMS, the fastest) are timed in
+turn with the candidate that holds its best, and the best moves by the ratio read there, or not
+at all (`TuneResult.checked` counts these runs; the database marks them confirmed). A lower
+read within the margin moves nothing. So the best a tune reports as it goes, the task
+scheduler's split of the budget (which follows each task's gains) and the cutoff for slow
+candidates rest on gains timed side by side.
+
 At the end, each task's best few candidates (by their runs alone) and its default schedule
 are measured again, in three rounds (`tune_confirm_best`, CONFIRM_ROUNDS;
 `TuneResult.confirmed`). Each round times them in turn where the executor can
@@ -107,6 +119,9 @@ DISAGREE = 1.5
 # 200-trial residual conv's pick read 0.80 ms against the default's 1.06 in a tune, and timed
 # within 5% of it, either way, in four alternated runs after); three make it a median.
 CONFIRM_ROUNDS = 3
+# A round's claims of a gain (see the module) timed in turn with the best's holder, at most:
+# the fastest of them.
+CHECKED_CLAIMS = 3
 # How often, over the budget, a tune of a model looks for kernels of the mix of conv forms its
 # measurements pick (see the module): the lowering it takes is seconds for ResNet-18.
 MIX_CHECKS = 8
@@ -179,6 +194,7 @@ class TuneResult:
     remeasured: int = 0  # suspect results measured again (not trials: no new candidate)
     confirmed: int = 0  # the best candidates measured again at the end (not trials either)
     mix_timed: int = 0  # default schedules of the mix's kernels timed at the end (neither)
+    checked: int = 0  # runs timed in turn to check a claimed gain (see the module; neither)
 
     @property
     def latency(self) -> float | None:
@@ -283,6 +299,11 @@ class _Tuner:
         self.seed = seed
         self.searches = [self._search(t) for t in tasks]
         self.best = [self._db_best(t) for t in tasks]
+        # The candidate whose time is each task's best, and the round's claims of a gain: each
+        # (task, candidate, result), to check in turn with the holder (see the module).
+        self.holders = [self._db_holder(i) for i in range(len(self.tasks))]
+        self.claims: list[tuple[int, Candidate, MeasureResult]] = []
+        self.checked = 0
         self.trials = [0] * len(tasks)
         self.measure_seconds = [0.0] * len(tasks)  # building and timing this call's trials
         # The model whose convs' mixed forms are looked for (see the module), and when next.
@@ -357,6 +378,7 @@ class _Tuner:
             self.tasks.append(task)
             self.searches.append(self._search(task))
             self.best.append(None)
+            self.holders.append(None)
             self.trials.append(0)
             self.measure_seconds.append(0.0)
             scheduler.add(task.weight, roofline(task, self.target))
@@ -399,6 +421,7 @@ class _Tuner:
         if results:
             with self.profile.timing("model_update"):
                 self.model.update(batch[: len(results)], results)
+        self.check_claims(i)
         return len(results)
 
     def measure(self, i: int, batch: list[Candidate]) -> list[MeasureResult]:
@@ -491,10 +514,38 @@ class _Tuner:
                 done.append((c, r))
                 self._watch(i, c, r)
                 if not r.suspect(self._threshold()):
-                    self._improve(i, r)
+                    self._consider(i, c, r)
             if done:  # the model skips the loaded first time; it learns the quiet one
                 with self.profile.timing("model_update"):
                     self.model.update([c for c, _ in done], [r for _, r in done])
+            self.check_claims(i)
+
+    def check_claims(self, i: int) -> None:
+        """Time task `i`'s claims of a gain in turn with the candidate that holds its best, and
+        move the best by the ratio read there where one of them is the faster (see the
+        module); what the time budget has room for."""
+        mine = sorted((x for x in self.claims if x[0] == i), key=lambda x: x[2].median or 0.0)
+        self.claims = [x for x in self.claims if x[0] != i]
+        holder, best = self.holders[i], self.best[i]
+        if not mine or holder is None or best is None:
+            return
+        batch = [holder, *(c for _, c, _ in mine[:CHECKED_CLAIMS])]
+        batch = batch[: self.room(len(batch))]
+        if len(batch) < 2:
+            return
+        times: dict[str, float] = {}
+        for c, r in self._committed(i, batch, trials=False, confirming=True):
+            self.checked += 1
+            self._watch(i, c, r)
+            if r.ok and r.median is not None:
+                times[c.candidate_key] = r.median
+        base = times.get(holder.candidate_key)
+        if base is None:
+            return  # the holder did not run: nothing to judge the claims against
+        winner = min(batch, key=lambda c: times.get(c.candidate_key, math.inf))
+        if winner is not holder and times[winner.candidate_key] < base:
+            self.best[i] = best * times[winner.candidate_key] / base
+            self.holders[i] = winner
 
     def confirm(self) -> None:
         """Measure again, one after another, in CONFIRM_ROUNDS rounds, the
@@ -591,13 +642,25 @@ class _Tuner:
         """One committed result of task `i`: a trial, and its best time."""
         self.searches[i].mark_measured([candidate])
         self.trials[i] += 1
-        self._improve(i, result)
+        self._consider(i, candidate, result)
 
-    def _improve(self, i: int, result: MeasureResult) -> None:
-        """Task `i`'s best time, with `result`'s."""
+    def _consider(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
+        """Task `i`'s best with `result`'s: the first time, or one that claims a gain, kept to
+        check after the round (`check_claims`) where a holder of the best can be timed beside
+        it; a lower read within the margin moves nothing (see the module)."""
+        margin, best = knobs.get().tune_check_gain, self.best[i]
+        if margin <= 0 or best is None or self.holders[i] is None:
+            self._improve(i, result, candidate)
+        elif result.ok and result.median is not None and result.median * margin < best:
+            self.claims.append((i, candidate, result))
+
+    def _improve(self, i: int, result: MeasureResult, candidate: Candidate | None = None) -> None:
+        """Task `i`'s best time, with `result`'s (of `candidate`, then the best's holder)."""
         if result.ok and result.median is not None:
             best = self.best[i]
-            self.best[i] = result.median if best is None else min(best, result.median)
+            if best is None or result.median < best:
+                self.best[i] = result.median
+                self.holders[i] = candidate
 
     def _account(self, results: list[MeasureResult], wall: float) -> None:
         """Split a measurement's wall time: running (the runners' own spans, a span that
@@ -634,6 +697,14 @@ class _Tuner:
             for t, b, n in zip(self.tasks, self.best, self.trials, strict=True)
         )
 
+    def _db_holder(self, i: int) -> Candidate | None:
+        """The candidate of task `i`'s best record where the database has one (a tune that
+        goes on from it), replayed; None where it has none or the trace no longer replays."""
+        if self.best[i] is None:
+            return None
+        records = self.db.best(self.tasks[i].workload_key, self.target, k=1)
+        return self.searches[i].replay(records[0].load_trace()) if records else None
+
     def _db_best(self, task: Task) -> float | None:
         records = self.db.best(task.workload_key, self.target, k=1)
         return records[0].median if records else None
@@ -669,6 +740,7 @@ class _Tuner:
             self.remeasured,
             self.confirmed,
             self.mix_timed,
+            self.checked,
         )
 
 

@@ -14,8 +14,9 @@ from hexir.frontend.load import save_model
 from hexir.frontend.zoo import mlp
 
 # A small search and quick timing: the tests check the command, not the speed.
-# The tests count records: no confirmation of the best at the end (test_tune.py tests it).
-SMALL_ENV = as_environment({**SMALL_SEARCH, "tune_confirm_best": 0})
+# The tests count records: no confirmation of the best at the end, nor of a claimed gain as
+# a tune goes (test_tune.py tests them).
+SMALL_ENV = as_environment({**SMALL_SEARCH, "tune_confirm_best": 0, "tune_check_gain": 0})
 
 
 def run_hexir(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:

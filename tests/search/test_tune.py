@@ -17,8 +17,8 @@ from hexir.graph.evaluate import evaluate
 from hexir.search.tune import CONFIRM_ROUNDS, DISAGREE, Progress, tune
 
 # A small search and quick timing; these tests count records: no confirmation of the best
-# at the end either (the confirmation's own test turns it on).
-SMALL = {**SMALL_SEARCH, "tune_confirm_best": 0}
+# at the end either, nor of a claimed gain as a tune goes (their own tests turn them on).
+SMALL = {**SMALL_SEARCH, "tune_confirm_best": 0, "tune_check_gain": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -298,6 +298,49 @@ def test_a_confirmed_candidate_whose_middle_runs_disagree_is_measured_once_more(
         middle = first_n[n // 2 - 1 : n // 2 + 1]
         ran = sum(r.candidate_key == k for r in records)
         assert ran == n or (ran == n + 1 and middle[1] > DISAGREE * middle[0])
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("check", [1.03, 0])
+def test_a_gain_read_once_is_timed_beside_the_best_before_the_tune_credits_it(db, check):
+    import dataclasses
+
+    from hexir.search.executor import LocalExecutor
+
+    class Lucky(LocalExecutor):
+        """Every trial but the first (the default schedule) reads 100x faster than it ran: a
+        host's fast second, larger than life. Timed in turn, they read as they ran."""
+
+        default = None
+
+        def measure_each(self, candidates):
+            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+                self.default = self.default or c.candidate_key
+                if c.candidate_key != self.default and r.latencies:
+                    r = dataclasses.replace(r, latencies=tuple(x / 100 for x in r.latencies))
+                yield r
+
+    func, seen = _matmul(), []
+    with hexir.knobs.scope(tune_check_gain=check), Lucky("cpu") as executor:
+        result = tune(func, "cpu", trials=8, database=db, seed=0, model=RandomModel(seed=0),
+                      executor=executor, callbacks=[seen.append])  # fmt: skip
+    records = db.records(hexir.workload_key(func), "cpu")
+    default = records[0].candidate_key
+    lucky = min(r.median for r in records if r.candidate_key != default and not r.confirmed)
+    best = [p.tasks[0].best_latency for p in seen]
+    if not check:  # credited as read: the lucky read is the best, as it goes and at the end
+        assert result.checked == 0 and best[-1] == lucky == result.tasks[0].best_latency
+        return
+    # Each claim was timed in turn with the best's holder (the default at first), and the
+    # tune's best moved by the ratio read there, not to a read 100x too fast.
+    checks = [r for r in records if r.confirmed]
+    assert result.checked == len(checks) > 0 and len(records) == result.trials + len(checks)
+    assert default in {r.candidate_key for r in checks}
+    assert all(r.build_info["in_turn"] >= 2 for r in checks)
+    assert all(b > 10 * lucky for b in best)
+    # The end too: the database ranks the runs in turn first.
+    assert result.tasks[0].best_latency > 10 * lucky
+    _check_matmul(result.tasks[0].best_trace)
 
 
 @pytest.mark.serial
