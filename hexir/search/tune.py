@@ -33,8 +33,9 @@ by a third from one second to the next, and the fastest of many single reads is 
 (BERT's 768x768 projection: candidates read 0.46-0.56 ms against the default's 0.70, and all
 0.69-0.72 timed in turn with it; credited as read, those gains drew 68 of 200 trials to a task
 that had none). After its round, a task's claims (CHECKED_CLAIMS, the fastest) are timed in
-turn with the candidate that holds its best, and the best moves by the ratio read there, or not
-at all (`TuneResult.checked` counts these runs; the database marks them confirmed). A lower
+turn with the candidate that holds its best, and the best moves by the ratio read there (or to
+the winner's time there, where that is lower), never up (`TuneResult.checked` counts these
+runs; the database marks them confirmed). A lower
 read within the margin moves nothing. So the best a tune reports as it goes, the task
 scheduler's split of the budget (which follows each task's gains) and the cutoff for slow
 candidates rest on gains timed side by side.
@@ -522,8 +523,8 @@ class _Tuner:
 
     def check_claims(self, i: int) -> None:
         """Time task `i`'s claims of a gain in turn with the candidate that holds its best, and
-        move the best by the ratio read there where one of them is the faster (see the
-        module); what the time budget has room for."""
+        move the best by the ratio read there (see the module); what the time budget has room
+        for."""
         mine = sorted((x for x in self.claims if x[0] == i), key=lambda x: x[2].median or 0.0)
         self.claims = [x for x in self.claims if x[0] != i]
         holder, best = self.holders[i], self.best[i]
@@ -543,9 +544,11 @@ class _Tuner:
         if base is None:
             return  # the holder did not run: nothing to judge the claims against
         winner = min(batch, key=lambda c: times.get(c.candidate_key, math.inf))
-        if winner is not holder and times[winner.candidate_key] < base:
-            self.best[i] = best * times[winner.candidate_key] / base
-            self.holders[i] = winner
+        fastest = times[winner.candidate_key]
+        # By the ratio read in turn; or to the winner's own time there, where that is lower (the
+        # holder's read, or the one it was credited from, was the slower for the host).
+        self.best[i] = min(best * fastest / base, fastest)
+        self.holders[i] = winner
 
     def confirm(self) -> None:
         """Measure again, one after another, in CONFIRM_ROUNDS rounds, the
