@@ -35,10 +35,9 @@ by a third from one second to the next, and the fastest of many single reads is 
 that had none). After its round, a task's claims (CHECKED_CLAIMS, the fastest) are timed in
 turn with the candidate that holds its best, and the best moves by the ratio read there (or to
 the winner's time there, where that is lower), never up (`TuneResult.checked` counts these
-runs; the database marks them confirmed). A lower
-read within the margin moves nothing. So the best a tune reports as it goes, the task
-scheduler's split of the budget (which follows each task's gains) and the cutoff for slow
-candidates rest on gains timed side by side.
+runs; the database marks them confirmed). A lower read within the margin moves nothing. So
+the best a tune reports as it goes, the task scheduler's split of the budget (which follows
+each task's gains) and the cutoff for slow candidates rest on gains timed side by side.
 
 At the end, each task's best few candidates (by their runs alone) and its default schedule
 are measured again, in three rounds (`tune_confirm_best`, CONFIRM_ROUNDS;
@@ -299,10 +298,16 @@ class _Tuner:
         self.profile = SearchProfile()
         self.seed = seed
         self.searches = [self._search(t) for t in tasks]
-        self.best = [self._db_best(t) for t in tasks]
-        # The candidate whose time is each task's best, and the round's claims of a gain: each
-        # (task, candidate, result), to check in turn with the holder (see the module).
-        self.holders = [self._db_holder(i) for i in range(len(self.tasks))]
+        # Each task's best time, and the candidate whose time it is (where a tune goes on from
+        # the database: its best record's, replayed; None where that no longer replays); the
+        # round's claims of a gain, each (task, candidate, result), to check in turn with the
+        # holder (see the module).
+        records = [self._db_record(t) for t in tasks]
+        self.best = [None if r is None else r.median for r in records]
+        self.holders = [
+            None if r is None else s.replay(r.load_trace())
+            for r, s in zip(records, self.searches, strict=True)
+        ]
         self.claims: list[tuple[int, Candidate, MeasureResult]] = []
         self.checked = 0
         self.trials = [0] * len(tasks)
@@ -398,7 +403,7 @@ class _Tuner:
                 self.mix_timed += 1
                 self._watch(i, c, r)
                 if not r.suspect(self._threshold()):
-                    self._improve(i, r)
+                    self._improve(i, r, c)
 
     def round(self, i: int, n: int, first: bool) -> int:
         """One round of task `i`: propose up to `n` candidates, measure and commit them, and
@@ -585,7 +590,7 @@ class _Tuner:
             self.confirmed += 1
             self._watch(i, c, r)
             if not r.suspect(self._threshold()):
-                self._improve(i, r)
+                self._improve(i, r, c)
 
     def _split(self, records: list[Record], candidate: Candidate) -> bool:
         """Whether the middle two of the candidate's quiet valid runs among its task's
@@ -657,7 +662,7 @@ class _Tuner:
         elif result.ok and result.median is not None and result.median * margin < best:
             self.claims.append((i, candidate, result))
 
-    def _improve(self, i: int, result: MeasureResult, candidate: Candidate | None = None) -> None:
+    def _improve(self, i: int, result: MeasureResult, candidate: Candidate) -> None:
         """Task `i`'s best time, with `result`'s (of `candidate`, then the best's holder)."""
         if result.ok and result.median is not None:
             best = self.best[i]
@@ -700,17 +705,9 @@ class _Tuner:
             for t, b, n in zip(self.tasks, self.best, self.trials, strict=True)
         )
 
-    def _db_holder(self, i: int) -> Candidate | None:
-        """The candidate of task `i`'s best record where the database has one (a tune that
-        goes on from it), replayed; None where it has none or the trace no longer replays."""
-        if self.best[i] is None:
-            return None
-        records = self.db.best(self.tasks[i].workload_key, self.target, k=1)
-        return self.searches[i].replay(records[0].load_trace()) if records else None
-
-    def _db_best(self, task: Task) -> float | None:
+    def _db_record(self, task: Task) -> Record | None:
         records = self.db.best(task.workload_key, self.target, k=1)
-        return records[0].median if records else None
+        return records[0] if records else None
 
     def result(self) -> TuneResult:
         out = []
