@@ -82,6 +82,12 @@ class _Base:
         self.trials = {t.workload_key: t.trials for t in progress.tasks}
         self.elapsed = progress.elapsed
 
+    def _default(self, progress: Progress, i: int) -> float | None:
+        """Task `i`'s default latency: on its best's footing where the tune knows it (gains
+        timed in turn: `TaskProgress.default_latency`), else as the database stands."""
+        known = progress.tasks[i].default_latency
+        return known if known is not None else self.defaults.get(i)
+
     def _model(self, progress: Progress) -> str:
         """The model's estimated latency, default and best, or how many tasks are unknown:
         over the kernels the rule builds, as the final report's estimate (a conv's other form
@@ -92,7 +98,7 @@ class _Base:
         if missing:
             return f"model est. - ({plural(missing, 'task')} without a valid measurement yet)"
         after = sum(progress.tasks[i].weight * (best[i] or 0.0) for i in built)
-        default = {i: self.defaults.get(i) for i in built}
+        default = {i: self._default(progress, i) for i in built}
         if any(d is None for d in default.values()):
             return f"model est. {ms(after)} ms"
         before = sum(progress.tasks[i].weight * (default[i] or 0.0) for i in built)
@@ -133,7 +139,7 @@ class PlainDisplay(_Base):
         line = (
             f"[{trials_text(progress, pad=True)}] {duration(progress.elapsed)} "
             f"ETA {duration(progress.eta)} | task {i} {task.name} (x{task.weight}): best "
-            f"{ms(task.best_latency)} ms, {ratio(self.defaults.get(i), task.best_latency)} "
+            f"{ms(task.best_latency)} ms, {ratio(self._default(progress, i), task.best_latency)} "
             f"over default, {task.trials} trials | {self._model(progress)}"
         )
         print(line, file=self.out, flush=True)
@@ -172,7 +178,7 @@ class LiveDisplay(_Base):
         for name in ("trials", "default ms", "best ms", "speedup"):
             table.add_column(name, justify="right")
         for i, t in enumerate(progress.tasks):
-            default = self.defaults.get(i)
+            default = self._default(progress, i)
             style = "bold" if i == progress.task else None
             table.add_row(
                 str(i), t.name, str(t.weight), str(t.trials), ms(default), ms(t.best_latency),

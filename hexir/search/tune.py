@@ -37,7 +37,12 @@ turn with the candidate that holds its best, and the best moves by the ratio rea
 the winner's time there, where that is lower), never up (`TuneResult.checked` counts these
 runs; the database marks them confirmed). A lower read within the margin moves nothing. So
 the best a tune reports as it goes, the task scheduler's split of the budget (which follows
-each task's gains) and the cutoff for slow candidates rest on gains timed side by side.
+each task's gains) and the cutoff for slow candidates rest on gains timed side by side. And
+from when the default held a task's best, the gains over it multiply into the default's time
+on the best's footing (`TaskProgress.default_latency`, which the live progress divides by the
+best: a default whose runs in turn read 1.79 and 1.21 ms, each beating the claims beside it,
+stood at 1.79 ms in the database against its best, its first run of 1.09 ms, and the progress
+read "1.65x over default" for a task that had gained nothing).
 
 At the end, each task's best few candidates (by their runs alone) and its default schedule
 are measured again, in three rounds (`tune_confirm_best`, CONFIRM_ROUNDS;
@@ -138,6 +143,10 @@ class TaskProgress:
     best_latency: float | None
     trials: int
     alternative: bool = False  # a kernel of other conv forms than the rule's (scheduler.Task)
+    # The default schedule's time on the best's footing: the best times the gains over it timed
+    # in turn (see the module); None where the tune does not know it (the default has not held
+    # the best in this call).
+    default_latency: float | None = None
 
 
 @dataclass(frozen=True)
@@ -309,6 +318,9 @@ class _Tuner:
             for r, s in zip(records, self.searches, strict=True)
         ]
         self.claims: list[tuple[int, Candidate, MeasureResult]] = []
+        # Each task's default time over its best, as the checks in turn read it, from when the
+        # default held the best (None: unknown).
+        self.gains: list[float | None] = [None] * len(self.tasks)
         self.checked = 0
         self.trials = [0] * len(tasks)
         self.measure_seconds = [0.0] * len(tasks)  # building and timing this call's trials
@@ -385,6 +397,7 @@ class _Tuner:
             self.searches.append(self._search(task))
             self.best.append(None)
             self.holders.append(None)
+            self.gains.append(None)
             self.trials.append(0)
             self.measure_seconds.append(0.0)
             scheduler.add(task.weight, roofline(task, self.target))
@@ -554,6 +567,8 @@ class _Tuner:
         # holder's read, or the one it was credited from, was the slower for the host).
         self.best[i] = min(best * fastest / base, fastest)
         self.holders[i] = winner
+        gain = self.gains[i]
+        self.gains[i] = None if gain is None else gain * base / fastest
 
     def confirm(self) -> None:
         """Measure again, one after another, in CONFIRM_ROUNDS rounds, the
@@ -669,6 +684,11 @@ class _Tuner:
             if best is None or result.median < best:
                 self.best[i] = result.median
                 self.holders[i] = candidate
+                default = self.searches[i].default
+                is_default = (
+                    default is not None and default.candidate_key == candidate.candidate_key
+                )
+                self.gains[i] = 1.0 if is_default else None
 
     def _account(self, results: list[MeasureResult], wall: float) -> None:
         """Split a measurement's wall time: running (the runners' own spans, a span that
@@ -701,8 +721,17 @@ class _Tuner:
 
     def _progress(self) -> tuple[TaskProgress, ...]:
         return tuple(
-            TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, n, t.alternative)
-            for t, b, n in zip(self.tasks, self.best, self.trials, strict=True)
+            TaskProgress(
+                t.name,
+                t.workload_key,
+                t.weight,
+                t.flops,
+                b,
+                n,
+                t.alternative,
+                None if b is None or g is None else b * g,
+            )  # fmt: skip
+            for t, b, n, g in zip(self.tasks, self.best, self.trials, self.gains, strict=True)
         )
 
     def _db_record(self, task: Task) -> Record | None:

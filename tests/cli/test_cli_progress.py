@@ -3,6 +3,7 @@ fed with the Progress values a tune hands its callbacks, over a real database.""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -59,6 +60,22 @@ def test_a_default_first_timed_under_load_moves_once_measured_quietly(setup):
     quiet = MeasureResult(latencies=(seconds,), build_info={"calibration": 1.1})
     db.commit_record(tasks[1].func, target, sch.trace, quiet, candidate_key=candidate_key(sch.func))
     assert defaults.refresh(1) == pytest.approx(seconds) == defaults.get(1)
+
+
+def test_the_default_on_the_best_footing_is_shown_where_the_tune_knows_it(setup):
+    # The database holds the default's one run; the tune read its gain over the default in
+    # turn (TaskProgress.default_latency): that ratio is what the line shows.
+    db, tasks, target, seconds = setup
+    out = io.StringIO()
+    progress = _progress(tasks, [seconds / 2, seconds, seconds], 12, 0)
+    rows = list(progress.tasks)
+    rows[0] = dataclasses.replace(rows[0], default_latency=1.25 * seconds / 2)
+    with make_display(out, tasks, DefaultLatencies(db, tasks, target)) as display:
+        display.update(dataclasses.replace(progress, tasks=tuple(rows)))
+        display.update(progress)  # the tune does not know it: as the database stands
+    first, second = out.getvalue().splitlines()
+    assert "1.25x over default" in first and "2.00x over default" not in first
+    assert "2.00x over default" in second
 
 
 def test_a_plain_line_per_round_with_speedup_and_eta(setup):

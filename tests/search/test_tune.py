@@ -330,6 +330,7 @@ def test_a_gain_read_once_is_timed_beside_the_best_before_the_tune_credits_it(db
     best = [p.tasks[0].best_latency for p in seen]
     if not check:  # credited as read: the lucky read is the best, as it goes and at the end
         assert result.checked == 0 and best[-1] == lucky == result.tasks[0].best_latency
+        assert seen[-1].tasks[0].default_latency is None  # the tune cannot tell the gain
         return
     # Each claim was timed in turn with the best's holder (the default at first), and the
     # tune's best moved by the ratio read there, not to a read 100x too fast.
@@ -338,6 +339,10 @@ def test_a_gain_read_once_is_timed_beside_the_best_before_the_tune_credits_it(db
     assert default in {r.candidate_key for r in checks}
     assert all(r.build_info["in_turn"] >= 2 for r in checks)
     assert all(b > 10 * lucky for b in best)
+    # The default's time on the best's footing: the gains timed in turn over it, from 1 (its
+    # first run held the best), never a lucky read's 100.
+    over = [p.tasks[0].default_latency / p.tasks[0].best_latency for p in seen]
+    assert all(1 <= x < 10 for x in over)
     # The end too: the database ranks the runs in turn first.
     assert result.tasks[0].best_latency > 10 * lucky
     _check_matmul(result.tasks[0].best_trace)
