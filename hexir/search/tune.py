@@ -548,7 +548,8 @@ class _Tuner:
         holder, best = self.holders[i], self.best[i]
         if not mine or holder is None or best is None:
             return
-        batch = [holder, *(c for _, c, _ in mine[:CHECKED_CLAIMS])]
+        claims = {c.candidate_key: c for _, c, _ in mine[:CHECKED_CLAIMS]}
+        batch = [holder, *(c for k, c in claims.items() if k != holder.candidate_key)]
         batch = batch[: self.room(len(batch))]
         if len(batch) < 2:
             return
@@ -668,13 +669,18 @@ class _Tuner:
         self._consider(i, candidate, result)
 
     def _consider(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
-        """Task `i`'s best with `result`'s: the first time, or one that claims a gain, kept to
-        check after the round (`check_claims`) where a holder of the best can be timed beside
-        it; a lower read within the margin moves nothing (see the module)."""
-        margin, best = knobs.get().tune_check_gain, self.best[i]
-        if margin <= 0 or best is None or self.holders[i] is None:
+        """Task `i`'s best with `result`'s: the first time, or the holder's own again (a quiet
+        re-measure), or one that claims a gain, kept to check after the round (`check_claims`)
+        where a holder of the best can be timed beside it; a lower read of another candidate
+        within the margin moves nothing (see the module)."""
+        margin, best, holder = knobs.get().tune_check_gain, self.best[i], self.holders[i]
+        if margin <= 0 or best is None or holder is None:
             self._improve(i, result, candidate)
-        elif result.ok and result.median is not None and result.median * margin < best:
+        elif not result.ok or result.median is None:
+            return
+        elif candidate.candidate_key == holder.candidate_key:
+            self.best[i] = min(best, result.median)
+        elif result.median * margin < best:
             self.claims.append((i, candidate, result))
 
     def _improve(self, i: int, result: MeasureResult, candidate: Candidate) -> None:
@@ -720,19 +726,12 @@ class _Tuner:
             callback(progress)
 
     def _progress(self) -> tuple[TaskProgress, ...]:
-        return tuple(
-            TaskProgress(
-                t.name,
-                t.workload_key,
-                t.weight,
-                t.flops,
-                b,
-                n,
-                t.alternative,
-                None if b is None or g is None else b * g,
-            )  # fmt: skip
-            for t, b, n, g in zip(self.tasks, self.best, self.trials, self.gains, strict=True)
-        )
+        rows = []
+        for t, b, n, g in zip(self.tasks, self.best, self.trials, self.gains, strict=True):
+            default = None if b is None or g is None else b * g
+            rows.append(TaskProgress(t.name, t.workload_key, t.weight, t.flops, b, n,
+                                     t.alternative, default_latency=default))  # fmt: skip
+        return tuple(rows)
 
     def _db_record(self, task: Task) -> Record | None:
         records = self.db.best(task.workload_key, self.target, k=1)
