@@ -156,6 +156,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
             for t in result.tasks
         ]
         elapsed = result.elapsed
+        again = {
+            "checking claimed gains in turn": result.checked,
+            "confirming the best": result.confirmed,
+            "re-measuring loaded ones": result.remeasured,
+            "timing the mix's defaults": result.mix_timed,
+        }
+        if any(again.values()):
+            runs = ", ".join(f"{n} {what}" for what, n in again.items() if n)
+            print(f"runs besides the trials: {runs}", file=out)
         if result.out_of_time:
             print(
                 f"the time budget ({duration(args.time_budget)}) ended the tune after "

@@ -19,9 +19,12 @@ from hexir.frontend.zoo import mlp
 SMALL_ENV = as_environment({**SMALL_SEARCH, "tune_confirm_best": 0, "tune_check_gain": 0})
 
 
-def run_hexir(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`python -m hexir ARGS` in `cwd`, with the small search; output captured as text."""
-    env = {**os.environ, **SMALL_ENV}
+def run_hexir(
+    cwd: Path, *args: str, timeout: float = 240, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python -m hexir ARGS` in `cwd`, with the small search (and `env` over it); output
+    captured as text."""
+    env = {**os.environ, **SMALL_ENV, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "hexir", *args],
         cwd=cwd,

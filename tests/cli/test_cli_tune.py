@@ -178,6 +178,17 @@ def test_show_and_run_a_workload_with_its_best_schedule(tmp_path):
     assert "matches numpy" in ran.stdout
 
 
+def test_tune_says_how_many_runs_it_made_besides_the_trials(tmp_path):
+    url = f"sqlite:///{tmp_path / 'again.db'}"
+    argv = ["tune", "matmul:M=32,N=32,K=32", "--trials", "4", "--target", "cpu", "--db", url]
+    done = run_hexir(tmp_path, *argv, "--no-ray", env={"HEXIR_TUNE_CONFIRM_BEST": "2"})
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("runs besides the trials: ")]
+    confirmed = int(line.removeprefix("runs besides the trials: ").split()[0])
+    assert line.endswith(f"{confirmed} confirming the best")  # nothing else here
+    assert Database(url).stats().records == 4 + confirmed
+
+
 def test_ctrl_c_stops_cleanly_and_the_same_command_continues(tmp_path):
     save_tiny_mlp(tmp_path)
     url = f"sqlite:///{tmp_path / 'int.db'}"
