@@ -410,13 +410,8 @@ class _Tuner:
         self.add_mixed(scheduler)
         for i in range(self.rule_tasks, len(self.tasks)):
             default = self.searches[i].default
-            if self.best[i] is not None or default is None or self.room(1) == 0:
-                continue
-            for c, r in self._committed(i, [default], trials=False):
-                self.mix_timed += 1
-                self._watch(i, c, r)
-                if not r.suspect(self._threshold()):
-                    self._improve(i, r, c)
+            if self.best[i] is None and default is not None and self.room(1) > 0:
+                self.mix_timed += self._again(i, [default], confirming=False)
 
     def round(self, i: int, n: int, first: bool) -> int:
         """One round of task `i`: propose up to `n` candidates, measure and commit them, and
@@ -591,22 +586,27 @@ class _Tuner:
             if len(batch) < 2:
                 continue  # nothing to rank against
             for _ in range(CONFIRM_ROUNDS):
-                self._confirm(i, batch)
+                self.confirmed += self._again(i, batch, confirming=True)
             # Middle two runs apart by more than DISAGREE: runs were timed under a load the
             # calibration missed (a 0.015 ms kernel read 5.1 ms once); one more run decides
             # where it stands.
             records = self.db.records(task.workload_key, self.target)  # read once, not per run
             split = [c for c in batch if self._split(records, c)]
             if split:
-                self._confirm(i, split)
+                self.confirmed += self._again(i, split, confirming=True)
 
-    def _confirm(self, i: int, batch: list[Candidate]) -> None:
+    def _again(self, i: int, batch: list[Candidate], confirming: bool) -> int:
+        """Measure task `i`'s `batch` again, not as trials (`confirming`: in turn, marked
+        confirmed), what the time budget has room for: each result watched for load and, timed
+        quietly, taken for the task's best; the runs made."""
+        runs = 0
         chunk = batch[: self.room(len(batch))]
-        for c, r in self._committed(i, chunk, trials=False, confirming=True):
-            self.confirmed += 1
+        for c, r in self._committed(i, chunk, trials=False, confirming=confirming):
+            runs += 1
             self._watch(i, c, r)
             if not r.suspect(self._threshold()):
                 self._improve(i, r, c)
+        return runs
 
     def _split(self, records: list[Record], candidate: Candidate) -> bool:
         """Whether the middle two of the candidate's quiet valid runs among its task's
