@@ -23,11 +23,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from hexir.database.record import Record, confirmed_runs, standing
+from hexir.database.record import Record, confirmed_runs, footing, standing
 
-# Where a candidate stands, as Database.best ranks them: (measured under load, not confirmed
-# by a tune, median, the middle record's created and id).
-Standing = tuple[int, int, float, datetime, str]  # loaded, unconfirmed, median, created, id
+# Where a candidate stands, as Database.best ranks them: (measured under load, its footing:
+# confirmed, checked or neither, median, the middle record's created and id).
+Standing = tuple[int, int, float, datetime, str]  # loaded, footing, median, created, id
 
 
 @dataclass(frozen=True)
@@ -102,12 +102,12 @@ class _Standings:
 
 
 def _standing(runs: list[Record], threshold: float) -> Standing:
-    """As Database.best ranks a candidate: quiet first, then confirmed, by its confirmations
-    alone where it has any (`confirmed_runs`)."""
+    """As Database.best ranks a candidate: quiet first, then by `footing` (confirmed, checked,
+    neither), at its runs of its lowest footing alone (`confirmed_runs`)."""
     runs = confirmed_runs(runs)
     quietest, middle = standing(runs, [int(r.suspect(threshold)) for r in runs])
     assert middle.median is not None
-    return quietest, int(not middle.confirmed), middle.median, middle.created, middle.id
+    return quietest, footing(middle), middle.median, middle.created, middle.id
 
 
 def first_created(records: Iterable[Sequence[Record]]) -> datetime | None:

@@ -137,8 +137,9 @@ class Database:
         `measure_calibration_threshold` knob), where the quiet ones are fewer than k; among
         each, with `confirmed_first`, those a tune's confirmation timed in turn with the
         task's best and its default first (`Record.confirmed`), by their confirmations
-        alone. A candidate measured more than once stands at the median of its records (the
-        slower of two middle ones), and the record returned is that one."""
+        alone, then those a tune checked (`Record.checked`), by their checks alone. A
+        candidate measured more than once stands at the median of its records (the slower of
+        two middle ones), and the record returned is that one."""
         threshold = _threshold(threshold)
         with self._reading("look up the best records") as session:
             key = target_key(target)

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from hexir.database.models import RecordRow, WorkloadRow, naive
-from hexir.database.record import Record, Workload, confirmed_runs, standing
+from hexir.database.record import Record, Workload, confirmed_runs, footing, standing
 
 
 def add_workload(session: Session, workload: Workload) -> bool:
@@ -53,7 +53,9 @@ def best(
     first (calibration at most `threshold`, or none), then, where they are fewer than k,
     those measured under load; among each, with `confirmed_first`, those a tune confirmed
     first (a record of theirs has build_info "confirmed": timed in turn with the task's best
-    and its default, hexir/search/tune.py), by their confirmations alone, then the others.
+    and its default, hexir/search/tune.py), by their confirmations alone, then those a tune
+    checked (build_info "checked": timed in turn with the best to check a claimed gain), by
+    their checks alone, then the others (`footing`).
     A candidate measured more than once stands at the median of its quiet records (of all,
     where none is quiet), the slower of two middle ones: a lucky run alone does not make it
     the best once a second measurement says otherwise. Confirmation first, and alone,
@@ -66,9 +68,10 @@ def best(
         return []
     loaded = _suspect(threshold).label("loaded")
     confirmed = func.coalesce(RecordRow.build_info["confirmed"].as_boolean(), False)
+    checked = func.coalesce(RecordRow.build_info["checked"].as_boolean(), False)
     columns = (RecordRow.id, RecordRow.candidate_key, RecordRow.median, RecordRow.created, loaded)
     valid = _for(workload_key, target_key) & RecordRow.error_kind.is_(None)
-    query = select(*columns, confirmed.label("confirmed"))
+    query = select(*columns, confirmed.label("confirmed"), checked.label("checked"))
     query = query.where(valid & RecordRow.median.is_not(None))
     rows = session.execute(query).all()
     runs: dict[str, list] = {}
@@ -79,7 +82,7 @@ def best(
         if confirmed_first:
             candidate_runs = confirmed_runs(candidate_runs)
         quietest, middle = standing(candidate_runs, [r.loaded for r in candidate_runs])
-        unconfirmed = int(confirmed_first and not candidate_runs[0].confirmed)
+        unconfirmed = footing(candidate_runs[0]) if confirmed_first else 0
         ranks.append((quietest, unconfirmed, middle.median, middle.created, middle.id))
     chosen = [entry[-1] for entry in sorted(ranks)[:k]]
     by_id = {

@@ -67,6 +67,13 @@ class Record:
         first."""
         return bool(self.build_info.get("confirmed"))
 
+    @property
+    def checked(self) -> bool:
+        """Whether a tune timed it in turn with its task's best to check a claimed gain
+        (hexir/search/tune.py): Database.best ranks such candidates after the confirmed ones,
+        ahead of the rest."""
+        return bool(self.build_info.get("checked"))
+
     def suspect(self, threshold: float) -> bool:
         """Whether it was measured while something else ran: its calibration passed
         `threshold` (0: never)."""
@@ -137,11 +144,20 @@ def standing(runs: Sequence[R], loaded: Sequence[int]) -> tuple[int, R]:
     return quietest, kept[len(kept) // 2]
 
 
+def footing(run: Any) -> int:
+    """A run's footing, lowest first: 0 a tune's confirmation timed it (`.confirmed`), 1 a
+    tune's check of a claimed gain (`.checked`), 2 neither. Database.best ranks a candidate by
+    the lowest footing of its runs, and at its runs of that footing alone."""
+    return 0 if run.confirmed else 1 if run.checked else 2
+
+
 def confirmed_runs(runs: Sequence[R]) -> list[R]:
-    """A candidate's runs that a tune's confirmation timed (`.confirmed`), where it has any;
-    else all of them: a confirmed candidate stands at its confirmations alone, which were
-    timed in turn with its rivals, where its other runs were timed alone at other times."""
-    return [r for r in runs if r.confirmed] or list(runs)
+    """A candidate's runs of its lowest `footing`: its confirmations where it has any, else its
+    checks, else all of them. A confirmed candidate stands at its confirmations alone, which
+    were timed in turn with its rivals (the tasks of a conv's other form among them), where its
+    other runs were timed at other moments."""
+    lowest = min((footing(r) for r in runs), default=2)
+    return [r for r in runs if footing(r) == lowest]
 
 
 def median_of(latencies: tuple[float, ...]) -> float | None:

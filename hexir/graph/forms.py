@@ -40,6 +40,7 @@ __all__ = [
     "ConvForms",
     "Form",
     "conv_forms",
+    "form_kernels",
     "form_variants",
     "measured_forms",
     "measured_kernels",
@@ -135,6 +136,19 @@ def mixed_forms(graph: Graph, target: Target | str, database: _Database) -> dict
     return {} if len(variants) == 1 or picked in variants else picked
 
 
+def form_kernels(graph: Graph, target: Target | str = "cpu") -> dict[str, set[str]]:
+    """Each conv with two forms -> the workload keys of the kernels of both its forms: what a
+    build's pick between them weighs (`measured_forms`), and so what `hexir tune` times
+    together at its end (hexir/search/tune.py)."""
+    graph = simplify_graph(graph)
+    variants = form_variants(graph, target)
+    if len(variants) == 1:
+        return {}
+    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
+    return {name: set(rule) | set(other)
+            for name, (rule, other) in _form_keys(variants, laid_out).items()}  # fmt: skip
+
+
 def conv_forms(graph: Graph, target: Target | str, database: _Database) -> list[ConvForms]:
     """Each conv with two forms, both measured, and the form a build takes
     (`measured_forms`)."""
@@ -228,26 +242,37 @@ def _measure(
     shapes: dict[str, tuple[int, ...]],
 ) -> list[ConvForms]:
     """Each conv with two forms, both measured, and the form its own kernels' times pick."""
-    # Per variant: each value's producing op, the groups, each group's func.
-    producers = [{op.result.name: op for op in g.ops} for g, _ in laid_out]
-    groups = [[group for group, _ in kernels] for _, kernels in laid_out]
-    funcs = [{id(group): func for group, func in kernels} for _, kernels in laid_out]
-
-    def seconds(variant: int, mine: list[Group]) -> float | None:
-        return times.total(Counter(workload_key(funcs[variant][id(g)]) for g in mine))
-
     convs = []
-    for name in variants[0]:
-        forms = []
-        for variant in range(len(laid_out)):
-            mine = _form_groups(producers[variant], groups[variant], name, producers[1 - variant])
-            forms.append(Form(variants[variant][name], len(mine), seconds(variant, mine)))
-        rule, other = forms
+    for name, keys in _form_keys(variants, laid_out).items():
+        rule, other = (
+            Form(variants[v][name], keys[v].total(), times.total(keys[v])) for v in range(2)
+        )
         chosen = rule.tile
         if rule.seconds is not None and other.seconds is not None and other.seconds < rule.seconds:
             chosen = other.tile
         convs.append(ConvForms(name, shapes[name], rule, other, chosen))
     return convs
+
+
+def _form_keys(
+    variants: list[dict[str, int]], laid_out: list[_Kernels]
+) -> dict[str, list[Counter[str]]]:
+    """Each conv with two forms -> per variant, the workload keys of the kernels that compute
+    it in that variant's form (each as often as it runs)."""
+    # Per variant: each value's producing op, the groups, each group's func.
+    producers = [{op.result.name: op for op in g.ops} for g, _ in laid_out]
+    groups = [[group for group, _ in kernels] for _, kernels in laid_out]
+    funcs = [{id(group): func for group, func in kernels} for _, kernels in laid_out]
+    keys = {}
+    for name in variants[0]:
+        keys[name] = [
+            Counter(
+                workload_key(funcs[v][id(g)])
+                for g in _form_groups(producers[v], groups[v], name, producers[1 - v])
+            )
+            for v in range(len(laid_out))
+        ]
+    return keys
 
 
 def _form_groups(

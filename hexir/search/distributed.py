@@ -147,7 +147,7 @@ class RayExecutor:
             yield from self._run_all(wire, builds, values)
 
     def measure_in_turn(self, candidates: Sequence[Candidate]) -> list[MeasureResult]:
-        """`measure` for candidates of one workload, built on the cluster, then checked and
+        """`measure` for candidates to be compared, built on the cluster, then checked and
         timed in turn by one runner (`CpuRunner.run_in_turn`: a call of each, then the next
         of each; a CUDA runner times them one at a time). Where that runner is lost, each
         candidate's record says so."""
@@ -366,7 +366,7 @@ class NodeRunner:
     def run_in_turn(
         self, candidates: list[Candidate], shipped: list[ShippedBuild], values: knobs.Knobs
     ) -> list[MeasureResult]:
-        """`run` for candidates of one workload, timed in turn where the runner can
+        """`run` for candidates to be compared, timed in turn where the runner can
         (`CpuRunner.run_in_turn`), else one at a time."""
         with driver_knobs(values):
             (key,) = {check_node(c.target) for c in candidates}  # one target: check_targets

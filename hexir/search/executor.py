@@ -4,7 +4,7 @@
         results = executor.measure(candidates)        # one MeasureResult each, in order
         for result in executor.measure_each(candidates):   # the same, each once timed
             ...
-        results = executor.measure_in_turn(candidates)     # one workload's, timed in turn
+        results = executor.measure_in_turn(candidates)     # timed in turn, to compare
     with RayExecutor("cpu") as executor:              # hexir/search/distributed.py
         results = executor.measure(candidates)
 
@@ -96,7 +96,7 @@ class LocalExecutor:
             yield from measure_each(candidates, self.builder, self.runner)
 
     def measure_in_turn(self, candidates: Sequence[Candidate]) -> list[MeasureResult]:
-        """`measure` for candidates of one workload, timed in turn where the runner can
+        """`measure` for candidates to be compared, timed in turn where the runner can
         (`CpuRunner.run_in_turn`: a call of each, then the next of each), else one at a
         time: the tune's confirmation of its best against the default."""
         run_in_turn = getattr(self.runner, "run_in_turn", None)

@@ -61,8 +61,8 @@ class _WorkerRunner:
     def run_in_turn(
         self, candidates: Sequence[Candidate], builds: Sequence[BuildResult]
     ) -> list[MeasureResult]:
-        """`run` for candidates of one workload, to be compared: here one at a time; the CPU
-        runner times them in turn (`CpuRunner.run_in_turn`)."""
+        """`run` for candidates to be compared: here one at a time; the CPU runner times them
+        in turn (`CpuRunner.run_in_turn`)."""
         return self.run(candidates, builds)
 
     def close(self) -> None:
@@ -166,19 +166,19 @@ class CpuRunner(_WorkerRunner):
     def run_in_turn(
         self, candidates: Sequence[Candidate], builds: Sequence[BuildResult]
     ) -> list[MeasureResult]:
-        """`run`, but the candidates, of one workload, are checked and then timed in turn, in
-        one request (`time_in_turn` in hexir/search/worker.py): a call of each, then the next
-        call of each, so that the host's shifts of speed hit them alike. Where the worker
-        crashes or runs past the timeout on the batch, each is run on its own (`run`)."""
+        """`run`, but the candidates are checked (each against its workload's reference) and
+        then timed in turn, in one request (`time_in_turn` in hexir/search/worker.py): a call
+        of each, then the next call of each, so that the host's shifts of speed hit them
+        alike: candidates of one workload, or the kernels of two forms of a conv. Where the
+        worker crashes or runs past the timeout on the batch, each is run on its own (`run`)."""
         _check_lengths(candidates, builds)
         built = [(c, b) for c, b in zip(candidates, builds, strict=True) if b.ok]
-        if len({c.workload_key for c, _ in built}) > 1:
-            raise ValueError("candidates timed in turn must be of one workload")
         if len(built) < 2 or not self._finalizer.alive:
             return self.run(candidates, builds)
-        ref = self._reference_request(built[0][0])
-        request = InTurnRequest(tuple(self._request(ref, c, b) for c, b in built))
-        worker = self._prepared(ref)
+        refs = {c.workload_key: self._reference_request(c) for c, _ in built}
+        request = InTurnRequest(tuple(self._request(refs[c.workload_key], c, b) for c, b in built))
+        for ref in refs.values():
+            worker = self._prepared(ref)
         start = time.time()
         try:
             reply = worker.call(request, knobs.get().measure_timeout * len(built))

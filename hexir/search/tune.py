@@ -35,7 +35,10 @@ by a third from one second to the next, and the fastest of many single reads is 
 that had none). After its round, a task's claims (CHECKED_CLAIMS, the fastest) are timed in
 turn with the candidate that holds its best, and the best moves by the ratio read there (or to
 the winner's time there, where that is lower), never up (`TuneResult.checked` counts these
-runs; the database marks them confirmed). A lower read within the margin moves nothing. So
+runs; the database marks them "checked", and ranks them as any run: the slower of a lucky
+read and its check is where a candidate of two runs stands, and a candidate confirmed at the
+end stands at the confirmation's runs alone, not at checks of other moments). A lower read
+within the margin moves nothing. So
 the best a tune reports as it goes, the task scheduler's split of the budget (which follows
 each task's gains) and the cutoff for slow candidates rest on gains timed side by side. And
 from when the default held a task's best, the gains over it multiply into the default's time
@@ -52,7 +55,9 @@ from one second to the next (a two-core VM's, by a third to a half) shifts them 
 marks them "confirmed". The database ranks a candidate by the median of its records, the
 confirmed ahead of the rest and each at its confirmations alone (`Database.best`): a candidate
 whose first run was lucky does not stay the best, nor does one timed once in a faster spell
-than the confirmation's.
+than the confirmation's. The tasks of the kernels of both forms of a conv (hexir/graph/
+forms.py) are confirmed together, one batch in turn, since a build picks a conv's form by the
+sums of its kernels' confirmed times, which must then be of the same moments.
 
 A time budget (`time_budget` seconds, alone or with `trials`) ends the tune when what is left
 of it would not hold another trial at the pace of the tune so far: no round, and no slice of
@@ -411,7 +416,7 @@ class _Tuner:
         for i in range(self.rule_tasks, len(self.tasks)):
             default = self.searches[i].default
             if self.best[i] is None and default is not None and self.room(1) > 0:
-                self.mix_timed += self._again(i, [default], confirming=False)
+                self.mix_timed += self._again(i, [default], mark=None)
 
     def round(self, i: int, n: int, first: bool) -> int:
         """One round of task `i`: propose up to `n` candidates, measure and commit them, and
@@ -467,26 +472,31 @@ class _Tuner:
         return results
 
     def _committed(
-        self, i: int, chunk: list[Candidate], trials: bool, confirming: bool = False
+        self, i: int | list[int], chunk: list[Candidate], trials: bool, mark: str | None = None
     ) -> Iterator[tuple[Candidate, MeasureResult]]:
-        """Measure `chunk` of task `i`, committing each result as soon as it is timed, and
-        yield it with its candidate. Its wall time, less committing, is split into building
-        and measuring (also where the caller stops early: close it), and counts toward the
-        task's pace where the results are `trials`. `confirming`: timed in turn, a call of
-        each then the next of each, where the executor can (`measure_in_turn`), and marked
-        "confirmed" in their build_info (the database ranks such candidates first)."""
+        """Measure `chunk` of task `i` (a list: each candidate's task, where a batch timed in
+        turn holds several tasks' candidates), committing each result as soon as it is timed,
+        and yield it with its candidate. Its wall time, less committing, is split into
+        building and measuring (also where the caller stops early: close it), and counts
+        toward the task's pace where the results are `trials`. `mark` ("confirmed" or
+        "checked"): timed in turn, a call of each then the next of each, where the executor
+        can (`measure_in_turn`), and marked so in their build_info (the database ranks a
+        confirmed candidate first, at its confirmations alone: `Record.confirmed`)."""
+        owners = [i] * len(chunk) if isinstance(i, int) else i
         began, committing = time.perf_counter(), self.profile.database
         out: list[MeasureResult] = []
         measuring: Iterator[MeasureResult]
-        if confirming:
+        if mark is not None:
             in_turn = getattr(self.executor, "measure_in_turn", self.executor.measure)
-            measuring = iter([_confirmed(r) for r in in_turn(chunk)])
+            measuring = iter([_marked(r, mark) for r in in_turn(chunk)])
+        elif trials and isinstance(i, int):
+            measuring = self.executor.measure_each(self._cut(i, chunk))
         else:
-            measuring = self.executor.measure_each(self._cut(i, chunk) if trials else chunk)
+            measuring = self.executor.measure_each(chunk)
         try:
-            for c, r in zip(chunk, measuring, strict=False):
+            for c, r, owner in zip(chunk, measuring, owners, strict=False):
                 with self.profile.timing("database"):
-                    self.db.commit_record(self.tasks[i].func, self.target, c.trace, r,
+                    self.db.commit_record(self.tasks[owner].func, self.target, c.trace, r,
                                           candidate_key=c.candidate_key)  # fmt: skip
                 out.append(r)
                 yield c, r
@@ -496,7 +506,7 @@ class _Tuner:
                 close()
             wall = time.perf_counter() - began - (self.profile.database - committing)
             self._account(out, wall)
-            if trials:
+            if trials and isinstance(i, int):
                 self.measure_seconds[i] += wall
 
     def _cut(self, i: int, chunk: list[Candidate]) -> list[Candidate]:
@@ -549,7 +559,7 @@ class _Tuner:
         if len(batch) < 2:
             return
         times: dict[str, float] = {}
-        for c, r in self._committed(i, batch, trials=False, confirming=True):
+        for c, r in self._committed(i, batch, trials=False, mark="checked"):
             self.checked += 1
             self._watch(i, c, r)
             if r.ok and r.median is not None:
@@ -570,42 +580,75 @@ class _Tuner:
         """Measure again, one after another, in CONFIRM_ROUNDS rounds, the
         `tune_confirm_best` best candidates of every task this call tuned, and its default
         schedule: the database ranks a candidate by the median of its records, so a lucky
-        first run is put right before the tune reports (and a build picks) the best. What
-        the time budget has room for."""
+        first run is put right before the tune reports (and a build picks) the best. The
+        tasks of a conv's two forms are confirmed together (`_together`). What the time
+        budget has room for."""
         k = knobs.get().tune_confirm_best
-        for i, task in enumerate(self.tasks):
-            if k <= 0 or self.trials[i] == 0:
-                continue
-            # By their runs alone: a candidate found since the last confirmation competes.
-            records = self.db.best(task.workload_key, self.target, k=k, confirmed_first=False)
-            batch = [self.searches[i].replay(r.load_trace()) for r in records]
-            default = self.searches[i].default
-            if default is not None and default.candidate_key in self.searches[i].measured_keys():
-                batch.append(default)
-            batch = list({c.candidate_key: c for c in batch if c is not None}.values())
+        tuned = [i for i in range(len(self.tasks)) if k > 0 and self.trials[i] > 0]
+        batches = {i: self._confirm_batch(i, k) for i in tuned}
+        for group in self._together(tuned):
+            # A task alone needs two candidates to rank; beside other tasks, one stands too.
+            group = [i for i in group if len(batches[i]) >= (2 if len(group) == 1 else 1)]
+            owners = [i for i in group for _ in batches[i]]
+            batch = [c for i in group for c in batches[i]]
             if len(batch) < 2:
                 continue  # nothing to rank against
             for _ in range(CONFIRM_ROUNDS):
-                self.confirmed += self._again(i, batch, confirming=True)
+                self.confirmed += self._again(owners, batch, mark="confirmed")
             # Middle two runs apart by more than DISAGREE: runs were timed under a load the
             # calibration missed (a 0.015 ms kernel read 5.1 ms once); one more run decides
             # where it stands.
-            records = self.db.records(task.workload_key, self.target)  # read once, not per run
-            split = [c for c in batch if self._split(records, c)]
-            if split:
-                self.confirmed += self._again(i, split, confirming=True)
+            for i in group:
+                records = self.db.records(self.tasks[i].workload_key, self.target)  # once
+                split = [c for c in batches[i] if self._split(records, c)]
+                if split:
+                    self.confirmed += self._again(i, split, mark="confirmed")
 
-    def _again(self, i: int, batch: list[Candidate], confirming: bool) -> int:
-        """Measure task `i`'s `batch` again, not as trials (`confirming`: in turn, marked
-        confirmed), what the time budget has room for: each result watched for load and, timed
-        quietly, taken for the task's best; the runs made."""
-        runs = 0
+    def _confirm_batch(self, i: int, k: int) -> list[Candidate]:
+        """What the confirmation times of task `i`: its `k` best candidates by their runs alone
+        (a candidate found since the last confirmation competes) and its default schedule,
+        where measured."""
+        records = self.db.best(self.tasks[i].workload_key, self.target, k=k,
+                               confirmed_first=False)  # fmt: skip
+        batch = [self.searches[i].replay(r.load_trace()) for r in records]
+        default = self.searches[i].default
+        if default is not None and default.candidate_key in self.searches[i].measured_keys():
+            batch.append(default)
+        return list({c.candidate_key: c for c in batch if c is not None}.values())
+
+    def _together(self, tasks: list[int]) -> list[list[int]]:
+        """`tasks` in the groups the confirmation times in turn: the tasks of the kernels of
+        both forms of a conv (hexir/graph/forms.py `form_kernels`) are one group, joined where
+        two convs share a kernel; every other task is a group of its own. A build picks a
+        conv's form by the sums of its kernels' confirmed times, and kernels confirmed apart
+        stand at different moments of a host whose speed shifts: after a 100-trial tune of
+        ResNet-18, its 7x7x512 direct convs stood at 1.62-1.66 ms (they run in 0.81-0.85)
+        against 1.19-1.21 ms for F(2, 3), and the build that took F(2, 3) ran 0.95x the
+        default's speed."""
+        groups = {i: [i] for i in tasks}
+        if self.graph is not None:
+            from hexir.graph.forms import form_kernels
+
+            index = {self.tasks[i].workload_key: i for i in tasks}
+            for keys in form_kernels(self.graph, self.target).values():
+                joined = sorted({j for k in keys if k in index for j in groups[index[k]]})
+                for j in joined:
+                    groups[j] = joined
+        return list({id(g): g for g in groups.values()}.values())
+
+    def _again(self, i: int | list[int], batch: list[Candidate], mark: str | None) -> int:
+        """Measure task `i`'s `batch` (a list: each candidate's task) again, not as trials
+        (`mark`: in turn, marked so), what the time budget has room for: each result watched
+        for load and, timed quietly, taken for its task's best; the runs made."""
+        owners = [i] * len(batch) if isinstance(i, int) else i
         chunk = batch[: self.room(len(batch))]
-        for c, r in self._committed(i, chunk, trials=False, confirming=confirming):
+        runs = 0
+        for c, r in self._committed(owners[: len(chunk)], chunk, trials=False, mark=mark):
+            owner = owners[runs]
             runs += 1
-            self._watch(i, c, r)
+            self._watch(owner, c, r)
             if not r.suspect(self._threshold()):
-                self._improve(i, r, c)
+                self._improve(owner, r, c)
         return runs
 
     def _split(self, records: list[Record], candidate: Candidate) -> bool:
@@ -772,9 +815,9 @@ class _Tuner:
         )
 
 
-def _confirmed(result: MeasureResult) -> MeasureResult:
-    """`result` marked as a confirmation's (`Record.confirmed`)."""
-    return dataclasses.replace(result, build_info={**result.build_info, "confirmed": True})
+def _marked(result: MeasureResult, mark: str) -> MeasureResult:
+    """`result` marked in its build_info: "confirmed" (`Record.confirmed`) or "checked"."""
+    return dataclasses.replace(result, build_info={**result.build_info, mark: True})
 
 
 def _task_rng(seed: int | None, key: str) -> random.Random:

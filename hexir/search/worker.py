@@ -85,9 +85,9 @@ class MeasureRequest:
 
 @dataclass(frozen=True)
 class InTurnRequest:
-    """Check several CPU candidates of one workload, then time them in turn: a call of each,
-    then the next call of each, and so on (`time_in_turn`). The reply's info holds one Reply
-    per request under "replies", in order."""
+    """Check several CPU candidates, each against its own workload's reference, then time
+    them in turn: a call of each, then the next call of each, and so on (`time_in_turn`). The
+    reply's info holds one Reply per request under "replies", in order."""
 
     requests: tuple[MeasureRequest, ...]
 
@@ -244,9 +244,9 @@ def _answer(request: object, references: OrderedDict[str, tuple[Arrays, Arrays]]
                 with _knobs(request.reference.knobs):
                     return _measure(request, _reference(request.reference, references))
             case InTurnRequest():
-                ref = request.requests[0].reference
-                with _knobs(ref.knobs):
-                    return _measure_in_turn(request, _reference(ref, references))
+                with _knobs(request.requests[0].reference.knobs):
+                    refs = [_reference(r.reference, references) for r in request.requests]
+                    return _measure_in_turn(request, refs)
             case SourceRequest():
                 from hexir.runtime.build import c_source
 
@@ -308,9 +308,10 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     return Reply(latencies=tuple(latencies), info=info)
 
 
-def _measure_in_turn(request: InTurnRequest, ref: tuple[Arrays, Arrays]) -> Reply:
-    """Check each of the request's candidates; time those that pass in turn."""
-    checked = [_checked(r, ref) for r in request.requests]
+def _measure_in_turn(request: InTurnRequest, refs: list[tuple[Arrays, Arrays]]) -> Reply:
+    """Check each of the request's candidates against its reference (`refs`, in order); time
+    those that pass in turn."""
+    checked = [_checked(r, ref) for r, ref in zip(request.requests, refs, strict=True)]
     passed = [c for c in checked if not isinstance(c, Reply)]
     timed = iter(time_in_turn([(kernel, arrays) for kernel, arrays, _ in passed]))
     shared: dict[str, Any] = {"in_turn": len(passed)}

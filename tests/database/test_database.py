@@ -291,6 +291,26 @@ def test_best_ranks_the_candidates_a_tune_confirmed_first(db) -> None:
     assert [r.median for r in db.best(key, "cpu", k=2)] == [1.5e-3, 1.6e-3]
 
 
+def test_best_ranks_the_candidates_a_tune_checked_after_the_confirmed(db) -> None:
+    # A tune checks a claimed gain by timing it in turn with the best: a checked candidate
+    # stands at its checks alone, after the confirmed ones and ahead of those timed alone.
+    func, key = tiny_func(), hexir.workload_key(tiny_func())
+    once, checked, confirmed = traces(3)
+    db.commit_record(func, "cpu", once, Result((1.0e-3,)))
+    for _ in range(3):
+        db.commit_record(func, "cpu", checked, Result((0.5e-3,)))  # lucky reads, alone
+    db.commit_record(func, "cpu", checked, Result((1.2e-3,), build_info={"checked": True}))
+    db.commit_record(func, "cpu", confirmed, Result((1.4e-3,), build_info={"confirmed": True}))
+    ranked = db.best(key, "cpu", k=3)
+    assert [r.median for r in ranked] == [1.4e-3, 1.2e-3, 1.0e-3]
+    assert ranked[1].checked and not ranked[1].confirmed and not ranked[0].checked
+    assert db.standing(key, "cpu", ranked[1].candidate_key).median == 1.2e-3
+    # Confirmed later, it stands at its confirmations alone, not at the check's moment.
+    db.commit_record(func, "cpu", checked, Result((1.3e-3,), build_info={"confirmed": True}))
+    assert [r.median for r in db.best(key, "cpu", k=2)] == [1.3e-3, 1.4e-3]
+    assert db.best(key, "cpu", k=3, confirmed_first=False)[0].median == 0.5e-3
+
+
 def test_a_candidate_stands_where_best_ranks_it(db) -> None:
     func, key = tiny_func(), hexir.workload_key(tiny_func())
     one, other, never = traces(3)

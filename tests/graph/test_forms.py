@@ -305,3 +305,54 @@ def test_compare_default_pairs_the_commands_of_the_tuned_forms(rng, tmp_path, ca
     commands = len(hexir.compile(graph, "cpu", database=url).commands)
     assert lines[2 + commands].split()[:3] == ["sum", "of", "commands"]
     assert lines[-1].startswith("end to end: default ")
+
+
+def test_a_tune_confirms_the_kernels_of_a_convs_two_forms_together(rng, tmp_path):
+    """A host whose speed shifts from one batch to the next, in spells: a build's pick of a
+    conv's form still follows its kernels' times, because the tune's confirmation times the
+    kernels of both forms in turn, in the same batches."""
+    import dataclasses
+
+    from small_search import SMALL_SEARCH
+
+    from hexir.graph.forms import form_kernels
+    from hexir.search.executor import LocalExecutor
+
+    graph = _one_conv(rng)  # 28x28: the rule's F(4, 3), the other form direct
+    (name,) = _conv_names(graph)
+    tasks = extract_tasks(graph, "cpu")
+    # Made-up times: the direct conv 2 ms; each of the Winograd form's six kernels 0.25 ms,
+    # 1.5 ms in all: Winograd is the faster form.
+    times = {t.workload_key: 2e-3 if t.alternative else 2.5e-4 for t in tasks}
+    assert set(times) == form_kernels(graph)[name]
+
+    class Shifting(LocalExecutor):
+        """Reads each kernel at its made-up time: its trials at the host's quiet speed, and
+        what it times in turn at its moment's, four times slower in every other spell of
+        three batches (the confirmation's rounds of one batch)."""
+
+        batches: list[set[str]] = []
+
+        def measure_each(self, candidates):
+            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+                yield _at(c, r, 1.0)
+
+        def measure_in_turn(self, candidates):
+            slow = 4.0 if len(self.batches) // 3 % 2 else 1.0
+            self.batches.append({c.workload_key for c in candidates})
+            results = super().measure_in_turn(candidates)
+            return [_at(c, r, slow) for c, r in zip(candidates, results, strict=True)]
+
+    def _at(candidate, result, slow):
+        latencies = (times[candidate.workload_key] * slow,) * len(result.latencies)
+        return dataclasses.replace(result, latencies=latencies) if result.ok else result
+
+    db = Database(f"sqlite:///{tmp_path / 'shifting.db'}")
+    with knobs.scope(**SMALL_SEARCH, tune_confirm_best=2), Shifting("cpu") as executor:
+        tune(graph, "cpu", trials=3 * len(tasks), database=db, seed=0, model=RandomModel(0),
+             executor=executor)  # fmt: skip
+    # The kernels of both forms were timed in one batch, and stand at one moment's speed.
+    assert any(batch == set(times) for batch in executor.batches)
+    moments = {db.best(key, "cpu", k=1)[0].median / seconds for key, seconds in times.items()}
+    assert len({round(m, 6) for m in moments}) == 1
+    assert measured_forms(graph, "cpu", db) == {name: 4}

@@ -190,10 +190,14 @@ def test_candidates_timed_in_turn_are_checked_first_and_share_one_span(quick, ru
     # One request: one worker, one span, one calibration for the three of them.
     for key in ("worker_pid", "run_start", "run_end", "calibration"):
         assert len({r.build_info[key] for r in timed}) == 1, key
-    # Of two workloads, it refuses; one candidate alone is run as `run` runs it.
+    # Of two workloads (a conv's two forms are), each is checked against its own workload's
+    # reference, and those that pass are timed in turn; one alone is run as `run` runs it.
     other = Candidate.from_trace(hexir.workload("matmul", M=8, N=8, K=8), Trace(), "cpu")
-    with pytest.raises(ValueError, match="one workload"):
-        runner.run_in_turn([good[1], other], CpuBuilder(workers=1).build([good[1], other]))
+    mixed = [good[1], other, wrong_init()]
+    results = runner.run_in_turn(mixed, CpuBuilder(workers=1).build(mixed))
+    assert [r.error_kind for r in results] == [None, None, "wrong_result"]
+    assert [r.build_info["in_turn"] for r in results[:2]] == [2, 2]
+    assert results[0].build_info["run_start"] == results[1].build_info["run_start"]
     (alone,) = runner.run_in_turn(good[:1], CpuBuilder(workers=1).build(good[:1]))
     assert alone.ok and "in_turn" not in alone.build_info
 
