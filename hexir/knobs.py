@@ -267,6 +267,9 @@ class Knobs:
     # A result faster than its task's best by more than this factor is timed again in turn with
     # the candidate that holds the best before the tune credits the gain; 0: credited as read.
     tune_check_gain: float = field(default_factory=lambda: _float("HEXIR_TUNE_CHECK_GAIN", "1.03"))
+    # At the end of a tune of a model whose convs have two forms, time its builds in each form
+    # inside the model's runs, for a build's pick of the forms (hexir/search/tune.py).
+    tune_time_in_model: bool = field(default_factory=lambda: _flag("HEXIR_TUNE_TIME_IN_MODEL", "1"))
     # Measure each task's default schedule in its first round (the baseline a tune must beat).
     tune_measure_default: bool = field(
         default_factory=lambda: _flag("HEXIR_TUNE_MEASURE_DEFAULT", "1")

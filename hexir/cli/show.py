@@ -46,7 +46,8 @@ def add_parser(verbs: argparse._SubParsersAction, parent: argparse.ArgumentParse
     p.add_argument(
         "--forms", action="store_true",
         help="each conv with a Winograd and a direct form: both forms' best measured times in "
-        "the database (--db) and the form a build takes",
+        "the database (--db), inside the model's runs where a tune timed them there, and the "
+        "form a build takes",
     )  # fmt: skip
     p.add_argument(
         "--schedule", choices=("best", "default"),
@@ -138,13 +139,15 @@ def print_schedule(func: PrimFunc, target: Target, db: Database | None) -> None:
 
 def print_forms(graph: Graph, db: Database) -> None:
     """One line per conv with two forms (hexir/graph/forms.py): the rule's form and the
-    other, each with its kernels' summed best times in `db`, and the form a build takes."""
+    other, each with its kernels' summed best times in `db` (marked "in model" where they are
+    their times inside the model's runs), and the form a build takes."""
     from hexir.graph.forms import Form, conv_forms
 
     def form(f: Form) -> str:
         name = f"F({f.tile},3)" if f.tile else "direct"
         time = "unmeasured" if f.seconds is None else f"{ms(f.seconds)} ms"
-        return f"{name:>7} {f.kernels:>2} kernels {time:>12}"
+        where = " in model" if f.inside else ""
+        return f"{name:>7} {f.kernels:>2} kernels {time:>12}{where}"
 
     convs = conv_forms(graph, "cpu", db)
     print(f"{len(convs)} convs with a Winograd and a direct form; database {db.shown}")

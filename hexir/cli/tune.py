@@ -161,6 +161,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             "confirming the best": result.confirmed,
             "re-measuring loaded ones": result.remeasured,
             "timing the mix's defaults": result.mix_timed,
+            "timing kernels inside the model": result.in_model,
         }
         if any(again.values()):
             runs = ", ".join(f"{n} {what}" for what, n in again.items() if n)

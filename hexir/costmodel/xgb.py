@@ -273,13 +273,13 @@ class XGBModel:
 
     def add_records(self, func: PrimFunc, records: list[Record], target: Target) -> int:
         """Add database records of the unscheduled `func` (without training); how many. Records
-        measured while something else ran (suspect) are left out."""
+        measured while something else ran (suspect), or inside a model's run, are left out."""
         from hexir.search.measure import Candidate
 
         added = 0
         threshold = self._threshold()
         for record in records:
-            if record.suspect(threshold):
+            if record.suspect(threshold) or record.in_model:
                 continue
             try:
                 cand = Candidate.from_trace(func, record.load_trace(), target)

@@ -125,7 +125,7 @@ def task_curve(
 ) -> TaskCurve:
     """The curve of one workload's records on one target; `origin` defaults to its first, and
     `threshold` tells records timed under load (`Record.suspect`; 0: none is)."""
-    ordered = sorted(records, key=lambda r: (r.created, r.id))
+    ordered = sorted((r for r in records if not r.in_model), key=lambda r: (r.created, r.id))
     if not ordered:
         return TaskCurve(name, workload_key, (), 0)
     start = ordered[0].created if origin is None else origin

@@ -159,12 +159,19 @@ class Database:
         runs = [
             r
             for r in self.records(workload_key, target)
-            if r.candidate_key == candidate_key and r.is_valid
+            if r.candidate_key == candidate_key and r.is_valid and not r.in_model
         ]
         if not runs:
             return None
         runs = confirmed_runs(runs)
         return standing(runs, [int(r.suspect(threshold)) for r in runs])[1]
+
+    def in_model(self, workload_key: str, target: Target | str) -> Record | None:
+        """The workload's latest valid record timed inside a model's run (`Record.in_model`:
+        its build_info's "in_model" names the sitting that timed it), None where it has
+        none."""
+        with self._reading("read the times in a model") as session:
+            return queries.in_model(session, workload_key, target_key(target))
 
     def records(self, workload_key: str, target: Target | str) -> list[Record]:
         """Every record of the workload on the target, errors included, oldest first."""

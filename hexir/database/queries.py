@@ -51,7 +51,8 @@ def best(
 ) -> list[Record]:
     """The k fastest valid candidates, a record each, fastest first: those measured quietly
     first (calibration at most `threshold`, or none), then, where they are fewer than k,
-    those measured under load; among each, with `confirmed_first`, those a tune confirmed
+    those measured under load (records timed in a model's run, `Record.in_model`, are left
+    out); among each, with `confirmed_first`, those a tune confirmed
     first (a record of theirs has build_info "confirmed": timed in turn with the task's best
     and its default, hexir/search/tune.py), by their confirmations alone, then those a tune
     checked (build_info "checked": timed in turn with the best to check a claimed gain), by
@@ -70,7 +71,8 @@ def best(
     confirmed = func.coalesce(RecordRow.build_info["confirmed"].as_boolean(), False)
     checked = func.coalesce(RecordRow.build_info["checked"].as_boolean(), False)
     columns = (RecordRow.id, RecordRow.candidate_key, RecordRow.median, RecordRow.created, loaded)
-    valid = _for(workload_key, target_key) & RecordRow.error_kind.is_(None)
+    in_model = RecordRow.build_info["in_model"].as_string().is_not(None)
+    valid = _for(workload_key, target_key) & RecordRow.error_kind.is_(None) & ~in_model
     query = select(*columns, confirmed.label("confirmed"), checked.label("checked"))
     query = query.where(valid & RecordRow.median.is_not(None))
     rows = session.execute(query).all()
@@ -105,6 +107,19 @@ def records(session: Session, workload_key: str, target_key: str) -> list[Record
         .order_by(RecordRow.created, RecordRow.id)
     )
     return [row.to_record() for row in session.scalars(query)]
+
+
+def in_model(session: Session, workload_key: str, target_key: str) -> Record | None:
+    """The workload's latest valid record timed in a model's run (`Record.in_model`)."""
+    timed = RecordRow.build_info["in_model"].as_string().is_not(None)
+    valid = RecordRow.error_kind.is_(None) & RecordRow.median.is_not(None)
+    query = (
+        select(RecordRow)
+        .where(_for(workload_key, target_key) & timed & valid)
+        .order_by(RecordRow.created.desc(), RecordRow.id.desc())
+    )
+    row = session.scalars(query.limit(1)).first()
+    return None if row is None else row.to_record()
 
 
 def has_candidate(session: Session, workload_key: str, target_key: str, candidate_key: str) -> bool:

@@ -74,6 +74,13 @@ class Record:
         ahead of the rest."""
         return bool(self.build_info.get("checked"))
 
+    @property
+    def in_model(self) -> bool:
+        """Whether it times the kernel inside a run of a whole model (hexir/search/tune.py,
+        `hexir.graph.forms`), not alone: Database.best and the cost model leave such records
+        out, and a build's pick of a conv's form weighs them (`Database.in_model`)."""
+        return bool(self.build_info.get("in_model"))
+
     def suspect(self, threshold: float) -> bool:
         """Whether it was measured while something else ran: its calibration passed
         `threshold` (0: never)."""

@@ -11,11 +11,14 @@ without measurements follows. `hexir tune` tunes the kernels of both forms: the 
 (direct where the rule says Winograd; F(2, 3) where it says direct). `hexir.compile` with a
 database gives each conv the form whose kernels' best measured times add up to less
 (`measured_forms`), and the rule's form where the database lacks a time for a kernel of
-either. Where those picks mix the two variants' forms, the mix has kernels of its own (a
-layout change between a Winograd conv and a direct one: ResNet-18's stride-2 1x1 conv as a
-matmul over NHWC): the mix is built only where the database times each of them and the whole
-build sums lower than either variant's; else, from the variant that sums lower, each conv's
-pick alone where its kernels are timed and save time (the picks that save most first).
+either. Those times are the kernels' inside a run of the model where a tune timed them
+there (`Database.in_model`: one sitting, every kernel of both forms, since their best
+records), else their best times alone. Where those picks mix the two variants' forms, the
+mix has kernels of its own (a layout change between a Winograd conv and a direct one:
+ResNet-18's stride-2 1x1 conv as a matmul over NHWC): the mix is built only where the
+database times each of them and the whole build sums lower than either variant's; else,
+from the variant that sums lower, each conv's pick alone where its kernels are timed and save
+time (the picks that save most first).
 `hexir tune` times the mix's own kernels (`mixed_forms`, hexir/search/scheduler.py
 `mixed_tasks`). A tile forced by the `winograd` knob leaves nothing to choose.
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from hexir import knobs
 from hexir.graph.fusion import Group, fused_kernels
@@ -55,6 +58,8 @@ ALTERNATIVE_TILE = 2
 
 class _Database(Protocol):
     def best(self, workload_key: str, target: Target | str, k: int = 1) -> list: ...
+
+    def in_model(self, workload_key: str, target: Target | str) -> Any: ...
 
 
 def winograd_choices(graph: Graph, target: Target | str = "cpu") -> dict[str, tuple[int, int]]:
@@ -87,11 +92,13 @@ def form_variants(graph: Graph, target: Target | str = "cpu") -> list[dict[str, 
 @dataclass(frozen=True)
 class Form:
     """One form of a conv as the database measured it: its tile (0: direct), how many
-    kernels compute it, and the sum of their best times in seconds (None: one unmeasured)."""
+    kernels compute it, and the sum of their best times in seconds (None: one unmeasured):
+    their times inside a run of the model where `inside` (see the module)."""
 
     tile: int
     kernels: int
     seconds: float | None
+    inside: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,26 +163,58 @@ def conv_forms(graph: Graph, target: Target | str, database: _Database) -> list[
 
 
 class _Times:
-    """The best valid time `database` holds for each workload on `target`, read once."""
+    """The best valid time `database` holds for each workload on `target`, and that best
+    candidate's time inside a model's run where a tune timed it there, read once."""
 
     def __init__(self, target: Target | str, database: _Database) -> None:
         self.target, self.database = target, database
-        self.best: dict[str, float | None] = {}
+        self.best: dict[str, Any] = {}  # the best record, None where there is none
+        self.inside: dict[str, tuple[float, str] | None] = {}  # seconds, the sitting
 
     def __call__(self, key: str) -> float | None:
+        record = self._best(key)
+        return None if record is None else record.median
+
+    def _best(self, key: str) -> Any:
         if key not in self.best:
             records = self.database.best(key, self.target, k=1)
-            medians = [r.median for r in records if r.median is not None]
-            self.best[key] = medians[0] if medians else None
+            valid = [r for r in records if r.median is not None]
+            self.best[key] = valid[0] if valid else None
         return self.best[key]
+
+    def _inside(self, key: str) -> tuple[float, str] | None:
+        """The workload's time inside a model's run and its sitting: where one timed it since
+        its best record alone (else a better candidate may have come since)."""
+        if key not in self.inside:
+            best = self._best(key)
+            record = None if best is None else self.database.in_model(key, self.target)
+            fresh = record is not None and record.created >= best.created
+            self.inside[key] = (
+                (record.median, str(record.build_info["in_model"])) if fresh else None
+            )
+        return self.inside[key]
 
     def faster(self, a: _Kernels, b: _Kernels) -> bool:
         """Whether the kernels of `a` take less time than those of `b`: each that one runs
         and the other does not is timed (as often as it runs), and they sum lower."""
         keys = [Counter(workload_key(f) for _, f in kernels) for _, kernels in (a, b)]
         common = keys[0] & keys[1]
-        totals = [self.total(k - common) for k in keys]
+        totals, _ = self.totals(keys[0] - common, keys[1] - common)
         return None not in totals and totals[0] < totals[1]  # type: ignore[operator]
+
+    def totals(self, *keys: Counter[str]) -> tuple[list[float | None], bool]:
+        """For each of `keys`, the summed times of the workloads it counts (None: one
+        untimed), to compare, and whether they are of a model's run: inside one where one
+        sitting timed every one of them there since its best record (a tune's end times the
+        model so in each form: hexir/search/tune.py), else their best times alone."""
+        every = {key for counted in keys for key in counted}
+        inside = {key: found for key in every if (found := self._inside(key)) is not None}
+        if every and len(inside) == len(every) and len({s for _, s in inside.values()}) == 1:
+            sums: list[float | None] = [
+                sum(n * inside[key][0] for key, n in counted.items()) for counted in keys
+            ]
+            return sums, True
+        return [self.total(counted) for counted in keys], False
 
     def total(self, keys: Counter[str]) -> float | None:
         """The summed best times of the workloads `keys` counts (None: one untimed)."""
@@ -244,8 +283,9 @@ def _measure(
     """Each conv with two forms, both measured, and the form its own kernels' times pick."""
     convs = []
     for name, keys in _form_keys(variants, laid_out).items():
+        seconds, inside = times.totals(*keys)
         rule, other = (
-            Form(variants[v][name], keys[v].total(), times.total(keys[v])) for v in range(2)
+            Form(variants[v][name], keys[v].total(), seconds[v], inside) for v in range(2)
         )
         chosen = rule.tile
         if rule.seconds is not None and other.seconds is not None and other.seconds < rule.seconds:

@@ -76,6 +76,19 @@ without a time (added then, or too late in the budget for a round) has its defau
 timed, no search and not a trial, so that a build can judge the mix
 (`TuneResult.mix_timed` counts them), before the last re-measurement of suspect results.
 
+A kernel timed alone is not the kernel in the model: one whose arrays pass the cache is timed
+cold, its arrays flushed to memory, where in a run of the model its input is the last
+kernel's fresh output and its weight may sit in the last-level cache (ResNet-18's 7x7x512
+direct conv: 1.3-2.3 ms cold alone, 0.8-1.4 ms in the model's runs), and not every kernel
+gains alike. So the tune ends by running the model built in each form it measured (the
+rule's; the other for every such conv; the mix the measurements pick, where it is neither) in
+turn (`time_in_model`: IN_MODEL_RUNS runs of each, each command's seconds read in place,
+`Module.run_timed`; the `tune_time_in_model` knob), and commits each kernel's seconds there
+as a record marked "in_model" with the sitting's name (`TuneResult.in_model` counts them).
+The database leaves such records out of its ranking and the cost model out of its training;
+a build's pick of a conv's form sums them where one sitting timed every kernel of both forms
+since their best records (hexir/graph/forms.py).
+
 Progress: every callback is called after every round with a `Progress` (trials done, the
 budget, each task's best latency and trials, elapsed seconds, an estimate of the seconds left).
 A KeyboardInterrupt (Ctrl-C, or raised by a callback) stops the tune after closing what it
@@ -90,12 +103,15 @@ import math
 import random
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from hexir import knobs
+from hexir.ir.dtype import numpy_dtype
 from hexir.ir.graph import Graph
+from hexir.ir.keys import candidate_key
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
 from hexir.schedule import Trace
@@ -129,6 +145,10 @@ DISAGREE = 1.5
 # 200-trial residual conv's pick read 0.80 ms against the default's 1.06 in a tune, and timed
 # within 5% of it, either way, in four alternated runs after); three make it a median.
 CONFIRM_ROUNDS = 3
+# Runs of each build, in turn, that time the kernels inside the model at the end of a tune (see
+# the module), after IN_MODEL_WARMUP runs of each.
+IN_MODEL_RUNS = 10
+IN_MODEL_WARMUP = 2
 # A round's claims of a gain (see the module) timed in turn with the best's holder, at most:
 # the fastest of them.
 CHECKED_CLAIMS = 3
@@ -209,6 +229,7 @@ class TuneResult:
     confirmed: int = 0  # the best candidates measured again at the end (not trials either)
     mix_timed: int = 0  # default schedules of the mix's kernels timed at the end (neither)
     checked: int = 0  # runs timed in turn to check a claimed gain (see the module; neither)
+    in_model: int = 0  # kernels timed inside the model's runs at the end (see the module)
 
     @property
     def latency(self) -> float | None:
@@ -341,6 +362,7 @@ class _Tuner:
         self.quiet_now = False
         self.remeasured = 0
         self.confirmed = 0
+        self.in_model = 0
         self.start = time.perf_counter()
         self.time_budget = time_budget
         self.deadline = None if time_budget is None else self.start + time_budget
@@ -369,6 +391,7 @@ class _Tuner:
         if not self.out_of_time:
             self.confirm()
             self.time_mix(scheduler)
+            self.time_in_model()
             self.remeasure()  # what is still suspect, one last time
         return self.result()
 
@@ -417,6 +440,47 @@ class _Tuner:
             default = self.searches[i].default
             if self.best[i] is None and default is not None and self.room(1) > 0:
                 self.mix_timed += self._again(i, [default], mark=None)
+
+    def time_in_model(self) -> None:
+        """The model built in each variant of its convs' forms the tune measures (the rule's,
+        and the other for every such conv), and in the forms the measurements pick where that
+        is neither, run in turn, IN_MODEL_RUNS times each, and each kernel's seconds in those
+        runs committed as a record (see the module), what a build's pick of the forms then
+        weighs. Not where the time budget is spent, or the `tune_time_in_model` knob is off."""
+        from hexir.graph.forms import form_variants, measured_forms
+        from hexir.runtime.executor import compile as compile_graph
+
+        if self.graph is None or self._spent() or not knobs.get().tune_time_in_model:
+            return
+        variants = form_variants(self.graph, self.target)
+        picked = measured_forms(self.graph, self.target, self.db)
+        forms = variants if picked in variants else [*variants, picked]
+        builds = [compile_graph(self.graph, self.target, self.db, forms=f) for f in forms]
+        inputs = _model_inputs(self.graph)
+        for _ in range(IN_MODEL_WARMUP):
+            for module in builds:
+                module.run_timed(inputs)
+        seconds: dict[str, list[float]] = {}  # workload key -> its commands' seconds
+        ran: dict[str, tuple[Trace, str]] = {}  # workload key -> (trace, candidate key)
+        for _ in range(IN_MODEL_RUNS):
+            for module in builds:
+                _, timed = module.run_timed(inputs)
+                for command, report, s in zip(module.commands, module.report, timed, strict=True):
+                    seconds.setdefault(report.workload_key, []).append(s)
+                    func = module.kernels[command.kernel].func
+                    ran[report.workload_key] = (report.trace, candidate_key(func))
+        sitting = f"{self.graph.name} {uuid.uuid4().hex[:12]}"
+        tasks = {t.workload_key: t for t in self.tasks}
+        for key, times in seconds.items():
+            if key not in tasks:
+                continue  # a kernel no task covers: nothing to weigh it against
+            trace, candidate = ran[key]
+            info = {"in_model": sitting, "model": self.graph.name, "builds": len(builds)}
+            result = MeasureResult(tuple(times), build_info=info)
+            with self.profile.timing("database"):
+                self.db.commit_record(tasks[key].func, self.target, trace, result,
+                                      candidate_key=candidate)  # fmt: skip
+            self.in_model += 1
 
     def round(self, i: int, n: int, first: bool) -> int:
         """One round of task `i`: propose up to `n` candidates, measure and commit them, and
@@ -660,6 +724,7 @@ class _Tuner:
             for r in records
             if r.candidate_key == candidate.candidate_key
             and r.is_valid
+            and not r.in_model
             and not r.suspect(self._threshold())
         )
         half = len(runs) // 2
@@ -812,12 +877,30 @@ class _Tuner:
             self.confirmed,
             self.mix_timed,
             self.checked,
+            self.in_model,
         )
 
 
 def _marked(result: MeasureResult, mark: str) -> MeasureResult:
     """`result` marked in its build_info: "confirmed" (`Record.confirmed`) or "checked"."""
     return dataclasses.replace(result, build_info={**result.build_info, mark: True})
+
+
+def _model_inputs(graph: Graph) -> list:
+    """Random inputs of `graph` (seed 0): standard normal floats, small integers."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    arrays = []
+    for value in graph.inputs:
+        dtype, shape = numpy_dtype(value.type.dtype), tuple(value.type.shape)
+        if dtype.kind == "b":
+            arrays.append(rng.random(shape) < 0.5)
+        elif dtype.kind in "iu":
+            arrays.append(rng.integers(1, 10, size=shape).astype(dtype))
+        else:
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+    return arrays
 
 
 def _task_rng(seed: int | None, key: str) -> random.Random:

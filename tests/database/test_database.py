@@ -311,6 +311,25 @@ def test_best_ranks_the_candidates_a_tune_checked_after_the_confirmed(db) -> Non
     assert db.best(key, "cpu", k=3, confirmed_first=False)[0].median == 0.5e-3
 
 
+def test_records_timed_inside_a_model_are_left_out_of_the_ranking(db) -> None:
+    # A tune times kernels inside runs of the model (hexir/search/tune.py): such a record is
+    # read by `in_model`, its latest valid one, and never by `best` or `standing`.
+    func, key = tiny_func(), hexir.workload_key(tiny_func())
+    alone, other = traces(2)
+    assert db.in_model(key, "cpu") is None
+    db.commit_record(func, "cpu", alone, Result((1.0e-3,)))
+    db.commit_record(func, "cpu", other, Result((2.0e-3,)))
+    for seconds, sitting in [(5e-4, "first"), (4e-3, "second")]:
+        db.commit_record(func, "cpu", alone, Result((seconds,), build_info={"in_model": sitting}))
+    db.commit_record(func, "cpu", other, Result((1e-5,), build_info={"in_model": "second"}))
+    db.commit_record(func, "cpu", other, Result((), "run", "", {"in_model": "third"}))
+    inside = db.in_model(key, "cpu")
+    assert inside.median == 1e-5 and inside.in_model and inside.build_info["in_model"] == "second"
+    assert [r.median for r in db.best(key, "cpu", k=2)] == [1.0e-3, 2.0e-3]
+    assert db.standing(key, "cpu", inside.candidate_key).median == 2.0e-3
+    assert not any(r.in_model for r in db.best(key, "cpu", k=2, confirmed_first=False))
+
+
 def test_a_candidate_stands_where_best_ranks_it(db) -> None:
     func, key = tiny_func(), hexir.workload_key(tiny_func())
     one, other, never = traces(3)

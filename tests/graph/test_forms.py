@@ -90,8 +90,10 @@ def test_compile_gives_a_conv_the_form_its_measured_kernels_make_faster(rng, tmp
     (conv,) = _conv_names(graph)
     db = Database(f"sqlite:///{tmp_path / 'tune.db'}")
     tasks = extract_tasks(graph, "cpu")
+    # (The times alone; those inside the model are tested below.)
     with knobs.scope(search_population=16, search_generations=1, search_measure_per_round=2,
-                     timing_repeats=3, timing_min_seconds=0.002):  # fmt: skip
+                     timing_repeats=3, timing_min_seconds=0.002,
+                     tune_time_in_model=False):  # fmt: skip
         tune(graph, "cpu", trials=len(tasks), database=db, seed=0, model=RandomModel(0))
     winograd, direct = _total(graph, db, "4"), _total(graph, db, "0")
     chosen = measured_forms(graph, "cpu", db)
@@ -348,7 +350,9 @@ def test_a_tune_confirms_the_kernels_of_a_convs_two_forms_together(rng, tmp_path
         return dataclasses.replace(result, latencies=latencies) if result.ok else result
 
     db = Database(f"sqlite:///{tmp_path / 'shifting.db'}")
-    with knobs.scope(**SMALL_SEARCH, tune_confirm_best=2), Shifting("cpu") as executor:
+    # (Not timed inside the model after: the made-up times alone pick the form here.)
+    scope = knobs.scope(**SMALL_SEARCH, tune_confirm_best=2, tune_time_in_model=False)
+    with scope, Shifting("cpu") as executor:
         tune(graph, "cpu", trials=3 * len(tasks), database=db, seed=0, model=RandomModel(0),
              executor=executor)  # fmt: skip
     # The kernels of both forms were timed in one batch, and stand at one moment's speed.
@@ -356,3 +360,107 @@ def test_a_tune_confirms_the_kernels_of_a_convs_two_forms_together(rng, tmp_path
     moments = {db.best(key, "cpu", k=1)[0].median / seconds for key, seconds in times.items()}
     assert len({round(m, 6) for m in moments}) == 1
     assert measured_forms(graph, "cpu", db) == {name: 4}
+
+
+def _inside(db: Database, func: hexir.PrimFunc, seconds: float, sitting: str) -> None:
+    """A record of `func`'s default schedule timed inside a model's run, in `sitting`."""
+    from hexir.runtime.default_schedule import default_schedule
+    from hexir.search.measure import MeasureResult
+
+    trace = default_schedule(func, "cpu").trace
+    result = MeasureResult((seconds, seconds), build_info={"in_model": sitting})
+    db.commit_record(func, "cpu", trace, result)
+
+
+def test_a_convs_form_follows_its_kernels_times_inside_the_model_where_one_sitting_has_them(
+    rng, tmp_path
+):
+    from hexir.graph.forms import conv_forms
+
+    graph = _one_conv(rng)
+    (name,) = _conv_names(graph)
+    tasks = extract_tasks(graph, "cpu")
+    direct = next(t for t in tasks if t.alternative)
+    winograd = [t for t in tasks if not t.alternative]
+    # Alone, the direct conv reads faster than the Winograd form's six kernels together...
+    dbs = [Database(f"sqlite:///{tmp_path / f'{n}.db'}") for n in range(3)]
+    for db in dbs:
+        _record(db, direct.func, 1e-3)
+        for task in winograd:
+            _record(db, task.func, 5e-4)
+        assert measured_forms(graph, "cpu", db) == {name: 0}
+    # ... and inside the model's runs, one sitting, slower than they: Winograd is built, and
+    # the times inside leave the database's best times alone as they were.
+    _inside(dbs[0], direct.func, 3e-3, "one")
+    for task in winograd:
+        _inside(dbs[0], task.func, 2e-4, "one")
+    assert measured_forms(graph, "cpu", dbs[0]) == {name: 4}
+    (conv,) = conv_forms(graph, "cpu", dbs[0])
+    assert conv.rule.inside and conv.other.inside
+    assert (conv.rule.seconds, conv.other.seconds) == pytest.approx((6 * 2e-4, 3e-3))
+    assert dbs[0].best(direct.workload_key, "cpu")[0].median == 1e-3
+    assert dbs[0].in_model(direct.workload_key, "cpu").median == 3e-3
+    best = dbs[0].best(direct.workload_key, "cpu")[0]
+    assert dbs[0].standing(direct.workload_key, "cpu", best.candidate_key).median == 1e-3
+    # Two sittings are not one footing: the times alone decide.
+    _inside(dbs[1], direct.func, 3e-3, "one")
+    for task in winograd:
+        _inside(dbs[1], task.func, 2e-4, "two")
+    assert measured_forms(graph, "cpu", dbs[1]) == {name: 0}
+    assert not conv_forms(graph, "cpu", dbs[1])[0].rule.inside
+    # A kernel measured alone since the sitting (a better candidate may have come): the same.
+    _inside(dbs[2], direct.func, 3e-3, "one")
+    for task in winograd:
+        _inside(dbs[2], task.func, 2e-4, "one")
+    assert measured_forms(graph, "cpu", dbs[2]) == {name: 4}
+    _record(dbs[2], direct.func, 1e-3)
+    assert measured_forms(graph, "cpu", dbs[2]) == {name: 0}
+
+
+@pytest.mark.slow
+def test_a_tune_whose_picks_differ_from_the_rule_times_both_builds_inside_the_model(rng, tmp_path):
+    import dataclasses
+
+    from small_search import SMALL_SEARCH
+
+    from hexir.search.executor import LocalExecutor
+    from hexir.search.tune import IN_MODEL_RUNS
+
+    graph = _one_conv(rng)
+    (name,) = _conv_names(graph)
+    tasks = extract_tasks(graph, "cpu")
+    direct = next(t for t in tasks if t.alternative)
+
+    class Lucky(LocalExecutor):
+        """Reads the direct conv 100 times faster than it runs, alone and in turn: a build
+        by those reads would take it."""
+
+        def measure_each(self, candidates):
+            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+                yield _lucky(c, r)
+
+        def measure_in_turn(self, candidates):
+            results = super().measure_in_turn(candidates)
+            return [_lucky(c, r) for c, r in zip(candidates, results, strict=True)]
+
+    def _lucky(candidate, result):
+        if candidate.workload_key != direct.workload_key or not result.ok:
+            return result
+        return dataclasses.replace(result, latencies=tuple(x / 100 for x in result.latencies))
+
+    db = Database(f"sqlite:///{tmp_path / 'lucky.db'}")
+    with knobs.scope(**SMALL_SEARCH), Lucky("cpu") as executor:
+        result = tune(graph, "cpu", trials=2 * len(tasks), database=db, seed=0,
+                      model=RandomModel(0), executor=executor)  # fmt: skip
+    # Both builds ran inside the model: every kernel of both forms has its time there, of one
+    # sitting, and none of those records moved a best.
+    inside = {t.workload_key: db.in_model(t.workload_key, "cpu") for t in tasks}
+    assert None not in inside.values() and result.in_model == len(tasks)
+    assert len({r.build_info["in_model"] for r in inside.values()}) == 1
+    assert len(inside[direct.workload_key].latencies) == IN_MODEL_RUNS  # in one build of two
+    lucky = db.best(direct.workload_key, "cpu")[0].median
+    assert lucky < inside[direct.workload_key].median / 10
+    # The build follows the times inside: the form whose kernels there sum lower.
+    winograd = sum(r.median for k, r in inside.items() if k != direct.workload_key)
+    chosen = 4 if winograd < inside[direct.workload_key].median else 0
+    assert measured_forms(graph, "cpu", db) == {name: chosen}
