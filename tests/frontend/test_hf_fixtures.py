@@ -98,7 +98,10 @@ def test_a_tuned_image_classifier_builds_from_the_database_and_matches(rng, tmp_
     db = Database(f"sqlite:///{tmp_path / 'tune.db'}")
     with knobs.scope(**SMALL_SEARCH, tune_confirm_best=0):
         result = hexir.tune(graph, "cpu", trials=4, database=db, seed=0, model=RandomModel(0))
-    assert sum(t.trials for t in result.tasks) == 4 == db.stats().records
+    # Each record is a trial, or a kernel timed inside the model at the end (its convs have
+    # two forms: hexir/search/tune.py).
+    assert sum(t.trials for t in result.tasks) == 4 == db.stats().records - result.in_model
+    assert result.in_model > 0
     path = hexir.compile(graph, "cpu", database=db).save(tmp_path / "resnet.hxa")
     module = hexir.runtime.load(path)
     assert "tuned" in {r.schedule for r in module.report}
