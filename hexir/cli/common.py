@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from hexir.errors import DatabaseError, HexirError, ModelError
 
 if TYPE_CHECKING:
@@ -209,17 +207,6 @@ def sqlite_path(url: str) -> Path | None:
     if not rest or rest == ":memory:" or rest.startswith("file:"):
         return None
     return Path(rest).expanduser()
-
-
-def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
-    """Fresh random values, never zeros: floats in [0.5, 1.5), ints in [1, 10), random bools."""
-    from hexir.ir.dtype import is_int, numpy_dtype
-
-    if dtype == "bool":
-        return rng.random(shape) < 0.5
-    if is_int(dtype):
-        return rng.integers(1, 10, size=shape).astype(numpy_dtype(dtype))
-    return rng.uniform(0.5, 1.5, size=shape).astype(numpy_dtype(dtype))
 
 
 def positive_int(text: str) -> int:

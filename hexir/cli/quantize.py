@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hexir.cli.common import MODEL_HELP, add_dim_argument, load_graph, random_array
+from hexir.cli.common import MODEL_HELP, add_dim_argument, load_graph
 from hexir.cli.run import read_inputs
 from hexir.errors import HexirError
+from hexir.ir.dtype import random_array
 from hexir.ir.graph import Graph
 
 

@@ -28,11 +28,11 @@ from hexir.cli.common import (
     load_workload,
     ms,
     positive_int,
-    random_array,
     require_database,
     resolve_target,
 )
 from hexir.errors import HexirError
+from hexir.ir.dtype import random_array
 
 if TYPE_CHECKING:
     from hexir.database import Database

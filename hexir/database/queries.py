@@ -71,8 +71,7 @@ def best(
     confirmed = func.coalesce(RecordRow.build_info["confirmed"].as_boolean(), False)
     checked = func.coalesce(RecordRow.build_info["checked"].as_boolean(), False)
     columns = (RecordRow.id, RecordRow.candidate_key, RecordRow.median, RecordRow.created, loaded)
-    in_model = RecordRow.build_info["in_model"].as_string().is_not(None)
-    valid = _for(workload_key, target_key) & RecordRow.error_kind.is_(None) & ~in_model
+    valid = _for(workload_key, target_key) & RecordRow.error_kind.is_(None) & ~_in_model()
     query = select(*columns, confirmed.label("confirmed"), checked.label("checked"))
     query = query.where(valid & RecordRow.median.is_not(None))
     rows = session.execute(query).all()
@@ -100,6 +99,11 @@ def _suspect(threshold: float):  # noqa: ANN202 - a SQL expression
     return case((RecordRow.calibration > threshold, 1), else_=0)
 
 
+def _in_model():  # noqa: ANN202 - a SQL expression
+    """True for a record timed inside a model's run (build_info "in_model" names the sitting)."""
+    return RecordRow.build_info["in_model"].as_string().is_not(None)
+
+
 def records(session: Session, workload_key: str, target_key: str) -> list[Record]:
     query = (
         select(RecordRow)
@@ -111,11 +115,10 @@ def records(session: Session, workload_key: str, target_key: str) -> list[Record
 
 def in_model(session: Session, workload_key: str, target_key: str) -> Record | None:
     """The workload's latest valid record timed in a model's run (`Record.in_model`)."""
-    timed = RecordRow.build_info["in_model"].as_string().is_not(None)
     valid = RecordRow.error_kind.is_(None) & RecordRow.median.is_not(None)
     query = (
         select(RecordRow)
-        .where(_for(workload_key, target_key) & timed & valid)
+        .where(_for(workload_key, target_key) & _in_model() & valid)
         .order_by(RecordRow.created.desc(), RecordRow.id.desc())
     )
     row = session.scalars(query.limit(1)).first()

@@ -147,11 +147,9 @@ def form_kernels(graph: Graph, target: Target | str = "cpu") -> dict[str, set[st
     """Each conv with two forms -> the workload keys of the kernels of both its forms: what a
     build's pick between them weighs (`measured_forms`), and so what `hexir tune` times
     together at its end (hexir/search/tune.py)."""
-    graph = simplify_graph(graph)
-    variants = form_variants(graph, target)
+    _, variants, laid_out = _lowered(graph, target)
     if len(variants) == 1:
         return {}
-    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
     return {name: set(rule) | set(other)
             for name, (rule, other) in _form_keys(variants, laid_out).items()}  # fmt: skip
 
@@ -235,15 +233,22 @@ def _picks(
 ) -> tuple[Graph, list[dict[str, int]], list[_Kernels], list[ConvForms], _Times]:
     """The graph simplified, its variants (`form_variants`) lowered, each conv with two
     forms and the form its own kernels' times pick, and the times read."""
-    graph = simplify_graph(graph)  # once: each lowering then finds it simplified
-    variants = form_variants(graph, target)
-    laid_out = [fused_kernels(graph, target, variant) for variant in variants]
+    graph, variants, laid_out = _lowered(graph, target)
     times = _Times(target, database)
     if len(variants) == 1:
         return graph, variants, laid_out, [], times
     # (by the graph's names: a layout pass may rename a conv in either form, `4` to `4_nhwc`)
     shapes = {op.result.name: op.result.type.shape for op in graph.ops}
     return graph, variants, laid_out, _measure(variants, laid_out, times, shapes), times
+
+
+def _lowered(
+    graph: Graph, target: Target | str
+) -> tuple[Graph, list[dict[str, int]], list[_Kernels]]:
+    """The graph simplified, its variants (`form_variants`) and each lowered."""
+    graph = simplify_graph(graph)  # once: each lowering then finds it simplified
+    variants = form_variants(graph, target)
+    return graph, variants, [fused_kernels(graph, target, variant) for variant in variants]
 
 
 def _choose(

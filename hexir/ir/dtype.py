@@ -141,5 +141,15 @@ def wrap_int(value: int, dtype: str) -> int:
     return value - (1 << bits) if not is_unsigned(dtype) and value >> (bits - 1) else value
 
 
+def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Fresh random values of `dtype`, never zeros: floats in [0.5, 1.5), ints in [1, 10),
+    random bools (a model's inputs in `hexir run`, and where a tune times a model)."""
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if is_int(dtype):
+        return rng.integers(1, 10, size=shape).astype(numpy_dtype(dtype))
+    return rng.uniform(0.5, 1.5, size=shape).astype(numpy_dtype(dtype))
+
+
 def itemsize(dtype: str) -> int:
     return numpy_dtype(dtype).itemsize

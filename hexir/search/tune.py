@@ -35,12 +35,12 @@ by a third from one second to the next, and the fastest of many single reads is 
 that had none). After its round, a task's claims (CHECKED_CLAIMS, the fastest) are timed in
 turn with the candidate that holds its best, and the best moves by the ratio read there (or to
 the winner's time there, where that is lower), never up (`TuneResult.checked` counts these
-runs; the database marks them "checked", and ranks them as any run: the slower of a lucky
-read and its check is where a candidate of two runs stands, and a candidate confirmed at the
-end stands at the confirmation's runs alone, not at checks of other moments). A lower read
-within the margin moves nothing. So
-the best a tune reports as it goes, the task scheduler's split of the budget (which follows
-each task's gains) and the cutoff for slow candidates rest on gains timed side by side. And
+runs; the database marks them "checked" and ranks a checked candidate after the confirmed
+ones, ahead of the rest, at its checks alone: `footing` in hexir/database/record.py; a
+candidate confirmed at the end stands at the confirmation's runs alone, not at checks of
+other moments). A lower read within the margin moves nothing. So the best a tune reports as
+it goes, the task scheduler's split of the budget (which follows each task's gains) and the
+cutoff for slow candidates rest on gains timed side by side. And
 from when the default held a task's best, the gains over it multiply into the default's time
 on the best's footing (`TaskProgress.default_latency`, which the live progress divides by the
 best: a default whose runs in turn read 1.79 and 1.21 ms, each beating the claims beside it,
@@ -109,7 +109,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from hexir import knobs
-from hexir.ir.dtype import numpy_dtype
+from hexir.ir.dtype import random_array
 from hexir.ir.graph import Graph
 from hexir.ir.keys import candidate_key
 from hexir.ir.tir import PrimFunc
@@ -887,20 +887,11 @@ def _marked(result: MeasureResult, mark: str) -> MeasureResult:
 
 
 def _model_inputs(graph: Graph) -> list:
-    """Random inputs of `graph` (seed 0): standard normal floats, small integers."""
+    """Random inputs of `graph`, as `hexir run` draws them (seed 0)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    arrays = []
-    for value in graph.inputs:
-        dtype, shape = numpy_dtype(value.type.dtype), tuple(value.type.shape)
-        if dtype.kind == "b":
-            arrays.append(rng.random(shape) < 0.5)
-        elif dtype.kind in "iu":
-            arrays.append(rng.integers(1, 10, size=shape).astype(dtype))
-        else:
-            arrays.append(rng.standard_normal(shape).astype(dtype))
-    return arrays
+    return [random_array(tuple(v.type.shape), v.type.dtype, rng) for v in graph.inputs]
 
 
 def _task_rng(seed: int | None, key: str) -> random.Random:
