@@ -30,8 +30,10 @@ pg_as_postgres() {
 pg_as_postgres "$pg_bin/initdb" --pgdata="$pg_dir/data" --username=postgres --encoding=UTF8 \
     --no-locale --auth-local=peer --auth-host=scram-sha-256 >/dev/null
 # fsync=off: the server is thrown away with the run; a crash of the machine is not a test case.
+# autovacuum=off: a test drops its database WITH (FORCE), and an autovacuum worker in it then
+# is a backend the test role may not end (InsufficientPrivilege at a test's teardown, once).
 if ! pg_as_postgres "$pg_bin/pg_ctl" --pgdata="$pg_dir/data" --log="$pg_dir/server.log" \
-    --wait --options="-c listen_addresses=127.0.0.1 -p $pg_port -k $pg_dir -c fsync=off" \
+    --wait --options="-c listen_addresses=127.0.0.1 -p $pg_port -k $pg_dir -c fsync=off -c autovacuum=off" \
     start >/dev/null; then
     cat "$pg_dir/server.log" >&2
     exit 1
