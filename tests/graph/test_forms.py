@@ -224,7 +224,8 @@ def test_a_mix_picked_when_the_budget_is_spent_has_its_kernels_timed_at_the_end(
     added = result.tasks[len(tasks) :]
     assert [(t.name, t.trials) for t in added] == [("fused_conv2d_bias_add_relu", 0)]
     assert result.trials == len(tasks) and result.mix_timed == 1
-    (record,) = db.records(added[0].workload_key, "cpu")
+    # (Timed alone once; the end's runs inside the model may time it there too.)
+    (record,) = [r for r in db.records(added[0].workload_key, "cpu") if not r.in_model]
     assert record.is_valid and added[0].best_latency == record.median
     module = hexir.compile(graph, "cpu", database=db)
     assert all(db.best(r.workload_key, "cpu", k=1) for r in module.report)
