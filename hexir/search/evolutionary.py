@@ -24,7 +24,10 @@ One round, MetaSchedule's shape, every number a knob (`SearchConfig.from_knobs`)
    `mutators.neighbours`), so that each round climbs from the incumbent.
 
 On the CPU a candidate whose C is longer than `source_limit` (SOURCE_LIMIT_FACTOR) is not
-proposed; the C printed to tell is the C its build compiles (`Candidate.c_source`).
+proposed; the C printed to tell is the C its build compiles (`Candidate.c_source`). Where too
+few of a round's candidates fit, fresh samples that fit make up the batch (`_fitting`): an
+uninformed round of one draws two samples, and a conv's two may both print too long; a round
+that proposes nothing ends its task's tuning.
 
 Everything random draws from the generator given, so a seeded search proposes the same
 candidates given the same model and the same measurements.
@@ -89,6 +92,11 @@ SOURCE_LIMIT_FACTOR = 2
 # Under a search deadline, sampling fresh schedules stops after this share of the time left,
 # and evolution has the rest (`_share`).
 SAMPLING_SHARE = 0.5
+
+# How many more draws of fresh samples (each as many as the batch misses, at least
+# TOP_UP_SAMPLES) a round makes where too few of its candidates fit `source_limit`.
+TOP_UP_DRAWS = 8
+TOP_UP_SAMPLES = 4
 
 
 class Predictor(Protocol):
@@ -437,7 +445,33 @@ class EvolutionarySearch:
                 self._print_until_fit(_distinct([c for _, c in ranked]), n - len(climb))
         randoms = [c for c in randoms if c.candidate_key not in taken]
         rest = pick(ranked, randoms, n - len(climb), config.epsilon, self.rng, self._fits)
-        return climb + rest
+        batch = climb + rest
+        if len(batch) < n and self.source_limit is not None:
+            seen = measured | taken | {c.candidate_key for c in best + fresh}
+            seen |= {c.candidate_key for _, c in ranked}
+            batch += self._fitting(n - len(batch), deadline, seen)
+        return batch
+
+    def _fitting(self, n: int, deadline: float | None, seen: set[str]) -> list[Candidate]:
+        """Up to `n` fresh samples that fit `source_limit`, none of `seen`'s keys: at most
+        TOP_UP_DRAWS draws, each printed side by side, while draws still find new samples and
+        `deadline` has not passed."""
+        found: list[Candidate] = []
+        seen = set(seen)
+        for _ in range(TOP_UP_DRAWS):
+            if len(found) >= n or _past(deadline):
+                break
+            with self.profile.timing("sampling"):
+                more = self.sample(max(n - len(found), TOP_UP_SAMPLES), deadline, skip=seen)
+            if not more:
+                break
+            with self.profile.timing("building"):
+                print_sources(more)
+            for c in _distinct(more):
+                seen.add(c.candidate_key)
+                if len(found) < n and self._fits(c):
+                    found.append(c)
+        return found
 
     def climb(self, model: Predictor, n: int, measured: set[str]) -> list[Candidate]:
         """A `search_climb_share` of `n`: the unmeasured neighbours (`mutators.neighbours`:
