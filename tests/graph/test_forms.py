@@ -12,6 +12,7 @@ from hexir.database import Database
 from hexir.graph.evaluate import evaluate
 from hexir.graph.forms import form_variants, measured_forms, mixed_forms, winograd_choices
 from hexir.ops.builder import GraphBuilder
+from hexir.runtime.target import Target
 from hexir.search.scheduler import extract_tasks
 from hexir.search.tune import tune
 
@@ -123,12 +124,18 @@ def test_the_tune_report_estimates_the_model_without_the_other_forms(rng):
     assert estimate(rows, "best_latency", {"not a workload": 1}) is None
 
 
+# The chains' channels: half a vector, so that no conv's weight is laid out in blocks of a
+# vector's filters (a blocked conv reads NCHW in every form: no kernel of a mix of forms
+# would be one that neither variant has).
+CHAIN = Target("cpu").vector_width // 2
+
+
 def _chain(rng: np.random.Generator) -> hexir.Graph:
     # A 28x28 conv (the rule's F(4, 3)), a 4x4 max pool, a 7x7 conv (the rule's direct): with
     # both convs direct, the second reads the first's layout, a kernel neither variant has.
     b = GraphBuilder("chain")
-    first = _conv(b, b.input("x", (1, 8, 28, 28)), rng, 8)
-    return b.build(_conv(b, b.max_pool2d(first, 4, 4), rng, 8))
+    first = _conv(b, b.input("x", (1, CHAIN, 28, 28)), rng, CHAIN)
+    return b.build(_conv(b, b.max_pool2d(first, 4, 4), rng, CHAIN))
 
 
 def _record(db: Database, func: hexir.PrimFunc, seconds: float) -> None:
@@ -184,7 +191,7 @@ def test_a_mix_of_forms_stands_only_once_its_own_kernels_are_timed(rng, tmp_path
     module = hexir.compile(graph, "cpu", database=db)
     assert {r.schedule for r in module.report} == {"tuned"}
     assert not any(r.ops[0] == "winograd_input" for r in module.report)
-    x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
+    x = rng.standard_normal((1, CHAIN, 28, 28), dtype=np.float32)
     (want,) = evaluate(graph, [x])
     np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
 
@@ -241,9 +248,9 @@ def _third_alone(rng: np.random.Generator, db: Database) -> tuple[hexir.Graph, d
     from hexir.ir.keys import workload_key
 
     b = GraphBuilder("chain3")
-    first = _conv(b, b.input("x", (1, 8, 28, 28)), rng, 8)
-    second = _conv(b, b.max_pool2d(first, 4, 4), rng, 8)
-    graph = simplify_graph(b.build(b.add(_conv(b, second, rng, 8), second)))
+    first = _conv(b, b.input("x", (1, CHAIN, 28, 28)), rng, CHAIN)
+    second = _conv(b, b.max_pool2d(first, 4, 4), rng, CHAIN)
+    graph = simplify_graph(b.build(b.add(_conv(b, second, rng, CHAIN), second)))
     big, middle, third = _conv_names(graph)
     rule, other = form_variants(graph)
 
@@ -273,7 +280,7 @@ def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_pa
     module = hexir.compile(graph, "cpu", database=db)
     assert all(db.best(r.workload_key, "cpu", k=1) for r in module.report)
     assert sum(r.ops[0] == "winograd_input" for r in module.report) == 2
-    x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
+    x = rng.standard_normal((1, CHAIN, 28, 28), dtype=np.float32)
     (want,) = evaluate(graph, [x])
     np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
 
@@ -281,7 +288,7 @@ def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_pa
 def test_compile_takes_the_forms_it_is_given(rng, tmp_path):
     db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
     graph, alone = _third_alone(rng, db)
-    x = rng.standard_normal((1, 8, 28, 28), dtype=np.float32)
+    x = rng.standard_normal((1, CHAIN, 28, 28), dtype=np.float32)
     (want,) = evaluate(graph, [x])
     for forms, winograd in [(alone, 2), (dict.fromkeys(alone, 0), 0)]:
         module = hexir.compile(graph, "cpu", forms=forms)  # default schedules, these forms

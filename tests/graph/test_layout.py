@@ -119,12 +119,13 @@ def test_a_matmul_of_a_constant_takes_it_in_panels_that_its_kernel_reads_in_plac
     np.testing.assert_allclose(module.run([a])[0], a @ w, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("columns", [300, 2600])
+@pytest.mark.parametrize("columns", [300, 2604])
 def test_columns_that_fill_no_whole_panels_are_padded_and_sliced(rng, columns):
     """A dense whose columns are no multiple of its panel (GPT-2's 50257 logits; here 300 and
-    2600, past PADDED_MIN_COLUMNS) takes its weight padded with zero columns to whole panels,
-    a multiple of PADDED_PANELS of them where there are 64 or more, then the result's first
-    columns; its bias and relu still apply, and the values are numpy's."""
+    2604, past PADDED_MIN_COLUMNS, multiples of no panel of 8, 16 or 32) takes its weight
+    padded with zero columns to whole panels, a multiple of PADDED_PANELS of them where there
+    are 64 or more, then the result's first columns; its bias and relu still apply, and the
+    values are numpy's."""
     b = GraphBuilder("odd")
     x = b.input("x", (24, 40))
     w = rng.standard_normal((columns, 40), dtype=np.float32)
