@@ -256,11 +256,27 @@ static inline void* hx_scratch(hx_scratch_t* s, size_t size) {{
 }}"""
 
 
-def generate_c(func: PrimFunc, target: Target | None = None, *, vector_math: bool = True) -> str:
+class SourceTooLong(Exception):
+    """The C being printed passed the `max_lines` it was given (not a HexirError: the kernel
+    is fine, only longer than its caller will take)."""
+
+
+def generate_c(
+    func: PrimFunc,
+    target: Target | None = None,
+    *,
+    vector_math: bool = True,
+    max_lines: int | None = None,
+) -> str:
     """The C source of `func`, exporting `void <kernel_symbol(func)>(T* restrict ..., ...)`.
     `vector_math`: exp, erf, ... in a vectorized loop as SIMD helpers (c_math.py); off, such a
-    loop stays a scalar `omp simd` loop of libm calls (the `vector_math` knob)."""
-    return CPrinter(target, vector_math=vector_math).print_func(func)
+    loop stays a scalar `omp simd` loop of libm calls (the `vector_math` knob). `max_lines`:
+    raise SourceTooLong as soon as the function's body passes that many lines (the search
+    refuses such candidates, and the long ones took most of its printing time). A body
+    printed past it inside a vectorization attempt raises too, though the attempt might have
+    given up for a scalar loop; that is shorter than the vectors only where the attempt
+    fails, seldom so late."""
+    return CPrinter(target, vector_math=vector_math, max_lines=max_lines).print_func(func)
 
 
 class CPrinter:
@@ -282,9 +298,16 @@ class CPrinter:
     small_global_bytes = 4096
     alignment = 64
 
-    def __init__(self, target: Target | None = None, *, vector_math: bool = True) -> None:
+    def __init__(
+        self,
+        target: Target | None = None,
+        *,
+        vector_math: bool = True,
+        max_lines: int | None = None,
+    ) -> None:
         self.target = target
         self.vector_math = vector_math
+        self.max_lines = max_lines
         self.vector_bytes = 4 * (target.vector_width if target is not None else 16)
         self._lines: list[str] = []
         self._depth = 0
@@ -306,6 +329,8 @@ class CPrinter:
 
     def emit(self, line: str) -> None:
         self._lines.append(self.indent_unit * self._depth + line if line else "")
+        if self.max_lines is not None and len(self._lines) > self.max_lines:
+            raise SourceTooLong(f"past {self.max_lines} lines")
 
     @contextmanager
     def scope(self, opener: str, closer: str = "}") -> Iterator[None]:

@@ -42,10 +42,12 @@ def build(
     return CpuKernel(func, source, path, target)
 
 
-def c_source(func: PrimFunc, target: Target | str = "cpu") -> str:
-    """The C that `build` compiles for `func` on a CPU target."""
+def c_source(func: PrimFunc, target: Target | str = "cpu", max_lines: int | None = None) -> str:
+    """The C that `build` compiles for `func` on a CPU target; `max_lines`: raise
+    SourceTooLong (hexir/codegen/c.py) once its body passes that many lines."""
     # Caches placed by the schedule shrink to the tiles they hold (a lowering step).
-    return generate_c(compact_buffers(func), Target.of(target), vector_math=knobs.get().vector_math)
+    return generate_c(compact_buffers(func), Target.of(target),
+                      vector_math=knobs.get().vector_math, max_lines=max_lines)  # fmt: skip
 
 
 def build_all(funcs: Sequence[PrimFunc], target: Target | str = "cpu") -> list:

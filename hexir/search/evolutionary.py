@@ -311,12 +311,9 @@ def _breed(
 
 
 def _printed_within(candidate: Candidate, limit: int) -> bool:
-    """Whether `candidate`'s C, printed, is at most `limit` lines (one that does not print
-    counts as fitting: the builder records its error)."""
-    try:
-        return candidate.c_lines <= limit
-    except HexirError:
-        return True
+    """Whether `candidate`'s C, printed (no further than `limit` lines), is at most `limit`
+    lines (one that does not print counts as fitting: the builder records its error)."""
+    return candidate.fits(limit)
 
 
 def _weights(scores: list[float]) -> list[float]:
@@ -466,7 +463,7 @@ class EvolutionarySearch:
             if not more:
                 break
             with self.profile.timing("building"):
-                print_sources(more)
+                print_sources(more, max_lines=self.source_limit)
             for c in _distinct(more):
                 seen.add(c.candidate_key)
                 if len(found) < n and self._fits(c):
@@ -497,7 +494,7 @@ class EvolutionarySearch:
         order = sorted(range(len(near)), key=lambda i: -scores[i])
         if self.source_limit is not None:
             with self.profile.timing("building"):
-                print_sources([near[i] for i in order[:k]])
+                print_sources([near[i] for i in order[:k]], max_lines=self.source_limit)
         return pick([(float(scores[i]), near[i]) for i in order], [], k, 0.0, self.rng, self._fits)
 
     @functools.cached_property
@@ -538,7 +535,7 @@ class EvolutionarySearch:
         start, fitting = 0, 0
         while fitting < n and start < len(ranked):
             chunk = ranked[start : start + n - fitting]
-            print_sources(chunk)
+            print_sources(chunk, max_lines=limit)
             fitting += sum(1 for c in chunk if _printed_within(c, limit))
             start += len(chunk)
 

@@ -89,6 +89,37 @@ class Candidate:
     def c_lines(self) -> int:
         return self.c_source.count("\n")
 
+    def fits(self, max_lines: int) -> bool:
+        """Whether this candidate's C is at most `max_lines` lines. Where it has no C yet,
+        the C is printed only that far: a longer one is remembered as such (`mark_longer`),
+        without its C. One whose C does not print fits (the builder records its error)."""
+        from hexir.codegen.c import SourceTooLong
+        from hexir.runtime.build import c_source
+
+        if self.has_source:
+            return self.c_lines <= max_lines
+        if self.longer_than(max_lines):
+            return False
+        try:
+            self.keep_source(c_source(self.func, self.target, max_lines=max_lines))
+        except SourceTooLong:
+            self.mark_longer(max_lines)
+            return False
+        except HexirError:
+            return True
+        return self.c_lines <= max_lines
+
+    def mark_longer(self, max_lines: int) -> None:
+        """Remember that this candidate's C is longer than `max_lines` lines (printed that
+        far elsewhere: hexir/search/sources.py)."""
+        self.__dict__["_longer_than"] = max(max_lines, self.__dict__.get("_longer_than", 0))
+
+    def longer_than(self, max_lines: int) -> bool:
+        """Whether this candidate's C is known to be longer than `max_lines` lines."""
+        if self.has_source:
+            return self.c_lines > max_lines
+        return self.__dict__.get("_longer_than", -1) >= max_lines
+
 
 @dataclass(frozen=True)
 class BuildResult:

@@ -33,18 +33,22 @@ _helpers: list[WorkerProcess | None] = []
 _lock = threading.Lock()
 
 
-def print_sources(candidates: Sequence[Candidate], helpers: int | None = None) -> None:
+def print_sources(
+    candidates: Sequence[Candidate], helpers: int | None = None, max_lines: int | None = None
+) -> None:
     """Make the `c_source` of each CPU candidate that has none, `helpers` processes (None:
     one per core but this one's, from the `build_workers` knob, 0 = one per core) printing
-    beside this one."""
-    todo = deque(c for c in candidates if c.target.kind == "cpu" and not c.has_source)
+    beside this one. With `max_lines`, a C that grows past it is printed no further: its
+    candidate is marked longer (`Candidate.mark_longer`) and keeps no C."""
+    todo = deque(c for c in candidates if c.target.kind == "cpu" and not c.has_source
+                 and not (max_lines is not None and c.longer_than(max_lines)))  # fmt: skip
     if helpers is None:
         helpers = (knobs.get().build_workers or Target("cpu").num_cores) - 1
     helpers = min(helpers, len(todo) - 1)
     threads = []
     if helpers > 0:
         values = knobs.get()  # the knobs of this context: a helper thread has its own
-        threads = [threading.Thread(target=_help, args=(n, todo, values), daemon=True)
+        threads = [threading.Thread(target=_help, args=(n, todo, values, max_lines), daemon=True)
                    for n in range(helpers)]  # fmt: skip
         for t in threads:
             t.start()
@@ -53,6 +57,9 @@ def print_sources(candidates: Sequence[Candidate], helpers: int | None = None) -
             candidate = todo.popleft()
         except IndexError:
             break
+        if max_lines is not None:
+            candidate.fits(max_lines)  # printed that far, and kept where it fits
+            continue
         try:
             candidate.c_source  # noqa: B018 - made and kept
         except HexirError:
@@ -61,7 +68,7 @@ def print_sources(candidates: Sequence[Candidate], helpers: int | None = None) -
         t.join()
 
 
-def _help(n: int, todo: deque[Candidate], values: knobs.Knobs) -> None:
+def _help(n: int, todo: deque[Candidate], values: knobs.Knobs, max_lines: int | None) -> None:
     """Helper `n`'s share: print candidates from `todo` until it is empty."""
     worker = _helper(n)
     if worker is None:
@@ -72,8 +79,8 @@ def _help(n: int, todo: deque[Candidate], values: knobs.Knobs) -> None:
         except IndexError:
             return
         try:
-            reply = worker.call(SourceRequest(candidate.func, candidate.target, values),
-                                PRINT_TIMEOUT)  # fmt: skip
+            request = SourceRequest(candidate.func, candidate.target, values, max_lines)
+            reply = worker.call(request, PRINT_TIMEOUT)
         except (WorkerDied, WorkerTimedOut):
             with _lock:
                 _helpers[n] = None  # started again when next asked
@@ -82,6 +89,8 @@ def _help(n: int, todo: deque[Candidate], values: knobs.Knobs) -> None:
         source = reply.info.get("source")
         if isinstance(source, str):
             candidate.keep_source(source)
+        elif max_lines is not None and reply.info.get("longer"):
+            candidate.mark_longer(max_lines)
 
 
 def _helper(n: int) -> WorkerProcess | None:

@@ -95,11 +95,13 @@ class InTurnRequest:
 @dataclass(frozen=True)
 class SourceRequest:
     """Print a CPU candidate's C (`hexir.runtime.build.c_source`): a helper's share of a
-    batch (hexir/search/sources.py). The reply's info holds it under "source"."""
+    batch (hexir/search/sources.py). The reply's info holds it under "source", or "longer":
+    True where it grew past `max_lines` (printed no further)."""
 
     func: PrimFunc
     target: Target
     knobs: knobs.Knobs
+    max_lines: int | None = None
 
 
 @dataclass(frozen=True)
@@ -248,10 +250,15 @@ def _answer(request: object, references: OrderedDict[str, tuple[Arrays, Arrays]]
                     refs = [_reference(r.reference, references) for r in request.requests]
                     return _measure_in_turn(request, refs)
             case SourceRequest():
+                from hexir.codegen.c import SourceTooLong
                 from hexir.runtime.build import c_source
 
                 with _knobs(request.knobs):
-                    return Reply(info={"source": c_source(request.func, request.target)})
+                    try:
+                        source = c_source(request.func, request.target, request.max_lines)
+                    except SourceTooLong:
+                        return Reply(info={"longer": True})
+                    return Reply(info={"source": source})
         raise TypeError(f"not a measurement request: {request!r}")
     except HexirError as e:
         return Reply(error_kind="run", error_message=str(e))

@@ -276,7 +276,8 @@ def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(mat
     cap = lines[len(lines) // 2]  # half of what an unlimited search proposes is longer
     slices = []
     printer = evolutionary.print_sources
-    monkeypatch.setattr(evolutionary, "print_sources", lambda cs: [slices.append(cs), printer(cs)])
+    monkeypatch.setattr(evolutionary, "print_sources",
+                        lambda cs, **kw: [slices.append(cs), printer(cs, **kw)])  # fmt: skip
     capped = EvolutionarySearch(matmul, CPU, rng=random.Random(4), config=config)
     capped.source_limit = cap
     top_ups = []
@@ -290,6 +291,10 @@ def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(mat
     # missing (the last cut short where the ranking ends): the refused ones too, none of them
     # alone; then the fresh samples, also side by side.
     assert top_ups[0] > 1 and len(slices) > top_ups[0]
+    # A C whose body grew past the cap was printed no further, and its candidate keeps none.
+    longer = [c for piece in slices for c in piece if not c.has_source]
+    assert 0 < len(longer) <= capped.oversized
+    assert all(c.longer_than(cap) and not c.fits(cap) for c in longer)
     fitting = 0
     for k, piece in enumerate(slices[: top_ups[0]]):
         assert 0 < len(piece) <= 8 - fitting

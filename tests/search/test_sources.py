@@ -47,3 +47,21 @@ def test_a_helper_prints_the_c_this_process_would_and_a_dead_one_is_replaced(mon
     assert sources._helpers[0] is not None and sources._helpers[0]._proc.poll() is None
     sources.close_helpers()
     assert sources._helpers == []
+
+
+def test_a_batch_printed_to_a_line_limit_keeps_the_c_that_fits_and_marks_the_rest(monkeypatch):
+    batch = _fresh(4, 16)
+    lines = sorted(c_source(c.func, CPU).count("\n") for c in batch)
+    limit = lines[len(lines) // 2]  # about half of them print longer
+    marked = []
+    mark = Candidate.mark_longer
+    monkeypatch.setattr(Candidate, "mark_longer", lambda c, n: (marked.append(c), mark(c, n)))
+    print_sources(batch, helpers=1, max_lines=limit)
+    for c in batch:
+        full = c_source(c.func, CPU)
+        if c.has_source:  # its C whole, as printed without a limit
+            assert c.c_source == full and c.fits(limit) == (full.count("\n") <= limit)
+        else:  # printed no further than the limit: longer, and so it stays
+            assert full.count("\n") > limit and c.longer_than(limit) and not c.fits(limit)
+    assert marked and any(not c.has_source for c in batch)
+    sources.close_helpers()
