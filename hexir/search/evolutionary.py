@@ -310,12 +310,6 @@ def _breed(
     return _distinct([c if c is not None else slots[n] for n, c in enumerate(children)])
 
 
-def _printed_within(candidate: Candidate, limit: int) -> bool:
-    """Whether `candidate`'s C, printed (no further than `limit` lines), is at most `limit`
-    lines (one that does not print counts as fitting: the builder records its error)."""
-    return candidate.fits(limit)
-
-
 def _weights(scores: list[float]) -> list[float]:
     """Selection weights from scores of any sign: shifted to start at 0, with a floor so that
     the worst still has a (small) chance; uniform when the model cannot tell them apart."""
@@ -536,7 +530,7 @@ class EvolutionarySearch:
         while fitting < n and start < len(ranked):
             chunk = ranked[start : start + n - fitting]
             print_sources(chunk, max_lines=limit)
-            fitting += sum(1 for c in chunk if _printed_within(c, limit))
+            fitting += sum(1 for c in chunk if c.fits(limit))
             start += len(chunk)
 
     def _fits(self, candidate: Candidate) -> bool:
@@ -546,7 +540,7 @@ class EvolutionarySearch:
         if limit is None:
             return True
         with self.profile.timing("building"):
-            fits = _printed_within(candidate, limit)
+            fits = candidate.fits(limit)
         if not fits:
             self.oversized += 1
         return fits
