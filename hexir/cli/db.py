@@ -121,8 +121,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             records = db.records(w.key, target)
             if not records:
                 continue
-            valid = [r.median for r in records if r.is_valid and r.median is not None]
-            alone = [m for r in records if (m := r.median) is not None and not r.in_model]
+            valid = [r for r in records if r.is_valid]
+            alone = [r.median for r in valid if not r.in_model]
             print(
                 f"  {w.key[:12]:<12}  {workload_name(w)[:36]:<36} {target[:24]:<24} "
                 f"{len(records):>7} {len(valid):>6} {ms(min(alone, default=None), 10)}"
