@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 import re
 import socket
@@ -168,6 +169,49 @@ def test_second_build_hits_the_cache(cache, monkeypatch):
     second = build(axpy(), target="cpu")
     assert second.path == first.path
     assert sorted(p.name for p in (cache / "cc").iterdir()) == libraries
+
+
+# SSE's min, in every x86-64 CPU: a source that includes <immintrin.h>.
+MIN_SOURCE = """#include <immintrin.h>
+__attribute__((visibility("default"))) void {name}(const float* a, const float* b, float* out) {{
+  _mm_storeu_ps(out, _mm_min_ps(_mm_loadu_ps(a), _mm_loadu_ps(b)));
+}}
+"""
+
+
+def _text(library: Path) -> bytes:
+    """A library's machine code (its .text section)."""
+    out = library.with_suffix(".text")
+    subprocess.run(["objcopy", "-O", "binary", "--only-section=.text", library, out], check=True)
+    return out.read_bytes()
+
+
+def test_sources_that_include_immintrin_share_one_precompiled_copy(cache, monkeypatch, rng):
+    commands = []
+    real_invoke = cc._invoke
+    monkeypatch.setattr(
+        cc, "_invoke", lambda command: commands.append(command) or real_invoke(command)
+    )
+    paths = [cc.compile_c(MIN_SOURCE.format(name=f"vmin{i}"), Target("cpu")) for i in range(2)]
+    precompiles = [c for c in commands if "c-header" in c]
+    assert len(precompiles) == 1  # the second source found the first one's copy
+    builds = [c for c in commands if "c-header" not in c and c[-1].endswith(".c")]
+    assert len(builds) == 2 and all("-include" in c for c in builds)
+    assert not cc._wants_precompiled(axpy_source := hexir.runtime.build.c_source(axpy()))
+    assert "immintrin" not in axpy_source
+
+    a, b = (rng.standard_normal(4).astype(np.float32) for _ in range(2))
+    out = np.full(4, np.nan, np.float32)
+    library = ctypes.CDLL(str(paths[1]))
+    library.vmin1(*(x.ctypes.data_as(ctypes.c_void_p) for x in (a, b, out)))
+    np.testing.assert_array_equal(out, np.minimum(a, b))
+
+    # The same machine code as GCC makes reading the header itself.
+    monkeypatch.setattr(cc, "_precompiled_flags", lambda *args: [])
+    with knobs.scope(cache_dir=str(cache / "plain")):
+        plain = cc.compile_c(MIN_SOURCE.format(name="vmin1"), Target("cpu"))
+    assert "-include" not in commands[-1]
+    assert _text(plain) == _text(paths[1])
 
 
 def test_cache_key_covers_flags(cache):
