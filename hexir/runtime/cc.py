@@ -131,10 +131,14 @@ def _precompiled_flags(cc: str, flags: list[str], directory: Path) -> list[str]:
 
 def _precompile(cc: str, flags: list[str], header: Path, copy: Path) -> bool:
     header.parent.mkdir(parents=True, exist_ok=True)
-    header.write_text(f"#include <{PRECOMPILED}>\n")
     with tempfile.TemporaryDirectory(dir=header.parent, prefix=".build-") as tmp:
-        built = Path(tmp) / copy.name
-        result = _invoke([cc, *flags, "-x", "c-header", "-o", str(built), str(header)])
+        text, built = Path(tmp) / header.name, Path(tmp) / copy.name
+        text.write_text(f"#include <{PRECOMPILED}>\n")
+        os.replace(text, header)  # whole: another process may be compiling with it
+        try:
+            result = _invoke([cc, *flags, "-x", "c-header", "-o", str(built), str(header)])
+        except BuildError:  # past the compile timeout: the kernel reads the header itself
+            return False
         if result.returncode != 0 or not built.exists():
             return False
         os.replace(built, copy)  # whole, under its final name, or not at all
