@@ -24,7 +24,7 @@ BFLOAT16 = numpy_dtype("bfloat16")
 # Cases that pass on 2026-12-05 (onnx 1.23): a floor, so that a regression shows.
 PASSING_AT_LEAST = 1286
 # Every passing case compiles for the CPU and computes the same, float16 and bfloat16
-# included: a test for each of SHARDS slices of them (a minute or so each, where all of them
+# included: a test for each of SHARDS slices of them (under a minute each, where all of them
 # in one test ran past pytest's 300 s timeout on a slow host).
 SHARDS = 8
 
