@@ -42,13 +42,15 @@ QUICK_FLAGS = (
 )
 
 
-# GCC takes 0.6-0.7 s to read <immintrin.h> with -march=native (its many target pragmas; a
-# 2-core AVX2 EPYC), five times what a small kernel takes in all: a source that includes it
-# (vector min/max, exp's scalef, the int8 dot and AMX helpers) is compiled with a precompiled
-# copy instead, built once for each cache directory and flag set (1.4 s, 25 MB), read in
-# 0.07 s. The library's machine code is the same as without it; where the copy cannot be
-# built or GCC finds it stale, GCC reads the header itself.
-PRECOMPILED = "immintrin.h"
+# A kernel's headers are compiled once, not in every kernel: a source whose leading includes
+# are all PRECOMPILABLE (a kernel's, hexir/codegen/c.py) is compiled with a precompiled copy
+# of them, built once for each set of headers, cache directory and flag set, under
+# <cache_dir>/pch. GCC takes 0.6-0.7 s to read <immintrin.h> with -march=native (its many
+# target pragmas; a 2-core AVX2 EPYC), five times what a small kernel takes in all, and its
+# copy (1.4 s to build, 25 MB) is read in 0.07 s; the other headers cost a small kernel 16 of
+# its 114 ms (their copy: 0.13 s, 4 MB). The library's machine code is the same; where the
+# copy cannot be built or GCC finds it stale, GCC reads the headers themselves.
+PRECOMPILABLE = frozenset({"math.h", "stdbool.h", "stdint.h", "stdlib.h", "omp.h", "immintrin.h"})
 
 
 def compile_flags(target: Target) -> list[str]:
@@ -80,7 +82,7 @@ def compile_c(source: str, target: Target, include_dirs: Sequence[str] = ()) -> 
         c_file = Path(tmp) / f"{digest}.c"
         c_file.write_text(source)
         so_file = Path(tmp) / f"{digest}.so"
-        header = _precompiled_flags(cc, flags, directory) if _wants_precompiled(source) else []
+        header = _precompiled_flags(cc, flags, directory.parent, _includes(source))
         result = _invoke([cc, *flags, *header, "-o", str(so_file), str(c_file)])
         if result.returncode != 0 or not so_file.exists():
             command = shlex.join([cc, *flags, "-o", f"{digest}.so", f"{digest}.c"])
@@ -103,41 +105,50 @@ def cache_key(source: str, cc: str, flags: list[str]) -> str:
     return digest.hexdigest()[:32]
 
 
-def _wants_precompiled(source: str) -> bool:
-    return f"#include <{PRECOMPILED}>" in source
+def _includes(source: str) -> str:
+    """`source`'s leading `#include` lines, where each names a PRECOMPILABLE header; "" where
+    one does not (or there are none)."""
+    lines = []
+    for line in source.splitlines():
+        if not line.startswith("#include <"):
+            break
+        if line.removeprefix("#include <").removesuffix(">") not in PRECOMPILABLE:
+            return ""
+        lines.append(line + "\n")
+    return "".join(lines)
 
 
 _precompile_lock = threading.Lock()
 _precompile_failed: set[Path] = set()  # tried once in this process, not tried again
 
 
-def _precompiled_flags(cc: str, flags: list[str], directory: Path) -> list[str]:
-    """`-include` of a header that includes PRECOMPILED, beside its precompiled copy for this
-    compiler and these flags (built here the first time); [] where the compiler is not GCC
-    or the copy does not build."""
-    if "Free Software Foundation" not in compiler_version(cc):  # GCC's precompiled format
+def _precompiled_flags(cc: str, flags: list[str], cache_dir: Path, includes: str) -> list[str]:
+    """`-include` of a header of `includes`, beside its precompiled copy for this compiler
+    and these flags (built here the first time); [] where there are none, the compiler is not
+    GCC or the copy does not build."""
+    if not includes or "Free Software Foundation" not in compiler_version(cc):  # GCC's format
         return []
-    header = directory / "pch" / cache_key(PRECOMPILED, cc, flags) / f"hx_{PRECOMPILED}"
+    header = cache_dir / "pch" / cache_key(includes, cc, flags) / "hx_includes.h"
     copy = header.with_name(header.name + ".gch")  # where GCC looks for it
     with _precompile_lock:  # the threads of one build wait for one copy
         if (
             not copy.exists()
             and header not in _precompile_failed
-            and not _precompile(cc, flags, header, copy)
+            and not _precompile(cc, flags, header, copy, includes)
         ):
             _precompile_failed.add(header)
     return ["-include", str(header)] if copy.exists() else []
 
 
-def _precompile(cc: str, flags: list[str], header: Path, copy: Path) -> bool:
+def _precompile(cc: str, flags: list[str], header: Path, copy: Path, includes: str) -> bool:
     header.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=header.parent, prefix=".build-") as tmp:
         text, built = Path(tmp) / header.name, Path(tmp) / copy.name
-        text.write_text(f"#include <{PRECOMPILED}>\n")
+        text.write_text(includes)
         os.replace(text, header)  # whole: another process may be compiling with it
         try:
             result = _invoke([cc, *flags, "-x", "c-header", "-o", str(built), str(header)])
-        except BuildError:  # past the compile timeout: the kernel reads the header itself
+        except BuildError:  # past the compile timeout: the kernel reads the headers itself
             return False
         if result.returncode != 0 or not built.exists():
             return False

@@ -186,7 +186,7 @@ def _text(library: Path) -> bytes:
     return out.read_bytes()
 
 
-def test_sources_that_include_immintrin_share_one_precompiled_copy(cache, monkeypatch, rng):
+def test_sources_of_one_set_of_headers_share_one_precompiled_copy(cache, monkeypatch, rng):
     commands = []
     real_invoke = cc._invoke
     monkeypatch.setattr(
@@ -197,8 +197,12 @@ def test_sources_that_include_immintrin_share_one_precompiled_copy(cache, monkey
     assert len(precompiles) == 1  # the second source found the first one's copy
     builds = [c for c in commands if "c-header" not in c and c[-1].endswith(".c")]
     assert len(builds) == 2 and all("-include" in c for c in builds)
-    build(axpy())  # a kernel without the header compiles as before
-    assert "-include" not in commands[-1] and commands[-1][-1].endswith(".c")
+    for n in (8, 16):  # a kernel's headers (math.h, ...): another copy, for both
+        build(axpy(n, f"axpy{n}"))
+    assert sum("c-header" in c for c in commands) == 2 and "-include" in commands[-1]
+    assert sorted(p.name for p in (cache / "pch").iterdir()) == sorted(
+        {Path(c[-1]).parent.name for c in commands if "c-header" in c}
+    )
 
     a, b = (rng.standard_normal(4).astype(np.float32) for _ in range(2))
     out = np.full(4, np.nan, np.float32)
