@@ -18,7 +18,10 @@ from hexir.database import Database
 from hexir.search.calibration import STALE_SECONDS, Calibration
 from hexir.search.tune import tune
 
-THRESHOLD = 2.0
+# Under the load below a calibration reads hundreds of times its quiet time; a quiet one
+# reads up to 2.4 times it on a host whose own speed shifts that much (a 2-core EPYC VM, numpy
+# 72-170 GFLOP/s): a CI run there read both re-measurements of a loaded candidate past 2.0.
+THRESHOLD = 4.0
 
 
 # What loads the machine: multithreaded numpy matmuls in a loop (OpenBLAS threads on every
