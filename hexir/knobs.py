@@ -107,6 +107,9 @@ class Knobs:
     # A tune times a candidate slower than this many times its task's best so far by one warm
     # call, not in full (hexir/search/tune.py); 0: every candidate in full.
     measure_cutoff: float = field(default_factory=lambda: _float("HEXIR_MEASURE_CUTOFF", "3"))
+    # ... and a CPU candidate whose first three latencies read slower than this many times
+    # that best by those three, not ten (hexir/search/worker.py); 0: every candidate in full.
+    measure_near: float = field(default_factory=lambda: _float("HEXIR_MEASURE_NEAR", "1.5"))
     timing_min_seconds: float = field(
         default_factory=lambda: _float("HEXIR_TIMING_MIN_SECONDS", "0.05")
     )

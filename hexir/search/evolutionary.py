@@ -18,10 +18,11 @@ One round, MetaSchedule's shape, every number a knob (`SearchConfig.from_knobs`)
    copy; a mutation that does not replay is dropped and tried again;
 3. every candidate scored on the way that was never measured (by anyone: the database's
    candidate keys count) is ranked by score; the batch is the top of that ranking, less a
-   `search_epsilon` share of random unmeasured samples, which keep the model honest. Where
-   the model is informed, a `search_climb_share` of the batch comes first: the best-scored
-   unmeasured neighbours of the task's best record (one step of one decision,
-   `mutators.neighbours`), so that each round climbs from the incumbent.
+   `search_epsilon` share of random unmeasured samples, which keep the model honest. A
+   `search_climb_share` of the batch comes first: the best-scored unmeasured neighbours of
+   the task's best record (one step of one decision, `mutators.neighbours`), so that each
+   round climbs from the incumbent; before any record (a first round, its model untrained),
+   FIRST_CLIMB_SHARE of it, from the default schedule, in random order.
 
 On the CPU a candidate whose C is longer than `source_limit` (SOURCE_LIMIT_FACTOR) is not
 proposed; the C printed to tell is the C its build compiles (`Candidate.c_source`). Where too
@@ -88,6 +89,10 @@ REPLAY_CACHE = 8192
 # conv's 69 were over twice as long: 2-13 s to compile each (0.3-0.9 s for the others), none
 # of them within 1.4x of the best. So the knob, the floor under twice the default, is now 400.
 SOURCE_LIMIT_FACTOR = 2
+# The share of a first round's batch (no record of the task yet) that is the default
+# schedule's neighbours (`EvolutionarySearch.climb`): on a conv two of three random samples
+# print too long to propose, each costing half a second of Python, where its neighbours fit.
+FIRST_CLIMB_SHARE = 0.5
 
 # Under a search deadline, sampling fresh schedules stops after this share of the time left,
 # and evolution has the rest (`_share`).
@@ -201,9 +206,17 @@ class ReplayCache:
             self._cache[trace] = replay(self.func, trace, self.target)
         return self._cache[trace]
 
-    def many(self, traces: Sequence[Trace]) -> dict[Trace, Candidate | None]:
-        """Each trace's candidate (or None)."""
-        return {t: self(t) for t in traces}
+    def many(
+        self, traces: Sequence[Trace], deadline: float | None = None
+    ) -> dict[Trace, Candidate | None]:
+        """Each trace's candidate (or None), in order; past `deadline` (a
+        `time.perf_counter()` value), only those replayed by then (and any cached)."""
+        made: dict[Trace, Candidate | None] = {}
+        for t in traces:
+            if t not in self._cache and _past(deadline):
+                continue
+            made[t] = self(t)
+        return made
 
     def seen(self) -> list[Candidate]:
         """Every candidate replayed and still cached."""
@@ -240,7 +253,7 @@ def evolve(
         if generation == config.generations or _past(deadline):
             break
         with profile.timing("mutation"):
-            current = _breed(current, scores, rng, config, mutators, replayer)
+            current = _breed(current, scores, rng, config, mutators, replayer, deadline)
     met = {c.candidate_key: c for c in population}
     met.update((c.candidate_key, c) for c in [*replayer.seen(), *current])
     ranked = [(scores[k], c) for k, c in met.items() if k in scores and k not in measured]
@@ -284,11 +297,14 @@ def _breed(
     config: SearchConfig,
     mutators: Sequence[Mutator],
     replayer: ReplayCache,
+    deadline: float | None = None,
 ) -> list[Candidate]:
     """The next generation: `config.population` children of parents drawn by score. A child
     to mutate gets `config.mutation_tries` mutations that replay and are new to the
     generation, else it is a copy of its parent. Mutations are drawn in slot order, then
-    replayed as one batch per try, so the draws do not depend on how replays are run."""
+    replayed as one batch per try, so the draws do not depend on how replays are run. Past
+    `deadline` nothing more is replayed: the children not made by then are copies (a conv's
+    generation of 512 replays took 10 s, where a round's search had 9)."""
     weights = _weights([scores[c.candidate_key] for c in parents])
     slots = rng.choices(parents, weights=weights, k=config.population)
     mutating = [n for n in range(len(slots)) if rng.random() < config.mutation_probability]
@@ -298,14 +314,14 @@ def _breed(
     taken = {c.candidate_key for c in children if c is not None}
     for _ in range(config.mutation_tries):
         traces = {n: mutate(slots[n].trace, rng, slots[n].workload, mutators) for n in mutating}
-        made = replayer.many([t for t in traces.values() if t is not None])
+        made = replayer.many([t for t in traces.values() if t is not None], deadline)
         for n, trace in traces.items():
             child = made.get(trace) if trace is not None else None
             if child is not None and child.candidate_key not in taken:
                 children[n] = child
                 taken.add(child.candidate_key)
         mutating = [n for n in mutating if children[n] is None]
-        if not mutating:
+        if not mutating or _past(deadline):
             break
     return _distinct([c if c is not None else slots[n] for n, c in enumerate(children)])
 
@@ -388,6 +404,7 @@ class EvolutionarySearch:
         self._transfer_tried = False
         self.transferred: list[Candidate] = []  # from similar workloads, in the first round
         self.oversized = 0  # candidates not proposed for printing past `source_limit`
+        self._refused: list[Candidate] = []  # those candidates, since `take_refused`
 
     def measured_keys(self) -> set[str]:
         """Candidate keys never to propose: measured here, or recorded in the database."""
@@ -402,6 +419,13 @@ class EvolutionarySearch:
 
     def mark_measured(self, candidates: Sequence[Candidate]) -> None:
         self._measured.update(c.candidate_key for c in candidates)
+
+    def take_refused(self) -> list[Candidate]:
+        """The candidates not proposed for their C's length (past `source_limit`) since the
+        last call: the tuner teaches the model they are the worst, so that the next rounds
+        rank such schedules low instead of printing them again and again."""
+        refused, self._refused = self._refused, []
+        return refused
 
     def propose(self, model: Predictor, n: int, deadline: float | None = None) -> list[Candidate]:
         """Up to `n` distinct candidates never measured, to measure next; fewer (or none) when
@@ -428,7 +452,7 @@ class EvolutionarySearch:
             deadline=deadline,
         )
         randoms = [c for c in fresh if c.candidate_key not in measured]
-        climb = self.climb(model, n, measured) if is_informed(model) else []
+        climb = self.climb(model, n, measured)
         taken = {c.candidate_key for c in climb}
         ranked = [(s, c) for s, c in ranked if c.candidate_key not in taken]
         if self.source_limit is not None:  # the C `_fits` reads, printed side by side
@@ -469,16 +493,19 @@ class EvolutionarySearch:
         one tile factor moved, or one other choice) of the task's best record so far, best
         scored first. Evolution's children are drawn in proportion to their scores, so on a
         model trained on a few dozen records it may never step next to the incumbent; these
-        steps climb from it one measured round at a time."""
-        k = int(knobs.get().search_climb_share * n)
-        if k <= 0 or self.database is None:
+        steps climb from it one measured round at a time. Before any record, the incumbent is
+        the default schedule (a first round, the model untrained: in random order): its
+        neighbours print within `source_limit` where two thirds of a conv's random samples
+        do not, and each costs half a second to print."""
+        share = knobs.get().search_climb_share
+        incumbent, recorded = self._incumbent() if share > 0 else (None, False)
+        if incumbent is None:
             return []
-        with self.profile.timing("database"):
-            best = self.database.best(self.workload_key, self.target, k=1)
-        if not best:
+        k = int((share if recorded else max(share, FIRST_CLIMB_SHARE)) * n)
+        if k <= 0:
             return []
         with self.profile.timing("mutation"):
-            made = self._replayer.many(neighbours(best[0].load_trace()))
+            made = self._replayer.many(neighbours(incumbent))
             near = _distinct([c for c in made.values()
                               if c is not None and c.candidate_key not in measured])  # fmt: skip
         if not near:
@@ -490,6 +517,16 @@ class EvolutionarySearch:
             with self.profile.timing("building"):
                 print_sources([near[i] for i in order[:k]], max_lines=self.source_limit)
         return pick([(float(scores[i]), near[i]) for i in order], [], k, 0.0, self.rng, self._fits)
+
+    def _incumbent(self) -> tuple[Trace | None, bool]:
+        """The trace `climb` steps from, and whether it is a record's: the best record's, else
+        the default schedule's (None where there is neither)."""
+        if self.database is not None:
+            with self.profile.timing("database"):
+                records = self.database.best(self.workload_key, self.target, k=1)
+            if records:
+                return records[0].load_trace(), True
+        return (self.default.trace if self.default is not None else None), False
 
     @functools.cached_property
     def source_limit(self) -> int | None:
@@ -543,6 +580,7 @@ class EvolutionarySearch:
             fits = candidate.fits(limit)
         if not fits:
             self.oversized += 1
+            self._refused.append(candidate)
         return fits
 
     def best_candidates(self, config: SearchConfig | None = None) -> list[Candidate]:

@@ -43,6 +43,9 @@ class Candidate:
     `cutoff` (seconds; None: none) is how slow a candidate may be and still be timed in full:
     past it on a warm call, one call's time stands for it (the tuner sets it from the task's
     best so far: a candidate three times slower than the best is told apart by one call).
+    `near` (seconds; None: none), on the CPU: a candidate whose first three latencies read
+    slower than that (their median) is timed by those three, not ten (the tuner sets it from
+    the best too: one 1.5 times slower is told apart by three).
     """
 
     workload: PrimFunc
@@ -51,6 +54,7 @@ class Candidate:
     target: Target
     candidate_key: str
     cutoff: float | None = field(default=None, compare=False)
+    near: float | None = field(default=None, compare=False)
 
     @classmethod
     def from_trace(cls, func: PrimFunc, trace: Trace, target: Target | str) -> Candidate:

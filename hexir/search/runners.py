@@ -158,7 +158,9 @@ class CpuRunner(_WorkerRunner):
     ) -> MeasureRequest:
         if build.path is None:
             raise ValueError("the CPU runner measures shared libraries: the build has no path")
-        return MeasureRequest(ref, candidate.func, build.source, build.path, candidate.cutoff)
+        return MeasureRequest(
+            ref, candidate.func, build.source, build.path, candidate.cutoff, near=candidate.near
+        )
 
     def _what(self, build: BuildResult) -> str:
         return f"library {build.path}, its C source beside it"

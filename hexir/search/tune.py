@@ -101,6 +101,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import statistics
 import sys
 import time
 import uuid
@@ -349,7 +350,8 @@ class _Tuner:
         self.gains: list[float | None] = [None] * len(self.tasks)
         self.checked = 0
         self.trials = [0] * len(tasks)
-        self.measure_seconds = [0.0] * len(tasks)  # building and timing this call's trials
+        # Each of this call's trials' seconds of building and timing, per task (`_costs`).
+        self.costs: list[list[float]] = [[] for _ in tasks]
         # The model whose convs' mixed forms are looked for (see the module), and when next.
         self.graph = graph
         self.next_mix_check = 0.0
@@ -427,7 +429,7 @@ class _Tuner:
             self.holders.append(None)
             self.gains.append(None)
             self.trials.append(0)
-            self.measure_seconds.append(0.0)
+            self.costs.append([])
             scheduler.add(task.weight, roofline(task, self.target))
 
     def time_mix(self, scheduler: TaskScheduler) -> None:
@@ -501,23 +503,28 @@ class _Tuner:
         proposed = search.propose(self.model, room - len(batch), self._search_deadline(i, room))
         batch += [c for c in proposed if c.candidate_key not in taken]
         results = self.measure(i, batch)
-        if results:
+        refused = search.take_refused()
+        if results or refused:
             with self.profile.timing("model_update"):
-                self.model.update(batch[: len(results)], results)
+                self.model.update(
+                    batch[: len(results)] + refused, results + [TOO_LONG] * len(refused)
+                )
         self.check_claims(i)
         return len(results)
 
     def measure(self, i: int, batch: list[Candidate]) -> list[MeasureResult]:
         """Measure `batch` in slices of `measure_batch_per_worker` candidates per parallel
         build of the executor (each slice built in full, then timed), committing each result
-        as soon as it is timed; under a time budget, only what it has room for."""
+        as soon as it is timed; under a time budget, only what it has room for. A task's
+        first slice is one build per worker: its first time (the default's) sets the cutoffs
+        of the rest (`_cut`)."""
         results: list[MeasureResult] = []
         workers = max(1, self.executor.workers)
         step = workers * max(1, knobs.get().measure_batch_per_worker)
         start = 0
         while start < len(batch):
-            # No pace known yet: a budget's first slice is one build per worker.
-            first = self.deadline is not None and sum(self.trials) == 0
+            # No pace known yet (a budget's), or no best: one build per worker.
+            first = self.best[i] is None or (self.deadline is not None and sum(self.trials) == 0)
             size = self.room(workers if first else step, SLICE_SHARE)
             if size == 0:
                 self.out_of_time = True
@@ -571,15 +578,18 @@ class _Tuner:
             wall = time.perf_counter() - began - (self.profile.database - committing)
             self._account(out, wall)
             if trials and isinstance(i, int):
-                self.measure_seconds[i] += wall
+                self.costs[i] += _costs(out, wall)
 
     def _cut(self, i: int, chunk: list[Candidate]) -> list[Candidate]:
         """`chunk` with the cutoff of task `i` (the `measure_cutoff` knob times its best so
-        far): a candidate slower than that is timed by one warm call, not in full."""
-        ratio, best = knobs.get().measure_cutoff, self.best[i]
-        if ratio <= 0 or best is None:
+        far): a candidate slower than that is timed by one warm call, not in full; and its
+        `near` (the `measure_near` knob times it): one slower than that, by three calls."""
+        k, best = knobs.get(), self.best[i]
+        if best is None:
             return chunk
-        return [dataclasses.replace(c, cutoff=ratio * best) for c in chunk]
+        cutoff = k.measure_cutoff * best if k.measure_cutoff > 0 else None
+        near = k.measure_near * best if k.measure_near > 0 else None
+        return [dataclasses.replace(c, cutoff=cutoff, near=near) for c in chunk]
 
     def _watch(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
         """Note a suspect result (timed while something else ran) of task `i`, to measure its
@@ -756,12 +766,14 @@ class _Tuner:
 
     def _search_deadline(self, i: int, n: int) -> float | None:
         """When a round of task `i` measuring `n` must stop searching: after the
-        `search_time_ratio` share of the time measuring them should take (at the task's pace
-        so far), and before the time budget's end, less one trial's time to measure."""
+        `search_time_ratio` share of the time measuring them should take (at the task's
+        median trial's cost so far: a first round's few costly ones, the reference computed
+        and random candidates of seconds a call, doubled matmul's next search), and before
+        the time budget's end, less one trial's time to measure."""
         ends = []
         ratio = knobs.get().search_time_ratio
-        if ratio > 0 and self.trials[i]:
-            pace = self.measure_seconds[i] / self.trials[i]
+        if ratio > 0 and self.costs[i]:
+            pace = statistics.median(self.costs[i])
             ends.append(time.perf_counter() + ratio * n * pace)
         if self.deadline is not None:
             ends.append(self.deadline - (self._pace() or 0.0))
@@ -879,6 +891,23 @@ class _Tuner:
             self.checked,
             self.in_model,
         )
+
+
+# What the model learns of a candidate whose C was too long to propose (a failure: the worst).
+TOO_LONG = MeasureResult.error("build", "its C is longer than the search's source limit")
+
+
+def _costs(results: list[MeasureResult], wall: float) -> list[float]:
+    """Each of `results`' share of the `wall` seconds that building and timing them took: its
+    own run's span, and an even share of the rest (the builds, in parallel)."""
+    spans = [
+        max(0.0, float(r.build_info["run_end"]) - float(r.build_info["run_start"]))
+        if "run_start" in r.build_info and "run_end" in r.build_info
+        else 0.0
+        for r in results
+    ]
+    rest = max(0.0, wall - sum(spans)) / max(1, len(results))
+    return [span + rest for span in spans]
 
 
 def _marked(result: MeasureResult, mark: str) -> MeasureResult:

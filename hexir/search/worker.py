@@ -81,6 +81,7 @@ class MeasureRequest:
     path: str | None
     cutoff: float | None = None  # Candidate.cutoff
     kernel: CudaKernel | None = None
+    near: float | None = None  # Candidate.near
 
 
 @dataclass(frozen=True)
@@ -306,10 +307,12 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     if isinstance(checked, Reply):
         return checked
     kernel, arrays, first = checked
-    latencies, number = time_kernel(kernel, arrays, first, request.cutoff)
+    latencies, number = time_kernel(kernel, arrays, first, request.cutoff, request.near)
     info = _info(arrays, number)
     if request.cutoff is not None and len(latencies) == 1 and latencies[0] > request.cutoff:
         info["cut"] = True  # slower than the cutoff: timed by one warm call
+    elif _far(latencies, request.near):
+        info["far"] = True  # slower than `near`: timed by MIN_SLOW_REPEATS latencies
     if knobs.get().measure_calibration_threshold > 0:
         info["calibration"] = _calibration(request.reference.target).ratio()
     return Reply(latencies=tuple(latencies), info=info)
@@ -419,6 +422,7 @@ def time_kernel(
     arrays: list[np.ndarray],
     first: float | None = None,
     cutoff: float | None = None,
+    near: float | None = None,
 ) -> tuple[list[float], int]:
     """`timing_repeats` latencies, each the median of `number` calls, with `number` chosen so
     that all of them together take `timing_min_seconds`, after `timing_warmup` calls.
@@ -428,11 +432,13 @@ def time_kernel(
     repeats stop at `timing_max_seconds` in all (at least `MIN_SLOW_REPEATS` of them). A
     candidate slower than `cutoff` seconds on its first and on one more (warm) call is timed
     by that call alone: a candidate three times slower than the best is told apart by one
-    call as well as by ten. A kernel whose arrays hold more than COLD_BYTES is timed cold: one
-    call per latency, each after its arrays were flushed from the caches (`flush_arrays`)."""
+    call as well as by ten. One whose first MIN_SLOW_REPEATS latencies read slower than `near`
+    (their median) is timed by those: it is no rival of the best. A kernel whose arrays hold
+    more than COLD_BYTES is timed cold: one call per latency, each after its arrays were
+    flushed from the caches (`flush_arrays`)."""
     k = knobs.get()
     if is_cold(arrays):
-        return _time_cold(kernel, arrays, first, cutoff), 1
+        return _time_cold(kernel, arrays, first, cutoff, near), 1
     if cutoff is not None and first is not None and first > cutoff:
         with knobs.scope(timing_warmup=0, timing_repeats=1, timing_min_seconds=0.0):
             warm = kernel.time(*arrays)
@@ -446,9 +452,20 @@ def time_kernel(
     affordable = int(k.timing_max_seconds / max(once, 1e-9))
     repeats = max(min(k.timing_repeats, max(affordable, MIN_SLOW_REPEATS)), 1)
     number = min(10**6, max(1, math.ceil(k.timing_min_seconds / repeats / max(once, 1e-9))))
+    latencies: list[float] = []
     with knobs.scope(timing_warmup=0, timing_repeats=number, timing_min_seconds=0.0):
-        latencies = [kernel.time(*arrays) for _ in range(repeats)]
+        while len(latencies) < repeats and not _far(latencies, near):
+            latencies.append(kernel.time(*arrays))
     return latencies, number
+
+
+def _far(latencies: list[float], near: float | None) -> bool:
+    """Whether `latencies` are MIN_SLOW_REPEATS and their median is slower than `near`."""
+    return (
+        near is not None
+        and len(latencies) == MIN_SLOW_REPEATS
+        and statistics.median(latencies) > near
+    )
 
 
 def time_in_turn(
@@ -492,10 +509,15 @@ def time_in_turn(
 
 
 def _time_cold(
-    kernel: CpuKernel, arrays: list[np.ndarray], first: float | None, cutoff: float | None
+    kernel: CpuKernel,
+    arrays: list[np.ndarray],
+    first: float | None,
+    cutoff: float | None,
+    near: float | None = None,
 ) -> list[float]:
     """`timing_repeats` single calls, each after `flush_arrays` (fewer past
-    `timing_max_seconds`, at least MIN_SLOW_REPEATS); one past `cutoff`."""
+    `timing_max_seconds`, at least MIN_SLOW_REPEATS); one past `cutoff`, MIN_SLOW_REPEATS
+    past `near`."""
     k = knobs.get()
     latencies: list[float] = []
     spent = 0.0
@@ -508,5 +530,7 @@ def _time_cold(
             if past_cutoff and latencies[-1] > cutoff:
                 break
             if len(latencies) >= MIN_SLOW_REPEATS and spent >= k.timing_max_seconds:
+                break
+            if _far(latencies, near):
                 break
     return latencies

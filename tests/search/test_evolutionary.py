@@ -11,7 +11,15 @@ import pytest
 
 import hexir
 from hexir.database import Database
-from hexir.search.evolutionary import EvolutionarySearch, SearchConfig, evolve, pick, replay
+from hexir.search.evolutionary import (
+    EvolutionarySearch,
+    ReplayCache,
+    SearchConfig,
+    _breed,
+    evolve,
+    pick,
+    replay,
+)
 from hexir.search.measure import Candidate, MeasureResult
 from hexir.search.mutators import (
     ComputeLocationMutator,
@@ -19,6 +27,7 @@ from hexir.search.mutators import (
     ThreadBindingMutator,
     TileMutator,
     UnrollMutator,
+    default_mutators,
     mutate,
     sites,
 )
@@ -193,7 +202,8 @@ def test_a_round_scales_its_population_to_the_batch_and_skips_evolution_on_noise
     assert RandomModel().informed is False and XGBModel().informed is False
     config = SearchConfig(population=16, generations=2, measure_per_round=4, min_population=8)
     noise = EvolutionarySearch(matmul, CPU, rng=random.Random(1), config=config)
-    assert len(noise.propose(RandomModel(seed=1), 2)) == 2
+    with hexir.knobs.scope(search_climb_share=0.0):  # no steps from the default either
+        assert len(noise.propose(RandomModel(seed=1), 2)) == 2
     assert noise.profile.mutation == 0.0  # random scores: fresh samples only
     guided = EvolutionarySearch(matmul, CPU, rng=random.Random(1), config=config)
     assert len(guided.propose(InnerTile(), 2)) == 2
@@ -221,8 +231,20 @@ def test_a_deadline_stops_sampling_and_evolution_where_it_passes(matmul):
     assert model.calls == 1  # the first generation scored, none bred
     assert {c.candidate_key for _, c in ranked} == {c.candidate_key for c in population}
     late = EvolutionarySearch(matmul, CPU, rng=random.Random(2), config=SMALL)
-    assert 1 <= len(late.propose(InnerTile(), 8, deadline=time.perf_counter())) <= 8
+    with hexir.knobs.scope(search_climb_share=0.0):  # the climb's steps are mutations too
+        assert 1 <= len(late.propose(InnerTile(), 8, deadline=time.perf_counter())) <= 8
     assert late.profile.mutation == 0.0
+    # A deadline that passes within a generation: nothing more is replayed, the children
+    # not made by then are copies of their parents.
+    replayer = ReplayCache(matmul, CPU)
+    predicted = InnerTile().predict(population)
+    scores = {c.candidate_key: float(s) for c, s in zip(population, predicted, strict=True)}
+    children = _breed(population, scores, random.Random(0), SMALL, default_mutators(), replayer,
+                      deadline=time.perf_counter())  # fmt: skip
+    assert replayer.seen() == []
+    assert {c.candidate_key for c in children} <= {c.candidate_key for c in population}
+    bred = _breed(population, scores, random.Random(0), SMALL, default_mutators(), replayer)
+    assert replayer.seen() and not {c.candidate_key for c in bred} <= set(scores)
 
 
 @pytest.mark.slow
@@ -272,7 +294,10 @@ def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(mat
     config = SearchConfig(population=40, generations=0, measure_per_round=8)
     free = EvolutionarySearch(matmul, CPU, rng=random.Random(4), config=config)
     free.source_limit = None
-    lines = sorted(c.c_lines for c in free.propose(RandomModel(seed=0), 24))
+    # Random samples alone here (a first round's steps from the default fit: they are not
+    # what this test is about).
+    with knobs.scope(search_climb_share=0.0):
+        lines = sorted(c.c_lines for c in free.propose(RandomModel(seed=0), 24))
     cap = lines[len(lines) // 2]  # half of what an unlimited search proposes is longer
     slices = []
     printer = evolutionary.print_sources
@@ -284,7 +309,8 @@ def test_a_search_proposes_no_cpu_candidate_whose_c_is_past_its_source_limit(mat
     fitting_samples = capped._fitting
     capped._fitting = lambda *a: [top_ups.append(len(slices)), fitting_samples(*a)][1]
     # From 10 samples, those within the cap; fresh samples within it make up the rest.
-    batch = capped.propose(RandomModel(seed=0), 8)
+    with knobs.scope(search_climb_share=0.0):
+        batch = capped.propose(RandomModel(seed=0), 8)
     assert len(batch) == 8 and all(c.c_lines <= cap for c in batch)
     assert top_ups and capped.oversized > 0
     # The 10 printed side by side, a slice at a time, each as long as the fitting ones still
@@ -342,6 +368,24 @@ def test_pick_asks_fits_only_of_what_it_takes(matmul):
     batch = pick(ranked, [], 5, 0.0, random.Random(0), odd)
     assert [cands.index(c) for c in batch] == [1, 3, 5, 7, 9]
     assert asked == [c.candidate_key for c in cands[:10]]  # and no further
+
+
+def test_a_first_round_climbs_from_the_default_schedule(matmul):
+    """No record yet and the model untrained: half the batch is the default's neighbours."""
+    from hexir.costmodel import RandomModel
+    from hexir.search.mutators import neighbours
+
+    search = EvolutionarySearch(matmul, CPU, rng=random.Random(3), config=SMALL)
+    assert search.default is not None
+    steps = [replay(matmul, s, CPU) for s in neighbours(search.default.trace)]
+    near = {c.candidate_key for c in steps if c is not None}
+    assert len(near) >= 4
+    batch = search.propose(RandomModel(seed=3), 8)
+    assert len({c.candidate_key for c in batch}) == len(batch) == 8
+    assert sum(c.candidate_key in near for c in batch[:4]) == 4
+    assert search.default.candidate_key not in {c.candidate_key for c in batch}
+    with hexir.knobs.scope(search_climb_share=0.0):
+        assert search.climb(RandomModel(seed=3), 8, set()) == []
 
 
 def test_an_informed_round_climbs_from_the_best_record_one_step_at_a_time(matmul, tmp_path):

@@ -407,6 +407,24 @@ def test_a_candidate_past_its_cutoff_is_timed_by_one_warm_call():
             assert len(latencies) == 10 and clock.calls > 10
 
 
+def test_a_candidate_slower_than_near_is_timed_by_three_latencies(monkeypatch):
+    from hexir.search import worker
+
+    monkeypatch.setattr(worker, "flush_arrays", lambda arrays: None)
+    big = [np.empty(worker.COLD_BYTES + 1, dtype=np.uint8)]
+    with knobs.scope(timing_repeats=10, timing_min_seconds=0.05, timing_max_seconds=1.0):
+        for arrays in ([], big):  # warm (5 calls a latency) and cold (one)
+            far = _Clock(0.001)
+            latencies, _ = worker.time_kernel(far, arrays, first=0.001, near=0.0008)
+            assert len(latencies) == worker.MIN_SLOW_REPEATS
+            # Within `near` (or none given): all ten, and seven more latencies' calls.
+            for near in (0.002, None):
+                close = _Clock(0.001)
+                latencies, number = worker.time_kernel(close, arrays, first=0.001, near=near)
+                assert len(latencies) == 10
+                assert close.calls - far.calls == 7 * number
+
+
 def test_a_kernel_of_large_arrays_is_timed_cold_one_call_at_a_time(monkeypatch):
     from hexir.search import worker
 

@@ -4,6 +4,8 @@ stopped tune that resumes without re-measuring, seeded reproducibility."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 from small_search import SMALL_SEARCH
@@ -392,3 +394,65 @@ def test_candidates_slower_than_the_cutoff_are_timed_by_one_call(db):
     assert len(trials[0].latencies) == SMALL["timing_repeats"]
     assert all(len(r.latencies) == 1 for r in trials[1:] if r.is_valid)
     assert confirmed and all(len(r.latencies) == SMALL["timing_repeats"] for r in confirmed)
+
+
+def test_candidates_too_long_to_propose_teach_the_model_they_are_the_worst(db, monkeypatch):
+    # A source limit of the default's own length: about half of the samples print longer.
+    # They are never measured, and the model learns each one as a failure.
+    from hexir.search.evolutionary import EvolutionarySearch
+    from hexir.search.tune import TOO_LONG
+
+    func = _matmul()
+    limit = EvolutionarySearch(func, "cpu", rng=random.Random(0)).default.c_lines
+    monkeypatch.setattr(EvolutionarySearch, "source_limit", property(lambda self: limit))
+
+    class Recording(RandomModel):
+        def update(self, candidates, results):
+            seen.extend(zip(candidates, results, strict=True))
+
+    seen = []
+    result = tune(func, "cpu", trials=12, database=db, seed=0, model=Recording(seed=0))
+    refused = [c for c, r in seen if r is TOO_LONG]
+    assert refused and all(c.longer_than(limit) for c in refused)
+    assert TOO_LONG.error_kind == "build" and not TOO_LONG.ok
+    assert {c.candidate_key for c in refused}.isdisjoint(_keys(db, func))
+    measured = [c for c, r in seen if r is not TOO_LONG]
+    assert len(measured) == result.trials and all(c.c_lines <= limit for c in measured)
+
+
+def test_a_trials_cost_is_its_own_run_and_a_share_of_the_builds():
+    from hexir.search.measure import MeasureResult
+    from hexir.search.tune import _costs
+
+    timed = [
+        MeasureResult((1e-3,), build_info={"run_start": 10.0, "run_end": 10.5}),
+        MeasureResult((1e-3,), build_info={"run_start": 11.0, "run_end": 13.0}),
+        MeasureResult.error("build", "no such intrinsic", {}),
+    ]
+    # 2.5 s of runs in 4 s: 1.5 s of builds, 0.5 s each.
+    assert _costs(timed, 4.0) == pytest.approx([1.0, 2.5, 0.5])
+    assert _costs([], 1.0) == []
+
+
+def test_a_tasks_first_slice_is_one_build_per_worker_and_sets_the_cutoff_of_the_rest(db):
+    from hexir.search.executor import LocalExecutor
+    from hexir.search.measure import Candidate
+
+    slices: list[list[Candidate]] = []
+
+    class Slicing(LocalExecutor):
+        def measure_each(self, candidates):
+            slices.append(list(candidates))
+            return super().measure_each(candidates)
+
+    knobs = dict(search_measure_per_round=8, tune_first_round_share=1.0,
+                 measure_build_workers=2, measure_batch_per_worker=3)  # fmt: skip
+    with hexir.knobs.scope(**knobs), Slicing("cpu") as executor:
+        result = tune(_matmul(), "cpu", trials=8, database=db, seed=0, executor=executor,
+                      model=RandomModel(seed=0))  # fmt: skip
+    assert result.trials == 8
+    assert [len(s) for s in slices] == [2, 6]
+    assert all(c.cutoff is None and c.near is None for c in slices[0])
+    best = min(r.median for r in db.records(hexir.workload_key(_matmul()), "cpu")[:2])
+    for c in slices[1]:
+        assert c.cutoff == pytest.approx(3 * best) and c.near == pytest.approx(1.5 * best)
