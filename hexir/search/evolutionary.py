@@ -18,11 +18,12 @@ One round, MetaSchedule's shape, every number a knob (`SearchConfig.from_knobs`)
    copy; a mutation that does not replay is dropped and tried again;
 3. every candidate scored on the way that was never measured (by anyone: the database's
    candidate keys count) is ranked by score; the batch is the top of that ranking, less a
-   `search_epsilon` share of random unmeasured samples, which keep the model honest. A
-   `search_climb_share` of the batch comes first: the best-scored unmeasured neighbours of
-   the task's best record (one step of one decision, `mutators.neighbours`), so that each
-   round climbs from the incumbent; before any record (a first round, its model untrained),
-   FIRST_CLIMB_SHARE of it, from the default schedule, in random order.
+   `search_epsilon` share of random unmeasured samples, which keep the model honest. Where
+   the model is informed, a `search_climb_share` of the batch comes first: the best-scored
+   unmeasured neighbours of the task's best record (one step of one decision,
+   `mutators.neighbours`), so that each round climbs from the incumbent; before any record
+   (a first round, its model untrained), FIRST_CLIMB_SHARE of it, the default schedule's
+   neighbours in random order.
 
 On the CPU a candidate whose C is longer than `source_limit` (SOURCE_LIMIT_FACTOR) is not
 proposed; the C printed to tell is the C its build compiles (`Candidate.c_source`). Where too
@@ -499,7 +500,9 @@ class EvolutionarySearch:
         do not, and each costs half a second to print."""
         share = knobs.get().search_climb_share
         incumbent, recorded = self._incumbent() if share > 0 else (None, False)
-        if incumbent is None:
+        # On random scores, only from the default: the best record is the luck of timings,
+        # and a seeded search proposes the same given the same model.
+        if incumbent is None or (recorded and not is_informed(model)):
             return []
         k = int((share if recorded else max(share, FIRST_CLIMB_SHARE)) * n)
         if k <= 0:
