@@ -15,12 +15,17 @@ measured (batches of the executor's parallel builds), so an interrupted tune kee
 it measured. Calling the same tune again continues from the database: the best records seed
 the search, and no candidate measured before is measured again. A round's search (sampling and
 evolution) stops after the `search_time_ratio` share of the time its batch should take to
-measure, at the task's pace so far: in Python a conv's candidate costs about 0.05 s to replay,
-and a full round's evolution, unchecked, outlasted the measurements it chose.
+measure, at the median cost of the task's trials so far, within a generation too: in Python a
+conv's candidate costs about 0.05 s to replay, and a full round's evolution, unchecked,
+outlasted the measurements it chose. Candidates the search refused for their C's length
+(`EvolutionarySearch.take_refused`) teach the model they are the worst (`TOO_LONG`).
 
 A candidate slower than the `measure_cutoff` knob (3) times its task's best so far is timed by
 one warm call, not in full (`Candidate.cutoff`): most of a first round's random samples are
-ten times slower than the best, and timing each in full cost more than building it.
+ten times slower than the best, and timing each in full cost more than building it. A CPU
+candidate whose first three latencies read slower than `measure_near` (1.5) times it is timed
+by those three (`Candidate.near`), and a task's first slice is one build per worker, so that
+the default's time sets the others' bounds.
 
 A CPU result timed while something else ran on the machine (its calibration, hexir/search/
 calibration.py, past the `measure_calibration_threshold` knob) is suspect: its candidate is
@@ -766,10 +771,10 @@ class _Tuner:
 
     def _search_deadline(self, i: int, n: int) -> float | None:
         """When a round of task `i` measuring `n` must stop searching: after the
-        `search_time_ratio` share of the time measuring them should take (at the task's
-        median trial's cost so far: a first round's few costly ones, the reference computed
-        and random candidates of seconds a call, doubled matmul's next search), and before
-        the time budget's end, less one trial's time to measure."""
+        `search_time_ratio` share of the time measuring them should take (at the median cost
+        of the task's trials so far: the mean, with a first round's reference computation and
+        its random samples of seconds a call, doubled matmul's next search), and before the
+        time budget's end, less one trial's time to measure."""
         ends = []
         ratio = knobs.get().search_time_ratio
         if ratio > 0 and self.costs[i]:
