@@ -824,11 +824,7 @@ class _Tuner:
     def _account(self, results: list[MeasureResult], wall: float) -> None:
         """Split a measurement's wall time: running (the runners' own spans, a span that
         candidates timed in turn share counted once) and building."""
-        spans = {
-            (float(r.build_info["run_start"]), float(r.build_info["run_end"]))
-            for r in results
-            if "run_start" in r.build_info and "run_end" in r.build_info
-        }
+        spans = {span for r in results if (span := _run_span(r)) is not None}
         running = sum(max(0.0, end - start) for start, end in spans)
         running = min(running, wall)
         self.profile.measuring += running
@@ -905,14 +901,17 @@ TOO_LONG = MeasureResult.error("build", "its C is longer than the search's sourc
 def _costs(results: list[MeasureResult], wall: float) -> list[float]:
     """Each of `results`' share of the `wall` seconds that building and timing them took: its
     own run's span, and an even share of the rest (the builds, in parallel)."""
-    spans = [
-        max(0.0, float(r.build_info["run_end"]) - float(r.build_info["run_start"]))
-        if "run_start" in r.build_info and "run_end" in r.build_info
-        else 0.0
-        for r in results
-    ]
+    spans = [max(0.0, span[1] - span[0]) if (span := _run_span(r)) else 0.0 for r in results]
     rest = max(0.0, wall - sum(spans)) / max(1, len(results))
     return [span + rest for span in spans]
+
+
+def _run_span(result: MeasureResult) -> tuple[float, float] | None:
+    """When `result`'s run started and ended (its runner's build_info), or None."""
+    info = result.build_info
+    if "run_start" not in info or "run_end" not in info:
+        return None
+    return float(info["run_start"]), float(info["run_end"])
 
 
 def _marked(result: MeasureResult, mark: str) -> MeasureResult:
