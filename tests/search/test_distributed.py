@@ -312,6 +312,22 @@ def test_keyboard_interrupt_leaves_no_runner_behind(cluster):
 
 @pytest.mark.slow
 @pytest.mark.serial
+def test_a_batch_closed_after_its_results_keeps_its_runner_for_the_next(cluster):
+    # The tuner reads a slice's results as they come, one per candidate, and closes the
+    # iterator after the last: the runner and its worker process (with the workload's
+    # reference) stay for the next slice, whose start would otherwise cost seconds.
+    cands = sampled(WORKLOAD, 3, seed=11)
+    each = cluster.measure_each(cands)
+    taken = [r for _, r in zip(cands, each, strict=False)]
+    each.close()
+    assert [r.ok for r in taken] == [True] * 3
+    (ok,) = cluster.measure(sampled(WORKLOAD, 1, seed=12))
+    assert ok.ok and ok.build_info["worker_pid"] == taken[0].build_info["worker_pid"]
+    assert runners(1) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.serial
 def test_a_runner_lost_mid_measure_costs_its_candidate_one_crash_record(cluster):
     # What a node that leaves the cluster does to the driver: the runner actor's process
     # ends while it times a candidate (here the hanging one, so it surely is timing it).
