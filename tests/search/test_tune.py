@@ -217,6 +217,22 @@ def test_a_round_searches_for_a_share_of_the_time_its_measurements_take(db, rati
     assert np.diff([0, *calls]).tolist() == [3, later, later]
 
 
+def test_a_tasks_first_round_searches_at_the_pace_of_the_tasks_before_it(db):
+    # The model counts as informed from the start, so every round would evolve (SMALL: two
+    # generations, three scorings). The first task's first round has no pace to go by and
+    # evolves in full; the next tasks' first rounds go by the first task's trials, and a
+    # ratio that leaves no time stops them at their first samples, scored once.
+    graph = mlp(batch=4, sizes=(16, 16, 8))
+    model, calls = Informed(), []
+    with hexir.knobs.scope(
+        search_time_ratio=1e-9, search_measure_per_round=2, tune_first_round_share=1.0
+    ):
+        result = tune(graph, "cpu", trials=6, database=db, seed=0, model=model,
+                      callbacks=[lambda _: calls.append(model.calls)])  # fmt: skip
+    assert [t.trials for t in result.tasks] == [2, 2, 2]
+    assert np.diff([0, *calls]).tolist() == [3, 1, 1]
+
+
 def test_the_best_few_and_the_default_are_measured_again_at_the_end(db):
     func = _matmul()
     with hexir.knobs.scope(tune_confirm_best=2):
