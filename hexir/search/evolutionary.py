@@ -431,7 +431,8 @@ class EvolutionarySearch:
     def propose(self, model: Predictor, n: int, deadline: float | None = None) -> list[Candidate]:
         """Up to `n` distinct candidates never measured, to measure next; fewer (or none) when
         the space holds no more that the search can find. Past `deadline` (a
-        `time.perf_counter()` value) it samples no more and evolves no further generation."""
+        `time.perf_counter()` value) it samples no more and evolves no further generation,
+        but for fresh samples where none of its candidates fits `source_limit`."""
         if n <= 0:
             return []
         config = self.config.for_round(n, is_informed(model))
@@ -465,7 +466,9 @@ class EvolutionarySearch:
         if len(batch) < n and self.source_limit is not None:
             seen = measured | taken | {c.candidate_key for c in best + fresh}
             seen |= {c.candidate_key for _, c in ranked}
-            batch += self._fitting(n - len(batch), deadline, seen)
+            # Past the deadline too where nothing fits yet: a round of none tells the tuner
+            # the space is spent (it tunes the task no more), where draws would find more.
+            batch += self._fitting(n - len(batch), deadline if batch else None, seen)
         return batch
 
     def _fitting(self, n: int, deadline: float | None, seen: set[str]) -> list[Candidate]:
