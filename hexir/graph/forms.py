@@ -43,6 +43,7 @@ __all__ = [
     "ConvForms",
     "Form",
     "conv_forms",
+    "form_counts",
     "form_kernels",
     "form_variants",
     "measured_forms",
@@ -147,11 +148,22 @@ def form_kernels(graph: Graph, target: Target | str = "cpu") -> dict[str, set[st
     """Each conv with two forms -> the workload keys of the kernels of both its forms: what a
     build's pick between them weighs (`measured_forms`), and so what `hexir tune` times
     together at its end (hexir/search/tune.py)."""
+    return {
+        name: set(rule) | set(other) for name, (rule, other) in form_counts(graph, target).items()
+    }
+
+
+def form_counts(
+    graph: Graph, target: Target | str = "cpu"
+) -> dict[str, tuple[Counter[str], Counter[str]]]:
+    """Each conv with two forms -> the workload keys of its rule's form's kernels and of its
+    other form's, each counted as often as it runs there: the sums a build's pick compares,
+    and so where `hexir tune`'s trials can change the pick (hexir/search/scheduler.py
+    `losing_forms`)."""
     _, variants, laid_out = _lowered(graph, target)
     if len(variants) == 1:
         return {}
-    return {name: set(rule) | set(other)
-            for name, (rule, other) in _form_keys(variants, laid_out).items()}  # fmt: skip
+    return {name: (rule, other) for name, (rule, other) in _form_keys(variants, laid_out).items()}
 
 
 def conv_forms(graph: Graph, target: Target | str, database: _Database) -> list[ConvForms]:

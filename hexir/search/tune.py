@@ -75,7 +75,10 @@ own (a layout change between a Winograd conv and a direct one), which a build ma
 once they are timed (`measured_forms`). After the first rounds, and then at every
 MIX_CHECKS-th of the budget, the tune looks at the mix its measurements pick, and those of its
 kernels that no task covers and the database has no time for join the tune as tasks
-(`mixed_tasks`: a first round, then their share of the gradient phase). The confirmation at
+(`mixed_tasks`: a first round, then their share of the gradient phase). A kernel of a conv's
+form that sums higher than the other gains the model nothing until its form overtakes: after
+each round the scheduler is told each task's runs in such forms and the gaps (`_losing`), and
+counts its gain there beyond the gap only (hexir/search/scheduler.py). The confirmation at
 the end can move the picks, so the tune looks once more after it: each added task still
 without a time (added then, or too late in the budget for a round) has its default schedule
 timed, no search and not a trial, so that a build can judge the mix
@@ -110,6 +113,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -123,7 +127,7 @@ from hexir.runtime.target import Target
 from hexir.schedule import Trace
 from hexir.search.evolutionary import EvolutionarySearch, Predictor, SearchProfile
 from hexir.search.measure import Candidate, MeasureResult
-from hexir.search.scheduler import Task, TaskScheduler, extract_tasks, roofline
+from hexir.search.scheduler import Task, TaskScheduler, extract_tasks, losing_forms, roofline
 
 if TYPE_CHECKING:
     from hexir.costmodel import CostModel
@@ -299,6 +303,12 @@ def _database(database: Database | str) -> Database:
     return database
 
 
+def _form_counts(graph: Graph, target: Target) -> list[tuple[Counter[str], Counter[str]]]:
+    from hexir.graph.forms import form_counts
+
+    return list(form_counts(graph, target).values())
+
+
 def _default_model(db: Database, target: Target) -> CostModel:
     from hexir.costmodel.xgb import XGBModel
 
@@ -361,6 +371,8 @@ class _Tuner:
         self.graph = graph
         self.next_mix_check = 0.0
         self.rule_tasks = len(self.tasks)  # the tasks after these joined for the mix
+        # Each conv with two forms: the keys of its kernels in each (the scheduler's gaps).
+        self.forms = [] if graph is None else _form_counts(graph, target)
         self.mix_timed = 0
         # Suspect results (task, candidate) to measure again, the tries of each candidate,
         # whether the last result was timed quietly, and the measurements made again.
@@ -388,6 +400,7 @@ class _Tuner:
                 self.add_mixed(scheduler)
             if measured:
                 scheduler.record(i, measured, self.best[i])
+                scheduler.weigh_forms(self._losing())
                 self._report(i, scheduler)
             if self.out_of_time:
                 break
@@ -401,6 +414,13 @@ class _Tuner:
             self.time_in_model()
             self.remeasure()  # what is still suspect, one last time
         return self.result()
+
+    def _losing(self) -> list[list[tuple[int, float]]]:
+        """Per task, its runs in the conv forms whose kernels' best times now sum higher than
+        the other form's, and by how much (`losing_forms`)."""
+        best = {t.workload_key: b for t, b in zip(self.tasks, self.best, strict=True)}
+        losing = losing_forms(self.forms, best)
+        return [losing.get(t.workload_key, []) for t in self.tasks]
 
     def _search(self, task: Task) -> EvolutionarySearch:
         rng = _task_rng(self.seed, task.workload_key)
@@ -697,7 +717,7 @@ class _Tuner:
 
     def _together(self, tasks: list[int]) -> list[list[int]]:
         """`tasks` in the groups the confirmation times in turn: the tasks of the kernels of
-        both forms of a conv (hexir/graph/forms.py `form_kernels`) are one group, joined where
+        both forms of a conv (hexir/graph/forms.py `form_counts`) are one group, joined where
         two convs share a kernel; every other task is a group of its own. A build picks a
         conv's form by the sums of its kernels' confirmed times, and kernels confirmed apart
         stand at different moments of a host whose speed shifts: after a 100-trial tune of
@@ -705,14 +725,12 @@ class _Tuner:
         against 1.19-1.21 ms for F(2, 3), and the build that took F(2, 3) ran 0.95x the
         default's speed."""
         groups = {i: [i] for i in tasks}
-        if self.graph is not None:
-            from hexir.graph.forms import form_kernels
-
-            index = {self.tasks[i].workload_key: i for i in tasks}
-            for keys in form_kernels(self.graph, self.target).values():
-                joined = sorted({j for k in keys if k in index for j in groups[index[k]]})
-                for j in joined:
-                    groups[j] = joined
+        index = {self.tasks[i].workload_key: i for i in tasks}
+        for rule, other in self.forms:
+            keys = set(rule) | set(other)
+            joined = sorted({j for k in keys if k in index for j in groups[index[k]]})
+            for j in joined:
+                groups[j] = joined
         return list({id(g): g for g in groups.values()}.values())
 
     def _again(self, i: int | list[int], batch: list[Candidate], mark: str | None) -> int:

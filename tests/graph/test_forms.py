@@ -370,6 +370,45 @@ def test_a_tune_confirms_the_kernels_of_a_convs_two_forms_together(rng, tmp_path
     assert measured_forms(graph, "cpu", db) == {name: 4}
 
 
+def test_a_tune_spends_no_rounds_on_a_form_too_far_behind_to_be_picked(rng, tmp_path):
+    """Made-up times: the direct conv 20 ms, each of the Winograd form's six kernels 0.25 ms.
+    After its first trial the direct conv's gains could not make its form the faster one, so
+    the tune's other trials go to the Winograd form's kernels, which the build runs
+    (hexir/search/scheduler.py `form_gains`)."""
+    import dataclasses
+
+    from small_search import SMALL_SEARCH
+
+    from hexir.search.executor import LocalExecutor
+
+    graph = _one_conv(rng)  # 28x28: the rule's F(4, 3), the other form direct
+    tasks = extract_tasks(graph, "cpu")
+    times = {t.workload_key: 20e-3 if t.alternative else 2.5e-4 for t in tasks}
+
+    class MadeUp(LocalExecutor):
+        def measure_each(self, candidates):
+            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+                yield _made_up(c, r)
+
+        def measure_in_turn(self, candidates):
+            results = super().measure_in_turn(candidates)
+            return [_made_up(c, r) for c, r in zip(candidates, results, strict=True)]
+
+    def _made_up(candidate, result):
+        latencies = (times[candidate.workload_key],) * len(result.latencies)
+        return dataclasses.replace(result, latencies=latencies) if result.ok else result
+
+    db = Database(f"sqlite:///{tmp_path / 'behind.db'}")
+    scope = knobs.scope(**SMALL_SEARCH, tune_confirm_best=0, tune_time_in_model=False)
+    trials = len(tasks) + 5 * SMALL_SEARCH["search_measure_per_round"]
+    with scope, MadeUp("cpu") as executor:
+        result = tune(graph, "cpu", trials=trials, database=db, seed=0, model=RandomModel(0),
+                      executor=executor)  # fmt: skip
+    (direct,) = [t for t in result.tasks if t.alternative]
+    assert result.trials == trials
+    assert direct.trials == 1  # its first round (of one trial: the budget's first-round share)
+
+
 def _inside(db: Database, func: hexir.PrimFunc, seconds: float, sitting: str) -> None:
     """A record of `func`'s default schedule timed inside a model's run, in `sitting`."""
     from hexir.runtime.default_schedule import default_schedule
