@@ -468,6 +468,10 @@ def _far(latencies: list[float], near: float | None) -> bool:
     )
 
 
+# Untimed calls of a kernel before each of its timed calls in turn (`time_in_turn`).
+WARM_CALLS = 2
+
+
 def time_in_turn(
     kernels: list[tuple[CpuKernel, list[np.ndarray]]],
 ) -> list[tuple[list[float], int]]:
@@ -476,9 +480,16 @@ def time_in_turn(
     the turns would pass `timing_max_seconds` a kernel, at least MIN_SLOW_REPEATS), each the
     median of `number` of its calls, `number` chosen so that all of them together take
     `timing_min_seconds` a kernel; a cold kernel's arrays (`is_cold`) are flushed before each
-    of its calls. Kernels timed one after the other on a host whose speed shifts from one
-    second to the next read apart for nothing (the default conv and a candidate, equal to
-    1%, read 0.82 and 1.1 ms a second apart on a two-core VM); calls in turn share the shifts."""
+    of its calls, and each timed call of another is preceded by WARM_CALLS untimed ones (its
+    arrays back in the caches the others' calls took, as its trials and a model's run have
+    them: ResNet-18's Winograd output transform on 14x14x64, 0.055 ms in its trials and 0.064
+    in the model's profile, read 0.17-0.23 ms in a tune's confirmation, in turn with its conv's
+    other kernels, whose confirmed best was then a candidate twice its default's time; in turn
+    with three of the model's convs and batch_matmuls, 0.16 ms, 0.12 after one untimed call,
+    0.063 after two, 0.058 alone). Kernels timed one after the
+    other on a host whose speed shifts from one second to the next read apart for nothing
+    (the default conv and a candidate, equal to 1%, read 0.82 and 1.1 ms a second apart on a
+    two-core VM); calls in turn share the shifts."""
     if not kernels:
         return []
     k = knobs.get()
@@ -489,6 +500,9 @@ def time_in_turn(
         for (kernel, arrays), flush in zip(kernels, cold, strict=True):
             if flush:
                 flush_arrays(arrays)
+            else:
+                for _ in range(WARM_CALLS):
+                    kernel(*arrays)
             times.append(kernel.time(*arrays))
         return times
 

@@ -330,6 +330,9 @@ class _Clock:
         self.calls += n
         return self.seconds
 
+    def __call__(self, *arrays) -> None:  # noqa: ANN002 - CpuKernel's
+        self.calls += 1
+
 
 class _Shifting:
     """Kernels on a host whose speed halves for a stretch of calls (a two-core VM's shifts),
@@ -494,3 +497,35 @@ def test_the_runner_cuts_a_slow_candidate_short(quick, runner):
     # A cutoff above its time: in full.
     (fast,) = runner.run([dataclasses.replace(rest[0], cutoff=10.0)], builds[1:])
     assert fast.ok and len(fast.latencies) == REPEATS and "cut" not in fast.build_info
+
+
+def test_a_kernel_timed_in_turn_is_called_untimed_before_each_timed_call():
+    """In turn, the other kernels' calls take the caches: each timed call of a kernel comes
+    right after untimed ones (its arrays warm, as in its trials and a model's run), but a
+    cold kernel's (arrays past COLD_BYTES), whose arrays are flushed before each call."""
+    from hexir.search.worker import COLD_BYTES, WARM_CALLS, time_in_turn
+
+    events: list[tuple[str, str]] = []
+
+    class Recording:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __call__(self, *arrays: np.ndarray) -> None:
+            events.append(("call", self.name))
+
+        def time(self, *arrays: np.ndarray) -> float:
+            events.append(("time", self.name))
+            return 1e-3
+
+    small = [np.ones(1024, np.float32)]
+    large = [np.ones(COLD_BYTES // 4 + 1024, np.float32)]
+    with knobs.scope(timing_warmup=1, timing_repeats=2, timing_min_seconds=0.0):
+        times = time_in_turn([(Recording("a"), small), (Recording("big"), large),
+                              (Recording("b"), small)])  # fmt: skip
+    assert [t for t, _ in times] == [[1e-3, 1e-3]] * 3
+    warm = [("call", "a")] * WARM_CALLS, [("call", "b")] * WARM_CALLS
+    turn = [*warm[0], ("time", "a"), ("time", "big"), *warm[1], ("time", "b")]
+    assert WARM_CALLS >= 1
+    # The warm-up turn, the turn that sizes the calls, then two latencies of one call each.
+    assert events == turn * 4
