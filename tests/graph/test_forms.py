@@ -379,20 +379,9 @@ def test_a_tune_spends_no_rounds_on_a_form_too_far_behind_to_be_picked(rng, tmp_
 
     from small_search import SMALL_SEARCH
 
-    from hexir.search.executor import LocalExecutor
-
     graph = _one_conv(rng)  # 28x28: the rule's F(4, 3), the other form direct
     tasks = extract_tasks(graph, "cpu")
     times = {t.workload_key: 20e-3 if t.alternative else 2.5e-4 for t in tasks}
-
-    class MadeUp(LocalExecutor):
-        def measure_each(self, candidates):
-            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
-                yield _made_up(c, r)
-
-        def measure_in_turn(self, candidates):
-            results = super().measure_in_turn(candidates)
-            return [_made_up(c, r) for c, r in zip(candidates, results, strict=True)]
 
     def _made_up(candidate, result):
         latencies = (times[candidate.workload_key],) * len(result.latencies)
@@ -401,12 +390,29 @@ def test_a_tune_spends_no_rounds_on_a_form_too_far_behind_to_be_picked(rng, tmp_
     db = Database(f"sqlite:///{tmp_path / 'behind.db'}")
     scope = knobs.scope(**SMALL_SEARCH, tune_confirm_best=0, tune_time_in_model=False)
     trials = len(tasks) + 5 * SMALL_SEARCH["search_measure_per_round"]
-    with scope, MadeUp("cpu") as executor:
+    with scope, _reading(_made_up)("cpu") as executor:
         result = tune(graph, "cpu", trials=trials, database=db, seed=0, model=RandomModel(0),
                       executor=executor)  # fmt: skip
     (direct,) = [t for t in result.tasks if t.alternative]
     assert result.trials == trials
     assert direct.trials == 1  # its first round (of one trial: the budget's first-round share)
+
+
+def _reading(read):  # noqa: ANN001, ANN202 - a test helper
+    """A LocalExecutor class whose every result, alone and in turn, is `read(candidate,
+    result)`."""
+    from hexir.search.executor import LocalExecutor
+
+    class Reading(LocalExecutor):
+        def measure_each(self, candidates):
+            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+                yield read(c, r)
+
+        def measure_in_turn(self, candidates):
+            results = super().measure_in_turn(candidates)
+            return [read(c, r) for c, r in zip(candidates, results, strict=True)]
+
+    return Reading
 
 
 def _inside(db: Database, func: hexir.PrimFunc, seconds: float, sitting: str) -> None:
@@ -470,7 +476,6 @@ def test_a_tune_whose_picks_differ_from_the_rule_times_both_builds_inside_the_mo
 
     from small_search import SMALL_SEARCH
 
-    from hexir.search.executor import LocalExecutor
     from hexir.search.tune import IN_MODEL_RUNS
 
     graph = _one_conv(rng)
@@ -478,25 +483,15 @@ def test_a_tune_whose_picks_differ_from_the_rule_times_both_builds_inside_the_mo
     tasks = extract_tasks(graph, "cpu")
     direct = next(t for t in tasks if t.alternative)
 
-    class Lucky(LocalExecutor):
-        """Reads the direct conv 100 times faster than it runs, alone and in turn: a build
-        by those reads would take it."""
-
-        def measure_each(self, candidates):
-            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
-                yield _lucky(c, r)
-
-        def measure_in_turn(self, candidates):
-            results = super().measure_in_turn(candidates)
-            return [_lucky(c, r) for c, r in zip(candidates, results, strict=True)]
-
     def _lucky(candidate, result):
+        """The direct conv read 100 times faster than it runs, alone and in turn: a build by
+        those reads would take it."""
         if candidate.workload_key != direct.workload_key or not result.ok:
             return result
         return dataclasses.replace(result, latencies=tuple(x / 100 for x in result.latencies))
 
     db = Database(f"sqlite:///{tmp_path / 'lucky.db'}")
-    with knobs.scope(**SMALL_SEARCH), Lucky("cpu") as executor:
+    with knobs.scope(**SMALL_SEARCH), _reading(_lucky)("cpu") as executor:
         result = tune(graph, "cpu", trials=2 * len(tasks), database=db, seed=0,
                       model=RandomModel(0), executor=executor)  # fmt: skip
     # Both builds ran inside the model: every kernel of both forms has its time there, of one
