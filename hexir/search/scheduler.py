@@ -40,8 +40,8 @@ best times sum lower; a kernel of the form that sums higher saves nothing until 
 overtakes the other. So a task's gain in each such conv where its form is behind
 (`losing_forms`: how often the kernel runs in that form, and the gap between the two sums)
 is what its runs there would gain beyond the gap, nothing short of it (`form_gains`): the
-direct forms of ResNet-18's Winograd convs, 1.7 ms against 0.8, took 135 trials each of 2000
-(950 in all) and gained 0-8% where the model runs none of them.
+direct forms of ResNet-18's Winograd convs, 1.6-1.8 ms against 0.6-0.9, took 135 trials each
+of 2000 (950 in all) and gained 0-8% where the model runs none of them.
 """
 
 from __future__ import annotations
