@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,6 +50,7 @@ __all__ = [
     "measured_forms",
     "measured_kernels",
     "mixed_forms",
+    "summed",
     "winograd_choices",
 ]
 
@@ -228,13 +230,20 @@ class _Times:
 
     def total(self, keys: Counter[str]) -> float | None:
         """The summed best times of the workloads `keys` counts (None: one untimed)."""
-        total = 0.0
-        for key, count in keys.items():
-            seconds = self(key)
-            if seconds is None:
-                return None
-            total += count * seconds
-        return total
+        return summed(keys, self)
+
+
+def summed(keys: Counter[str], seconds: Callable[[str], float | None]) -> float | None:
+    """The `seconds` of each workload `keys` counts, times its count, summed (None: one has
+    none): a form's time, as a build's pick (`measured_forms`) and the tune's scheduler
+    (hexir/search/scheduler.py `losing_forms`) weigh it."""
+    total = 0.0
+    for key, count in keys.items():
+        time = seconds(key)
+        if time is None:
+            return None
+        total += count * time
+    return total
 
 
 _Kernels = tuple[Graph, list[tuple[Group, PrimFunc]]]

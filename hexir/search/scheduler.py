@@ -244,9 +244,11 @@ def losing_forms(
     hexir/graph/forms.py `form_counts`) -> per such conv, (how often it runs in that form,
     the seconds by which that form's `best` times sum higher than the other's). A conv with a
     kernel without a time in either form has no form behind."""
+    from hexir.graph.forms import summed
+
     losing: dict[str, list[tuple[int, float]]] = {}
     for counts in forms:
-        sums = [_summed(keys, best) for keys in counts]
+        sums = [summed(keys, best.get) for keys in counts]
         if None in sums:
             continue
         rule, other = sums
@@ -254,14 +256,6 @@ def losing_forms(
         for key, n in behind.items():
             losing.setdefault(key, []).append((n, gap))
     return losing
-
-
-def _summed(keys: Counter[str], best: dict[str, float | None]) -> float | None:
-    """The sum of `best` times of the workloads `keys` counts (None: one has none)."""
-    times = [best.get(key) for key in keys]
-    if any(t is None or math.isinf(t) for t in times):
-        return None
-    return sum(n * t for n, t in zip(keys.values(), times, strict=True))  # type: ignore[misc]
 
 
 def form_gains(
