@@ -14,6 +14,7 @@ DECODER = Path(__file__).parents[1] / "frontend" / "fixtures" / "gpt2_tiny_past.
 SMALL = ["--layers", "2", "--hidden", "32", "--heads", "2", "--vocab", "100", "--page-size", "4"]
 
 
+@pytest.mark.slow
 def test_generate_prints_each_prompts_new_ids_and_the_rates(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no tuning database here
     argv = ["generate", "gpt2-small", "--prompt-ids", "5,7,9", "--prompt-ids", "61"]

@@ -47,6 +47,7 @@ def _until_a_repeat(records: list[Record], points: tuple[Point, ...]) -> tuple[P
     return points
 
 
+@pytest.mark.slow
 def test_a_workload_curve_counts_every_candidate_and_ends_at_the_best(db):
     func = tiny_func()
     key = hexir.workload_key(func)
@@ -75,6 +76,7 @@ def test_a_workload_curve_counts_every_candidate_and_ends_at_the_best(db):
     assert curve.speedup == pytest.approx(first.median / best.median)
 
 
+@pytest.mark.slow
 def test_a_candidate_measured_again_stands_where_the_database_puts_it(db):
     func = tiny_func()
     key = hexir.workload_key(func)
@@ -94,6 +96,7 @@ def test_a_candidate_measured_again_stands_where_the_database_puts_it(db):
     assert curve.points[-1].trial == curve.points[-3].trial  # measuring again is no trial
 
 
+@pytest.mark.slow
 def test_a_model_estimate_starts_when_every_task_has_a_valid_trial(db):
     graph = mlp(batch=4, sizes=(32, 16, 8))
     tasks = extract_tasks(graph, "cpu")

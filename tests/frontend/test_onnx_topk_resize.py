@@ -138,19 +138,30 @@ def test_resize_linear_of_ints_is_refused():
 # --- ONNX's node cases, their runtime inputs made constants -----------------------------------
 
 
+# The cases are built when a test first needs them, not when pytest collects this module:
+# building ONNX's node cases takes 8-12 s, which every pytest process (each xdist worker, the
+# serial run) paid at collection. A test for each of CONSTANT_SHARDS slices of them.
+CONSTANT_SHARDS = 4
+# Resize and TopK cases on 2026-12-07 (onnx 1.23): a floor, so that losing them shows.
+CONSTANT_CASES_AT_LEAST = 45
+
+
 def _constant_case_names() -> list[str]:
     """Every Resize and TopK case but uint64's (Hexir has no such dtype)."""
     names = [c.name for c in supported_cases() if c.name.startswith(("test_resize", "test_top_k"))]
     return [name for name in names if "uint64" not in name]
 
 
-@pytest.mark.parametrize("name", _constant_case_names())
-def test_node_case_with_constant_scales_sizes_and_k_computes_the_same_compiled(name):
-    (case,) = [c for c in supported_cases() if c.name == name]
-    runtime = {i.name for i in case.model.graph.input[1:]}  # roi, scales, sizes; or K
-    proto, inputs, expected = _with_named_constants(case, runtime)
-    graph = import_onnx(proto)
-    rtol, atol = case.rtol or 1e-3, case.atol or 1e-5
-    for got in (evaluate(graph, inputs), hexir.compile(graph, target="cpu").run(inputs)):
-        for g, want in zip(got, expected, strict=True):
-            np.testing.assert_allclose(g, want, rtol=rtol, atol=atol, err_msg=name)
+@pytest.mark.parametrize("shard", range(CONSTANT_SHARDS))
+def test_node_cases_with_constant_scales_sizes_and_k_compute_the_same_compiled(shard):
+    names = _constant_case_names()
+    assert len(names) >= CONSTANT_CASES_AT_LEAST
+    for name in names[shard::CONSTANT_SHARDS]:
+        (case,) = [c for c in supported_cases() if c.name == name]
+        runtime = {i.name for i in case.model.graph.input[1:]}  # roi, scales, sizes; or K
+        proto, inputs, expected = _with_named_constants(case, runtime)
+        graph = import_onnx(proto)
+        rtol, atol = case.rtol or 1e-3, case.atol or 1e-5
+        for got in (evaluate(graph, inputs), hexir.compile(graph, target="cpu").run(inputs)):
+            for g, want in zip(got, expected, strict=True):
+                np.testing.assert_allclose(g, want, rtol=rtol, atol=atol, err_msg=name)

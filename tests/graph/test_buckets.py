@@ -27,6 +27,7 @@ def test_a_causal_decoder_is_prefix_closed_along_its_tokens():
     assert axes.outputs == {0: 0, 1: 1, 2: 1, 3: 1, 4: 1}
 
 
+@pytest.mark.slow
 def test_one_module_runs_lengths_1_17_30_and_200_padded_to_their_buckets():
     rng = np.random.default_rng()
     graph = gpt2_small(seq="seq", **SIZE)

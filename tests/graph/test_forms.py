@@ -163,6 +163,7 @@ def _variants_recorded(
         _record(db, func, (times or {}).get(key, default))
 
 
+@pytest.mark.slow
 def test_a_mix_of_forms_stands_only_once_its_own_kernels_are_timed(rng, tmp_path):
     from hexir.graph.forms import conv_forms
     from hexir.search.scheduler import mixed_tasks
@@ -268,6 +269,7 @@ def _third_alone(rng: np.random.Generator, db: Database) -> tuple[hexir.Graph, d
     return graph, alone
 
 
+@pytest.mark.slow
 def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_path):
     db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
     graph, alone = _third_alone(rng, db)
@@ -285,6 +287,7 @@ def test_where_the_whole_mix_is_untimed_a_convs_pick_alone_can_stand(rng, tmp_pa
     np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_compile_takes_the_forms_it_is_given(rng, tmp_path):
     db = Database(f"sqlite:///{tmp_path / 'mix.db'}")
     graph, alone = _third_alone(rng, db)
@@ -297,6 +300,7 @@ def test_compile_takes_the_forms_it_is_given(rng, tmp_path):
         np.testing.assert_allclose(module.run([x])[0], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_compare_default_pairs_the_commands_of_the_tuned_forms(rng, tmp_path, capsys):
     from hexir.cli import main
     from hexir.frontend.load import save_model
@@ -317,6 +321,7 @@ def test_compare_default_pairs_the_commands_of_the_tuned_forms(rng, tmp_path, ca
     assert lines[-1].startswith("end to end: default ")
 
 
+@pytest.mark.slow
 def test_a_tune_confirms_the_kernels_of_a_convs_two_forms_together(rng, tmp_path):
     """A host whose speed shifts from one batch to the next, in spells: a build's pick of a
     conv's form still follows its kernels' times, because the tune's confirmation times the
@@ -370,6 +375,7 @@ def test_a_tune_confirms_the_kernels_of_a_convs_two_forms_together(rng, tmp_path
     assert measured_forms(graph, "cpu", db) == {name: 4}
 
 
+@pytest.mark.slow
 def test_a_tune_spends_no_rounds_on_a_form_too_far_behind_to_be_picked(rng, tmp_path):
     """Made-up times: the direct conv 20 ms, each of the Winograd form's six kernels 0.25 ms.
     After its first trial the direct conv's gains could not make its form the faster one, so
@@ -425,6 +431,7 @@ def _inside(db: Database, func: hexir.PrimFunc, seconds: float, sitting: str) ->
     db.commit_record(func, "cpu", trace, result)
 
 
+@pytest.mark.slow
 def test_a_convs_form_follows_its_kernels_times_inside_the_model_where_one_sitting_has_them(
     rng, tmp_path
 ):

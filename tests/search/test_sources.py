@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 import hexir
 from hexir import knobs
 from hexir.runtime.build import c_source
@@ -21,6 +23,7 @@ def _fresh(seed: int, n: int) -> list[Candidate]:
     return EvolutionarySearch(matmul, CPU, rng=random.Random(seed)).sample(n)
 
 
+@pytest.mark.slow
 def test_a_helper_prints_the_c_this_process_would_and_a_dead_one_is_replaced(monkeypatch):
     kept = []
     keep = Candidate.keep_source

@@ -450,6 +450,7 @@ def test_a_trials_cost_is_its_own_run_and_a_share_of_the_builds():
     assert _costs([], 1.0) == []
 
 
+@pytest.mark.slow
 def test_a_tasks_first_slice_is_one_build_per_worker_and_sets_the_cutoff_of_the_rest(db):
     from hexir.search.executor import LocalExecutor
     from hexir.search.measure import Candidate
