@@ -400,7 +400,13 @@ def main() -> None:
               "--tvm-python a Python that has it); carrying on without TVM")  # fmt: skip
         tvm_python = None
     all_workloads = workloads()
-    chosen = [all_workloads[n] for n in args.workloads.split(",") if n]
+    names = [n for n in args.workloads.split(",") if n]
+    unknown = [n for n in names if n not in all_workloads]
+    if unknown:
+        parser.error(
+            f"unknown workload {', '.join(unknown)}: choose from {', '.join(all_workloads)}"
+        )
+    chosen = [all_workloads[n] for n in names]
     with tempfile.TemporaryDirectory(prefix="hexir-tune-bench-") as tmp:
         folder = Path(tmp)
         if not args.compare_only:
