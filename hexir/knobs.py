@@ -134,9 +134,10 @@ class Knobs:
         default_factory=lambda: _int("HEXIR_MEASURE_BATCH_PER_WORKER", "4")
     )
     # A CPU candidate's time is suspect where the calibration kernel timed right after it ran
-    # this many times slower than its quiet time (hexir/search/calibration.py): something
-    # else ran on the machine. The tune measures it again later, and a build prefers quiet
-    # records. 0: no calibration.
+    # this many times slower than its quiet time, or its own median this many times its
+    # fastest latency (hexir/search/calibration.py `load`): something else ran on the
+    # machine. The tune measures it again later, and a build prefers quiet records. 0: no
+    # calibration.
     measure_calibration_threshold: float = field(
         default_factory=lambda: _float("HEXIR_MEASURE_CALIBRATION_THRESHOLD", "2")
     )

@@ -52,8 +52,9 @@ class Record:
     hexir_version: str
     codegen_version: str
     created: datetime  # UTC, timezone-aware
-    # The calibration kernel's time right after this measurement over its quiet time
-    # (hexir/search/calibration.py); None where it was not timed (a GPU, older records).
+    # The calibration kernel's time right after this measurement over its quiet time, or the
+    # measurement's median over its fastest latency where larger (hexir/search/calibration.py
+    # `load`); None where it was not timed (a GPU, older records).
     calibration: float | None = None
 
     @property

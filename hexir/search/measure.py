@@ -183,8 +183,10 @@ class MeasureResult:
 
     @property
     def calibration(self) -> float | None:
-        """The calibration kernel's time right after this one over its quiet time
-        (hexir/search/calibration.py); None where it was not timed (an error, a GPU)."""
+        """How many times slower than quiet the machine ran this measurement: the calibration
+        kernel's time right after it over its quiet time, or its own median over its fastest
+        latency where larger (hexir/search/calibration.py `load`); None where it was not
+        timed (an error, a GPU)."""
         value = self.build_info.get("calibration")
         return float(value) if isinstance(value, int | float) else None
 

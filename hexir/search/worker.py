@@ -49,7 +49,7 @@ from hexir.runtime.cuda_driver import DriverError
 from hexir.runtime.cuda_kernel import CudaKernel
 from hexir.runtime.kernel import CpuKernel
 from hexir.runtime.target import Target
-from hexir.search.calibration import Calibration
+from hexir.search.calibration import Calibration, load
 from hexir.search.check import Arrays, mismatch, poison, random_inputs, reference, workload_seed
 
 # Workloads whose reference a worker keeps in memory; older ones reload from their file.
@@ -314,7 +314,8 @@ def _measure(request: MeasureRequest, ref: tuple[Arrays, Arrays]) -> Reply:
     elif _far(latencies, request.near):
         info["far"] = True  # slower than `near`: timed by MIN_SLOW_REPEATS latencies
     if knobs.get().measure_calibration_threshold > 0:
-        info["calibration"] = _calibration(request.reference.target).ratio()
+        ratio = _calibration(request.reference.target).ratio()
+        info["calibration_kernel"], info["calibration"] = ratio, load(ratio, latencies)
     return Reply(latencies=tuple(latencies), info=info)
 
 
@@ -326,14 +327,17 @@ def _measure_in_turn(request: InTurnRequest, refs: list[tuple[Arrays, Arrays]]) 
     timed = iter(time_in_turn([(kernel, arrays) for kernel, arrays, _ in passed]))
     shared: dict[str, Any] = {"in_turn": len(passed)}
     if passed and knobs.get().measure_calibration_threshold > 0:  # once, for all of them
-        shared["calibration"] = _calibration(request.requests[0].reference.target).ratio()
+        shared["calibration_kernel"] = _calibration(request.requests[0].reference.target).ratio()
     replies = []
     for c in checked:
         if isinstance(c, Reply):
             replies.append(c)
             continue
         latencies, number = next(timed)
-        replies.append(Reply(latencies=tuple(latencies), info={**_info(c[1], number), **shared}))
+        info = {**_info(c[1], number), **shared}
+        if "calibration_kernel" in shared:
+            info["calibration"] = load(shared["calibration_kernel"], latencies)
+        replies.append(Reply(latencies=tuple(latencies), info=info))
     return Reply(info={"replies": replies})
 
 

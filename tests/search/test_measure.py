@@ -31,6 +31,7 @@ from hexir.search import (
     MeasureResult,
     measure,
 )
+from hexir.search.calibration import load
 
 REPEATS = 3
 WORKLOAD = hexir.workload("matmul", M=64, N=48, K=32)
@@ -187,9 +188,12 @@ def test_candidates_timed_in_turn_are_checked_first_and_share_one_span(quick, ru
         assert len(r.latencies) == REPEATS and all(t > 0 for t in r.latencies)
         assert r.build_info["in_turn"] == 3 and r.build_info["calls_per_latency"] >= 1
         json.dumps(r.build_info)
-    # One request: one worker, one span, one calibration for the three of them.
-    for key in ("worker_pid", "run_start", "run_end", "calibration"):
+    # One request: one worker, one span, one calibration kernel's ratio for the three of them;
+    # each run's figure is that ratio or its own median over its fastest call, where larger.
+    for key in ("worker_pid", "run_start", "run_end", "calibration_kernel"):
         assert len({r.build_info[key] for r in timed}) == 1, key
+    for r in timed:
+        assert r.calibration == load(r.build_info["calibration_kernel"], r.latencies)
     # Of two workloads (a conv's two forms are), each is checked against its own workload's
     # reference, and those that pass are timed in turn; one alone is run as `run` runs it.
     other = Candidate.from_trace(hexir.workload("matmul", M=8, N=8, K=8), Trace(), "cpu")
