@@ -399,6 +399,7 @@ def test_the_best_is_a_confirmed_candidate_though_the_host_slowed_for_the_confir
     assert db.best(key, "cpu", k=1, confirmed_first=False)[0].candidate_key not in confirmed
 
 
+@pytest.mark.serial
 def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
     import dataclasses
 
@@ -409,7 +410,7 @@ def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
 
     class LoadedOnce(LocalExecutor):
         """The confirmation's first round timed while a load came and went: each candidate's
-        first latency quiet and the others 5x slower, the calibration kernel right after it
+        first latency quiet and the others 10x slower, the calibration kernel right after it
         quiet; the figure a run then carries is the worker's (`load`)."""
 
         def measure_in_turn(self, candidates):
@@ -419,7 +420,7 @@ def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
             out = []
             for c, r in zip(candidates, results, strict=True):
                 if r.latencies:
-                    latencies = tuple(x * (5 if n else 1) for n, x in enumerate(r.latencies))
+                    latencies = tuple(x * (10 if n else 1) for n, x in enumerate(r.latencies))
                     figure = load(r.calibration or 1.0, latencies)
                     info = {**r.build_info, "calibration": figure}
                     r = dataclasses.replace(r, latencies=latencies, build_info=info)
@@ -428,7 +429,7 @@ def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
             return out
 
     func = _matmul()
-    threshold = 2.0
+    threshold = 4.0  # a quiet calibration reads up to 2.4 on a host whose speed shifts so
     settings = {"tune_confirm_best": 2, "measure_calibration_threshold": threshold}
     with hexir.knobs.scope(**settings), LoadedOnce("cpu") as executor:
         result = tune(func, "cpu", trials=6, database=db, seed=0, model=RandomModel(seed=0),
@@ -438,7 +439,7 @@ def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
     for key in spoiled:
         runs = [r for r in records if r.candidate_key == key]
         first = next(r for r in runs if r.confirmed)
-        assert first.suspect(threshold)  # 3x its fastest call, the calibration notwithstanding
+        assert first.suspect(threshold)  # 10x its fastest call, the calibration notwithstanding
         # Measured again last, as a confirmation: where the database ranks it.
         assert runs[-1].confirmed and runs[-1].created > first.created
 
