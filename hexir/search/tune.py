@@ -379,11 +379,11 @@ class _Tuner:
         # Each conv with two forms: the keys of its kernels in each (the scheduler's gaps).
         self.forms = [] if graph is None else _form_counts(graph, target)
         self.mix_timed = 0
-        # Suspect results (task, candidate) to measure again, the tries of each candidate,
-        # whether the last result was timed quietly, and the measurements made again.
-        # Suspect results to measure again: (task, candidate, the run's mark or None).
+        # Suspect results to measure again (task, candidate, the run's mark or None), the
+        # tries of each candidate and mark, whether the last result was timed quietly, and
+        # the measurements made again.
         self.suspects: list[tuple[int, Candidate, str | None]] = []
-        self.tries: dict[str, int] = {}
+        self.tries: dict[tuple[str, str | None], int] = {}
         self.quiet_now = False
         self.remeasured = 0
         self.confirmed = 0
@@ -624,12 +624,14 @@ class _Tuner:
 
     def _watch(self, i: int, candidate: Candidate, result: MeasureResult) -> None:
         """Note a suspect result (timed while something else ran) of task `i`, to measure its
-        candidate again once the machine is quiet, REMEASURE_TRIES times at most."""
+        candidate again once the machine is quiet, REMEASURE_TRIES times at most for each
+        mark (its trials' and its confirmations' apart)."""
         suspect = result.suspect(self._threshold())
         self.quiet_now = result.calibration is not None and not suspect
-        if suspect and self.tries.get(candidate.candidate_key, 0) < REMEASURE_TRIES:
-            self.tries[candidate.candidate_key] = self.tries.get(candidate.candidate_key, 0) + 1
-            self.suspects.append((i, candidate, _mark(result)))
+        tried = (candidate.candidate_key, _mark(result))  # a confirmation's own tries
+        if suspect and self.tries.get(tried, 0) < REMEASURE_TRIES:
+            self.tries[tried] = self.tries.get(tried, 0) + 1
+            self.suspects.append((i, candidate, tried[1]))
 
     def remeasure(self) -> None:
         """Measure the suspect results' candidates again (new records; the database prefers
