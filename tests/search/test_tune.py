@@ -421,7 +421,7 @@ def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
             for c, r in zip(candidates, results, strict=True):
                 if r.latencies:
                     latencies = tuple(x * (10 if n else 1) for n, x in enumerate(r.latencies))
-                    figure = load(r.calibration or 1.0, latencies)
+                    figure = load(r.build_info.get("calibration_kernel", 1.0), latencies)
                     info = {**r.build_info, "calibration": figure}
                     r = dataclasses.replace(r, latencies=latencies, build_info=info)
                     spoiled.append(c.candidate_key)
