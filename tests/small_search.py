@@ -15,3 +15,20 @@ SMALL_SEARCH = dict(
 def as_environment(knobs: dict[str, object]) -> dict[str, str]:
     """The same knobs as the environment variables `hexir` reads (HEXIR_ and the name)."""
     return {f"HEXIR_{name.upper()}": str(value) for name, value in knobs.items()}
+
+
+def reading_executor(read):  # noqa: ANN001, ANN202 - a test helper
+    """A LocalExecutor class whose every result, alone and in turn, is `read(candidate,
+    result)`: what a tune reads where the host did something else."""
+    from hexir.search.executor import LocalExecutor
+
+    class Reading(LocalExecutor):
+        def measure_each(self, candidates):
+            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+                yield read(c, r)
+
+        def measure_in_turn(self, candidates):
+            results = super().measure_in_turn(candidates)
+            return [read(c, r) for c, r in zip(candidates, results, strict=True)]
+
+    return Reading

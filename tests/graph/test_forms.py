@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from small_search import reading_executor
 
 import hexir
 from hexir import knobs
@@ -396,29 +397,12 @@ def test_a_tune_spends_no_rounds_on_a_form_too_far_behind_to_be_picked(rng, tmp_
     db = Database(f"sqlite:///{tmp_path / 'behind.db'}")
     scope = knobs.scope(**SMALL_SEARCH, tune_confirm_best=0, tune_time_in_model=False)
     trials = len(tasks) + 5 * SMALL_SEARCH["search_measure_per_round"]
-    with scope, _reading(_made_up)("cpu") as executor:
+    with scope, reading_executor(_made_up)("cpu") as executor:
         result = tune(graph, "cpu", trials=trials, database=db, seed=0, model=RandomModel(0),
                       executor=executor)  # fmt: skip
     (direct,) = [t for t in result.tasks if t.alternative]
     assert result.trials == trials
     assert direct.trials == 1  # its first round (of one trial: the budget's first-round share)
-
-
-def _reading(read):  # noqa: ANN001, ANN202 - a test helper
-    """A LocalExecutor class whose every result, alone and in turn, is `read(candidate,
-    result)`."""
-    from hexir.search.executor import LocalExecutor
-
-    class Reading(LocalExecutor):
-        def measure_each(self, candidates):
-            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
-                yield read(c, r)
-
-        def measure_in_turn(self, candidates):
-            results = super().measure_in_turn(candidates)
-            return [read(c, r) for c, r in zip(candidates, results, strict=True)]
-
-    return Reading
 
 
 def _inside(db: Database, func: hexir.PrimFunc, seconds: float, sitting: str) -> None:
@@ -498,7 +482,7 @@ def test_a_tune_whose_picks_differ_from_the_rule_times_both_builds_inside_the_mo
         return dataclasses.replace(result, latencies=tuple(x / 100 for x in result.latencies))
 
     db = Database(f"sqlite:///{tmp_path / 'lucky.db'}")
-    with knobs.scope(**SMALL_SEARCH), _reading(_lucky)("cpu") as executor:
+    with knobs.scope(**SMALL_SEARCH), reading_executor(_lucky)("cpu") as executor:
         result = tune(graph, "cpu", trials=2 * len(tasks), database=db, seed=0,
                       model=RandomModel(0), executor=executor)  # fmt: skip
     # Both builds ran inside the model: every kernel of both forms has its time there, of one

@@ -8,7 +8,7 @@ import random
 
 import numpy as np
 import pytest
-from small_search import SMALL_SEARCH
+from small_search import SMALL_SEARCH, reading_executor
 from tuned_rule import expected_schedule
 
 import hexir
@@ -442,6 +442,46 @@ def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
         assert first.suspect(threshold)  # 10x its fastest call, the calibration notwithstanding
         # Measured again last, as a confirmation: where the database ranks it.
         assert runs[-1].confirmed and runs[-1].created > first.created
+
+
+@pytest.mark.serial
+def test_a_candidate_whose_trial_runs_spent_their_tries_still_has_its_confirmation_timed_again(
+    db,
+):
+    import dataclasses
+
+    from hexir.search.calibration import load
+    from hexir.search.evolutionary import EvolutionarySearch
+
+    func = _matmul()
+    default = EvolutionarySearch(func, "cpu", rng=random.Random(0)).default.candidate_key
+    spoiled: list = []  # the runs it spoiled
+
+    def spoil(c, r):
+        """The default's runs timed under a load (its first call quiet, the rest 10x): its
+        trial and each time it is timed again as one, and its three confirmations."""
+        confirmations = sum("in_turn" in x.build_info for x in spoiled)
+        if c.candidate_key != default or confirmations == CONFIRM_ROUNDS or not r.latencies:
+            return r
+        latencies = tuple(x * (10 if n else 1) for n, x in enumerate(r.latencies))
+        figure = load(r.build_info.get("calibration_kernel", 1.0), latencies)
+        r = dataclasses.replace(
+            r, latencies=latencies, build_info={**r.build_info, "calibration": figure}
+        )
+        spoiled.append(r)
+        return r
+
+    threshold = 4.0  # as above
+    settings = {"tune_confirm_best": 2, "measure_calibration_threshold": threshold}
+    with hexir.knobs.scope(**settings), reading_executor(spoil)("cpu") as executor:
+        tune(func, "cpu", trials=6, database=db, seed=0, model=RandomModel(seed=0),
+             executor=executor)  # fmt: skip
+    trials = [r for r in spoiled if "in_turn" not in r.build_info]
+    assert len(trials) >= 2 and len(spoiled) - len(trials) == CONFIRM_ROUNDS
+    runs = [r for r in db.records(hexir.workload_key(func), "cpu") if r.candidate_key == default]
+    # Its trial's two tries are spent; its confirmations have their own: one more confirmation,
+    # quiet, where the database ranks it.
+    assert any(r.confirmed and not r.suspect(threshold) for r in runs)
 
 
 def test_candidates_slower_than_the_cutoff_are_timed_by_one_call(db):
