@@ -75,7 +75,7 @@ class Calibration:
         self.arrays = [rng.standard_normal(p.shape).astype(p.dtype) for p in func.params]
         digest = hashlib.sha256(self.kernel.source.encode()).hexdigest()[:16]
         self.file = Path(cache_dir) / "calibration" / f"{target.key}-{digest}.json"
-        self.quiet = _load(self.file)
+        self.quiet = _read_quiet(self.file)
         if self.quiet is None:
             self.settle()
 
@@ -114,7 +114,7 @@ def load(ratio: float, latencies: Sequence[float]) -> float:
     return max(ratio, statistics.median(latencies) / min(latencies))
 
 
-def _load(file: Path) -> float | None:
+def _read_quiet(file: Path) -> float | None:
     """The quiet time kept in `file`; None where there is none, or it is stale."""
     try:
         data = json.loads(file.read_text())

@@ -399,39 +399,36 @@ def test_the_best_is_a_confirmed_candidate_though_the_host_slowed_for_the_confir
     assert db.best(key, "cpu", k=1, confirmed_first=False)[0].candidate_key not in confirmed
 
 
-@pytest.mark.serial
-def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
+def _under_a_passing_load(result):
+    """`result` as a run timed while a load came and went reads: its first latency quiet, the
+    others 10x slower, the calibration kernel right after it quiet; with the figure the
+    worker then gives it (`load`)."""
     import dataclasses
 
     from hexir.search.calibration import load
-    from hexir.search.executor import LocalExecutor
 
+    latencies = tuple(x * (10 if n else 1) for n, x in enumerate(result.latencies))
+    figure = load(result.build_info.get("calibration_kernel", 1.0), latencies)
+    info = {**result.build_info, "calibration": figure}
+    return dataclasses.replace(result, latencies=latencies, build_info=info)
+
+
+@pytest.mark.serial
+def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
     spoiled: list[str] = []
 
-    class LoadedOnce(LocalExecutor):
-        """The confirmation's first round timed while a load came and went: each candidate's
-        first latency quiet and the others 10x slower, the calibration kernel right after it
-        quiet; the figure a run then carries is the worker's (`load`)."""
-
-        def measure_in_turn(self, candidates):
-            results = super().measure_in_turn(candidates)
-            if spoiled:
-                return results
-            out = []
-            for c, r in zip(candidates, results, strict=True):
-                if r.latencies:
-                    latencies = tuple(x * (10 if n else 1) for n, x in enumerate(r.latencies))
-                    figure = load(r.build_info.get("calibration_kernel", 1.0), latencies)
-                    info = {**r.build_info, "calibration": figure}
-                    r = dataclasses.replace(r, latencies=latencies, build_info=info)
-                    spoiled.append(c.candidate_key)
-                out.append(r)
-            return out
+    def spoil(c, r):
+        """The confirmation's first round timed under a passing load: each candidate's first
+        run in turn."""
+        if "in_turn" not in r.build_info or c.candidate_key in spoiled or not r.latencies:
+            return r
+        spoiled.append(c.candidate_key)
+        return _under_a_passing_load(r)
 
     func = _matmul()
     threshold = 4.0  # a quiet calibration reads up to 2.4 on a host whose speed shifts so
     settings = {"tune_confirm_best": 2, "measure_calibration_threshold": threshold}
-    with hexir.knobs.scope(**settings), LoadedOnce("cpu") as executor:
+    with hexir.knobs.scope(**settings), reading_executor(spoil)("cpu") as executor:
         result = tune(func, "cpu", trials=6, database=db, seed=0, model=RandomModel(seed=0),
                       executor=executor)  # fmt: skip
     records = db.records(hexir.workload_key(func), "cpu")
@@ -448,9 +445,6 @@ def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
 def test_a_candidate_whose_trial_runs_spent_their_tries_still_has_its_confirmation_timed_again(
     db,
 ):
-    import dataclasses
-
-    from hexir.search.calibration import load
     from hexir.search.evolutionary import EvolutionarySearch
 
     func = _matmul()
@@ -458,18 +452,13 @@ def test_a_candidate_whose_trial_runs_spent_their_tries_still_has_its_confirmati
     spoiled: list = []  # the runs it spoiled
 
     def spoil(c, r):
-        """The default's runs timed under a load (its first call quiet, the rest 10x): its
-        trial and each time it is timed again as one, and its three confirmations."""
+        """The default's runs timed under a passing load: its trial and each time it is
+        timed again as one, and its three confirmations."""
         confirmations = sum("in_turn" in x.build_info for x in spoiled)
         if c.candidate_key != default or confirmations == CONFIRM_ROUNDS or not r.latencies:
             return r
-        latencies = tuple(x * (10 if n else 1) for n, x in enumerate(r.latencies))
-        figure = load(r.build_info.get("calibration_kernel", 1.0), latencies)
-        r = dataclasses.replace(
-            r, latencies=latencies, build_info={**r.build_info, "calibration": figure}
-        )
-        spoiled.append(r)
-        return r
+        spoiled.append(_under_a_passing_load(r))
+        return spoiled[-1]
 
     threshold = 4.0  # as above
     settings = {"tune_confirm_best": 2, "measure_calibration_threshold": threshold}
