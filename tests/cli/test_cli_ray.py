@@ -216,6 +216,9 @@ def test_a_cluster_that_asks_for_a_token_this_driver_lacks_is_one_paragraph(
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     if mode is None:
         monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+        # Refused, the driver tries the cluster again once a second, 20 times by default:
+        # three tries say the same.
+        monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", "3")
     else:
         monkeypatch.setenv("RAY_AUTH_MODE", mode)
         monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "missing"))
