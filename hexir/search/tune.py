@@ -32,10 +32,11 @@ calibration.py, past the `measure_calibration_threshold` knob) is suspect: its c
 measured again once a round ends on a quiet result, and at the end of the tune (REMEASURE_TRIES
 times at most; `TuneResult.remeasured` counts them), and the database prefers quiet records.
 A suspect confirmation or check (below) is timed again as one, in turn with its task's other
-suspect ones and marked so: the database ranks a confirmed candidate at its confirmations
-alone, and a quiet run of another kind would not count there (ResNet-18's first conv and its
-default, both confirmed under a load, stood at 5.9 and 7.2 ms where their quiet runs read 1.96
-and 1.83, and the build took the slower).
+suspect ones (a suspect confirmation of a conv's two forms, below, with those of all their
+kernels' tasks: one batch, as they were confirmed) and marked so: the database ranks a
+confirmed candidate at its confirmations alone, and a quiet run of another kind would not
+count there (ResNet-18's first conv and its default, both confirmed under a load, stood at 5.9
+and 7.2 ms where their quiet runs read 1.96 and 1.83, and the build took the slower).
 
 A result that reads faster than its task's best by more than the `tune_check_gain` knob
 (1.03) claims a gain, which is checked before the tune credits it: a two-core VM's speed shifts
@@ -636,15 +637,18 @@ class _Tuner:
     def remeasure(self) -> None:
         """Measure the suspect results' candidates again (new records; the database prefers
         quiet ones), each task's together, while the time budget has room: its suspect
-        confirmations (or checks) in turn and marked so, as they were (see the module)."""
+        confirmations (or checks) in turn and marked so, as they were (see the module); those
+        of the tasks `confirm` times together (a conv's two forms, `_together`) in one batch,
+        so that they stand at one moment's speed again."""
         pending, self.suspects = self.suspects, []
-        for i, mark in dict.fromkeys((i, mark) for i, _, mark in pending):
-            batch = list(
-                {c.candidate_key: c for j, c, m in pending if (j, m) == (i, mark)}.values()
-            )
+        for group, mark in self._suspect_batches(pending):
+            suspects = {(j, c.candidate_key): (j, c) for j, c, m in pending
+                        if j in group and m == mark}  # fmt: skip
+            owners = [j for j, _ in suspects.values()]
+            chunk = [c for _, c in suspects.values()][: self.room(len(suspects))]
             done: list[tuple[Candidate, MeasureResult]] = []
-            chunk = batch[: self.room(len(batch))]
-            for c, r in self._committed(i, chunk, trials=False, mark=mark):
+            measured = self._committed(owners[: len(chunk)], chunk, trials=False, mark=mark)
+            for i, (c, r) in zip(owners, measured, strict=False):
                 self.remeasured += 1
                 done.append((c, r))
                 self._watch(i, c, r)
@@ -653,7 +657,21 @@ class _Tuner:
             if done:  # the model skips the loaded first time; it learns the quiet one
                 with self.profile.timing("model_update"):
                     self.model.update([c for c, _ in done], [r for _, r in done])
-            self.check_claims(i)
+            for i in group:
+                self.check_claims(i)
+
+    def _suspect_batches(
+        self, pending: list[tuple[int, Candidate, str | None]]
+    ) -> list[tuple[list[int], str | None]]:
+        """The batches `remeasure` times, in order of their first suspect: each task's suspects
+        of one mark, but the confirmations of the tasks `confirm` times together, one batch."""
+        marks = dict.fromkeys((i, mark) for i, _, mark in pending)
+        together = self._together([i for i, mark in marks if mark == "confirmed"])
+        joined = {i: group for group in together for i in group}
+        batches = dict.fromkeys(
+            (tuple(joined[i]) if mark == "confirmed" else (i,), mark) for i, mark in marks
+        )
+        return [(list(group), mark) for group, mark in batches]
 
     def check_claims(self, i: int) -> None:
         """Time task `i`'s claims of a gain in turn with the candidate that holds its best, and

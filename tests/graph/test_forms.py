@@ -377,6 +377,66 @@ def test_a_tune_confirms_the_kernels_of_a_convs_two_forms_together(rng, tmp_path
 
 
 @pytest.mark.slow
+def test_a_convs_two_forms_confirmed_under_a_load_are_confirmed_again_together(rng, tmp_path):
+    """The confirmation's first batch of a conv's two forms timed while a load came and went:
+    its runs are suspect, and the kernels of both forms are timed again in one batch, as the
+    confirmation timed them, not a task at a time (each form's kernels at another moment of
+    the host's speed)."""
+    import dataclasses
+
+    from small_search import SMALL_SEARCH
+
+    from hexir.search.calibration import load
+    from hexir.search.executor import LocalExecutor
+    from hexir.search.tune import CONFIRM_ROUNDS
+
+    graph = _one_conv(rng)
+    tasks = extract_tasks(graph, "cpu")
+    times = {t.workload_key: 2e-3 if t.alternative else 2.5e-4 for t in tasks}
+
+    def _read(candidate, result, slow: float = 1.0):
+        """`result` at its kernel's made-up time, its calls after the first `slow` times
+        slower, with the figure the worker gives such runs after a quiet calibration."""
+        if not result.ok:
+            return result
+        seconds = times[candidate.workload_key]
+        latencies = tuple(seconds * (slow if n else 1.0) for n in range(len(result.latencies)))
+        info = {**result.build_info, "calibration": load(1.0, latencies)}
+        return dataclasses.replace(result, latencies=latencies, build_info=info)
+
+    class Loaded(LocalExecutor):
+        """Reads each kernel at its made-up time, quietly, but in the first batch timed in
+        turn that holds both forms: a load came and went in each of its runs."""
+
+        batches: list[set[str]] = []
+
+        def measure_each(self, candidates):
+            for c, r in zip(candidates, super().measure_each(candidates), strict=True):
+                yield _read(c, r)
+
+        def measure_in_turn(self, candidates):
+            keys = {c.workload_key for c in candidates}
+            slow = 10.0 if keys == set(times) and keys not in self.batches else 1.0
+            self.batches.append(keys)
+            results = super().measure_in_turn(candidates)
+            return [_read(c, r, slow) for c, r in zip(candidates, results, strict=True)]
+
+    db = Database(f"sqlite:///{tmp_path / 'loaded.db'}")
+    settings = {**SMALL_SEARCH, "tune_confirm_best": 2, "tune_time_in_model": False,
+                "measure_calibration_threshold": 4.0}  # fmt: skip
+    with knobs.scope(**settings), Loaded("cpu") as executor:
+        result = tune(graph, "cpu", trials=2 * len(tasks), database=db, seed=0,
+                      model=RandomModel(0), executor=executor)  # fmt: skip
+    whole = [n for n, keys in enumerate(executor.batches) if keys == set(times)]
+    # The confirmation's rounds, then the suspect first round's runs again, in one batch.
+    assert len(whole) == CONFIRM_ROUNDS + 1, executor.batches
+    assert result.remeasured >= len(tasks)
+    for key in times:  # each kernel's last confirmation quiet, where the database ranks it
+        confirmed = [r for r in db.records(key, "cpu") if r.confirmed]
+        assert confirmed and not confirmed[-1].suspect(4.0)
+
+
+@pytest.mark.slow
 def test_a_tune_spends_no_rounds_on_a_form_too_far_behind_to_be_picked(rng, tmp_path):
     """Made-up times: the direct conv 20 ms, each of the Winograd form's six kernels 0.25 ms.
     After its first trial the direct conv's gains could not make its form the faster one, so
