@@ -282,23 +282,33 @@ def tune(
         raise ValueError(f"trials must be zero or more, got {trials}")
     if time_budget is not None and not 0 < time_budget < math.inf:
         raise ValueError(f"time_budget must be a positive number of seconds, got {time_budget}")
+    from hexir.graph.fusion import lowering_once
+    from hexir.graph.rewrite import simplify_graph
+    from hexir.graph.specialize import require_sizes
+
     target = Target.of(target)
     db = _database(database)
-    tasks = extract_tasks(func_or_graph, target)
-    model = model if model is not None else _default_model(db, target)
-    own = executor is None
-    executor = executor if executor is not None else _executor(target, ray_address)
-    try:
-        # A model with two forms of its convs: the mix its measurements pick is looked for.
-        mixes = isinstance(func_or_graph, Graph) and any(t.alternative for t in tasks)
-        graph = func_or_graph if mixes else None
-        tuner = _Tuner(
-            tasks, target, db, executor, model, seed, tuple(callbacks), time_budget, graph
-        )
-        return tuner.run(trials)
-    finally:
-        if own:
-            executor.close()
+    if isinstance(func_or_graph, Graph):
+        # Simplified once: each lowering of the tune then finds this same graph simplified,
+        # and lowers it once for each set of forms (`lowering_once`).
+        require_sizes(func_or_graph, "tuning")
+        func_or_graph = simplify_graph(func_or_graph)
+    with lowering_once():
+        tasks = extract_tasks(func_or_graph, target)
+        model = model if model is not None else _default_model(db, target)
+        own = executor is None
+        executor = executor if executor is not None else _executor(target, ray_address)
+        try:
+            # A model with two forms of its convs: the mix its measurements pick is looked for.
+            mixes = isinstance(func_or_graph, Graph) and any(t.alternative for t in tasks)
+            graph = func_or_graph if mixes else None
+            tuner = _Tuner(
+                tasks, target, db, executor, model, seed, tuple(callbacks), time_budget, graph
+            )
+            return tuner.run(trials)
+        finally:
+            if own:
+                executor.close()
 
 
 def _database(database: Database | str) -> Database:

@@ -129,6 +129,26 @@ def test_residual_block_is_two_kernels():
     check_runs(graph, groups)
 
 
+def test_a_graph_is_lowered_once_within_lowering_once_for_each_forms_and_knobs():
+    from hexir.graph.fusion import fused_kernels, lowering_once
+
+    b = GraphBuilder("g")
+    graph = simplify_graph(b.build(residual_block(b, b.input("x", (1, 4, 28, 28)), 4)))
+    conv = next(op.result.name for op in graph.ops if op.kind == "conv2d")
+    assert fused_kernels(graph) is not fused_kernels(graph)  # outside: made each time
+    with lowering_once():
+        made = fused_kernels(graph)
+        assert fused_kernels(graph, "cpu", {}) is made
+        direct = fused_kernels(graph, "cpu", {conv: 0})
+        assert direct is not made and fused_kernels(graph, "cpu", {conv: 0}) is direct
+        with knobs.scope(winograd="0"):  # other knobs: lowered again
+            assert fused_kernels(graph) is not made
+        # Another graph object of the same ops is not taken for this one.
+        again = simplify_graph(b.build(graph.outputs[0]))
+        assert again is not graph and fused_kernels(again) is not made
+    assert fused_kernels(graph) is not made  # the scope's lowerings go with it
+
+
 def test_softmax_and_layer_norm_are_one_kernel_with_their_elementwise_producers():
     b = GraphBuilder("g")
     scores, mask = b.input("scores", (4, 8)), b.input("mask", (8,))
