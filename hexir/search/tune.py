@@ -658,7 +658,8 @@ class _Tuner:
             chunk = [c for _, c in suspects.values()][: self.room(len(suspects))]
             done: list[tuple[Candidate, MeasureResult]] = []
             measured = self._committed(owners[: len(chunk)], chunk, trials=False, mark=mark)
-            for i, (c, r) in zip(owners, measured, strict=False):
+            for n, (c, r) in enumerate(measured):
+                i = owners[n]
                 self.remeasured += 1
                 done.append((c, r))
                 self._watch(i, c, r)
