@@ -286,7 +286,7 @@ def fused_kernels(
 
     made = _MADE.get()
     key = (id(graph), Target.of(target), tuple(sorted((winograd or {}).items())), knobs.get())
-    if made is not None and key in made and made[key][0] is graph:
+    if made is not None and key in made:  # (its graph kept there: no other has its id)
         return made[key][1]
     compiled = compiled_graph(graph, target, winograd)
     groups = [group for group in partition(compiled) if not is_view(group)]
