@@ -26,6 +26,7 @@ from hexir.codegen.c_amx import tile_arguments, tile_helpers
 from hexir.codegen.c_inplace import in_place_candidates
 from hexir.codegen.c_lower import (
     AUTO_UNROLL_MAX_NODES,
+    SourceTooLong,
     loop_lanes,
     lower_for_c,
     nodes,
@@ -256,11 +257,6 @@ static inline void* hx_scratch(hx_scratch_t* s, size_t size) {{
 }}"""
 
 
-class SourceTooLong(Exception):
-    """The C being printed passed the `max_lines` it was given (not a HexirError: the kernel
-    is fine, only longer than its caller will take)."""
-
-
 def generate_c(
     func: PrimFunc,
     target: Target | None = None,
@@ -271,8 +267,9 @@ def generate_c(
     """The C source of `func`, exporting `void <kernel_symbol(func)>(T* restrict ..., ...)`.
     `vector_math`: exp, erf, ... in a vectorized loop as SIMD helpers (c_math.py); off, such a
     loop stays a scalar `omp simd` loop of libm calls (the `vector_math` knob). `max_lines`:
-    raise SourceTooLong as soon as the function's body passes that many lines (the search
-    refuses such candidates, and the long ones took most of its printing time). A body
+    raise SourceTooLong as soon as the function's body passes that many lines, or its
+    lowering copies too much to print within them (c_lower.py's PIECE_NODES_PER_LINE): the
+    search refuses such candidates, and the long ones took most of its printing time. A body
     printed past it inside a vectorization attempt raises too, though the attempt might have
     given up for a scalar loop; that is shorter than the vectors only where the attempt
     fails, seldom so late."""
@@ -354,7 +351,7 @@ class CPrinter:
         symbol = kernel_symbol(func)
         self.names = Names(C_KEYWORDS | LIBRARY_NAMES | {symbol})
         self.in_place_pairs = in_place_candidates(func)
-        body = lower_for_c(func.body, self.in_place_pairs)
+        body = lower_for_c(func.body, self.in_place_pairs, self.max_lines)
         self.registers = register_buffers(body, self.vector_bytes)
         with self.scope(self.func_signature(func, symbol) + " {"):
             self.stmt_list(body)

@@ -72,20 +72,54 @@ UNROLL_FOLD_SLACK = 64
 PARTITION_MAX_NODES = 8192
 # A loop up to this extent is peeled where the guards of inner loops read its var.
 PEEL_MAX_EXTENT = 4
+# Where the C may be at most `max_lines` long, partitioning may copy at most this many nodes
+# per line into its pieces (each body counted before it is copied, so a piece copied again by
+# an outer loop's partitioning counts again): past that the C is taken to be too long and
+# lowering stops. Of 200 random samples of a 1x64x56x56 3x3 conv2d (its limit 412 lines), the
+# 63 that fit copied at most 4504 nodes (10.9 a line), the 137 that did not up to 56k; at 20 a
+# line those 137 took 45 s to lower and print as far as the limit, 100 s without, and no
+# fitting one was refused. Nothing partitions in 40 samples of matmul 1024^3 or of dense.
+PIECE_NODES_PER_LINE = 20
 
 TRUE = IntImm(1, "bool")
 FALSE = IntImm(0, "bool")
 
 
-def lower_for_c(body: Stmt, may_alias: set[tuple[Buffer, Buffer]] | None = None) -> Stmt:
+class SourceTooLong(Exception):
+    """The C being printed passed the `max_lines` it was given, or its lowering copied more
+    than PIECE_NODES_PER_LINE times as many nodes (not a HexirError: the kernel is fine, only
+    longer than its caller will take)."""
+
+
+class _Copies:
+    """The nodes partitioning has copied into pieces, against the most it may (None: any)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.made = 0
+
+    def count(self, body: Stmt) -> None:
+        """`body` about to be copied into a piece, counted: SourceTooLong where that passes
+        the limit (raised before the copy is made)."""
+        if self.limit is not None:
+            self.made += nodes(body)
+            if self.made > self.limit:
+                raise SourceTooLong(f"partitioning copied more than {self.limit} nodes")
+
+
+def lower_for_c(
+    body: Stmt, may_alias: set[tuple[Buffer, Buffer]] | None = None, max_lines: int | None = None
+) -> Stmt:
     """`body` with blocks flattened into named wrappers, small unrolled loops expanded,
     loops under bound guards partitioned, a job's intermediate kept in the output it ends in
     where `may_alias` (the CPU printer's in-place candidates) is given (c_inplace.py) and
-    bfloat16/float16 computed in float (c_narrow.py)."""
+    bfloat16/float16 computed in float (c_narrow.py). `max_lines`: the most lines of C the
+    caller takes; SourceTooLong where partitioning copies past PIECE_NODES_PER_LINE a line."""
     flat = map_stmt(map_stmt(body, stmt_fn=_flatten_block), stmt_fn=_unroll)
     if may_alias is not None:  # the CPU's: outputs the plan may run over an input excepted
         flat = intermediates_in_outputs(flat, {out for out, _ in may_alias})
-    return lower_narrow_floats(map_stmt(flat, stmt_fn=_partition))
+    copies = _Copies(None if max_lines is None else PIECE_NODES_PER_LINE * max_lines)
+    return lower_narrow_floats(map_stmt(flat, stmt_fn=lambda s: _partition(s, copies)))
 
 
 def _flatten_block(stmt: Stmt) -> Stmt:
@@ -145,14 +179,14 @@ def _fold(stmt: Stmt) -> Stmt:
     return stmt
 
 
-def _partition(stmt: Stmt) -> Stmt:
+def _partition(stmt: Stmt, copies: _Copies) -> Stmt:
     """A serial loop split where its bound guards start and stop holding (see the module
     docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without. A loop of a
-    symbolic extent stays whole."""
+    symbolic extent stays whole. Each piece made is counted in `copies`."""
     if isinstance(stmt, For) and isinstance(stmt.extent, Sym):
         return stmt
     if isinstance(stmt, For) and stmt.kind == "parallel":
-        return _peel_jobs(stmt)
+        return _peel_jobs(stmt, copies)
     if not isinstance(stmt, For) or stmt.kind not in ("serial", "vectorized") or stmt.extent < 2:
         return stmt
     if isinstance(INTRINSICS.get(dict(stmt.annotations).get(TENSORIZE)), TileIntrinsic):
@@ -168,32 +202,35 @@ def _partition(stmt: Stmt) -> Stmt:
     held = {part for part, (a, b) in spans.items() if a <= lo and b >= hi}
     if hi - lo < 1 or not held:
         if stmt.extent <= PEEL_MAX_EXTENT and _bounds_with(guards, stmt.var, inner):
-            peeled = [_piece(stmt, stmt.body, i, i + 1, inner, {}) for i in range(stmt.extent)]
+            peeled = [_piece(stmt, stmt.body, i, i + 1, inner, {}, copies)
+                      for i in range(stmt.extent)]  # fmt: skip
             return seq(*_own_locals(peeled))
         return stmt
     middle = map_stmt(stmt.body, expr_fn=lambda e: _assume_expr(e, held),
                       stmt_fn=lambda s: _assume(s, held))  # fmt: skip
     # Where each guard holds at some inner iteration: outside, it is false throughout.
     somewhere = {part: _holds(part, stmt.var, inner, every=False) for part in spans}
-    parts = [_piece(stmt, middle, lo, hi, inner, somewhere)]
+    parts = [_piece(stmt, middle, lo, hi, inner, somewhere, copies)]
     if lo > 0:
-        parts.insert(0, _edge(_piece(stmt, stmt.body, 0, lo, inner, somewhere)))
+        before = _piece(stmt, stmt.body, 0, lo, inner, somewhere, copies)
+        parts.insert(0, _edge(before, copies))
     if hi < stmt.extent:
-        parts.append(_edge(_piece(stmt, stmt.body, hi, stmt.extent, inner, somewhere)))
+        after = _piece(stmt, stmt.body, hi, stmt.extent, inner, somewhere, copies)
+        parts.append(_edge(after, copies))
     return seq(*_own_locals(parts))
 
 
-def _edge(piece: Stmt) -> Stmt:
+def _edge(piece: Stmt, copies: _Copies) -> Stmt:
     """An edge of a partitioned loop, which keeps its guards: where it is a few iterations
     (a job's last two panels, the first of them partly past a ragged edge), partitioned or
     peeled again, so that the inner loops' guards bound their own vars alone (the partial
     panel's lanes then run as vectors up to the edge, not as a guarded scalar loop)."""
     if isinstance(piece, For) and piece.extent <= PEEL_MAX_EXTENT:
-        return _partition(piece)
+        return _partition(piece, copies)
     return piece
 
 
-def _peel_jobs(loop: For) -> For:
+def _peel_jobs(loop: For, copies: _Copies) -> For:
     """A parallel loop of a few jobs whose var the guards of inner loops read with their own
     (a matrix-vector product's ragged columns, one stretch of panels per job, the last job's
     last panel guarded): still parallel, each job's body its own copy under an `if` on the
@@ -202,7 +239,8 @@ def _peel_jobs(loop: For) -> For:
     if surveyed is None or not _bounds_with(surveyed[0], loop.var, surveyed[1]):
         return loop
     inner = surveyed[1]
-    jobs = _own_locals([_piece(loop, loop.body, i, i + 1, inner, {}) for i in range(loop.extent)])
+    jobs = [_piece(loop, loop.body, i, i + 1, inner, {}, copies) for i in range(loop.extent)]
+    jobs = _own_locals(jobs)
     chain = jobs[-1]
     for i in reversed(range(loop.extent - 1)):
         chain = IfThenElse(Binary("==", loop.var, IntImm(i, loop.var.dtype)), jobs[i], chain)
@@ -251,11 +289,13 @@ def _piece(
     stop: int,
     inner: dict[Var, int],
     somewhere: dict[Expr, tuple[int, int] | None],
+    copies: _Copies,
 ) -> Stmt:
     """`loop` over [start, stop) with `body`: the guards that never hold there decided false
     (a vectorized loop's lanes past a ragged panel's edge), then one iteration inlined with
     its guards decided and its indices simplified, or a loop of its own (its var shifted by
-    `start`)."""
+    `start`). The copy of `body` is counted in `copies` first."""
+    copies.count(body)
     never = {p for p, span in somewhere.items() if span and (stop <= span[0] or start >= span[1])}
     if never:
         body = map_stmt(body, expr_fn=lambda e: _refute_expr(e, never),
@@ -264,7 +304,7 @@ def _piece(
         one = _substitute(body, {loop.var: IntImm(start)})
         one = map_stmt(one, expr_fn=lambda e: _tighten(e, inner), stmt_fn=_decide)
         # With the var a constant, the inner loops' guards may bound their own vars alone.
-        return _scoped(map_stmt(one, stmt_fn=_partition))
+        return _scoped(map_stmt(one, stmt_fn=lambda s: _partition(s, copies)))
     var = loop.var if start == 0 else Var(f"{loop.var.name}_{start}", loop.var.dtype)
     shifted = body if start == 0 else _substitute(body, {loop.var: Binary("+", var, IntImm(start))})
     ranges = {**inner, var: stop - start}

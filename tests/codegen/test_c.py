@@ -513,3 +513,42 @@ def test_the_pieces_of_a_partitioned_loop_keep_their_own_register_tiles(rng):
     c = np.full((600, 197), np.nan, np.float32)
     kernel(a, b, c)
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_kernel_whose_partitioning_copies_past_its_line_limit_is_refused_before_printing():
+    """A padded copy's loops partition into pieces; where the caller takes so few lines that
+    the pieces pass PIECE_NODES_PER_LINE a line, lowering stops (before the printer would);
+    without a limit the same kernel prints."""
+    from hexir.codegen.c_lower import PIECE_NODES_PER_LINE, SourceTooLong, lower_for_c
+
+    func = hexir.workload("pad", shape=(2, 3, 7, 7), before=(0, 0, 1, 1), after=(0, 0, 1, 1))
+    assert "if" not in generate_c(func)  # partitioned: no guard is left
+    with pytest.raises(SourceTooLong, match=f"more than {PIECE_NODES_PER_LINE * 2} nodes"):
+        lower_for_c(func.body, max_lines=2)
+    lower_for_c(func.body, max_lines=10_000)  # the same pieces, within a larger limit
+
+
+def test_a_line_limit_refuses_only_c_longer_than_it():
+    """Random samples of a padded conv printed to a limit at their median length: each one
+    within it prints the C it prints without a limit, and each one refused prints longer;
+    some are refused by their partitioning's copies, before their C."""
+    import random
+
+    from hexir.codegen.c_lower import SourceTooLong
+    from hexir.runtime.build import c_source
+    from hexir.search.evolutionary import EvolutionarySearch
+
+    conv = hexir.workload("conv2d", N=1, C=8, H=14, W=14, K=16, R=3, S=3, padding=1)
+    cpu = hexir.Target("cpu")
+    batch = EvolutionarySearch(conv, cpu, rng=random.Random(0)).sample(16)
+    full = [c_source(c.func, cpu) for c in batch]
+    limit = sorted(s.count("\n") for s in full)[len(full) // 2]
+    refused = []
+    for candidate, whole in zip(batch, full, strict=True):
+        try:
+            assert c_source(candidate.func, cpu, max_lines=limit) == whole
+            assert whole.count("\n") <= limit
+        except SourceTooLong as e:
+            assert whole.count("\n") > limit
+            refused.append(str(e))
+    assert any("partitioning" in r for r in refused) and len(refused) >= 4
