@@ -23,6 +23,10 @@
   partitioned loop's guarded edge of a few iterations. A parallel loop of a few jobs whose
   var the inner guards read (a ragged matrix-vector product's last job) stays parallel, with
   a copy of its body per job under an `if` on the job, each partitioned alone.
+- Where the caller takes at most `max_lines` of C (the search), partitioning stops with
+  SourceTooLong once the bodies it would copy pass `PIECE_NODES_PER_LINE` nodes a line: the
+  C of such a kernel is too long, and most of its cost was the lowering before the printer
+  stopped at the limit.
 """
 
 from __future__ import annotations
@@ -114,7 +118,8 @@ def lower_for_c(
     loops under bound guards partitioned, a job's intermediate kept in the output it ends in
     where `may_alias` (the CPU printer's in-place candidates) is given (c_inplace.py) and
     bfloat16/float16 computed in float (c_narrow.py). `max_lines`: the most lines of C the
-    caller takes; SourceTooLong where partitioning copies past PIECE_NODES_PER_LINE a line."""
+    caller takes; SourceTooLong where partitioning would copy more than PIECE_NODES_PER_LINE
+    nodes a line of it."""
     flat = map_stmt(map_stmt(body, stmt_fn=_flatten_block), stmt_fn=_unroll)
     if may_alias is not None:  # the CPU's: outputs the plan may run over an input excepted
         flat = intermediates_in_outputs(flat, {out for out, _ in may_alias})
@@ -182,7 +187,7 @@ def _fold(stmt: Stmt) -> Stmt:
 def _partition(stmt: Stmt, copies: _Copies) -> Stmt:
     """A serial loop split where its bound guards start and stop holding (see the module
     docstring): [0, lo) and [hi, extent) keep them, [lo, hi) runs without. A loop of a
-    symbolic extent stays whole. Each piece made is counted in `copies`."""
+    symbolic extent stays whole. Each piece's body is counted in `copies` before it is copied."""
     if isinstance(stmt, For) and isinstance(stmt.extent, Sym):
         return stmt
     if isinstance(stmt, For) and stmt.kind == "parallel":

@@ -44,7 +44,8 @@ def build(
 
 def c_source(func: PrimFunc, target: Target | str = "cpu", max_lines: int | None = None) -> str:
     """The C that `build` compiles for `func` on a CPU target; `max_lines`: raise
-    SourceTooLong (hexir/codegen/c.py) once its body passes that many lines."""
+    SourceTooLong (hexir/codegen/c_lower.py) once its body passes that many lines, or its
+    lowering copies past them (c_lower.PIECE_NODES_PER_LINE)."""
     # Caches placed by the schedule shrink to the tiles they hold (a lowering step).
     return generate_c(compact_buffers(func), Target.of(target),
                       vector_math=knobs.get().vector_math, max_lines=max_lines)  # fmt: skip
