@@ -483,7 +483,7 @@ class _Tuner:
         for i in range(self.rule_tasks, len(self.tasks)):
             default = self.searches[i].default
             if self.best[i] is None and default is not None and self.room(1) > 0:
-                self.mix_timed += self._again(i, [default], mark=None)
+                self.mix_timed += len(self._again(i, [default], mark=None))
 
     def time_in_model(self) -> None:
         """The model built in each variant of its convs' forms the tune measures (the rule's,
@@ -655,16 +655,9 @@ class _Tuner:
             suspects = {(j, c.candidate_key): (j, c) for j, c, m in pending
                         if j in group and m == mark}  # fmt: skip
             owners = [j for j, _ in suspects.values()]
-            chunk = [c for _, c in suspects.values()][: self.room(len(suspects))]
-            done: list[tuple[Candidate, MeasureResult]] = []
-            measured = self._committed(owners[: len(chunk)], chunk, trials=False, mark=mark)
-            for n, (c, r) in enumerate(measured):
-                i = owners[n]
-                self.remeasured += 1
-                done.append((c, r))
-                self._watch(i, c, r)
-                if not r.suspect(self._threshold()):
-                    self._consider(i, c, r)
+            batch = [c for _, c in suspects.values()]
+            done = self._again(owners, batch, mark, consider=True)
+            self.remeasured += len(done)
             if done:  # the model skips the loaded first time; it learns the quiet one
                 with self.profile.timing("model_update"):
                     self.model.update([c for c, _ in done], [r for _, r in done])
@@ -734,7 +727,7 @@ class _Tuner:
             if len(batch) < 2:
                 continue  # nothing to rank against
             for _ in range(CONFIRM_ROUNDS):
-                self.confirmed += self._again(owners, batch, mark="confirmed")
+                self.confirmed += len(self._again(owners, batch, mark="confirmed"))
             # Middle two runs apart by more than DISAGREE: runs were timed under a load the
             # calibration missed (a 0.015 ms kernel read 5.1 ms once); one more run decides
             # where it stands.
@@ -742,7 +735,7 @@ class _Tuner:
                 records = self.db.records(self.tasks[i].workload_key, self.target)  # once
                 split = [c for c in batches[i] if self._split(records, c)]
                 if split:
-                    self.confirmed += self._again(i, split, mark="confirmed")
+                    self.confirmed += len(self._again(i, split, mark="confirmed"))
 
     def _confirm_batch(self, i: int, k: int) -> list[Candidate]:
         """What the confirmation times of task `i`: its `k` best candidates by their runs alone
@@ -774,20 +767,27 @@ class _Tuner:
                 groups[j] = joined
         return list({id(g): g for g in groups.values()}.values())
 
-    def _again(self, i: int | list[int], batch: list[Candidate], mark: str | None) -> int:
+    def _again(
+        self, i: int | list[int], batch: list[Candidate], mark: str | None, consider: bool = False
+    ) -> list[tuple[Candidate, MeasureResult]]:
         """Measure task `i`'s `batch` (a list: each candidate's task) again, not as trials
         (`mark`: in turn, marked so), what the time budget has room for: each result watched
-        for load and, timed quietly, taken for its task's best; the runs made."""
+        for load and, timed quietly, taken for its task's best (`consider`: considered for it,
+        a gain then checked first, `_consider`); the results, with their candidates."""
         owners = [i] * len(batch) if isinstance(i, int) else i
         chunk = batch[: self.room(len(batch))]
-        runs = 0
+        done: list[tuple[Candidate, MeasureResult]] = []
         for c, r in self._committed(owners[: len(chunk)], chunk, trials=False, mark=mark):
-            owner = owners[runs]
-            runs += 1
+            owner = owners[len(done)]
+            done.append((c, r))
             self._watch(owner, c, r)
-            if not r.suspect(self._threshold()):
+            if r.suspect(self._threshold()):
+                continue
+            if consider:
+                self._consider(owner, c, r)
+            else:
                 self._improve(owner, r, c)
-        return runs
+        return done
 
     def _split(self, records: list[Record], candidate: Candidate) -> bool:
         """Whether the middle two of the candidate's quiet valid runs among its task's
