@@ -18,6 +18,7 @@ import hexir
 from hexir import knobs
 from hexir.errors import BuildError, HexirError, TargetError
 from hexir.ir.tir import Binary, Buffer, BufferStore, FloatImm, For, PrimFunc, Var
+from hexir.runtime import build as build_module
 from hexir.runtime import cc
 from hexir.runtime import target as target_module
 from hexir.runtime.build import build, build_all
@@ -281,6 +282,64 @@ def test_build_all_raises_the_failure(cache, monkeypatch):
     funcs = [axpy(8, "ok"), axpy(8, "planted"), axpy(16, "ok2")]
     with knobs.scope(build_workers=2), pytest.raises(BuildError, match="compiler failed"):
         build_all(funcs)
+
+
+def test_build_all_raises_the_first_failure_in_order_a_printing_one_too(cache, monkeypatch):
+    real_invoke, real_print = cc._invoke, build_module.c_source
+
+    def failing_compile(command):
+        if any("planted" in Path(part).read_text() for part in command if part.endswith(".c")):
+            return subprocess.CompletedProcess(command, 1, "", "error: planted")
+        return real_invoke(command)
+
+    def failing_print(func, target="cpu", max_lines=None):
+        if func.name == "unprintable":
+            raise HexirError("planted: cannot print")
+        return real_print(func, target, max_lines)
+
+    cc.compiler_version(knobs.get().cc), cc.native_signature(knobs.get().cc)
+    monkeypatch.setattr(cc, "_invoke", failing_compile)
+    monkeypatch.setattr(build_module, "c_source", failing_print)
+    with knobs.scope(build_workers=2):
+        with pytest.raises(HexirError, match="cannot print"):
+            build_all([axpy(8, "ok"), axpy(8, "unprintable"), axpy(8, "planted")])
+        with pytest.raises(BuildError, match="compiler failed"):  # the compile before it
+            build_all([axpy(16, "planted"), axpy(8, "unprintable")])
+
+
+def test_a_build_again_reads_the_c_it_printed_from_the_cache(cache, monkeypatch, rng):
+    printed: list[str] = []
+    real_print = build_module.c_source
+
+    def counting(func, target="cpu", max_lines=None):
+        printed.append(func.name)
+        return real_print(func, target, max_lines)
+
+    monkeypatch.setattr(build_module, "c_source", counting)
+    funcs = [axpy(8, "a8"), axpy(16, "a16")]
+    with knobs.scope(build_workers=2):
+        first = build_all(funcs)
+        again = build_all(funcs)
+        assert printed == ["a8", "a16"]  # the second build printed nothing
+        assert [k.source for k in again] == [k.source for k in first]
+        x, y = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+        z = np.full(16, np.nan, np.float32)
+        again[1](x, y, z)
+        np.testing.assert_allclose(z, 2 * x + y, rtol=1e-6)
+        # Another function of the same name, other knobs, other code: printed anew.
+        X, Y, Z = Buffer("X", (8,)), Buffer("Y", (8,)), Buffer("Z", (8,))
+        minus = PrimFunc("a8", (X, Y, Z), For(i, 8, "parallel", BufferStore(Z, (i,), X[i] - Y[i])))
+        (kernel,) = build_all([minus])
+        assert printed[2:] == ["a8"] and " - " in kernel.source
+    with knobs.scope(build_workers=1):  # one at a time: the same cache
+        assert [k.source for k in build_all(funcs)] == [k.source for k in first]
+    with knobs.scope(build_workers=2):
+        with knobs.scope(vector_math=not knobs.get().vector_math):
+            build_all(funcs)
+        assert printed[3:] == ["a8", "a16"]
+        monkeypatch.setattr(build_module, "_code_digest", lambda: "other code")
+        build_all(funcs)
+        assert printed[5:] == ["a8", "a16"]
 
 
 def test_cuda_target_builds_a_cuda_kernel(cache):
