@@ -1,12 +1,14 @@
 """What building a model costs: `hexir.compile` of zoo models (default schedules) from an
-empty build cache, again with the kernels' libraries cached but their C printed anew (the
-cache's `src/` emptied first), and again with everything cached, side by side in one run.
+empty build cache, again with the kernels' libraries cached but the kernels scheduled and
+their C printed anew (the cache's `schedules/` and `src/` emptied first,
+hexir/runtime/build_cache.py), and again with everything cached, side by side in one run.
 
     python benchmarks/build_cpu.py [--rounds 3] [--models resnet18 mobilenet-v2 bert-base]
 
 Each round builds every model in the three ways into a fresh cache directory; the table
-gives the medians over rounds, and the second way over the third is what the C kept in the
-build cache saves a model built again (`hexir run MODEL` with its libraries cached). numpy's
+gives the medians over rounds, and the second way over the third is what the schedules and
+C kept in the build cache save a model built again (`hexir run MODEL` with its libraries
+cached). numpy's
 matmul 1024^3 is printed first and last (benchmarks/quiet.py): quote a run only when both are
 at the machine's quiet level.
 """
@@ -37,6 +39,7 @@ def build_times(graph: hexir.Graph) -> tuple[float, float, float]:
         with knobs.scope(cache_dir=str(cache)):
             for way in WAYS:
                 if way == "libraries cached":
+                    shutil.rmtree(cache / "schedules")
                     shutil.rmtree(cache / "src")
                 start = time.perf_counter()
                 hexir.compile(graph, "cpu")
@@ -57,7 +60,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, graph in graphs.items():
             seconds[name].append(build_times(graph))
-    print(f"\n{'model':14s}" + "".join(f"{way:>18s}" for way in WAYS) + "   printed / cached")
+    print(f"\n{'model':14s}" + "".join(f"{way:>18s}" for way in WAYS) + "   made / kept")
     for name, rows in seconds.items():
         medians = [statistics.median(r[k] for r in rows) for k in range(len(WAYS))]
         cells = "".join(f"{m:16.2f} s" for m in medians)

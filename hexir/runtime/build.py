@@ -8,13 +8,8 @@ kernels = build_all(funcs, target)          # several, the C compiles side by si
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 
 from hexir import knobs
 from hexir.codegen.c import generate_c
@@ -63,6 +58,8 @@ def build_all(funcs: Sequence[PrimFunc], target: Target | str = "cpu") -> list:
     of the next kernels, where threads printing side by side would only take turns at the
     interpreter (ResNet-18's 49 kernels, their libraries cached: 12-14 s on two threads
     against 9 s on one). The first error raises, as a sequential build would."""
+    from hexir.runtime.build_cache import cached_c_source  # it prints with c_source
+
     target = Target.of(target)
     if target.kind == "cuda":
         return [build(func, target) for func in funcs]
@@ -81,41 +78,6 @@ def build_all(funcs: Sequence[PrimFunc], target: Target | str = "cpu") -> list:
                 break
             built.append(pool.submit(build, func, target, source))
         return [kernel.result() for kernel in built]
-
-
-def cached_c_source(func: PrimFunc, target: Target) -> str:
-    """`c_source(func, target)`, kept in the build cache (`<cache_dir>/src/`) under a digest
-    of the function's text, the target, the knob `c_source` reads and Hexir's own code, so
-    that a model built again reads its kernels' C where it printed them before (ResNet-18:
-    six of a build's nine seconds with its libraries cached). A process that replaces part
-    of the code generator at run time (a test's monkeypatch) may read C printed without it."""
-    digest = hashlib.sha256()
-    vector_math = f"vector_math={knobs.get().vector_math}"  # c_source's one knob
-    for part in (repr(func), repr(target), vector_math, _code_digest()):
-        digest.update(part.encode())
-    path = Path(knobs.get().cache_dir).expanduser() / "src" / f"{digest.hexdigest()}.c"
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        pass
-    source = c_source(func, target)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-        f.write(source)
-    os.replace(f.name, path)  # whole: another process may be reading it
-    return source
-
-
-@functools.cache
-def _code_digest() -> str:
-    """A digest of Hexir's Python sources, once per process: C printed by other code is
-    another entry of the source cache."""
-    package = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def _build_cuda(func: PrimFunc, target: Target) -> CudaKernel:

@@ -32,7 +32,7 @@ from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.keys import candidate_key, workload_key
 from hexir.ir.tir import PrimFunc
 from hexir.ops import op_def
-from hexir.runtime.default_schedule import default_schedule
+from hexir.runtime.build_cache import cached_default_schedule
 from hexir.runtime.module import Command, Module, TaskReport, plan_commands
 from hexir.runtime.target import Target
 from hexir.schedule import Trace
@@ -239,10 +239,10 @@ def _schedule(
                 sch = record.load_trace().apply(func)
             except HexirError:
                 continue  # a record that no longer replays: use the default
-            default = default_schedule(func, target)
-            mine = db.standing(key, target, candidate_key(default.func))
+            default = cached_default_schedule(func, target)
+            mine = db.standing(key, target, candidate_key(default[0]))
             faster = mine is None or record.median < (1 - TUNED_MARGIN) * mine.median
             if faster or mine.candidate_key == record.candidate_key:
                 return sch.func, "tuned", sch.trace
-    default = default or default_schedule(func, target)
-    return default.func, "default", default.trace
+    scheduled, trace = default or cached_default_schedule(func, target)
+    return scheduled, "default", trace

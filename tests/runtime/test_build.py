@@ -19,7 +19,7 @@ from hexir import knobs
 from hexir.errors import BuildError, HexirError, TargetError
 from hexir.ir.tir import Binary, Buffer, BufferStore, FloatImm, For, PrimFunc, Var
 from hexir.runtime import build as build_module
-from hexir.runtime import cc
+from hexir.runtime import build_cache, cc
 from hexir.runtime import target as target_module
 from hexir.runtime.build import build, build_all
 from hexir.runtime.target import Target, host_key
@@ -337,7 +337,7 @@ def test_a_build_again_reads_the_c_it_printed_from_the_cache(cache, monkeypatch,
         with knobs.scope(vector_math=not knobs.get().vector_math):
             build_all(funcs)
         assert printed[3:] == ["a8", "a16"]
-        monkeypatch.setattr(build_module, "_code_digest", lambda: "other code")
+        monkeypatch.setattr(build_cache, "_code_digest", lambda: "other code")
         build_all(funcs)
         assert printed[5:] == ["a8", "a16"]
 

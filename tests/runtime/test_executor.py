@@ -64,6 +64,39 @@ def test_small_conv_net_matches_numpy(rng):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_a_model_built_again_neither_schedules_nor_prints_its_kernels(rng, tmp_path, monkeypatch):
+    from hexir.runtime import build, default_schedule
+
+    made: list[str] = []
+    real_schedule, real_print = default_schedule.default_schedule, build.c_source
+
+    def scheduling(func, target):
+        made.append(f"schedule {func.name}")
+        return real_schedule(func, target)
+
+    def printing(func, target="cpu", max_lines=None):
+        made.append(f"print {func.name}")
+        return real_print(func, target, max_lines)
+
+    monkeypatch.setattr(default_schedule, "default_schedule", scheduling)
+    monkeypatch.setattr(build, "c_source", printing)
+    graph = convnet(rng)
+    image = rng.standard_normal((2, 3, 16, 16)).astype("float32")
+    with hexir.knobs.scope(cache_dir=str(tmp_path)):
+        first = hexir.compile(graph, target="cpu")
+        kernels = len(first.kernels)
+        assert sum(m.startswith("schedule") for m in made) >= kernels
+        assert sum(m.startswith("print") for m in made) == kernels
+        made.clear()
+        again = hexir.compile(graph, target="cpu")
+    assert made == []
+    assert [k.source for k in again.kernels] == [k.source for k in first.kernels]
+    assert [(r.name, r.trace) for r in again.report] == [(r.name, r.trace) for r in first.report]
+    (out,) = again.run({"image": image})
+    (expected,) = evaluate(graph, [image])
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_constant_subgraphs_are_folded_before_building(rng):
     g = hexir.GraphBuilder("folded")
     x = g.input("x", (4, 8))

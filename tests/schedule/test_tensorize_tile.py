@@ -154,7 +154,7 @@ def test_a_described_cpu_has_no_amx():
     assert not described.amx_bf16 and not described.amx_int8
 
 
-def test_the_jobs_run_the_weight_in_blocks_every_row_tile_passes_over(rng, monkeypatch):
+def test_the_jobs_run_the_weight_in_blocks_every_row_tile_passes_over(rng, monkeypatch, tmp_path):
     # A 4 KB block: 2 of the 4 panel pairs of a 128 x 128 int8 weight; the rows inside.
     import hexir.search.sketch_dot as sketch_dot
 
@@ -162,7 +162,11 @@ def test_the_jobs_run_the_weight_in_blocks_every_row_tile_passes_over(rng, monke
     m, k, n = 70, 128, 128
     a, w = integers(rng, (m, k), "uint8"), integers(rng, (k, n), "int8")
     b = hexir.GraphBuilder("t")
-    module = hexir.compile(b.build(b.matmul(b.input("x", (m, k), "uint8"), b.constant(w))))
+    graph = b.build(b.matmul(b.input("x", (m, k), "uint8"), b.constant(w)))
+    # A build cache of its own: one that scheduled this kernel before the patch would keep
+    # the schedule it made then (hexir/runtime/build_cache.py).
+    with hexir.knobs.scope(cache_dir=str(tmp_path)):
+        module = hexir.compile(graph)
     source = module.kernels[module.commands[0].kernel].source
     jobs = 2 * 3 * 2  # weight blocks x row tiles (32, 32, 6) x panel pairs in a block
     if Target("cpu").amx_int8:
