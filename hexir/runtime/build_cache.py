@@ -52,7 +52,11 @@ def cached_default_schedule(func: PrimFunc, target: Target) -> tuple[PrimFunc, T
         return pickle.dumps((sch.func, sch.trace))
 
     path = _entry("schedules", ".pickle", repr(func), repr(target))
-    scheduled, trace = pickle.loads(_kept(path, make))
+    try:
+        scheduled, trace = pickle.loads(_kept(path, make))
+    except (pickle.UnpicklingError, EOFError):  # an entry damaged outside Hexir: made again
+        path.unlink(missing_ok=True)
+        scheduled, trace = pickle.loads(_kept(path, make))
     return scheduled, trace
 
 
