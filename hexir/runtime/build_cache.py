@@ -1,11 +1,12 @@
 """What a model build keeps between processes beside its compiled libraries (`cc/`,
-hexir/runtime/cc.py): each kernel's C (`src/`) and each kernel's default schedule
-(`schedules/`), in the build cache (`HEXIR_CACHE_DIR`), under digests of what they are made
-from and of Hexir's own code, so that a model built again neither schedules nor prints its
-kernels again.
+hexir/runtime/cc.py): each kernel's C (`src/`), and its schedule (`schedules/`: the default
+one, or the one a tuned kernel's record replays to), in the build cache (`HEXIR_CACHE_DIR`),
+under digests of what they are made from and of Hexir's own code, so that a model built
+again neither schedules nor prints its kernels again.
 
     source = cached_c_source(func, target)             # build.c_source, printed once
     func, trace = cached_default_schedule(func, target)  # default_schedule, made once
+    func, trace = cached_replay(func, record_trace)      # trace.apply(func), replayed once
 
 A schedule is kept pickled: the cache is trusted as the libraries in it are (a process loads
 and runs them). A process that replaces part of the code generator or of the default
@@ -25,9 +26,10 @@ from pathlib import Path
 from hexir import knobs
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
+from hexir.schedule import Schedule
 from hexir.schedule.trace import Trace
 
-__all__ = ["cached_c_source", "cached_default_schedule"]
+__all__ = ["cached_c_source", "cached_default_schedule", "cached_replay"]
 
 
 def cached_c_source(func: PrimFunc, target: Target) -> str:
@@ -47,16 +49,32 @@ def cached_default_schedule(func: PrimFunc, target: Target) -> tuple[PrimFunc, T
     0.07 s to load)."""
     from hexir.runtime.default_schedule import default_schedule
 
-    def make() -> bytes:
-        sch = default_schedule(func, target)
+    def make() -> Schedule:
+        return default_schedule(func, target)
+
+    return _schedule(_entry("schedules", ".pickle", "default", repr(func), repr(target)), make)
+
+
+def cached_replay(func: PrimFunc, trace: Trace) -> tuple[PrimFunc, Trace]:
+    """`trace.apply(func)`'s function and trace (a tuned build's record), replayed where this
+    function, trace and code have not replayed them before; a trace that does not replay
+    raises its ScheduleError every time (nothing is kept)."""
+    path = _entry("schedules", ".pickle", "replay", repr(func), trace.to_json())
+    return _schedule(path, lambda: trace.apply(func))
+
+
+def _schedule(path: Path, make: Callable[[], Schedule]) -> tuple[PrimFunc, Trace]:
+    """The (function, trace) kept at `path`, else `make()`'s, kept there."""
+
+    def made() -> bytes:
+        sch = make()
         return pickle.dumps((sch.func, sch.trace))
 
-    path = _entry("schedules", ".pickle", repr(func), repr(target))
     try:
-        scheduled, trace = pickle.loads(_kept(path, make))
+        scheduled, trace = pickle.loads(_kept(path, made))
     except (pickle.UnpicklingError, EOFError):  # an entry damaged outside Hexir: made again
         path.unlink(missing_ok=True)
-        scheduled, trace = pickle.loads(_kept(path, make))
+        scheduled, trace = pickle.loads(_kept(path, made))
     return scheduled, trace
 
 

@@ -32,7 +32,7 @@ from hexir.ir.graph import Graph, Op, Value
 from hexir.ir.keys import candidate_key, workload_key
 from hexir.ir.tir import PrimFunc
 from hexir.ops import op_def
-from hexir.runtime.build_cache import cached_default_schedule
+from hexir.runtime.build_cache import cached_default_schedule, cached_replay
 from hexir.runtime.module import Command, Module, TaskReport, plan_commands
 from hexir.runtime.target import Target
 from hexir.schedule import Trace
@@ -236,13 +236,13 @@ def _schedule(
     if db is not None:
         for record in db.best(key, target, k=1):
             try:
-                sch = record.load_trace().apply(func)
+                tuned, trace = cached_replay(func, record.load_trace())
             except HexirError:
                 continue  # a record that no longer replays: use the default
             default = cached_default_schedule(func, target)
             mine = db.standing(key, target, candidate_key(default[0]))
             faster = mine is None or record.median < (1 - TUNED_MARGIN) * mine.median
             if faster or mine.candidate_key == record.candidate_key:
-                return sch.func, "tuned", sch.trace
+                return tuned, "tuned", trace
     scheduled, trace = default or cached_default_schedule(func, target)
     return scheduled, "default", trace

@@ -102,6 +102,40 @@ def test_a_model_built_again_neither_schedules_nor_prints_its_kernels(rng, tmp_p
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_a_tuned_model_built_again_replays_none_of_its_records(rng, tmp_path, monkeypatch):
+    from hexir.database import Database
+    from hexir.graph.fusion import fused_kernels
+    from hexir.ir.keys import workload_key
+    from hexir.runtime.default_schedule import default_schedule
+    from hexir.schedule.trace import Trace
+    from hexir.search.measure import MeasureResult
+
+    graph = convnet(rng)
+    db = Database(f"sqlite:///{tmp_path / 'tuned.db'}")
+    funcs = {workload_key(f): f for _, f in fused_kernels(graph, "cpu")[1]}
+    for func in funcs.values():  # a record of each kernel: the build takes it, as tuned
+        db.commit_record(func, "cpu", default_schedule(func, "cpu").trace, MeasureResult((1e-6,)))
+    replayed: list[str] = []
+    real_apply = Trace.apply
+
+    def replaying(self, func, **kwargs):
+        replayed.append(func.name)
+        return real_apply(self, func, **kwargs)
+
+    monkeypatch.setattr(Trace, "apply", replaying)
+    with hexir.knobs.scope(cache_dir=str(tmp_path / "cache")):
+        first = hexir.compile(graph, target="cpu", database=db)
+        assert len(replayed) >= len(funcs)
+        replayed.clear()
+        again = hexir.compile(graph, target="cpu", database=db)
+    assert replayed == []
+    assert {r.schedule for r in again.report} == {"tuned"}
+    assert [(r.name, r.trace) for r in again.report] == [(r.name, r.trace) for r in first.report]
+    image = rng.standard_normal((2, 3, 16, 16)).astype("float32")
+    (out,) = again.run({"image": image})
+    np.testing.assert_allclose(out, evaluate(graph, [image])[0], rtol=1e-4, atol=1e-5)
+
+
 def test_constant_subgraphs_are_folded_before_building(rng):
     g = hexir.GraphBuilder("folded")
     x = g.input("x", (4, 8))
