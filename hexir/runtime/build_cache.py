@@ -49,10 +49,8 @@ def cached_default_schedule(func: PrimFunc, target: Target) -> tuple[PrimFunc, T
     0.07 s to load)."""
     from hexir.runtime.default_schedule import default_schedule
 
-    def make() -> Schedule:
-        return default_schedule(func, target)
-
-    return _schedule(_entry("schedules", ".pickle", "default", repr(func), repr(target)), make)
+    path = _entry("schedules", ".pickle", "default", repr(func), repr(target))
+    return _schedule(path, lambda: default_schedule(func, target))
 
 
 def cached_replay(func: PrimFunc, trace: Trace) -> tuple[PrimFunc, Trace]:
