@@ -71,11 +71,10 @@ def build_all(funcs: Sequence[PrimFunc], target: Target | str = "cpu") -> list:
         for func in funcs:
             try:
                 source = cached_c_source(func, target)
-            except HexirError as e:  # raised after the errors of the kernels before it
-                failed: Future = Future()
-                failed.set_exception(e)
-                built.append(failed)
-                break
+            except HexirError:  # raised after the errors of the kernels before it
+                for kernel in built:
+                    kernel.result()
+                raise
             built.append(pool.submit(build, func, target, source))
         return [kernel.result() for kernel in built]
 
