@@ -22,14 +22,17 @@ import pickle
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hexir import knobs
-from hexir.ir.tir import PrimFunc
-from hexir.runtime.target import Target
-from hexir.schedule import Schedule
-from hexir.schedule.trace import Trace
 
-__all__ = ["cached_c_source", "cached_default_schedule", "cached_replay"]
+if TYPE_CHECKING:  # annotations only: hexir/runtime/nvrtc.py imports this module's writer
+    from hexir.ir.tir import PrimFunc
+    from hexir.runtime.target import Target
+    from hexir.schedule import Schedule
+    from hexir.schedule.trace import Trace
+
+__all__ = ["cached_c_source", "cached_default_schedule", "cached_replay", "write_atomic"]
 
 
 def cached_c_source(func: PrimFunc, target: Target) -> str:
@@ -92,10 +95,22 @@ def _kept(path: Path, make: Callable[[], bytes]) -> bytes:
         pass
     data = make()
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
-        f.write(data)
-    os.replace(f.name, path)
+    write_atomic(path, data)
     return data
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """`data` at `path`, written under a temporary name and renamed (a concurrent reader sees
+    all or nothing), readable by others (a shared cache); no temporary file left on failure."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache from others
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @functools.cache

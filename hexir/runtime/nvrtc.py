@@ -17,16 +17,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
 import struct
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hexir import knobs
 from hexir.errors import BuildError
+from hexir.runtime.build_cache import write_atomic
 from hexir.runtime.target import Target
 
 # ptxas optimizes at -O3 by default; saying it keeps the intent visible in the options (and the
@@ -296,18 +295,6 @@ def _store(directory: Path, digest: str, source: str, binary: CudaBinary) -> Non
     }
     directory.mkdir(parents=True, exist_ok=True)
     # The source beside the image, to read and to rebuild by hand; the .json last, as the entry.
-    _write_atomic(directory / f"{digest}.cu", source.encode())
-    _write_atomic(directory / f"{digest}.cubin", binary.cubin)
-    _write_atomic(directory / f"{digest}.json", json.dumps(meta).encode())
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep a shared cache from others
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(directory / f"{digest}.cu", source.encode())
+    write_atomic(directory / f"{digest}.cubin", binary.cubin)
+    write_atomic(directory / f"{digest}.json", json.dumps(meta).encode())
