@@ -8,9 +8,8 @@ hexir/runtime/build_cache.py), and again with everything cached, side by side in
 Each round builds every model in the three ways into a fresh cache directory; the table
 gives the medians over rounds, and the second way over the third is what the schedules and
 C kept in the build cache save a model built again (`hexir run MODEL` with its libraries
-cached). numpy's
-matmul 1024^3 is printed first and last (benchmarks/quiet.py): quote a run only when both are
-at the machine's quiet level.
+cached). numpy's matmul 1024^3 is printed first and last (benchmarks/quiet.py): quote a run
+only when both are at the machine's quiet level.
 """
 
 from __future__ import annotations
