@@ -695,8 +695,8 @@ class _Tuner:
         for c, r in self._committed(i, batch, trials=False, mark="checked"):
             self.checked += 1
             self._watch(i, c, r)
-            if r.ok and r.median is not None:
-                times[c.candidate_key] = r.median
+            if r.ok and r.median is not None and not r.suspect(self._threshold()):
+                times[c.candidate_key] = r.median  # a loaded read judges nothing: timed again
         base = times.get(holder.candidate_key)
         if base is None:
             return  # the holder did not run: nothing to judge the claims against

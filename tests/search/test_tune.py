@@ -339,24 +339,32 @@ def test_a_gain_read_once_is_timed_beside_the_best_before_the_tune_credits_it(db
                 yield r
 
     func, seen = _matmul(), []
-    with hexir.knobs.scope(tune_check_gain=check), Lucky("cpu") as executor:
+    # The calibration on (as the other tests of loads): a check timed while the host ran
+    # something else judges nothing, it is timed again (a loaded host once read the best 360x
+    # slower than a claim in turn, uncalibrated, and the best fell below a lucky read).
+    threshold = 4.0
+    settings = {"tune_check_gain": check, "measure_calibration_threshold": threshold}
+    with hexir.knobs.scope(**settings), Lucky("cpu") as executor:
         result = tune(func, "cpu", trials=8, database=db, seed=0, model=RandomModel(seed=0),
                       executor=executor, callbacks=[seen.append])  # fmt: skip
     records = db.records(hexir.workload_key(func), "cpu")
     default = records[0].candidate_key
-    lucky = min(r.median for r in records if r.candidate_key != default and not r.checked)
+    trials = [r for r in records if not r.checked and not r.suspect(threshold)]
+    lucky = min(r.median for r in trials if r.candidate_key != default)
     best = [p.tasks[0].best_latency for p in seen]
-    if not check:  # credited as read: the lucky read is the best, as it goes and at the end
-        assert result.checked == 0 and best[-1] == lucky == result.tasks[0].best_latency
+    if not check:  # credited as read: a lucky read is the best, as it goes and at the end
+        # (which: one timed again quietly may have replaced a loaded one since the last report)
+        assert result.checked == 0 and max(best[-1], result.tasks[0].best_latency) < 10 * lucky
         assert seen[-1].tasks[0].default_latency is None  # the tune cannot tell the gain
         return
     # Each claim was timed in turn with the best's holder (the default at first), and the
     # tune's best moved by the ratio read there, not to a read 100x too fast.
     checks = [r for r in records if r.checked]
     assert not any(r.confirmed for r in records)  # (the end's confirmation is off)
-    assert result.checked == len(checks) > 0 and len(records) == result.trials + len(checks)
+    assert len(checks) >= result.checked > 0  # (and those timed again, where loaded)
+    assert len(records) == result.trials + result.checked + result.remeasured
     assert default in {r.candidate_key for r in checks}
-    assert all(r.build_info["in_turn"] >= 2 for r in checks)
+    assert sum(r.build_info.get("in_turn", 0) >= 2 for r in checks) >= result.checked
     assert all(b > 10 * lucky for b in best)
     # The default's time on the best's footing: the gains timed in turn over it, from 1 (its
     # first run held the best), never a lucky read's 100.
@@ -413,6 +421,17 @@ def _under_a_passing_load(result):
     return dataclasses.replace(result, latencies=latencies, build_info=info)
 
 
+def _quiet(result):
+    """`result` as the worker reads it on a quiet host: its calibration at 1. The tests that
+    spoil some runs read the others so, whatever this host's load while they run (a CI host
+    at half speed read the real ones loaded, and the tune put off what they test)."""
+    import dataclasses
+
+    if result.calibration is None:
+        return result
+    return dataclasses.replace(result, build_info={**result.build_info, "calibration": 1.0})
+
+
 @pytest.mark.serial
 def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
     spoiled: list[str] = []
@@ -421,7 +440,7 @@ def test_a_confirmation_timed_under_a_load_is_confirmed_again_in_turn(db):
         """The confirmation's first round timed under a passing load: each candidate's first
         run in turn."""
         if "in_turn" not in r.build_info or c.candidate_key in spoiled or not r.latencies:
-            return r
+            return _quiet(r)
         spoiled.append(c.candidate_key)
         return _under_a_passing_load(r)
 
@@ -456,7 +475,7 @@ def test_a_candidate_whose_trial_runs_spent_their_tries_still_has_its_confirmati
         timed again as one, and its three confirmations."""
         confirmations = sum("in_turn" in x.build_info for x in spoiled)
         if c.candidate_key != default or confirmations == CONFIRM_ROUNDS or not r.latencies:
-            return r
+            return _quiet(r)
         spoiled.append(_under_a_passing_load(r))
         return spoiled[-1]
 
@@ -469,9 +488,9 @@ def test_a_candidate_whose_trial_runs_spent_their_tries_still_has_its_confirmati
     assert len(trials) >= 2 and len(spoiled) - len(trials) == CONFIRM_ROUNDS
     runs = [r for r in db.records(hexir.workload_key(func), "cpu") if r.candidate_key == default]
     # Its trial's two tries are spent; its confirmations have their own: one more confirmation,
-    # where the database ranks it. (Not asserted quiet: this one is timed for real, and a CI
-    # host at half speed once read it loaded too.)
-    assert sum(r.confirmed for r in runs) > CONFIRM_ROUNDS
+    # quiet, where the database ranks it.
+    confirmations = [r for r in runs if r.confirmed]
+    assert len(confirmations) > CONFIRM_ROUNDS and not confirmations[-1].suspect(threshold)
 
 
 def test_candidates_slower_than_the_cutoff_are_timed_by_one_call(db):
