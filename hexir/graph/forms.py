@@ -36,6 +36,7 @@ from hexir.graph.fusion import Group, fused_kernels
 from hexir.graph.layout import winograd_applies, winograd_tile
 from hexir.graph.rewrite import simplify_graph
 from hexir.ir.graph import Graph, Op
+from hexir.ir.kept import keeping
 from hexir.ir.keys import workload_key
 from hexir.ir.tir import PrimFunc
 from hexir.runtime.target import Target
@@ -141,7 +142,8 @@ def mixed_forms(graph: Graph, target: Target | str, database: _Database) -> dict
     build), where they mix the variants tuning measures; empty where they do not (no conv
     with two forms, or the picks are one of the variants). What `hexir tune` times the
     kernels of after its rounds, so that a build may take the mix."""
-    _, variants, _, convs, _ = _picks(graph, target, database)
+    with keeping():
+        _, variants, _, convs, _ = _picks(graph, target, database)
     picked = {c.name: c.chosen for c in convs}
     return {} if len(variants) == 1 or picked in variants else picked
 
@@ -276,6 +278,13 @@ def _choose(
     graph: Graph, target: Target | str, database: _Database
 ) -> tuple[dict[str, int], _Kernels, list[ConvForms]]:
     """`measured_forms`, the kernels it lowers to and `conv_forms`."""
+    with keeping():  # the kernels of each lowering are keyed by each weighing of them
+        return _chosen(graph, target, database)
+
+
+def _chosen(
+    graph: Graph, target: Target | str, database: _Database
+) -> tuple[dict[str, int], _Kernels, list[ConvForms]]:
     graph, variants, laid_out, convs, times = _picks(graph, target, database)
     if len(variants) == 1:
         return {}, laid_out[0], []

@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import hashlib
 
+from hexir.ir.kept import kept
 from hexir.ir.tir import PrimFunc
 from hexir.ir.tir_text import print_canonical
 
 
 def workload_key(func: PrimFunc) -> str:
-    """The key of an unscheduled PrimFunc: equal for funcs that differ only in names or attrs."""
+    """The key of an unscheduled PrimFunc: equal for funcs that differ only in names or attrs.
+    Within `hexir.ir.kept.keeping`, printed once per func object: a build with a database keys
+    the same lowered kernels again and again as it weighs its convs' forms (ResNet-18: 856
+    keys of about 250 funcs, 5 ms a print)."""
+    return kept(("workload_key",), (func,), lambda: _digest(func))
+
+
+def _digest(func: PrimFunc) -> str:
     return hashlib.sha256(print_canonical(func).encode("utf-8")).hexdigest()
 
 

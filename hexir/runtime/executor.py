@@ -29,6 +29,7 @@ from hexir.errors import HexirError
 from hexir.graph.memory import MemoryPlan
 from hexir.ir.dtype import itemsize
 from hexir.ir.graph import Graph, Op, Value
+from hexir.ir.kept import keeping
 from hexir.ir.keys import candidate_key, workload_key
 from hexir.ir.tir import PrimFunc
 from hexir.ops import op_def
@@ -96,10 +97,7 @@ def compile(
     direct; hexir/graph/forms.py) instead of the rule's or the database's choice: the
     default schedules of a tuned build's kernels (`hexir run --compare-default`).
     """
-    from hexir.graph.forms import measured_kernels
-    from hexir.graph.fusion import fused_kernels
     from hexir.graph.specialize import graph_symbols
-    from hexir.runtime.build import build_all
 
     target = Target.of(target)
     if graph_symbols(graph) and dynamic:  # compiled once, for every size
@@ -110,7 +108,18 @@ def compile(
         from hexir.runtime.symbolic_module import SymbolicModule
 
         return SymbolicModule(graph, target, database)  # type: ignore[return-value]
-    db = _open_database(database)
+    with keeping():  # measured_kernels keys its kernels, and so does the loop below
+        return _compile(graph, target, _open_database(database), forms)
+
+
+def _compile(
+    graph: Graph, target: Target, db: TuningDatabase | None, forms: Mapping[str, int] | None
+) -> Module:
+    """`compile` of a graph of known sizes."""
+    from hexir.graph.forms import measured_kernels
+    from hexir.graph.fusion import fused_kernels
+    from hexir.runtime.build import build_all
+
     if forms is not None:
         graph, kernels_of_groups = fused_kernels(graph, target, forms)
     elif db is None:

@@ -139,6 +139,43 @@ def _chain(rng: np.random.Generator) -> hexir.Graph:
     return b.build(_conv(b, b.max_pool2d(first, 4, 4), rng, CHAIN))
 
 
+def test_within_keeping_each_weight_is_transformed_once_for_the_lowerings_that_share_it(
+    rng, monkeypatch
+):
+    import hexir.graph.layout as layout
+    from hexir.graph.fusion import fused_kernels
+    from hexir.ir.kept import keeping
+
+    graph = _chain(rng)
+    big, small = _conv_names(graph)
+    made: list[tuple[int, int]] = []
+
+    def counted(w: np.ndarray, m: int) -> np.ndarray:
+        made.append((id(w), m))
+        return winograd_weight(w, m)
+
+    winograd_weight = layout.winograd_weight
+    monkeypatch.setattr(layout, "winograd_weight", counted)
+    forms = [{big: 4, small: 0}, {big: 0, small: 2}, {big: 4, small: 2}]  # both variants, a mix
+    lowered = [fused_kernels(graph, "cpu", f) for f in forms]
+    # Outside: each lowering transforms its Winograd convs' weights (each layout plan it
+    # weighs, again).
+    assert len(made) >= 4 and len(set(made)) == 2
+    made.clear()
+    with keeping():  # as a build with a database weighs them (hexir/graph/forms.py)
+        kept = [fused_kernels(graph, "cpu", f) for f in forms]
+    assert len(made) == len(set(made)) == 2  # each weight once, for its tile
+    # The same kernels and weights as made apart.
+    for (g, kernels), (h, again) in zip(lowered, kept, strict=True):
+        assert [hexir.workload_key(f) for _, f in kernels] == [
+            hexir.workload_key(f) for _, f in again
+        ]
+        ours, theirs = g.constant_arrays(), h.constant_arrays()
+        assert ours.keys() == theirs.keys()
+        assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
+    assert sum("_wino" in k for k in kept[2][0].constant_arrays()) == 2  # the mix's two
+
+
 def _record(db: Database, func: hexir.PrimFunc, seconds: float) -> None:
     from hexir.runtime.default_schedule import default_schedule
     from hexir.search.measure import MeasureResult

@@ -93,3 +93,29 @@ def test_key_is_the_same_in_another_process() -> None:
         [sys.executable, "-c", code], cwd=here, env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == candidate_key(scheduled_gpu())
+
+
+def test_within_keeping_a_func_object_is_printed_once_for_its_key(monkeypatch) -> None:
+    import hexir.ir.keys as keys
+    from hexir.ir.kept import keeping
+
+    printed: list[PrimFunc] = []
+
+    def counting(func: PrimFunc) -> str:
+        printed.append(func)
+        return print_canonical(func)
+
+    monkeypatch.setattr(keys, "print_canonical", counting)
+    a, b = matmul(), matmul()  # equal funcs, two objects
+    assert workload_key(a) == workload_key(a) == MATMUL_KEY and len(printed) == 2  # outside
+    printed.clear()
+    with keeping():
+        assert [workload_key(f) for f in (a, b, a, b, a)] == [MATMUL_KEY] * 5
+        with keeping():  # nested: the outer scope's keys
+            assert workload_key(a) == MATMUL_KEY
+        assert printed == [a, b]  # once per object
+        other = parse_func(print_func(ALL[1]()))  # a func of other text keeps its own key
+        assert workload_key(other) == workload_key(ALL[1]()) != MATMUL_KEY
+    printed.clear()
+    workload_key(a)
+    assert printed == [a]  # the scope is over: printed again
