@@ -141,10 +141,13 @@ class RewritePass:
         self.taken.add(name)
         return name
 
-    def constant(self, base: str, array: np.ndarray, placement: str) -> Op:
-        """A new constant op holding `array`, its value and data named after `base`."""
+    def constant(self, base: str, array: np.ndarray | ConstantData, placement: str) -> Op:
+        """A new constant op holding `array` (its data as it is, where a ConstantData), its
+        value and data named after `base`."""
         name = self.fresh(base)
-        self.blobs.append((name, ConstantData(array)))
+        data = array if isinstance(array, ConstantData) else ConstantData(array)
+        self.blobs.append((name, data))
+        array = data.array
         result = TensorType(array.shape, array.dtype.name)
         op = make_op("constant", [], {"name": name}, name, placement, result_type=result)
         self.data[name] = self.blobs[-1][1].array
