@@ -421,6 +421,41 @@ def _under_a_passing_load(result):
     return dataclasses.replace(result, latencies=latencies, build_info=info)
 
 
+@pytest.mark.serial
+def test_a_check_whose_holder_read_under_a_load_moves_no_best(db):
+    import dataclasses
+
+    from hexir.search.evolutionary import EvolutionarySearch
+
+    func = _matmul()
+    default = EvolutionarySearch(func, "cpu", rng=random.Random(0)).default.candidate_key
+
+    def read(c, r):
+        """Every trial but the default's reads 100x faster than it ran (as above); the default,
+        timed in turn beside a claim, reads 1000x slower under a load its calibration sees."""
+        if not r.latencies:
+            return r
+        if c.candidate_key != default and "in_turn" not in r.build_info:
+            return _quiet(dataclasses.replace(r, latencies=tuple(x / 100 for x in r.latencies)))
+        if c.candidate_key == default and "in_turn" in r.build_info:
+            info = {**r.build_info, "calibration": 50.0}
+            return dataclasses.replace(r, latencies=tuple(x * 1000 for x in r.latencies),
+                                       build_info=info)  # fmt: skip
+        return _quiet(r)
+
+    seen: list = []
+    settings = {"tune_check_gain": 1.03, "measure_calibration_threshold": 4.0}
+    with hexir.knobs.scope(**settings), reading_executor(read)("cpu") as executor:
+        result = tune(func, "cpu", trials=8, database=db, seed=0, model=RandomModel(seed=0),
+                      executor=executor, callbacks=[seen.append])  # fmt: skip
+    records = db.records(hexir.workload_key(func), "cpu")
+    lucky = min(r.median for r in records if r.candidate_key != default and not r.checked)
+    assert result.checked > 0 and result.remeasured > 0  # checked, and the loaded reads again
+    # A claim against a holder read 1000x slow would have moved the best 1000x down, below
+    # the lucky reads; a loaded read judges nothing, so the best stays the default's.
+    assert all(p.tasks[0].best_latency > 10 * lucky for p in seen)
+
+
 def _quiet(result):
     """`result` as the worker reads it on a quiet host: its calibration at 1. The tests that
     spoil some runs read the others so, whatever this host's load while they run (a CI host
