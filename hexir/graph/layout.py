@@ -83,7 +83,7 @@ import numpy as np
 from hexir import knobs
 from hexir.graph.rewrite import RewritePass, simplify_graph
 from hexir.ir.graph import ConstantData, Graph, Op, Value
-from hexir.ir.kept import kept
+from hexir.ir.kept import keeping, kept
 from hexir.ir.symbolic import SymbolicError
 from hexir.ops import make_op
 from hexir.ops.contraction import (
@@ -124,15 +124,16 @@ def layout_weights(
     if target.kind != "cpu":
         return _lay_out(graph, target, {})
     choice, plans = knobs.get().layout, []
-    if choice != "nhwc":
-        nchw = _pointwise_convs_as_matmuls(_strided_pointwise_convs(graph, target), target)
-        plans.append(_lay_out(nchw, target, winograd or {}))
-    if choice != "nchw":
-        nhwc = _strided_pointwise_convs(graph, target, True)
-        nhwc = _pointwise_convs_as_matmuls(nhwc, target, True)
-        forms = any(_has_nhwc_form(op, target) for op in graph.ops)
-        if choice == "nhwc" or nhwc is not graph or forms:
-            plans.append(_images_in_nhwc(_lay_out(nhwc, target, winograd or {}), target))
+    with keeping():  # both plans lay out the same weights: each transformed once
+        if choice != "nhwc":
+            nchw = _pointwise_convs_as_matmuls(_strided_pointwise_convs(graph, target), target)
+            plans.append(_lay_out(nchw, target, winograd or {}))
+        if choice != "nchw":
+            nhwc = _strided_pointwise_convs(graph, target, True)
+            nhwc = _pointwise_convs_as_matmuls(nhwc, target, True)
+            forms = any(_has_nhwc_form(op, target) for op in graph.ops)
+            if choice == "nhwc" or nhwc is not graph or forms:
+                plans.append(_images_in_nhwc(_lay_out(nhwc, target, winograd or {}), target))
     return min(plans, key=_plan_cost)  # the first (NCHW) on a tie
 
 
@@ -615,7 +616,8 @@ def _winograd_conv(
 def _winograd_weight(w: np.ndarray, m: int, block: int) -> np.ndarray:
     """A conv's weight `w` transformed for F(m, 3), in column panels of `block` (0: none).
     Kept per weight array within `hexir.ir.kept.keeping`, as the constant's data (copied and
-    digested once): a build with a database lowers a model once for each set of forms it
-    weighs (ResNet-18: 94 transforms of 19 weights, 25 ms each, and 10 ms to digest)."""
+    digested once): `layout_weights` lays out two plans, and a build with a database lowers a
+    model once for each set of forms it weighs (ResNet-18: 94 transforms of 19 weights, 25 ms
+    each, and 10 ms to digest)."""
     u = winograd_weight(w, m)
     return block_matmul_weight(u, block) if block else u

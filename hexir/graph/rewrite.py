@@ -147,10 +147,9 @@ class RewritePass:
         name = self.fresh(base)
         data = array if isinstance(array, ConstantData) else ConstantData(array)
         self.blobs.append((name, data))
-        array = data.array
-        result = TensorType(array.shape, array.dtype.name)
+        result = TensorType(data.array.shape, data.array.dtype.name)
         op = make_op("constant", [], {"name": name}, name, placement, result_type=result)
-        self.data[name] = self.blobs[-1][1].array
+        self.data[name] = data.array
         return op
 
     def finish(self, ops: list[Op]) -> Graph:

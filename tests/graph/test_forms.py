@@ -158,8 +158,7 @@ def test_within_keeping_each_weight_is_transformed_once_for_the_lowerings_that_s
     monkeypatch.setattr(layout, "winograd_weight", counted)
     forms = [{big: 4, small: 0}, {big: 0, small: 2}, {big: 4, small: 2}]  # both variants, a mix
     lowered = [fused_kernels(graph, "cpu", f) for f in forms]
-    # Outside: each lowering transforms its Winograd convs' weights (each layout plan it
-    # weighs, again).
+    # Outside: each lowering transforms its Winograd convs' weights.
     assert len(made) >= 4 and len(set(made)) == 2
     made.clear()
     with keeping():  # as a build with a database weighs them (hexir/graph/forms.py)
