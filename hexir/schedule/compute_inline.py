@@ -16,6 +16,7 @@ from hexir.ir.tir import Block, Buffer, BufferLoad, BufferStore, Expr, PrimFunc,
 from hexir.ir.visit import map_expr, map_stmt, substitute, walk
 from hexir.schedule.common import all_blocks, is_block, replace_body, schedule_error
 from hexir.schedule.compute_region import (
+    accessed,
     block_inputs,
     drop_unused_alloc,
     loaded,
@@ -88,19 +89,23 @@ def compute_inline_block(func: PrimFunc, block: Block) -> PrimFunc:
     buffer = store.buffer
     if buffer in func.params:
         raise fail(f"block @{block.name} writes the param %{buffer.name}, not an intermediate")
-    if buffer in loaded(block):
-        raise fail(f"block @{block.name} reads the %{buffer.name} it writes")
     order = list(all_blocks(func.body))
+    # Each block's loads and stores, walked once: a graph of many small blocks (an ONNX
+    # function expanded) inlines each of them in turn.
+    uses = [accessed(b) for b in order]
     me = next(n for n, b in enumerate(order) if b.name == block.name)
-    others = [b for b in order if b is not block and buffer in stored(b)]
+    if buffer in uses[me][0]:
+        raise fail(f"block @{block.name} reads the %{buffer.name} it writes")
+    others = [b for b, (_, s) in zip(order, uses, strict=True) if b is not block and buffer in s]
     if others:
         raise fail(f"%{buffer.name} is also written by @{others[0].name}")
-    readers = [n for n, b in enumerate(order) if buffer in loaded(b)]
+    readers = [n for n, (loads, _) in enumerate(uses) if buffer in loads]
     if any(n < me for n in readers):
         raise fail(f"a block reads %{buffer.name} before @{block.name} writes it")
-    inputs = block_inputs(block)
-    for b in order[me + 1 : max(readers, default=me) + 1]:
-        if stored(b) & inputs:
+    inputs = uses[me][0] - uses[me][1]  # block_inputs(block)
+    last = max(readers, default=me)
+    for b, (_, stores) in list(zip(order, uses, strict=True))[me + 1 : last + 1]:
+        if stores & inputs:
             raise fail(
                 f"block @{b.name} writes an input of @{block.name} before the last read of "
                 f"%{buffer.name}: the inlined value would change"

@@ -255,6 +255,18 @@ def stored(stmt: Stmt) -> set[Buffer]:
     return {n.buffer for n in walk(stmt) if isinstance(n, BufferStore)}
 
 
+def accessed(stmt: Stmt) -> tuple[set[Buffer], set[Buffer]]:
+    """`loaded(stmt)` and `stored(stmt)` in one walk."""
+    loads: set[Buffer] = set()
+    stores: set[Buffer] = set()
+    for n in walk(stmt):
+        if isinstance(n, BufferLoad):
+            loads.add(n.buffer)
+        elif isinstance(n, BufferStore):
+            stores.add(n.buffer)
+    return loads, stores
+
+
 def block_inputs(block: Block) -> set[Buffer]:
     """The buffers `block` reads other than those it writes (an accumulator is not an input)."""
     return loaded(block) - stored(block)
@@ -301,7 +313,8 @@ def without_block(func: PrimFunc, name: str) -> PrimFunc:
 
 def drop_unused_alloc(func: PrimFunc, buffer: Buffer) -> PrimFunc:
     """`func` without the Allocate of `buffer` once nothing loads or stores it."""
-    if buffer in loaded(func.body) | stored(func.body):
+    accesses = (n for n in walk(func.body) if isinstance(n, (BufferLoad, BufferStore)))
+    if any(n.buffer == buffer for n in accesses):
         return func
 
     def strip(stmt: Stmt) -> Stmt:
