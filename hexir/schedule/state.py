@@ -13,15 +13,14 @@ from dataclasses import dataclass
 from typing import TypeVar, Union
 
 from hexir.errors import ScheduleError
-from hexir.ir.tir import Block, For, PrimFunc, Var
+from hexir.ir.tir import Block, For, PrimFunc, Stmt, Var
 from hexir.schedule.common import (
     all_blocks,
     child_blocks,
     find_path,
-    is_block,
-    is_loop,
     loops_of,
     schedule_error,
+    walk_stmts,
 )
 from hexir.schedule.trace import RV, BlockRV, ExprRV, Instruction, LoopRV, Trace, Value, freeze
 
@@ -63,6 +62,7 @@ class ScheduleBase:
         target: object = None,
     ) -> None:
         self._func = func
+        self._nodes: tuple[Stmt, dict[str | Var, Block | For]] | None = None  # `_node`'s index
         self._instructions: list[Instruction] = []
         self._symbols: dict[RV, Symbol] = {}
         self._num_rvs = 0  # RVs are numbered by position of definition across the trace
@@ -121,21 +121,36 @@ class ScheduleBase:
         name = self._symbol(rv, primitive)
         if not isinstance(rv, BlockRV) or not isinstance(name, str):
             raise ScheduleError(f"expected a block, got {rv!r}", primitive)
-        path = find_path(self._func.body, is_block(name))
-        if path is None:
+        block = self._node(name)
+        if block is None:
             raise schedule_error(primitive, f"block @{name} no longer exists", self._func)
-        return path[-1]  # type: ignore[return-value]
+        return block  # type: ignore[return-value]
 
     def _loop(self, rv: object, primitive: str) -> For:
         var = self._symbol(rv, primitive)
         if not isinstance(rv, LoopRV) or not isinstance(var, Var):
             raise ScheduleError(f"expected a loop, got {rv!r}", primitive)
-        path = find_path(self._func.body, is_loop(var))
-        if path is None:
+        loop = self._node(var)
+        if loop is None:
             raise schedule_error(
                 primitive, f"loop %{var.name} no longer exists (split, fused away?)", self._func
             )
-        return path[-1]  # type: ignore[return-value]
+        return loop  # type: ignore[return-value]
+
+    def _node(self, key: str | Var) -> Block | For | None:
+        """The first block named `key` (a str) or loop over `key` (a Var) in pre-order, from
+        an index of the function's body made once per body: a schedule looks up its handles
+        many times between two changes (a default schedule's loops, each by its var)."""
+        body = self._func.body
+        if self._nodes is None or self._nodes[0] is not body:
+            nodes: dict[str | Var, Block | For] = {}
+            for stmt in walk_stmts(body):
+                if isinstance(stmt, Block):
+                    nodes.setdefault(stmt.name, stmt)
+                elif isinstance(stmt, For):
+                    nodes.setdefault(stmt.var, stmt)
+            self._nodes = (body, nodes)
+        return self._nodes[1].get(key)
 
     def _int(self, value: object, primitive: str) -> int:
         """An int argument, given as an int or an ExprRV."""
