@@ -18,6 +18,8 @@ from hexir.schedule.common import (
     all_blocks,
     child_blocks,
     find_path,
+    is_block,
+    is_loop,
     loops_of,
     schedule_error,
     walk_stmts,
@@ -63,6 +65,7 @@ class ScheduleBase:
     ) -> None:
         self._func = func
         self._nodes: tuple[Stmt, dict[str | Var, Block | For]] | None = None  # `_node`'s index
+        self._searched: Stmt | None = None  # the body `_node` last searched
         self._instructions: list[Instruction] = []
         self._symbols: dict[RV, Symbol] = {}
         self._num_rvs = 0  # RVs are numbered by position of definition across the trace
@@ -138,11 +141,17 @@ class ScheduleBase:
         return loop  # type: ignore[return-value]
 
     def _node(self, key: str | Var) -> Block | For | None:
-        """The first block named `key` (a str) or loop over `key` (a Var) in pre-order, from
-        an index of the function's body made once per body: a schedule looks up its handles
-        many times between two changes (a default schedule's loops, each by its var)."""
+        """The first block named `key` (a str) or loop over `key` (a Var) in pre-order. The
+        first lookup in a body searches it; a second indexes it, once for that body: a default
+        schedule looks up its handles many times between two changes (its loops, each by its
+        var), a sampled one mostly once (the index, a walk of the whole body, cost it more)."""
         body = self._func.body
         if self._nodes is None or self._nodes[0] is not body:
+            if self._searched is not body:
+                self._searched = body
+                match = is_block(key) if isinstance(key, str) else is_loop(key)
+                path = find_path(body, match)
+                return None if path is None else path[-1]  # type: ignore[return-value]
             nodes: dict[str | Var, Block | For] = {}
             for stmt in walk_stmts(body):
                 if isinstance(stmt, Block):
