@@ -102,7 +102,7 @@ def compute_inline_block(func: PrimFunc, block: Block) -> PrimFunc:
     readers = [n for n, (loads, _) in enumerate(uses) if buffer in loads]
     if any(n < me for n in readers):
         raise fail(f"a block reads %{buffer.name} before @{block.name} writes it")
-    inputs = uses[me][0] - uses[me][1]  # block_inputs(block)
+    inputs = uses[me][0] - uses[me][1]  # as block_inputs(block) makes them
     last = max(readers, default=me)
     for b, (_, stores) in list(zip(order, uses, strict=True))[me + 1 : last + 1]:
         if stores & inputs:
