@@ -19,7 +19,6 @@ from hexir.schedule.compute_region import (
     accessed,
     block_inputs,
     drop_unused_alloc,
-    loaded,
     own_stores,
     refresh_regions,
     stored,
@@ -154,25 +153,28 @@ def reverse_compute_inline_block(func: PrimFunc, block: Block) -> PrimFunc:
 
     store = _elementwise("reverse_compute_inline", func, block, "consumer")
     order = list(all_blocks(func.body))
-    produced = sorted(
-        (buf for buf in block_inputs(block) if any(buf in stored(b) for b in order)),
-        key=lambda buf: buf.name,
-    )
+    uses = [accessed(b) for b in order]  # each block's loads and stores, walked once
+    written = set().union(*(stores for _, stores in uses))
+    produced = sorted((buf for buf in block_inputs(block) if buf in written), key=lambda b: b.name)
     if len(produced) != 1:
         what = "no" if not produced else f"{len(produced)}"
         raise fail(f"block @{block.name} reads {what} buffers written by a block; it needs one")
     buffer = produced[0]
-    writers = [b for b in order if buffer in stored(b)]
+    writers = [b for b, (_, stores) in zip(order, uses, strict=True) if buffer in stores]
     if len(writers) != 1 or buffer in func.params:
         raise fail(f"%{buffer.name} must be an intermediate written by one block")
     producer = writers[0]
     p_store = _elementwise("reverse_compute_inline", func, producer, "producer")
-    readers = [b for b in order if b is not producer and buffer in loaded(b)]
+    readers = [
+        b
+        for b, (loads, _) in zip(order, uses, strict=True)
+        if b is not producer and buffer in loads
+    ]
     if [b.name for b in readers] != [block.name]:
         other = next(b for b in readers if b is not block)
         raise fail(f"%{buffer.name} is also read by @{other.name}; it cannot go away")
     _check_elementwise_read(func, block, producer, buffer, store)
-    _check_between(func, order, producer, block)
+    _check_between(func, order, uses, producer, block)
     mapping = dict(zip(store.indices, p_store.indices, strict=True))
 
     def fold(e: Expr) -> Expr:
@@ -214,9 +216,15 @@ def _check_elementwise_read(
             )
 
 
-def _check_between(func: PrimFunc, order: list[Block], producer: Block, block: Block) -> None:
+def _check_between(
+    func: PrimFunc,
+    order: list[Block],
+    uses: list[tuple[set[Buffer], set[Buffer]]],
+    producer: Block,
+    block: Block,
+) -> None:
     """The consumer's work moves up to the producer: nothing in between may use its output or
-    write its other inputs."""
+    write its other inputs (`uses`: each block of `order`'s loads and stores)."""
     names = [b.name for b in order]
     lo, hi = names.index(producer.name), names.index(block.name)
     if lo > hi:
@@ -228,8 +236,8 @@ def _check_between(func: PrimFunc, order: list[Block], producer: Block, block: B
             block=block.name,
         )
     outs, ins = stored(block), block_inputs(block)
-    for b in order[lo + 1 : hi]:
-        if (loaded(b) | stored(b)) & outs or stored(b) & ins:
+    for b, (loads, stores) in list(zip(order, uses, strict=True))[lo + 1 : hi]:
+        if (loads | stores) & outs or stores & ins:
             raise schedule_error(
                 "reverse_compute_inline",
                 f"block @{b.name}, between @{producer.name} and @{block.name}, uses what "
